@@ -1,0 +1,37 @@
+# Thin wrapper over Meson + Ninja. `make` builds into build/, `make test` runs the whole
+# suite (tests/run), `make bench` the benchmarks, `make asan` the sanitizer build + suite.
+BUILD ?= build
+MESON_OPTS ?=
+
+.PHONY: all test unit bench asan fuzz format lint clean
+all: $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+$(BUILD)/build.ninja:
+	meson setup $(BUILD) $(MESON_OPTS)
+
+unit: all
+	meson test -C $(BUILD) --suite unit --print-errorlogs
+
+test: all
+	BUILD=$(BUILD) tests/run
+
+bench: all
+	BUILD=$(BUILD) bench/run
+
+asan:
+	$(MAKE) BUILD=build-asan MESON_OPTS="-Db_sanitize=address,undefined -Db_lundef=false" test
+
+fuzz:
+	tests/fuzz/run
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+lint:
+	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
+	cppcheck --quiet --error-exitcode=1 --inline-suppr --enable=warning,portability \
+	  --suppress=missingIncludeSystem -I src/lib $$(git ls-files 'src/*.c')
+
+clean:
+	rm -rf build build-asan build-fuzz

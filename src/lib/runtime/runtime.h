@@ -1,0 +1,65 @@
+/* Runtime drivers: how a sandbox instance is started, frozen and stopped.
+ * One struct cove_runtime_ops per driver (ns now, vm later), chosen per sandbox.
+ * A driver gives the node a running cove-guest and the node end of its guest channel;
+ * everything after the handshake is the node's business (node/). */
+#ifndef COVE_RUNTIME_RUNTIME_H
+#define COVE_RUNTIME_RUNTIME_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "util/err.h"
+
+/* What a driver needs to start one instance. All strings are borrowed for the call. */
+struct cove_instance_spec {
+        const char *sandbox_id;   /* sbx_…; also the hostname */
+        const char *rootfs;       /* template rootfs directory (read-only lower layer) */
+        const char *state_dir;    /* per-sandbox directory the driver owns (upper, work, …) */
+        const char *guest_binary; /* absolute path of the static cove-guest binary */
+        unsigned cpus;            /* CPU limit in whole CPUs (0 = no limit) */
+        unsigned memory_mb;       /* memory limit (0 = no limit) */
+        unsigned disk_mb;         /* writable layer size limit (0 = no limit) */
+        unsigned pids_max;        /* process limit (0 = driver default) */
+        uint32_t uid_base;        /* first host uid/gid of this sandbox's private range */
+        uint32_t uid_count;       /* size of the range (65536) */
+};
+
+/* A running instance. The driver fills it in start() and owns priv. */
+struct cove_instance {
+        pid_t pid;     /* host pid of the instance's init (cove-guest, or QEMU for vm) */
+        int chan_fd;   /* node end of the guest channel; the node takes it (sets -1) */
+        void *priv;    /* driver state */
+};
+
+struct cove_runtime;
+
+struct cove_runtime_ops {
+        const char *name; /* "ns", "vm" */
+        /* Set up driver-wide state under data_dir (e.g. the quota filesystem). Returns NULL
+         * with err when the driver cannot run on this host (err says why). */
+        struct cove_runtime *(*open)(const char *data_dir, struct cove_err *err);
+        void (*close)(struct cove_runtime *rt);
+        /* Start an instance; on success *inst is filled and cove-guest is running with the
+         * channel's other end as fd 3 (handshake not done yet). On failure nothing is left
+         * behind (no process, mount, cgroup). */
+        int (*start)(struct cove_runtime *rt, const struct cove_instance_spec *spec,
+                     struct cove_instance *inst, struct cove_err *err);
+        /* Freeze/thaw every process of the instance. */
+        int (*freeze)(struct cove_runtime *rt, struct cove_instance *inst, struct cove_err *err);
+        int (*thaw)(struct cove_runtime *rt, struct cove_instance *inst, struct cove_err *err);
+        /* Kill every process, reap, remove mounts, cgroups and quota; with purge also the
+         * state dir. Safe to call twice. Frees inst->priv. */
+        int (*stop)(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
+                    const char *state_dir, int purge, struct cove_err *err);
+        /* After a crash of coved: remove whatever an instance of sandbox_id may have left
+         * (processes in its cgroup, mounts, cgroups, quota) without an instance struct. */
+        int (*cleanup_stale)(struct cove_runtime *rt, const char *sandbox_id,
+                             const char *state_dir, int purge, struct cove_err *err);
+        /* Usage read from the host side (cgroup): memory bytes, cpu usec. Optional. */
+        int (*usage)(struct cove_runtime *rt, struct cove_instance *inst, uint64_t *mem_bytes,
+                     uint64_t *cpu_usec, struct cove_err *err);
+};
+
+extern const struct cove_runtime_ops cove_runtime_ns;
+
+#endif

@@ -1,0 +1,92 @@
+/* Catalog: the control plane's durable state (tenants, API keys, sandboxes, …) behind
+ * one interface. SQLite is the embedded default (store/catalog_sqlite.c); PostgreSQL
+ * implements the same ops later with the same schema migrations.
+ * All calls are thread-safe (the backend serialises); strings in rows are owned by the
+ * row and freed with cove_sandbox_row_clear(). */
+#ifndef COVE_STORE_CATALOG_H
+#define COVE_STORE_CATALOG_H
+
+#include <stdint.h>
+
+#include "util/err.h"
+
+struct cove_catalog; /* backend handle */
+
+struct cove_tenant_row {
+        char id[64];     /* "ten_…" or "default" */
+        char name[128];
+        int64_t created_at; /* unix ms */
+};
+
+struct cove_apikey_row {
+        char id[64];        /* public key id, "key_…", part of the key string */
+        char tenant[64];
+        char salt_hex[65];  /* 32 random bytes, hex */
+        char hash_hex[65];  /* sha256(salt || secret), hex */
+        int admin;          /* 1: may call admin endpoints */
+        int revoked;
+        int64_t created_at;
+};
+
+struct cove_sandbox_row {
+        char id[64];            /* "sbx_…" */
+        char tenant[64];
+        char state[16];         /* starting running pausing paused resuming stopped error */
+        char template_name[64];
+        char runtime[16];       /* "ns", "vm" */
+        int64_t created_at;     /* unix ms */
+        int64_t expires_at;     /* unix ms; 0 = never */
+        int cpus;
+        int memory_mb;
+        int disk_mb;
+        int timeout_s;
+        char on_timeout[8];     /* "kill" or "pause" */
+        uint32_t uid_base;      /* host uid range start (0 = none allocated) */
+        char node[64];
+        char last_snapshot_id[64];
+        char *metadata_json;    /* JSON object text, owned; never NULL after a get */
+        char *env_json;         /* JSON object text, owned; default env of execs */
+        char *error;            /* last error message, owned, may be NULL */
+};
+
+void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned strings */
+
+typedef int (*cove_sandbox_cb)(const struct cove_sandbox_row *row, void *arg); /* <0 stops */
+
+struct cove_catalog_ops {
+        const char *name;
+        /* dsn: a file path for sqlite. Runs schema migrations. */
+        struct cove_catalog *(*open)(const char *dsn, struct cove_err *err);
+        void (*close)(struct cove_catalog *c);
+        int (*schema_version)(struct cove_catalog *c, int *version, struct cove_err *err);
+
+        int (*tenant_put)(struct cove_catalog *c, const struct cove_tenant_row *t,
+                          struct cove_err *err);
+        /* Returns 0 found, 1 not found, -1 error. */
+        int (*tenant_get)(struct cove_catalog *c, const char *id, struct cove_tenant_row *out,
+                          struct cove_err *err);
+
+        int (*apikey_put)(struct cove_catalog *c, const struct cove_apikey_row *k,
+                          struct cove_err *err);
+        int (*apikey_get)(struct cove_catalog *c, const char *id, struct cove_apikey_row *out,
+                          struct cove_err *err); /* 0 found, 1 not found, -1 error */
+        int (*apikey_count)(struct cove_catalog *c, int64_t *n, struct cove_err *err);
+
+        /* Insert a new sandbox (id must be new). */
+        int (*sandbox_insert)(struct cove_catalog *c, const struct cove_sandbox_row *s,
+                              struct cove_err *err);
+        /* Overwrite every column of an existing row (by id). 1 if absent. */
+        int (*sandbox_update)(struct cove_catalog *c, const struct cove_sandbox_row *s,
+                              struct cove_err *err);
+        /* tenant NULL = any tenant (node-internal use). 0 found, 1 not found, -1 error. */
+        int (*sandbox_get)(struct cove_catalog *c, const char *tenant, const char *id,
+                           struct cove_sandbox_row *out, struct cove_err *err);
+        /* Rows of a tenant (NULL = all), oldest first; states: NULL or a comma list. */
+        int (*sandbox_list)(struct cove_catalog *c, const char *tenant, const char *states,
+                            cove_sandbox_cb cb, void *arg, struct cove_err *err);
+        int (*sandbox_delete)(struct cove_catalog *c, const char *id, struct cove_err *err);
+};
+
+extern const struct cove_catalog_ops cove_catalog_sqlite;
+
+#endif

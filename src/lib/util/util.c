@@ -1,0 +1,198 @@
+/* Randomness, ids, clocks, hex and crash-safe file helpers. */
+#include "util/util.h"
+#include "util/cleanup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int cove_random(void *buf, size_t len, struct cove_err *err)
+{
+        uint8_t *p = buf;
+        while (len > 0) {
+                ssize_t n = getrandom(p, len, 0);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return cove_err_set(err, errno, "getrandom");
+                }
+                p += n;
+                len -= (size_t)n;
+        }
+        return 0;
+}
+
+int cove_id_new(const char *prefix, char *out, size_t cap, struct cove_err *err)
+{
+        static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
+        uint8_t r[20];
+        size_t pl = strlen(prefix);
+        if (cap < pl + 21)
+                return cove_err_set(err, ENAMETOOLONG, "id buffer too small");
+        if (cove_random(r, sizeof(r), err) < 0)
+                return -1;
+        memcpy(out, prefix, pl);
+        for (int i = 0; i < 20; i++)
+                out[pl + (size_t)i] = b32[r[i] & 31];
+        out[pl + 20] = '\0';
+        return 0;
+}
+
+void cove_hex(const void *buf, size_t len, char *out)
+{
+        static const char hx[] = "0123456789abcdef";
+        const uint8_t *p = buf;
+        for (size_t i = 0; i < len; i++) {
+                out[2 * i] = hx[p[i] >> 4];
+                out[2 * i + 1] = hx[p[i] & 15];
+        }
+        out[2 * len] = '\0';
+}
+
+int64_t cove_now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int64_t cove_mono_ns(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+void cove_rfc3339(int64_t unix_ms, char *out, size_t cap)
+{
+        time_t s = (time_t)(unix_ms / 1000);
+        struct tm tm;
+        gmtime_r(&s, &tm);
+        snprintf(out, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                 tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(unix_ms % 1000));
+}
+
+int cove_write_file_atomic(const char *dir, const char *name, const void *data, size_t len,
+                           mode_t mode, struct cove_err *err)
+{
+        char tmp[4096], dst[4096];
+        uint8_t r[4];
+        char rh[9];
+        if (cove_random(r, sizeof(r), err) < 0)
+                return -1;
+        cove_hex(r, sizeof(r), rh);
+        if ((size_t)snprintf(tmp, sizeof(tmp), "%s/.%s.tmp.%s", dir, name, rh) >= sizeof(tmp) ||
+            (size_t)snprintf(dst, sizeof(dst), "%s/%s", dir, name) >= sizeof(dst))
+                return cove_err_set(err, ENAMETOOLONG, "write %s/%s", dir, name);
+        cleanup_close int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+        if (fd < 0)
+                return cove_err_set(err, errno, "create %s", tmp);
+        const uint8_t *p = data;
+        size_t left = len;
+        while (left > 0) {
+                ssize_t w = write(fd, p, left);
+                if (w < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        int e = errno;
+                        unlink(tmp);
+                        return cove_err_set(err, e, "write %s", tmp);
+                }
+                p += w;
+                left -= (size_t)w;
+        }
+        if (fchmod(fd, mode) < 0 || fsync(fd) < 0) {
+                int e = errno;
+                unlink(tmp);
+                return cove_err_set(err, e, "fsync %s", tmp);
+        }
+        if (rename(tmp, dst) < 0) {
+                int e = errno;
+                unlink(tmp);
+                return cove_err_set(err, e, "rename %s", dst);
+        }
+        cleanup_close int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0 || fsync(dfd) < 0)
+                return cove_err_set(err, errno, "fsync directory %s", dir);
+        return 0;
+}
+
+int cove_read_file(const char *path, size_t max, char **out, size_t *len, struct cove_err *err)
+{
+        cleanup_close int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return cove_err_set(err, errno, "open %s", path);
+        size_t cap = 4096, n = 0;
+        cleanup_free char *buf = malloc(cap + 1);
+        if (!buf)
+                return cove_err_set(err, ENOMEM, "read %s", path);
+        for (;;) {
+                if (n == cap) {
+                        if (cap >= max)
+                                return cove_err_setk(err, COVE_E_LIMIT, EFBIG, "read %s", path);
+                        cap = cap * 2 > max ? max : cap * 2;
+                        char *nb = realloc(buf, cap + 1);
+                        if (!nb)
+                                return cove_err_set(err, ENOMEM, "read %s", path);
+                        buf = nb;
+                }
+                ssize_t r = read(fd, buf + n, cap - n);
+                if (r < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return cove_err_set(err, errno, "read %s", path);
+                }
+                if (r == 0)
+                        break;
+                n += (size_t)r;
+        }
+        buf[n] = '\0';
+        *out = buf;
+        buf = NULL;
+        if (len)
+                *len = n;
+        return 0;
+}
+
+int cove_mkdir_p(const char *path, mode_t mode, struct cove_err *err)
+{
+        char tmp[4096];
+        if (strlen(path) >= sizeof(tmp))
+                return cove_err_set(err, ENAMETOOLONG, "mkdir %s", path);
+        strcpy(tmp, path);
+        for (char *p = tmp + 1; *p; p++) {
+                if (*p != '/')
+                        continue;
+                *p = '\0';
+                if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+                        return cove_err_set(err, errno, "mkdir %s", tmp);
+                *p = '/';
+        }
+        if (mkdir(tmp, mode) < 0 && errno != EEXIST)
+                return cove_err_set(err, errno, "mkdir %s", tmp);
+        return 0;
+}
+
+static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
+{
+        (void)st;
+        (void)f;
+        int r = (flag == FTW_DP) ? rmdir(p) : unlink(p);
+        return (r < 0 && errno != ENOENT) ? -1 : 0;
+}
+
+int cove_rm_rf(const char *path, struct cove_err *err)
+{
+        struct stat st;
+        if (lstat(path, &st) < 0)
+                return errno == ENOENT ? 0 : cove_err_set(err, errno, "remove %s", path);
+        if (nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0)
+                return cove_err_set(err, errno, "remove %s", path);
+        return 0;
+}
