@@ -6,6 +6,7 @@
 #ifndef COVE_STORE_CATALOG_H
 #define COVE_STORE_CATALOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "util/err.h"
@@ -13,77 +14,93 @@
 struct cove_catalog; /* backend handle */
 
 struct cove_tenant_row {
-        char id[64];     /* "ten_…" or "default" */
+        char id[64]; /* "ten_…" or "default" */
         char name[128];
         int64_t created_at; /* unix ms */
 };
 
 struct cove_apikey_row {
-        char id[64];        /* public key id, "key_…", part of the key string */
+        char id[64]; /* public key id, "key_…", part of the key string */
         char tenant[64];
-        char salt_hex[65];  /* 32 random bytes, hex */
-        char hash_hex[65];  /* sha256(salt || secret), hex */
-        int admin;          /* 1: may call admin endpoints */
+        char salt_hex[65]; /* 32 random bytes, hex */
+        char hash_hex[65]; /* sha256(salt || secret), hex */
+        int admin;         /* 1: may call admin endpoints */
         int revoked;
         int64_t created_at;
 };
 
 struct cove_sandbox_row {
-        char id[64];            /* "sbx_…" */
+        char id[64]; /* "sbx_…" */
         char tenant[64];
-        char state[16];         /* starting running pausing paused resuming stopped error */
+        char state[16]; /* starting running pausing paused resuming stopped error */
         char template_name[64];
-        char runtime[16];       /* "ns", "vm" */
-        int64_t created_at;     /* unix ms */
-        int64_t expires_at;     /* unix ms; 0 = never */
+        char runtime[16];   /* "ns", "vm" */
+        int64_t created_at; /* unix ms */
+        int64_t expires_at; /* unix ms; 0 = never */
         int cpus;
         int memory_mb;
         int disk_mb;
         int timeout_s;
-        char on_timeout[8];     /* "kill" or "pause" */
-        uint32_t uid_base;      /* host uid range start (0 = none allocated) */
+        char on_timeout[8]; /* "kill" or "pause" */
+        uint32_t uid_base;  /* host uid range start (0 = none allocated) */
         char node[64];
         char last_snapshot_id[64];
-        char *metadata_json;    /* JSON object text, owned; never NULL after a get */
-        char *env_json;         /* JSON object text, owned; default env of execs */
-        char *error;            /* last error message, owned, may be NULL */
+        char *metadata_json; /* JSON object text, owned; never NULL after a get */
+        char *env_json;      /* JSON object text, owned; default env of execs */
+        char *error;         /* last error message, owned, may be NULL */
 };
 
 void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned strings */
+/* 1 if state[0..len) is one of the sandbox states listed above, else 0. */
+int cove_sandbox_state_valid(const char *state, size_t len);
 
 typedef int (*cove_sandbox_cb)(const struct cove_sandbox_row *row, void *arg); /* <0 stops */
 
 struct cove_catalog_ops {
         const char *name;
-        /* dsn: a file path for sqlite. Runs schema migrations. */
+        /* dsn: a file path for sqlite (created 0600 if absent). Runs schema migrations;
+         * refuses (NULL, err) a database whose schema is newer than this build. */
         struct cove_catalog *(*open)(const char *dsn, struct cove_err *err);
         void (*close)(struct cove_catalog *c);
         int (*schema_version)(struct cove_catalog *c, int *version, struct cove_err *err);
 
+        /* Insert, or rename an existing tenant (created_at kept). */
         int (*tenant_put)(struct cove_catalog *c, const struct cove_tenant_row *t,
                           struct cove_err *err);
         /* Returns 0 found, 1 not found, -1 error. */
         int (*tenant_get)(struct cove_catalog *c, const char *id, struct cove_tenant_row *out,
                           struct cove_err *err);
 
+        /* Insert a key, or update admin/revoked of an existing one. Tenant, salt and hash
+         * never change (COVE_E_CONFLICT), and revoked never goes back to 0. The tenant must
+         * exist (COVE_E_NOT_FOUND). Committed with a full fsync. */
         int (*apikey_put)(struct cove_catalog *c, const struct cove_apikey_row *k,
                           struct cove_err *err);
         int (*apikey_get)(struct cove_catalog *c, const char *id, struct cove_apikey_row *out,
                           struct cove_err *err); /* 0 found, 1 not found, -1 error */
-        int (*apikey_count)(struct cove_catalog *c, int64_t *n, struct cove_err *err);
+        int (*apikey_count)(struct cove_catalog *c, int64_t *n,
+                            struct cove_err *err); /* all keys, revoked too */
 
-        /* Insert a new sandbox (id must be new). */
+        /* Insert a new sandbox. Errors: id exists or uid_base (non-zero) is taken by another
+         * row → COVE_E_CONFLICT; tenant does not exist → COVE_E_NOT_FOUND; unknown state,
+         * on_timeout not kill/pause, metadata/env not a JSON object → COVE_E_BAD_REQUEST.
+         * NULL metadata_json/env_json are stored as "{}". */
         int (*sandbox_insert)(struct cove_catalog *c, const struct cove_sandbox_row *s,
                               struct cove_err *err);
-        /* Overwrite every column of an existing row (by id). 1 if absent. */
+        /* Overwrite every column of an existing row (by id). A row's tenant never changes:
+         * the row must match s->id and s->tenant, else 1 (absent). Same checks as insert. */
         int (*sandbox_update)(struct cove_catalog *c, const struct cove_sandbox_row *s,
                               struct cove_err *err);
         /* tenant NULL = any tenant (node-internal use). 0 found, 1 not found, -1 error. */
         int (*sandbox_get)(struct cove_catalog *c, const char *tenant, const char *id,
                            struct cove_sandbox_row *out, struct cove_err *err);
-        /* Rows of a tenant (NULL = all), oldest first; states: NULL or a comma list. */
+        /* Rows of a tenant (NULL = all), oldest first; states: NULL or a comma list
+         * ("running,paused"; blanks around names ignored; unknown names match nothing; a
+         * list with no names = no filter). cb runs after the catalog lock is released, so it
+         * may call the catalog; rows are valid only during the call. */
         int (*sandbox_list)(struct cove_catalog *c, const char *tenant, const char *states,
                             cove_sandbox_cb cb, void *arg, struct cove_err *err);
+        /* 0 deleted, 1 not found, -1 error. */
         int (*sandbox_delete)(struct cove_catalog *c, const char *id, struct cove_err *err);
 };
 

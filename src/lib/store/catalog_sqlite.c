@@ -1,0 +1,828 @@
+/* SQLite catalog backend (the embedded default): one connection in WAL mode guarded by a
+ * mutex, versioned schema migrations applied at open, and every statement prepared once.
+ * No SQL is ever built from caller data: all values are bound parameters. */
+#include "store/catalog.h"
+#include "util/cleanup.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Schema migrations, in order: step i brings the schema from version i to i+1. Each step
+ * runs in its own transaction together with its schema_migrations row, so a crash leaves
+ * the database at one version or the next. Never edit a released step; append a new one. */
+static const char *const migrations[] = {
+    /* 1: tenants, API keys (hashed), sandboxes */
+    "CREATE TABLE tenants ("
+    "  id TEXT PRIMARY KEY,"
+    "  name TEXT NOT NULL,"
+    "  created_at INTEGER NOT NULL"
+    ");"
+    "CREATE TABLE api_keys ("
+    "  id TEXT PRIMARY KEY,"
+    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
+    "  salt_hex TEXT NOT NULL CHECK (length(salt_hex) = 64),"
+    "  hash_hex TEXT NOT NULL CHECK (length(hash_hex) = 64),"
+    "  admin INTEGER NOT NULL DEFAULT 0,"
+    "  revoked INTEGER NOT NULL DEFAULT 0,"
+    "  created_at INTEGER NOT NULL"
+    ");"
+    "CREATE INDEX api_keys_tenant ON api_keys(tenant);"
+    "CREATE TABLE sandboxes ("
+    "  id TEXT PRIMARY KEY,"
+    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
+    "  state TEXT NOT NULL,"
+    "  template_name TEXT NOT NULL,"
+    "  runtime TEXT NOT NULL,"
+    "  created_at INTEGER NOT NULL,"
+    "  expires_at INTEGER NOT NULL DEFAULT 0,"
+    "  cpus INTEGER NOT NULL,"
+    "  memory_mb INTEGER NOT NULL,"
+    "  disk_mb INTEGER NOT NULL,"
+    "  timeout_s INTEGER NOT NULL,"
+    "  on_timeout TEXT NOT NULL,"
+    "  uid_base INTEGER NOT NULL DEFAULT 0,"
+    "  node TEXT NOT NULL DEFAULT '',"
+    "  last_snapshot_id TEXT NOT NULL DEFAULT '',"
+    "  metadata_json TEXT NOT NULL DEFAULT '{}'"
+    "    CHECK (json_valid(metadata_json) AND json_type(metadata_json) = 'object'),"
+    "  env_json TEXT NOT NULL DEFAULT '{}'"
+    "    CHECK (json_valid(env_json) AND json_type(env_json) = 'object'),"
+    "  error TEXT"
+    ");"
+    "CREATE INDEX sandboxes_tenant_created ON sandboxes(tenant, created_at);"
+    /* Tenants never share host uids (DESIGN.md §2.4): two live rows with the same
+     * allocated range is a bug the catalog refuses rather than records. */
+    "CREATE UNIQUE INDEX sandboxes_uid_base ON sandboxes(uid_base) WHERE uid_base <> 0;",
+};
+#define SCHEMA_VERSION ((int)COVE_ARRAY_SIZE(migrations))
+
+#define SBX_COLS                                                                                   \
+        "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
+        " disk_mb, timeout_s, on_timeout, uid_base, node, last_snapshot_id, metadata_json,"        \
+        " env_json, error"
+
+enum stmt_id {
+        ST_VERSION,
+        ST_TENANT_PUT,
+        ST_TENANT_GET,
+        ST_KEY_PUT,
+        ST_KEY_GET,
+        ST_KEY_COUNT,
+        ST_SBX_INSERT,
+        ST_SBX_UPDATE,
+        ST_SBX_GET,
+        ST_SBX_GET_T,
+        ST_SBX_LIST,
+        ST_SBX_LIST_T,
+        ST_SBX_DELETE,
+        ST_SYNC_FULL,
+        ST_SYNC_NORMAL,
+        ST__COUNT
+};
+
+static const char *const stmt_sql[ST__COUNT] = {
+    [ST_VERSION] = "SELECT coalesce(max(version), 0) FROM schema_migrations",
+    [ST_TENANT_PUT] = "INSERT INTO tenants(id, name, created_at) VALUES (?1, ?2, ?3)"
+                      " ON CONFLICT(id) DO UPDATE SET name = excluded.name",
+    [ST_TENANT_GET] = "SELECT id, name, created_at FROM tenants WHERE id = ?1",
+    /* A key's tenant, salt and hash never change, and a revoked key stays revoked:
+     * a conflicting put updates nothing and is reported as a conflict. */
+    [ST_KEY_PUT] = "INSERT INTO api_keys(id, tenant, salt_hex, hash_hex, admin, revoked,"
+                   " created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                   " ON CONFLICT(id) DO UPDATE SET admin = excluded.admin,"
+                   " revoked = max(revoked, excluded.revoked)"
+                   " WHERE tenant = excluded.tenant AND salt_hex = excluded.salt_hex"
+                   " AND hash_hex = excluded.hash_hex",
+    [ST_KEY_GET] = "SELECT id, tenant, salt_hex, hash_hex, admin, revoked, created_at"
+                   " FROM api_keys WHERE id = ?1",
+    [ST_KEY_COUNT] = "SELECT count(*) FROM api_keys",
+    [ST_SBX_INSERT] = "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
+                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+    [ST_SBX_UPDATE] = "UPDATE sandboxes SET state = ?3, template_name = ?4, runtime = ?5,"
+                      " created_at = ?6, expires_at = ?7, cpus = ?8, memory_mb = ?9,"
+                      " disk_mb = ?10, timeout_s = ?11, on_timeout = ?12, uid_base = ?13,"
+                      " node = ?14, last_snapshot_id = ?15, metadata_json = ?16,"
+                      " env_json = ?17, error = ?18 WHERE id = ?1 AND tenant = ?2",
+    [ST_SBX_GET] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1",
+    [ST_SBX_GET_T] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1 AND tenant = ?2",
+    /* ?1 is NULL (any state) or ",s1,s2," built only from known state names. */
+    [ST_SBX_LIST] = "SELECT " SBX_COLS " FROM sandboxes"
+                    " WHERE (?1 IS NULL OR instr(?1, ',' || state || ',') > 0)"
+                    " ORDER BY created_at, rowid",
+    [ST_SBX_LIST_T] = "SELECT " SBX_COLS " FROM sandboxes WHERE tenant = ?2"
+                      " AND (?1 IS NULL OR instr(?1, ',' || state || ',') > 0)"
+                      " ORDER BY created_at, rowid",
+    [ST_SBX_DELETE] = "DELETE FROM sandboxes WHERE id = ?1",
+    [ST_SYNC_FULL] = "PRAGMA synchronous = FULL",
+    [ST_SYNC_NORMAL] = "PRAGMA synchronous = NORMAL",
+};
+
+struct cove_catalog {
+        sqlite3 *db;
+        pthread_mutex_t lock; /* serialises every use of db and st[] (connection is NOMUTEX) */
+        sqlite3_stmt *st[ST__COUNT];
+};
+
+/* Classify a failed sqlite call and fill err with "catalog: <context>: <sqlite message>".
+ * Must run under c->lock: sqlite3_errmsg is per connection. */
+static int db_err(sqlite3 *db, int rc, struct cove_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int db_err(sqlite3 *db, int rc, struct cove_err *err, const char *fmt, ...)
+{
+        char ctx[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(ctx, sizeof(ctx), fmt, ap);
+        va_end(ap);
+        enum cove_err_kind kind = COVE_E_INTERNAL;
+        int errnum = 0;
+        switch (rc) {
+        case SQLITE_CONSTRAINT_PRIMARYKEY:
+        case SQLITE_CONSTRAINT_UNIQUE:
+                kind = COVE_E_CONFLICT;
+                break;
+        case SQLITE_CONSTRAINT_FOREIGNKEY:
+                kind = COVE_E_NOT_FOUND;
+                break;
+        case SQLITE_CONSTRAINT_CHECK:
+        case SQLITE_CONSTRAINT_NOTNULL:
+        case SQLITE_TOOBIG:
+                kind = COVE_E_BAD_REQUEST;
+                break;
+        default:
+                switch (rc & 0xff) {
+                case SQLITE_BUSY:
+                case SQLITE_LOCKED:
+                        kind = COVE_E_UNAVAILABLE;
+                        break;
+                case SQLITE_FULL:
+                        kind = COVE_E_UNAVAILABLE;
+                        errnum = ENOSPC;
+                        break;
+                case SQLITE_IOERR:
+                case SQLITE_CANTOPEN:
+                case SQLITE_READONLY:
+                        kind = COVE_E_UNAVAILABLE;
+                        errnum = db ? sqlite3_system_errno(db) : 0;
+                        break;
+                }
+        }
+        const char *m = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+        return cove_err_setk(err, kind, errnum, "catalog: %s: %s", ctx, m);
+}
+
+static void done(sqlite3_stmt *s)
+{
+        sqlite3_reset(s);
+        sqlite3_clear_bindings(s);
+}
+
+/* Fixed-size string fields must be NUL-terminated within their array. */
+static int field_ok(const char *f, size_t cap)
+{
+        return strnlen(f, cap) < cap;
+}
+
+static int bind_text(sqlite3_stmt *s, int i, const char *v)
+{
+        return v ? sqlite3_bind_text(s, i, v, -1, SQLITE_STATIC) : sqlite3_bind_null(s, i);
+}
+
+/* Copy a text column into a fixed array; -1 if it does not fit (never truncate silently). */
+static int col_copy(sqlite3_stmt *s, int i, char *dst, size_t cap)
+{
+        const unsigned char *v = sqlite3_column_text(s, i);
+        size_t n = (size_t)sqlite3_column_bytes(s, i);
+        if (n >= cap)
+                return -1;
+        if (n)
+                memcpy(dst, v, n);
+        dst[n] = '\0';
+        return 0;
+}
+
+static char *col_dup(sqlite3_stmt *s, int i, const char *dflt)
+{
+        const unsigned char *v = sqlite3_column_text(s, i);
+        if (!v)
+                return dflt ? strdup(dflt) : NULL;
+        return strndup((const char *)v, (size_t)sqlite3_column_bytes(s, i));
+}
+
+static int step_done(sqlite3_stmt *s)
+{
+        int rc = sqlite3_step(s);
+        return rc == SQLITE_DONE ? SQLITE_OK : rc;
+}
+
+/* ---- open, migrations, close ---- */
+
+static int exec_sql(sqlite3 *db, const char *sql, struct cove_err *err, const char *what)
+{
+        int rc = sqlite3_exec(db, sql, NULL, NULL, NULL);
+        if (rc != SQLITE_OK)
+                return db_err(db, rc, err, "%s", what);
+        return 0;
+}
+
+static int read_version(sqlite3 *db, int *version, struct cove_err *err)
+{
+        sqlite3_stmt *s = NULL;
+        int rc = sqlite3_prepare_v2(db, stmt_sql[ST_VERSION], -1, &s, NULL);
+        if (rc == SQLITE_OK) {
+                rc = sqlite3_step(s);
+                if (rc == SQLITE_ROW) {
+                        *version = sqlite3_column_int(s, 0);
+                        rc = SQLITE_OK;
+                }
+        }
+        if (rc != SQLITE_OK) {
+                db_err(db, rc, err, "read schema version");
+                sqlite3_finalize(s);
+                return -1;
+        }
+        sqlite3_finalize(s);
+        return 0;
+}
+
+static int migrate(sqlite3 *db, const char *dsn, struct cove_err *err)
+{
+        if (exec_sql(db,
+                     "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                     " version INTEGER PRIMARY KEY, applied_at INTEGER NOT NULL)",
+                     err, "create schema_migrations") < 0)
+                return -1;
+        for (;;) {
+                /* IMMEDIATE takes the write lock before reading the version, so two processes
+                 * opening the same file at once apply each step exactly once. */
+                if (exec_sql(db, "BEGIN IMMEDIATE", err, "begin migration") < 0)
+                        return -1;
+                int v = 0;
+                if (read_version(db, &v, err) < 0)
+                        goto fail;
+                if (v > SCHEMA_VERSION) {
+                        cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                      "catalog %s: schema version %d is newer than this build "
+                                      "supports (%d); run a newer cove or restore a backup",
+                                      dsn, v, SCHEMA_VERSION);
+                        goto fail;
+                }
+                if (v == SCHEMA_VERSION) {
+                        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+                        return 0;
+                }
+                char what[64];
+                snprintf(what, sizeof(what), "migration %d", v + 1);
+                if (exec_sql(db, migrations[v], err, what) < 0)
+                        goto fail;
+                sqlite3_stmt *s = NULL;
+                int rc = sqlite3_prepare_v2(
+                    db, "INSERT INTO schema_migrations(version, applied_at) VALUES (?1, ?2)", -1,
+                    &s, NULL);
+                if (rc == SQLITE_OK) {
+                        sqlite3_bind_int(s, 1, v + 1);
+                        sqlite3_bind_int64(s, 2, cove_now_ms());
+                        rc = sqlite3_step(s);
+                        rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+                }
+                if (rc != SQLITE_OK)
+                        db_err(db, rc, err, "record %s", what);
+                sqlite3_finalize(s);
+                if (rc != SQLITE_OK)
+                        goto fail;
+                if (exec_sql(db, "COMMIT", err, what) < 0)
+                        goto fail;
+        }
+fail:
+        sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+        return cove_err_wrap(err, "open catalog %s", dsn);
+}
+
+static void sqlite_close(struct cove_catalog *c)
+{
+        if (!c)
+                return;
+        for (int i = 0; i < ST__COUNT; i++)
+                sqlite3_finalize(c->st[i]);
+        sqlite3_close(c->db);
+        pthread_mutex_destroy(&c->lock);
+        free(c);
+}
+
+static struct cove_catalog *sqlite_open(const char *dsn, struct cove_err *err)
+{
+        if (!dsn || !*dsn) {
+                cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "catalog: empty database path");
+                return NULL;
+        }
+        int mem = strcmp(dsn, ":memory:") == 0;
+        /* The catalog holds key hashes and tenant data: create it owner-only. SQLite gives
+         * its -wal and -shm files the main file's mode. */
+        if (!mem && strncmp(dsn, "file:", 5) != 0) {
+                int fd = open(dsn, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+                if (fd < 0) {
+                        cove_err_setk(err, COVE_E_UNAVAILABLE, errno, "catalog: open %s", dsn);
+                        return NULL;
+                }
+                close(fd);
+        }
+        struct cove_catalog *c = calloc(1, sizeof(*c));
+        if (!c) {
+                cove_err_set(err, ENOMEM, "catalog: open %s", dsn);
+                return NULL;
+        }
+        pthread_mutex_init(&c->lock, NULL);
+        int rc = sqlite3_open_v2(dsn, &c->db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX |
+                                     SQLITE_OPEN_URI,
+                                 NULL);
+        if (rc != SQLITE_OK) {
+                db_err(c->db, rc, err, "open %s", dsn);
+                goto fail;
+        }
+        sqlite3_extended_result_codes(c->db, 1);
+        sqlite3_busy_timeout(c->db, 5000);
+
+        /* WAL + synchronous=NORMAL: a commit is appended to the WAL without fsync; the WAL is
+         * fsynced at checkpoints. A killed process loses nothing (the WAL is in the page
+         * cache); a power cut may lose the last commits since the previous checkpoint but
+         * never corrupts the file (WAL frames are checksummed, a torn tail is discarded).
+         * That is right for sandbox rows, which the node reconciles against what runs.
+         * Tenant and API-key writes switch to FULL for their commit: a revocation, or a key
+         * just shown to a user, must not silently vanish on power loss. */
+        sqlite3_stmt *s = NULL;
+        rc = sqlite3_prepare_v2(c->db, "PRAGMA journal_mode = WAL", -1, &s, NULL);
+        if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+                const char *mode = (const char *)sqlite3_column_text(s, 0);
+                rc = (mode && (strcmp(mode, "wal") == 0 || (mem && strcmp(mode, "memory") == 0)))
+                         ? SQLITE_OK
+                         : -1;
+        }
+        sqlite3_finalize(s);
+        if (rc == -1) {
+                cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                              "catalog: open %s: cannot enable WAL journal mode "
+                              "(is it on a network filesystem?)",
+                              dsn);
+                goto fail;
+        }
+        if (rc != SQLITE_OK) {
+                db_err(c->db, rc, err, "open %s: set WAL mode", dsn);
+                goto fail;
+        }
+        if (exec_sql(c->db, "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON", err,
+                     "set pragmas") < 0) {
+                cove_err_wrap(err, "open %s", dsn);
+                goto fail;
+        }
+        if (migrate(c->db, dsn, err) < 0)
+                goto fail;
+        for (int i = 0; i < ST__COUNT; i++) {
+                rc = sqlite3_prepare_v3(c->db, stmt_sql[i], -1, SQLITE_PREPARE_PERSISTENT,
+                                        &c->st[i], NULL);
+                if (rc != SQLITE_OK) {
+                        db_err(c->db, rc, err, "open %s: prepare statement %d", dsn, i);
+                        goto fail;
+                }
+        }
+        return c;
+fail:
+        sqlite_close(c);
+        return NULL;
+}
+
+static int sqlite_schema_version(struct cove_catalog *c, int *version, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *s = c->st[ST_VERSION];
+        int rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+                *version = sqlite3_column_int(s, 0);
+                rc = SQLITE_OK;
+        }
+        int r = rc == SQLITE_OK ? 0 : db_err(c->db, rc, err, "read schema version");
+        done(s);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+/* Run one write statement with synchronous=FULL for its commit (see sqlite_open). */
+static int step_durable(struct cove_catalog *c, sqlite3_stmt *s)
+{
+        int rc = step_done(c->st[ST_SYNC_FULL]);
+        done(c->st[ST_SYNC_FULL]);
+        if (rc != SQLITE_OK)
+                return rc;
+        rc = step_done(s);
+        int rc2 = step_done(c->st[ST_SYNC_NORMAL]);
+        done(c->st[ST_SYNC_NORMAL]);
+        return rc != SQLITE_OK ? rc : rc2;
+}
+
+/* ---- tenants ---- */
+
+static int sqlite_tenant_put(struct cove_catalog *c, const struct cove_tenant_row *t,
+                             struct cove_err *err)
+{
+        if (!field_ok(t->id, sizeof(t->id)) || !field_ok(t->name, sizeof(t->name)) || !t->id[0])
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: put tenant: id or name missing or too long");
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *s = c->st[ST_TENANT_PUT];
+        bind_text(s, 1, t->id);
+        bind_text(s, 2, t->name);
+        sqlite3_bind_int64(s, 3, t->created_at);
+        int rc = step_durable(c, s);
+        int r = rc == SQLITE_OK ? 0 : db_err(c->db, rc, err, "put tenant %s", t->id);
+        done(s);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_tenant_get(struct cove_catalog *c, const char *id, struct cove_tenant_row *out,
+                             struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *s = c->st[ST_TENANT_GET];
+        bind_text(s, 1, id);
+        int r, rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+                memset(out, 0, sizeof(*out));
+                if (col_copy(s, 0, out->id, sizeof(out->id)) < 0 ||
+                    col_copy(s, 1, out->name, sizeof(out->name)) < 0)
+                        r = cove_err_set(err, 0, "catalog: get tenant %s: stored field too long",
+                                         id);
+                else
+                        r = 0;
+                out->created_at = sqlite3_column_int64(s, 2);
+        } else if (rc == SQLITE_DONE) {
+                r = 1;
+        } else {
+                r = db_err(c->db, rc, err, "get tenant %s", id);
+        }
+        done(s);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+/* ---- API keys ---- */
+
+static int sqlite_apikey_put(struct cove_catalog *c, const struct cove_apikey_row *k,
+                             struct cove_err *err)
+{
+        if (!field_ok(k->id, sizeof(k->id)) || !field_ok(k->tenant, sizeof(k->tenant)) ||
+            !field_ok(k->salt_hex, sizeof(k->salt_hex)) ||
+            !field_ok(k->hash_hex, sizeof(k->hash_hex)) || !k->id[0])
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: put api key: a field is missing or too long");
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *s = c->st[ST_KEY_PUT];
+        bind_text(s, 1, k->id);
+        bind_text(s, 2, k->tenant);
+        bind_text(s, 3, k->salt_hex);
+        bind_text(s, 4, k->hash_hex);
+        sqlite3_bind_int(s, 5, k->admin ? 1 : 0);
+        sqlite3_bind_int(s, 6, k->revoked ? 1 : 0);
+        sqlite3_bind_int64(s, 7, k->created_at);
+        int r, rc = step_durable(c, s);
+        if (rc != SQLITE_OK)
+                r = db_err(c->db, rc, err, "put api key %s (tenant %s)", k->id, k->tenant);
+        else if (sqlite3_changes(c->db) == 0)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "catalog: put api key %s: exists with another tenant or secret",
+                                  k->id);
+        else
+                r = 0;
+        done(s);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_apikey_get(struct cove_catalog *c, const char *id, struct cove_apikey_row *out,
+                             struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *s = c->st[ST_KEY_GET];
+        bind_text(s, 1, id);
+        int r, rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+                memset(out, 0, sizeof(*out));
+                if (col_copy(s, 0, out->id, sizeof(out->id)) < 0 ||
+                    col_copy(s, 1, out->tenant, sizeof(out->tenant)) < 0 ||
+                    col_copy(s, 2, out->salt_hex, sizeof(out->salt_hex)) < 0 ||
+                    col_copy(s, 3, out->hash_hex, sizeof(out->hash_hex)) < 0)
+                        r = cove_err_set(err, 0, "catalog: get api key %s: stored field too long",
+                                         id);
+                else
+                        r = 0;
+                out->admin = sqlite3_column_int(s, 4);
+                out->revoked = sqlite3_column_int(s, 5);
+                out->created_at = sqlite3_column_int64(s, 6);
+        } else if (rc == SQLITE_DONE) {
+                r = 1;
+        } else {
+                r = db_err(c->db, rc, err, "get api key %s", id);
+        }
+        done(s);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_apikey_count(struct cove_catalog *c, int64_t *n, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *s = c->st[ST_KEY_COUNT];
+        int r, rc = sqlite3_step(s);
+        if (rc == SQLITE_ROW) {
+                *n = sqlite3_column_int64(s, 0);
+                r = 0;
+        } else {
+                r = db_err(c->db, rc, err, "count api keys");
+        }
+        done(s);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+/* ---- sandboxes ---- */
+
+static int sbx_check(const struct cove_sandbox_row *s, struct cove_err *err, const char *op)
+{
+        if (!field_ok(s->id, sizeof(s->id)) || !s->id[0])
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: %s sandbox: id missing or too long", op);
+        if (!field_ok(s->tenant, sizeof(s->tenant)) || !s->tenant[0] ||
+            !field_ok(s->state, sizeof(s->state)) ||
+            !field_ok(s->template_name, sizeof(s->template_name)) ||
+            !field_ok(s->runtime, sizeof(s->runtime)) ||
+            !field_ok(s->on_timeout, sizeof(s->on_timeout)) ||
+            !field_ok(s->node, sizeof(s->node)) ||
+            !field_ok(s->last_snapshot_id, sizeof(s->last_snapshot_id)))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: %s sandbox %s: a field is missing or too long", op,
+                                     s->id);
+        /* States are checked here rather than by a CHECK constraint so that adding a state
+         * is a code change, not a table rebuild. */
+        if (!cove_sandbox_state_valid(s->state, strlen(s->state)))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: %s sandbox %s: unknown state \"%s\"", op, s->id,
+                                     s->state);
+        if (strcmp(s->on_timeout, "kill") != 0 && strcmp(s->on_timeout, "pause") != 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: %s sandbox %s: on_timeout must be kill or pause", op,
+                                     s->id);
+        return 0;
+}
+
+static void sbx_bind(sqlite3_stmt *st, const struct cove_sandbox_row *s)
+{
+        bind_text(st, 1, s->id);
+        bind_text(st, 2, s->tenant);
+        bind_text(st, 3, s->state);
+        bind_text(st, 4, s->template_name);
+        bind_text(st, 5, s->runtime);
+        sqlite3_bind_int64(st, 6, s->created_at);
+        sqlite3_bind_int64(st, 7, s->expires_at);
+        sqlite3_bind_int(st, 8, s->cpus);
+        sqlite3_bind_int(st, 9, s->memory_mb);
+        sqlite3_bind_int(st, 10, s->disk_mb);
+        sqlite3_bind_int(st, 11, s->timeout_s);
+        bind_text(st, 12, s->on_timeout);
+        sqlite3_bind_int64(st, 13, (sqlite3_int64)s->uid_base);
+        bind_text(st, 14, s->node);
+        bind_text(st, 15, s->last_snapshot_id);
+        bind_text(st, 16, s->metadata_json ? s->metadata_json : "{}");
+        bind_text(st, 17, s->env_json ? s->env_json : "{}");
+        bind_text(st, 18, s->error);
+}
+
+/* Fill out from the current row of st (columns SBX_COLS); out owns its strings. */
+static int sbx_read(sqlite3_stmt *st, struct cove_sandbox_row *out)
+{
+        memset(out, 0, sizeof(*out));
+        if (col_copy(st, 0, out->id, sizeof(out->id)) < 0 ||
+            col_copy(st, 1, out->tenant, sizeof(out->tenant)) < 0 ||
+            col_copy(st, 2, out->state, sizeof(out->state)) < 0 ||
+            col_copy(st, 3, out->template_name, sizeof(out->template_name)) < 0 ||
+            col_copy(st, 4, out->runtime, sizeof(out->runtime)) < 0 ||
+            col_copy(st, 11, out->on_timeout, sizeof(out->on_timeout)) < 0 ||
+            col_copy(st, 13, out->node, sizeof(out->node)) < 0 ||
+            col_copy(st, 14, out->last_snapshot_id, sizeof(out->last_snapshot_id)) < 0)
+                return -EOVERFLOW;
+        out->created_at = sqlite3_column_int64(st, 5);
+        out->expires_at = sqlite3_column_int64(st, 6);
+        out->cpus = sqlite3_column_int(st, 7);
+        out->memory_mb = sqlite3_column_int(st, 8);
+        out->disk_mb = sqlite3_column_int(st, 9);
+        out->timeout_s = sqlite3_column_int(st, 10);
+        out->uid_base = (uint32_t)sqlite3_column_int64(st, 12);
+        out->metadata_json = col_dup(st, 15, "{}");
+        out->env_json = col_dup(st, 16, "{}");
+        out->error = col_dup(st, 17, NULL);
+        if (!out->metadata_json || !out->env_json ||
+            (!out->error && sqlite3_column_type(st, 17) != SQLITE_NULL)) {
+                cove_sandbox_row_clear(out);
+                return -ENOMEM;
+        }
+        return 0;
+}
+
+static int sbx_read_err(int r, const char *id, struct cove_err *err)
+{
+        if (r == -ENOMEM)
+                return cove_err_set(err, ENOMEM, "catalog: read sandbox %s", id);
+        return cove_err_set(err, 0, "catalog: read sandbox %s: stored field too long", id);
+}
+
+static int sqlite_sandbox_write(struct cove_catalog *c, enum stmt_id which,
+                                const struct cove_sandbox_row *s, struct cove_err *err)
+{
+        const char *op = which == ST_SBX_INSERT ? "insert" : "update";
+        if (sbx_check(s, err, op) < 0)
+                return -1;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[which];
+        sbx_bind(st, s);
+        int r, rc = step_done(st);
+        if (rc != SQLITE_OK)
+                r = db_err(c->db, rc, err, "%s sandbox %s (tenant %s)", op, s->id, s->tenant);
+        else
+                r = (which == ST_SBX_UPDATE && sqlite3_changes(c->db) == 0) ? 1 : 0;
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_sandbox_insert(struct cove_catalog *c, const struct cove_sandbox_row *s,
+                                 struct cove_err *err)
+{
+        return sqlite_sandbox_write(c, ST_SBX_INSERT, s, err);
+}
+
+static int sqlite_sandbox_update(struct cove_catalog *c, const struct cove_sandbox_row *s,
+                                 struct cove_err *err)
+{
+        return sqlite_sandbox_write(c, ST_SBX_UPDATE, s, err);
+}
+
+static int sqlite_sandbox_get(struct cove_catalog *c, const char *tenant, const char *id,
+                              struct cove_sandbox_row *out, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[tenant ? ST_SBX_GET_T : ST_SBX_GET];
+        bind_text(st, 1, id);
+        if (tenant)
+                bind_text(st, 2, tenant);
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+                r = sbx_read(st, out);
+                if (r < 0)
+                        r = sbx_read_err(r, id, err);
+        } else if (rc == SQLITE_DONE) {
+                r = 1;
+        } else {
+                r = db_err(c->db, rc, err, "get sandbox %s", id);
+        }
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+/* Turn "running, paused,bogus" into ",running,paused," keeping only known states. Returns
+ * 0 with *any = 1 when no filter applies (NULL or no tokens), 0 otherwise, -1 too long. An
+ * all-unknown list yields "" (matches nothing). */
+static int parse_states(const char *states, char *out, size_t cap, int *any)
+{
+        *any = 1;
+        out[0] = '\0';
+        if (!states)
+                return 0;
+        size_t n = 0;
+        int tokens = 0;
+        const char *p = states;
+        while (*p) {
+                while (*p == ' ' || *p == '\t')
+                        p++;
+                const char *start = p;
+                while (*p && *p != ',')
+                        p++;
+                const char *end = p;
+                while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
+                        end--;
+                if (*p == ',')
+                        p++;
+                size_t len = (size_t)(end - start);
+                if (len == 0)
+                        continue;
+                tokens++;
+                if (!cove_sandbox_state_valid(start, len))
+                        continue;
+                if (n + len + 2 >= cap)
+                        return -1;
+                if (n == 0)
+                        out[n++] = ',';
+                memcpy(out + n, start, len);
+                n += len;
+                out[n++] = ',';
+                out[n] = '\0';
+        }
+        *any = tokens == 0;
+        return 0;
+}
+
+static int sqlite_sandbox_list(struct cove_catalog *c, const char *tenant, const char *states,
+                               cove_sandbox_cb cb, void *arg, struct cove_err *err)
+{
+        char filter[256];
+        int any;
+        if (parse_states(states, filter, sizeof(filter), &any) < 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: list sandboxes: state filter too long");
+        if (!any && filter[0] == '\0')
+                return 0; /* only unknown states: nothing can match */
+
+        /* Rows are collected under the lock and handed to cb after it is released, so a
+         * callback may itself call the catalog (e.g. update the row it is given). */
+        struct cove_sandbox_row *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[tenant ? ST_SBX_LIST_T : ST_SBX_LIST];
+        if (any)
+                sqlite3_bind_null(st, 1);
+        else
+                bind_text(st, 1, filter);
+        if (tenant)
+                bind_text(st, 2, tenant);
+        int rc;
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                if (n == cap) {
+                        size_t ncap = cap ? cap * 2 : 16;
+                        struct cove_sandbox_row *nr = realloc(rows, ncap * sizeof(*rows));
+                        if (!nr) {
+                                r = cove_err_set(err, ENOMEM, "catalog: list sandboxes");
+                                break;
+                        }
+                        rows = nr;
+                        cap = ncap;
+                }
+                int e = sbx_read(st, &rows[n]);
+                if (e < 0) {
+                        r = sbx_read_err(e, (const char *)sqlite3_column_text(st, 0), err);
+                        break;
+                }
+                n++;
+        }
+        if (r == 0 && rc != SQLITE_DONE)
+                r = db_err(c->db, rc, err, "list sandboxes");
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+
+        int stop = r < 0; /* on error no row is handed out: the list would be partial */
+        for (size_t i = 0; i < n; i++) {
+                if (!stop && cb(&rows[i], arg) < 0)
+                        stop = 1;
+                cove_sandbox_row_clear(&rows[i]);
+        }
+        free(rows);
+        return r;
+}
+
+static int sqlite_sandbox_delete(struct cove_catalog *c, const char *id, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_SBX_DELETE];
+        bind_text(st, 1, id);
+        int r, rc = step_done(st);
+        if (rc != SQLITE_OK)
+                r = db_err(c->db, rc, err, "delete sandbox %s", id);
+        else
+                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+const struct cove_catalog_ops cove_catalog_sqlite = {
+    .name = "sqlite",
+    .open = sqlite_open,
+    .close = sqlite_close,
+    .schema_version = sqlite_schema_version,
+    .tenant_put = sqlite_tenant_put,
+    .tenant_get = sqlite_tenant_get,
+    .apikey_put = sqlite_apikey_put,
+    .apikey_get = sqlite_apikey_get,
+    .apikey_count = sqlite_apikey_count,
+    .sandbox_insert = sqlite_sandbox_insert,
+    .sandbox_update = sqlite_sandbox_update,
+    .sandbox_get = sqlite_sandbox_get,
+    .sandbox_list = sqlite_sandbox_list,
+    .sandbox_delete = sqlite_sandbox_delete,
+};
