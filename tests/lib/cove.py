@@ -1,0 +1,359 @@
+"""Test helpers: start a real coved and drive it over its REST API (shared/API.md), the way
+an outside client does. Standard library only; used by tests/conftest.py's fixtures.
+
+    d = Coved(build_dir, templates_dir=...)   # starts coved on a fresh data dir
+    c = d.client                              # Client: request/json helpers/exec/stream/files
+    sb = c.create(template="busybox")
+    assert c.exec(sb["id"], "echo hi")["stdout"] == "hi\\n"
+    d.kill9(); d.start()                      # crash and restart on the same data dir
+    d.stop()                                  # SIGTERM, then remove the data dir
+"""
+import base64
+import collections
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.parse
+
+START_TIMEOUT_S = float(os.environ.get("COVE_START_TIMEOUT", "900"))  # first start may build base
+
+
+class CoveError(AssertionError):
+    """An API call did not answer as the test expected."""
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Response(collections.namedtuple("Response", "status headers body")):
+    """(status, headers, body) that also offers .json() and .error (the error object)."""
+
+    def json(self):
+        try:
+            return json.loads(self.body.decode() or "null")
+        except ValueError:
+            raise CoveError(f"status {self.status}: not JSON: {self.body[:200]!r}")
+
+    @property
+    def error(self):
+        """The {"code","message"} object of an error answer, or {} when there is none."""
+        try:
+            j = json.loads(self.body.decode() or "null")
+        except ValueError:
+            return {}
+        return (j or {}).get("error") or {} if isinstance(j, dict) else {}
+
+
+class Client:
+    """HTTP client for one coved (TCP on 127.0.0.1:port) with one API key."""
+
+    def __init__(self, port, key=None, host="127.0.0.1"):
+        self.host, self.port, self.key = host, port, key
+
+    def with_key(self, key):
+        return Client(self.port, key, self.host)
+
+    def conn(self, timeout=60):
+        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+
+    # -- raw ---------------------------------------------------------------------------
+    def request(self, method, path, body=None, headers=None, auth=True, key=None, timeout=120):
+        """Returns Response(status, headers, body). dict/list bodies are sent as JSON."""
+        h = dict(headers or {})
+        if auth and (key or self.key):
+            h.setdefault("Authorization", f"Bearer {key or self.key}")
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+            h.setdefault("Content-Type", "application/json")
+        elif isinstance(body, str):
+            body = body.encode()
+        c = self.conn(timeout)
+        try:
+            try:
+                c.request(method, path, body=body, headers=h)
+            except (BrokenPipeError, ConnectionResetError):
+                # a server may answer (413) and close before reading a large body; the
+                # answer can still be waiting in the socket
+                if body is None or len(body) < 1024 * 1024:
+                    raise
+            r = c.getresponse()
+            return Response(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+        finally:
+            c.close()
+
+    # -- JSON --------------------------------------------------------------------------
+    def ok(self, method, path, body=None, expect=(200, 201, 204), **kw):
+        """The decoded JSON answer (None for an empty body); CoveError on another status."""
+        r = self.request(method, path, body, **kw)
+        if r.status not in ((expect,) if isinstance(expect, int) else expect):
+            raise CoveError(f"{method} {path} -> {r.status} {r.body[:400]!r}")
+        return r.json() if r.body else None
+
+    def get(self, path, **kw):
+        return self.ok("GET", path, **kw)
+
+    def post(self, path, body=None, **kw):
+        return self.ok("POST", path, body if body is not None else {}, **kw)
+
+    def put(self, path, body=None, **kw):
+        return self.ok("PUT", path, body, **kw)
+
+    def delete(self, path, **kw):
+        return self.ok("DELETE", path, expect=kw.pop("expect", (200, 204)), **kw)
+
+    def expect_error(self, method, path, status, code, body=None, **kw):
+        """Asserts the documented error shape; returns the error object."""
+        r = self.request(method, path, body, **kw)
+        e = r.error
+        if r.status != status or e.get("code") != code or not e.get("message"):
+            raise CoveError(f"{method} {path}: expected {status} {code}, got {r.status} "
+                            f"{r.body[:300]!r}")
+        return e
+
+    # -- sandboxes ---------------------------------------------------------------------
+    def create(self, template="busybox", **fields):
+        fields["template"] = template
+        return self.ok("POST", "/v1/sandboxes", fields, expect=(200, 201))
+
+    def remove(self, sid, purge=False):
+        """DELETE the sandbox; True if it was there, False on 404."""
+        r = self.request("DELETE", f"/v1/sandboxes/{sid}" + ("?purge=true" if purge else ""))
+        if r.status == 404:
+            return False
+        if r.status not in (200, 204):
+            raise CoveError(f"DELETE {sid} -> {r.status} {r.body[:300]!r}")
+        return True
+
+    def sandbox(self, sid):
+        return self.get(f"/v1/sandboxes/{sid}")
+
+    def wait_state(self, sid, states, timeout=60):
+        states = {states} if isinstance(states, str) else set(states)
+        deadline = time.time() + timeout
+        while True:
+            sb = self.sandbox(sid)
+            if sb.get("state") in states:
+                return sb
+            if time.time() > deadline:
+                raise CoveError(f"{sid} is {sb.get('state')}, not {sorted(states)} after "
+                                f"{timeout} s")
+            time.sleep(0.05)
+
+    # -- processes ---------------------------------------------------------------------
+    def exec(self, sid, what, wait=True, timeout=120, **fields):
+        """what is a shell string or an argv list. wait=True: the result dict, with stdout
+        and stderr decoded to str (from *_b64 when the server sent those). wait=False:
+        a generator of stream events (see stream())."""
+        body = dict(fields)
+        if isinstance(what, str):
+            body["shell"] = what
+        else:
+            body["cmd"] = list(what)
+        if not wait:
+            body.pop("wait", None)
+            return self.stream(f"/v1/sandboxes/{sid}/exec", body, timeout=timeout)
+        body["wait"] = True
+        r = self.request("POST", f"/v1/sandboxes/{sid}/exec", body, timeout=timeout)
+        if r.status != 200:
+            raise CoveError(f"exec {what!r} -> {r.status} {r.body[:300]!r}")
+        j = r.json()
+        for k in ("stdout", "stderr"):
+            if j.get(k) is None and j.get(k + "_b64") is not None:
+                j[k] = base64.b64decode(j[k + "_b64"]).decode(errors="replace")
+        return j
+
+    def stream(self, path, body=None, method=None, max_events=None, timeout=60):
+        """Yields decoded NDJSON events of a streaming answer; stops after max_events
+        (dropping the connection, as a client that goes away does)."""
+        method = method or ("POST" if body is not None else "GET")
+        c = self.conn(timeout)
+        h = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            h["Content-Type"] = "application/json"
+        try:
+            c.request(method, path, body=data, headers=h)
+            r = c.getresponse()
+            if r.status != 200:
+                raise CoveError(f"{method} {path} -> {r.status} {r.read()[:300]!r}")
+            n, buf = 0, b""
+            while True:
+                chunk = r.read1(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    yield json.loads(line)
+                    n += 1
+                    if max_events and n >= max_events:
+                        return
+        finally:
+            c.close()
+
+    @staticmethod
+    def output(events, kind="stdout"):
+        """Concatenated bytes of the stdout/stderr/pty events of a stream."""
+        return b"".join(base64.b64decode(e["data_b64"]) for e in events if e.get("type") == kind)
+
+    # -- files -------------------------------------------------------------------------
+    @staticmethod
+    def _q(path):
+        return urllib.parse.quote(path, safe="/")
+
+    def put_file(self, sid, path, data, mode=None, timeout=300):
+        q = f"/v1/sandboxes/{sid}/files?path={self._q(path)}"
+        if mode is not None:
+            q += f"&mode={mode:04o}" if isinstance(mode, int) else f"&mode={mode}"
+        return self.ok("PUT", q, data, headers={"Content-Type": "application/octet-stream"},
+                       timeout=timeout)
+
+    def get_file(self, sid, path, timeout=300):
+        """Response of GET …/files: .status 200 with .body, or 404."""
+        return self.request("GET", f"/v1/sandboxes/{sid}/files?path={self._q(path)}",
+                            timeout=timeout)
+
+
+class Coved:
+    """A real coved process on a data dir. The data dir is a fresh temp dir unless given;
+    templates come from templates_dir, shared across runs so base is built once."""
+
+    def __init__(self, build_dir, data_dir=None, templates_dir=None, extra_args=(),
+                 log_dir=None, start=True):
+        self.bin = os.path.join(build_dir, "coved")
+        if not os.access(self.bin, os.X_OK):
+            raise CoveError(f"{self.bin} not built (make BUILD={os.path.basename(build_dir)})")
+        self.own_data = data_dir is None
+        self.data = data_dir or tempfile.mkdtemp(prefix="cove-test-")
+        os.makedirs(self.data, exist_ok=True)
+        self.templates = templates_dir
+        self.extra = list(extra_args)
+        self.log_dir = log_dir
+        self.port = None
+        self.proc = None
+        self.client = None
+        if start:
+            try:
+                self.start()
+            except BaseException:
+                # keep what explains the failure, drop the rest
+                self.terminate()
+                saved = self.save_log("start-failed")
+                if self.own_data and not os.environ.get("COVE_KEEP"):
+                    shutil.rmtree(self.data, ignore_errors=True)
+                if saved:
+                    print(f"coved log kept at {saved}")
+                raise
+
+    @property
+    def log_path(self):
+        return os.path.join(self.data, "coved.log")
+
+    def argv(self):
+        a = [self.bin, "--data-dir", self.data, "--listen", f"127.0.0.1:{self.port}"]
+        if self.templates:
+            a += ["--templates-dir", self.templates]
+        return a + self.extra
+
+    def start(self, timeout=START_TIMEOUT_S):
+        """Starts (or restarts) coved, waits for GET /healthz and reads admin.key."""
+        self.port = free_port()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        probe = Client(self.port)
+        deadline = time.time() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise CoveError(f"coved exited with {self.proc.returncode}; log tail:\n"
+                                f"{self.log_tail()}")
+            try:
+                if probe.request("GET", "/healthz", auth=False, timeout=2).status == 200:
+                    break
+            except (OSError, http.client.HTTPException):
+                pass
+            if time.time() > deadline:
+                raise CoveError(f"coved did not answer /healthz within {timeout:.0f} s; log "
+                                f"tail:\n{self.log_tail()}")
+            time.sleep(0.05)
+        kp = os.path.join(self.data, "admin.key")
+        if not os.path.exists(kp):
+            raise CoveError(f"no admin.key in {self.data} after start")
+        with open(kp) as f:
+            self.client = Client(self.port, f.read().strip())
+        return self.client
+
+    def log_tail(self, n=2000):
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - n))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def log_lines(self):
+        """coved's log as parsed JSON lines (non-JSON lines are skipped)."""
+        out = []
+        try:
+            with open(self.log_path, "rb") as f:
+                for line in f:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+        except OSError:
+            pass
+        return out
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self):
+        """SIGKILL, as a crash: nothing of coved's shutdown path runs."""
+        if self.alive():
+            self.proc.kill()
+        if self.proc:
+            self.proc.wait()
+
+    def terminate(self, timeout=30):
+        """SIGTERM and wait; SIGKILL after timeout. Returns the exit status."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode if self.proc else None
+
+    def save_log(self, label):
+        """Copies coved's log into log_dir (next to the test output); returns the path."""
+        if not self.log_dir or not os.path.exists(self.log_path):
+            return None
+        os.makedirs(self.log_dir, exist_ok=True)
+        dst = os.path.join(self.log_dir, f"coved-{label}-{os.getpid()}-{int(time.time())}.log")
+        shutil.copyfile(self.log_path, dst)
+        return dst
+
+    def stop(self, keep_log_as=None):
+        """SIGTERM; keeps the log (keep_log_as label) when asked; removes an own data dir."""
+        rc = self.terminate()
+        saved = self.save_log(keep_log_as) if keep_log_as else None
+        if self.own_data and not os.environ.get("COVE_KEEP"):
+            shutil.rmtree(self.data, ignore_errors=True)
+        return rc, saved
