@@ -1,0 +1,551 @@
+/* cove-guest event loop: one thread, one epoll set over the channel, a signalfd (SIGCHLD and
+ * the signals PID 1 forwards), process pipes / PTY masters and inotify fds. Handshake,
+ * request validation and dispatch, replies, and the usage figures live here. */
+#include "guest/guest.h"
+#include "guest/internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/cleanup.h"
+
+int64_t g_now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+const char *g_kind_code(enum cove_err_kind k)
+{
+        switch (k) {
+        case COVE_E_BAD_REQUEST:
+                return "bad_request";
+        case COVE_E_NOT_FOUND:
+                return "not_found";
+        case COVE_E_CONFLICT:
+                return "conflict";
+        case COVE_E_LIMIT:
+                return "limit_exceeded";
+        default:
+                return "internal";
+        }
+}
+
+enum cove_err_kind g_errno_kind(int e)
+{
+        switch (e) {
+        case ENOENT:
+        case ESRCH:
+                return COVE_E_NOT_FOUND;
+        case EEXIST:
+        case ENOTEMPTY:
+        case EISDIR:
+        case ENOTDIR:
+        case EBUSY:
+        case ETXTBSY:
+                return COVE_E_CONFLICT;
+        case ENOSPC:
+        case EDQUOT:
+        case EMFILE:
+        case ENFILE:
+        case EFBIG:
+        case EAGAIN:
+                return COVE_E_LIMIT;
+        case EINVAL:
+        case ENAMETOOLONG:
+        case ELOOP:
+        case EXDEV:
+        case EACCES:
+        case EPERM:
+        case EROFS:
+        case ENOEXEC:
+                return COVE_E_BAD_REQUEST;
+        default:
+                return COVE_E_INTERNAL;
+        }
+}
+
+int g_epoll_add(struct cove_guest *g, int fd, uint32_t events, struct gsrc *s)
+{
+        struct epoll_event ev = {.events = events, .data.ptr = s};
+        return epoll_ctl(g->epfd, EPOLL_CTL_ADD, fd, &ev);
+}
+
+int g_epoll_mod(struct cove_guest *g, int fd, uint32_t events, struct gsrc *s)
+{
+        struct epoll_event ev = {.events = events, .data.ptr = s};
+        return epoll_ctl(g->epfd, EPOLL_CTL_MOD, fd, &ev);
+}
+
+int g_send(struct cove_guest *g, uint8_t type, uint8_t flags, uint32_t id, const void *p,
+           size_t len, struct cove_err *err)
+{
+        if (cove_frame_write(g->chan, type, flags, id, p, (uint32_t)len, err) < 0)
+                return cove_err_wrap(err, "channel");
+        return 0;
+}
+
+int g_send_json(struct cove_guest *g, uint8_t type, uint32_t id, json_t *obj, struct cove_err *err)
+{
+        char *s = json_dumps(obj, JSON_COMPACT);
+        json_decref(obj);
+        if (!s)
+                return cove_err_set(err, ENOMEM, "channel: encode reply");
+        size_t n = strlen(s);
+        int r;
+        if (n > COVE_FRAME_MAX)
+                r = cove_err_set(err, EMSGSIZE, "channel: reply of %zu bytes", n);
+        else
+                r = g_send(g, type, 0, id, s, n, err);
+        free(s);
+        return r;
+}
+
+int g_reply_ok(struct cove_guest *g, uint32_t id, json_t *obj, struct cove_err *err)
+{
+        if (!obj)
+                obj = json_object();
+        json_object_set_new(obj, "ok", json_true());
+        return g_send_json(g, COVE_F_RESP, id, obj, err);
+}
+
+int g_reply_err(struct cove_guest *g, uint32_t id, const struct cove_err *e, struct cove_err *err)
+{
+        json_t *o = json_pack("{s:b, s:s, s:i, s:s}", "ok", 0, "code", g_kind_code(e->kind),
+                              "errno", e->errnum, "message", e->msg);
+        if (!o)
+                return cove_err_set(err, ENOMEM, "channel: encode error reply");
+        return g_send_json(g, COVE_F_RESP, id, o, err);
+}
+
+int g_get_str(json_t *req, const char *key, bool required, const char **out, struct cove_err *e)
+{
+        json_t *v = json_object_get(req, key);
+        *out = NULL;
+        if (!v || json_is_null(v)) {
+                if (required)
+                        return cove_err_setk(e, COVE_E_BAD_REQUEST, 0, "missing field \"%s\"", key);
+                return 0;
+        }
+        if (!json_is_string(v))
+                return cove_err_setk(e, COVE_E_BAD_REQUEST, 0, "field \"%s\" must be a string",
+                                     key);
+        *out = json_string_value(v);
+        return 0;
+}
+
+int g_get_int(json_t *req, const char *key, bool required, int64_t min, int64_t max, int64_t *out,
+              struct cove_err *e)
+{
+        json_t *v = json_object_get(req, key);
+        if (!v || json_is_null(v)) {
+                if (required)
+                        return cove_err_setk(e, COVE_E_BAD_REQUEST, 0, "missing field \"%s\"", key);
+                return 0;
+        }
+        int64_t x;
+        if (json_is_integer(v))
+                x = json_integer_value(v);
+        else if (json_is_real(v) && json_real_value(v) == (double)(int64_t)json_real_value(v))
+                x = (int64_t)json_real_value(v);
+        else
+                return cove_err_setk(e, COVE_E_BAD_REQUEST, 0, "field \"%s\" must be an integer",
+                                     key);
+        if (x < min || x > max)
+                return cove_err_setk(e, COVE_E_BAD_REQUEST, 0,
+                                     "field \"%s\" out of range [%lld, %lld]", key, (long long)min,
+                                     (long long)max);
+        *out = x;
+        return 0;
+}
+
+int g_get_bool(json_t *req, const char *key, bool *out, struct cove_err *e)
+{
+        json_t *v = json_object_get(req, key);
+        if (!v || json_is_null(v))
+                return 0;
+        if (!json_is_boolean(v))
+                return cove_err_setk(e, COVE_E_BAD_REQUEST, 0, "field \"%s\" must be a boolean",
+                                     key);
+        *out = json_is_true(v);
+        return 0;
+}
+
+/* ---- usage ---- */
+
+/* Sums over every process visible in /proc. cpu includes cutime/cstime: the CPU of
+ * processes already reaped, which their reaper (often us as PID 1) accumulated. */
+static int op_usage(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err)
+{
+        (void)req;
+        long tck = sysconf(_SC_CLK_TCK);
+        long page = sysconf(_SC_PAGESIZE);
+        if (tck <= 0)
+                tck = 100;
+        if (page <= 0)
+                page = 4096;
+        unsigned long long ticks = 0, rss_pages = 0, nproc = 0;
+        cleanup_dir DIR *d = opendir("/proc");
+        if (d) {
+                struct dirent *de;
+                while ((de = readdir(d))) {
+                        char *end;
+                        long pid = strtol(de->d_name, &end, 10);
+                        if (*end || pid <= 0)
+                                continue;
+                        char path[64], buf[1024];
+                        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+                        int fd = open(path, O_RDONLY | O_CLOEXEC);
+                        if (fd < 0)
+                                continue;
+                        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+                        close(fd);
+                        if (n <= 0)
+                                continue;
+                        buf[n] = 0;
+                        /* comm may hold spaces and parens: fields start after the last ')' */
+                        char *p = strrchr(buf, ')');
+                        if (!p)
+                                continue;
+                        unsigned long long ut, st, cut, cst, rss;
+                        /* state ppid pgrp session tty tpgid flags minflt cminflt majflt
+                         * cmajflt utime stime cutime cstime prio nice threads itreal
+                         * starttime vsize rss */
+                        if (sscanf(p + 1,
+                                   " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %llu "
+                                   "%llu %*d %*d %*d %*d %*u %*u %llu",
+                                   &ut, &st, &cut, &cst, &rss) != 5)
+                                continue;
+                        ticks += ut + st + cut + cst;
+                        rss_pages += rss;
+                        nproc++;
+                }
+        }
+        struct statvfs vfs;
+        unsigned long long used = 0, total = 0;
+        if (statvfs("/", &vfs) == 0) {
+                total = (unsigned long long)vfs.f_blocks * vfs.f_frsize;
+                used = (unsigned long long)(vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize;
+        }
+        json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I}", "cpu_usec",
+                              (json_int_t)(ticks * 1000000ULL / (unsigned long long)tck),
+                              "mem_bytes", (json_int_t)(rss_pages * (unsigned long long)page),
+                              "disk_used_bytes", (json_int_t)used, "disk_total_bytes",
+                              (json_int_t)total, "processes", (json_int_t)nproc);
+        return g_reply_ok(g, id, o, err);
+}
+
+/* ---- dispatch ---- */
+
+typedef int (*op_fn)(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);
+static const struct {
+        const char *name;
+        op_fn fn;
+} ops[] = {
+    {"exec", g_op_exec},     {"signal", g_op_signal}, {"resize", g_op_resize},
+    {"read", g_op_read},     {"write", g_op_write},   {"stat", g_op_stat},
+    {"list", g_op_list},     {"mkdir", g_op_mkdir},   {"move", g_op_move},
+    {"remove", g_op_remove}, {"watch", g_op_watch},   {"unwatch", g_op_unwatch},
+    {"usage", op_usage},
+};
+
+static int handle_req(struct cove_guest *g, const struct cove_frame *f, struct cove_err *err)
+{
+        struct cove_err e = {0};
+        json_error_t jerr;
+        json_t *req = json_loadb((const char *)f->payload, f->len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!req || !json_is_object(req)) {
+                json_decref(req);
+                cove_err_setk(&e, COVE_E_BAD_REQUEST, 0, "request: not a JSON object%s%s",
+                              req ? "" : ": ", req ? "" : jerr.text);
+                return g_reply_err(g, f->id, &e, err);
+        }
+        const char *op;
+        int r;
+        if (g_get_str(req, "op", true, &op, &e) < 0) {
+                r = g_reply_err(g, f->id, &e, err);
+                goto out;
+        }
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(ops); i++) {
+                if (strcmp(ops[i].name, op) == 0) {
+                        r = ops[i].fn(g, f->id, req, err);
+                        goto out;
+                }
+        }
+        cove_err_setk(&e, COVE_E_BAD_REQUEST, 0, "unknown op \"%.64s\"", op);
+        r = g_reply_err(g, f->id, &e, err);
+out:
+        json_decref(req);
+        return r;
+}
+
+/* Returns 0, or -1 with err: a refused handshake (after answering it). */
+static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct cove_err *err)
+{
+        json_t *h = json_loadb((const char *)f->payload, f->len, 0, NULL);
+        json_t *v = json_object_get(h, "version");
+        json_t *tok = json_object_get(h, "token");
+        json_t *host = json_object_get(h, "hostname");
+        char msg[160];
+        if (!json_is_object(h) || !json_is_integer(v) || (tok && !json_is_string(tok)) ||
+            (host && !json_is_string(host)))
+                snprintf(msg, sizeof(msg), "hello: malformed (want {version, token, hostname})");
+        else if (json_integer_value(v) != COVE_PROTO_VERSION)
+                snprintf(msg, sizeof(msg),
+                         "hello: protocol version %lld not supported (this "
+                         "guest speaks %d)",
+                         (long long)json_integer_value(v), COVE_PROTO_VERSION);
+        else
+                msg[0] = 0;
+        json_decref(h);
+        json_t *o = msg[0] ? json_pack("{s:i, s:b, s:s}", "version", COVE_PROTO_VERSION, "ok", 0,
+                                       "message", msg)
+                           : json_pack("{s:i, s:b}", "version", COVE_PROTO_VERSION, "ok", 1);
+        if (g_send_json(g, COVE_F_HELLO, 0, o, err) < 0)
+                return -1;
+        if (msg[0])
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "%s", msg);
+        return 0;
+}
+
+struct loop_state {
+        bool hello_done;
+};
+
+static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struct cove_frame *f,
+                        struct cove_err *err)
+{
+        if (!ls->hello_done) {
+                if (f->type != COVE_F_HELLO)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "channel: frame type %u before the handshake",
+                                             f->type);
+                if (handle_hello(g, f, err) < 0)
+                        return -1;
+                ls->hello_done = true;
+                return 0;
+        }
+        switch (f->type) {
+        case COVE_F_REQ:
+                if (f->id == 0)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "channel: request with id 0");
+                return handle_req(g, f, err);
+        case COVE_F_DATA: {
+                bool handled = false;
+                if (g_write_data(g, f->id, f->flags, f->payload, f->len, &handled, err) < 0)
+                        return -1;
+                if (!handled)
+                        g_stdin_data(g, f->id, f->flags, f->payload, f->len);
+                return 0;
+        }
+        default:
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "channel: unexpected frame type %u from the node", f->type);
+        }
+}
+
+/* Handle every whole frame buffered, unless a stdin window pauses the channel. */
+static int chan_process(struct cove_guest *g, struct loop_state *ls, struct cove_err *err)
+{
+        struct cove_frame f;
+        int r = 0;
+        while (!g->chan_paused && (r = cove_decoder_next(&g->dec, &f, err)) == 1) {
+                if (handle_frame(g, ls, &f, err) < 0)
+                        return -1;
+        }
+        if (!g->chan_paused && r < 0)
+                return cove_err_wrap(err, "channel");
+        if (g->chan_paused)
+                g_epoll_mod(g, g->chan, 0, &g->s_chan);
+        return 0;
+}
+
+/* Returns 1 at end of file, 0, or -1 with err. */
+static int chan_read(struct cove_guest *g, struct loop_state *ls, struct cove_err *err)
+{
+        size_t avail;
+        uint8_t *sp = cove_decoder_space(&g->dec, &avail);
+        if (avail == 0)
+                return cove_err_set(err, ENOBUFS, "channel: decoder full");
+        ssize_t n = read(g->chan, sp, avail);
+        if (n < 0) {
+                if (errno == EINTR || errno == EAGAIN)
+                        return 0;
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, errno, "channel: read");
+        }
+        if (n == 0)
+                return 1;
+        cove_decoder_commit(&g->dec, (size_t)n);
+        return chan_process(g, ls, err);
+}
+
+static int sig_read(struct cove_guest *g, struct cove_err *err)
+{
+        struct signalfd_siginfo si[16];
+        ssize_t n = read(g->sigfd, si, sizeof(si));
+        if (n < 0)
+                return (errno == EAGAIN || errno == EINTR) ? 0
+                                                           : cove_err_set(err, errno, "signalfd");
+        bool chld = false;
+        for (size_t i = 0; i < (size_t)n / sizeof(si[0]); i++) {
+                if (si[i].ssi_signo == SIGCHLD)
+                        chld = true;
+                else
+                        g_forward_signal(g, (int)si[i].ssi_signo);
+        }
+        return chld ? g_reap(g, err) : 0;
+}
+
+static void guest_free(struct cove_guest *g)
+{
+        g_procs_kill_all(g);
+        g_writes_abort(g);
+        g_watches_free(g);
+        g_procs_sweep(g);
+        cove_decoder_free(&g->dec);
+        if (g->epfd >= 0)
+                close(g->epfd);
+        if (g->sigfd >= 0)
+                close(g->sigfd);
+        if (g->rootfd >= 0)
+                close(g->rootfd);
+        if (g->chan >= 0)
+                close(g->chan);
+        free(g);
+}
+
+int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
+{
+        struct cove_guest *g = calloc(1, sizeof(*g));
+        if (!g) {
+                close(opts->channel_fd);
+                return cove_err_set(err, ENOMEM, "guest");
+        }
+        g->chan = opts->channel_fd;
+        g->epfd = g->sigfd = g->rootfd = -1;
+        g->log = opts->log;
+        g->pid1 = getpid() == 1;
+        g->s_chan = (struct gsrc){GS_CHAN, g};
+        g->s_sig = (struct gsrc){GS_SIG, g};
+        int ret = -1;
+        struct loop_state ls = {0};
+
+        /* the channel must block: replies are full blocking writes */
+        int fl = fcntl(g->chan, F_GETFL);
+        if (fl < 0) {
+                cove_err_set(err, errno, "channel fd %d", g->chan);
+                goto out;
+        }
+        if (fl & O_NONBLOCK)
+                fcntl(g->chan, F_SETFL, fl & ~O_NONBLOCK);
+        fcntl(g->chan, F_SETFD, FD_CLOEXEC);
+        if (cove_decoder_init(&g->dec, COVE_FRAME_MAX, err) < 0)
+                goto out;
+        g->rootfd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (g->rootfd < 0) {
+                cove_err_set(err, errno, "open /");
+                goto out;
+        }
+        /* not PID 1 (tests, debugging): still adopt and reap orphaned grandchildren */
+        if (!g->pid1)
+                prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        signal(SIGPIPE, SIG_IGN);
+        sigset_t ss;
+        sigemptyset(&ss);
+        sigaddset(&ss, SIGCHLD);
+        sigaddset(&ss, SIGTERM);
+        sigaddset(&ss, SIGINT);
+        sigaddset(&ss, SIGHUP);
+        sigprocmask(SIG_BLOCK, &ss, NULL);
+        g->sigfd = signalfd(-1, &ss, SFD_NONBLOCK | SFD_CLOEXEC);
+        g->epfd = epoll_create1(EPOLL_CLOEXEC);
+        if (g->sigfd < 0 || g->epfd < 0) {
+                cove_err_set(err, errno, "guest: signalfd/epoll");
+                goto out;
+        }
+        if (g_epoll_add(g, g->chan, EPOLLIN, &g->s_chan) < 0 ||
+            g_epoll_add(g, g->sigfd, EPOLLIN, &g->s_sig) < 0) {
+                cove_err_set(err, errno, "guest: epoll_ctl");
+                goto out;
+        }
+        /* children that exited before we blocked SIGCHLD */
+        if (g_reap(g, err) < 0)
+                goto out;
+
+        struct epoll_event evs[64];
+        for (;;) {
+                int64_t now = g_now_ms(), next = -1;
+                if (g_proc_timers(g, now, &next, err) < 0)
+                        goto out;
+                int timeout = -1;
+                if (next >= 0)
+                        timeout = next <= now ? 0 : (int)(next - now < 60000 ? next - now : 60000);
+                int n = epoll_wait(g->epfd, evs, (int)COVE_ARRAY_SIZE(evs), timeout);
+                if (n < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        cove_err_set(err, errno, "guest: epoll_wait");
+                        goto out;
+                }
+                for (int i = 0; i < n; i++) {
+                        struct gsrc *s = evs[i].data.ptr;
+                        int r = 0;
+                        switch (s->kind) {
+                        case GS_CHAN:
+                                if (g->chan_paused) {
+                                        /* paused: only a hang-up matters (the node is gone) */
+                                        if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+                                                ret = 0;
+                                                goto out;
+                                        }
+                                        break;
+                                }
+                                r = chan_read(g, &ls, err);
+                                if (r == 1) {
+                                        ret = 0;
+                                        goto out;
+                                }
+                                break;
+                        case GS_SIG:
+                                r = sig_read(g, err);
+                                break;
+                        case GS_OUT:
+                        case GS_ERR:
+                        case GS_IN:
+                                r = g_proc_event(g, s, evs[i].events, err);
+                                break;
+                        case GS_WATCH:
+                                r = g_watch_event(g, s, err);
+                                break;
+                        }
+                        if (r < 0)
+                                goto out;
+                }
+                if (g->chan_paused && !g_stdin_window_full(g)) {
+                        g->chan_paused = false;
+                        g_epoll_mod(g, g->chan, EPOLLIN, &g->s_chan);
+                        if (chan_process(g, &ls, err) < 0)
+                                goto out;
+                }
+                g_procs_sweep(g);
+                g_watches_sweep(g);
+        }
+out:
+        if (ret < 0 && g->log)
+                cove_warn(g->log, "guest.exit", "%s", err ? err->msg : "error");
+        guest_free(g);
+        return ret;
+}

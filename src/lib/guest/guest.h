@@ -1,0 +1,24 @@
+/* cove-guest: the in-sandbox daemon (PID 1) and the only end of the guest channel inside a
+ * sandbox. It speaks docs/guest-protocol.md over one byte stream: exec with pipes or a PTY,
+ * files, inotify watches and usage figures. Also usable as an ordinary process (tests). */
+#ifndef COVE_GUEST_GUEST_H
+#define COVE_GUEST_GUEST_H
+
+#include "util/err.h"
+#include "util/log.h"
+
+struct cove_guest_opts {
+        int channel_fd;             /* connected byte stream to the node; owned by the guest */
+        const struct cove_log *log; /* diagnostics (never secrets); NULL: none */
+};
+
+/* Run the guest until the channel ends. Takes ownership of opts->channel_fd.
+ * Blocks SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGPIPE in the calling process (it expects to
+ * be the whole program: PID 1, or a forked child in tests). SIGTERM/SIGINT/SIGHUP received
+ * by the guest are forwarded to the process groups it started.
+ * Returns 0 when the node closed the channel (end of file), -1 with err on a protocol
+ * violation, a refused handshake or a system failure. In every case all processes it
+ * started are killed (SIGKILL to their process groups) and reaped before it returns. */
+int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err);
+
+#endif
