@@ -1,5 +1,94 @@
-/* coved: control plane + node gateway (placeholder until api/ and node/ land). */
-int main(void)
+/* coved: control plane + node gateway in one process (the embedded default).
+ * Usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]
+ *              [--templates busybox,base] [--guest-binary PATH] [--log-level debug|info|warn]
+ *              [--default-timeout S] */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "control/coved.h"
+
+static void usage(FILE *f)
 {
-        return 1;
+        fprintf(f, "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
+                   "             [--templates NAME,...] [--guest-binary PATH]\n"
+                   "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n");
+}
+
+int main(int argc, char **argv)
+{
+        struct coved_options o = {.listen = "127.0.0.1:7677", .log_level = COVE_LOG_INFO,
+                                  .default_timeout_s = 300};
+        static const struct option opts[] = {
+                {"data-dir", required_argument, 0, 'd'},
+                {"listen", required_argument, 0, 'l'},
+                {"templates-dir", required_argument, 0, 't'},
+                {"templates", required_argument, 0, 'T'},
+                {"guest-binary", required_argument, 0, 'g'},
+                {"log-level", required_argument, 0, 'v'},
+                {"default-timeout", required_argument, 0, 'o'},
+                {"help", no_argument, 0, 'h'},
+                {0, 0, 0, 0},
+        };
+        int c;
+        while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+                switch (c) {
+                case 'd':
+                        o.data_dir = optarg;
+                        break;
+                case 'l':
+                        o.listen = strcmp(optarg, "none") ? optarg : NULL;
+                        break;
+                case 't':
+                        o.templates_dir = optarg;
+                        break;
+                case 'T':
+                        o.templates = optarg;
+                        break;
+                case 'g':
+                        o.guest_binary = optarg;
+                        break;
+                case 'v':
+                        o.log_level = !strcmp(optarg, "debug")  ? COVE_LOG_DEBUG
+                                      : !strcmp(optarg, "warn") ? COVE_LOG_WARN
+                                      : !strcmp(optarg, "error") ? COVE_LOG_ERROR
+                                                                  : COVE_LOG_INFO;
+                        break;
+                case 'o':
+                        o.default_timeout_s = atoi(optarg);
+                        break;
+                case 'h':
+                        usage(stdout);
+                        return 0;
+                default:
+                        usage(stderr);
+                        return 2;
+                }
+        }
+        if (!o.data_dir || optind != argc) {
+                usage(stderr);
+                return 2;
+        }
+        /* every thread inherits this mask; main waits for the signals synchronously */
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGTERM);
+        sigaddset(&set, SIGINT);
+        sigaddset(&set, SIGHUP);
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+        signal(SIGPIPE, SIG_IGN);
+
+        struct coved d;
+        struct cove_err err;
+        if (coved_open(&d, &o, &err) < 0) {
+                fprintf(stderr, "coved: %s\n", err.msg);
+                return 1;
+        }
+        int sig = 0;
+        sigwait(&set, &sig);
+        cove_info(&d.log, "coved.stop", "signal %d: shutting down", sig);
+        coved_close(&d);
+        return 0;
 }

@@ -1,0 +1,108 @@
+/* HTTP front end over libmicrohttpd: thread per connection (handlers may block on a
+ * sandbox), a route table with {param} segments, bounded request bodies, streaming
+ * uploads and streaming (chunked) responses, and the error shape of shared/API.md.
+ * Generic: it knows nothing of sandboxes; api/routes.c supplies the table. */
+#ifndef COVE_API_HTTP_H
+#define COVE_API_HTTP_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "util/err.h"
+#include "util/log.h"
+
+#define COVE_HTTP_MAX_PARAMS 4
+#define COVE_HTTP_JSON_MAX (1u << 20) /* request bodies that are buffered (JSON) */
+
+struct cove_http;
+struct cove_req;
+
+typedef int (*cove_handler_fn)(void *app, struct cove_req *r);
+/* Upload routes get the body in pieces as it arrives (len 0 never passed). A non-zero
+ * return stops the upload; the handler is still called at the end to answer. */
+typedef int (*cove_upload_fn)(void *app, struct cove_req *r, const char *data, size_t len);
+/* Called once when the request is finished or the client went away. */
+typedef void (*cove_req_cleanup_fn)(void *app, struct cove_req *r);
+
+enum { COVE_ROUTE_PUBLIC = 1 }; /* no API key needed */
+
+struct cove_route {
+        const char *method;
+        const char *pattern; /* "/v1/sandboxes/{id}/exec" */
+        cove_handler_fn handler;
+        cove_upload_fn upload; /* NULL: body buffered up to COVE_HTTP_JSON_MAX */
+        int flags;
+};
+
+/* Authentication hook: fill r's principal from the Authorization header value (may be
+ * NULL). Returns 0, or -1 with err (answered 401). */
+typedef int (*cove_auth_fn)(void *app, struct cove_req *r, const char *authorization,
+                            struct cove_err *err);
+
+struct cove_req {
+        void *conn;          /* struct MHD_Connection * */
+        const char *method;
+        const char *url;     /* path, without the query */
+        const struct cove_route *route;
+        char *params[COVE_HTTP_MAX_PARAMS]; /* {param} values, in pattern order */
+        int nparams;
+        char *body;          /* buffered body (NUL-terminated), non-upload routes */
+        size_t body_len;
+        int too_big;         /* body exceeded the bound */
+        int upload_failed;
+        int started;         /* handler has run */
+        int answered;
+        /* principal, filled by the auth hook */
+        char tenant[64];
+        char key_id[64];
+        int admin;
+        void *state;                 /* handler-owned */
+        cove_req_cleanup_fn cleanup; /* called with state at the end */
+        int64_t t0_ns;
+};
+
+struct cove_http_config {
+        const struct cove_route *routes;
+        size_t nroutes;
+        cove_auth_fn auth;
+        void *app;
+        const struct cove_log *log;
+        int *quitting; /* streams end when *quitting becomes non-zero */
+};
+
+/* Listen on tcp "HOST:PORT" (may be NULL) and on a unix socket path (may be NULL; created
+ * mode 0600, replacing a stale socket). */
+struct cove_http *cove_http_start(const struct cove_http_config *cfg, const char *tcp_addr,
+                                  const char *unix_path, struct cove_err *err);
+void cove_http_stop(struct cove_http *h);
+
+/* Request helpers */
+const char *cove_req_query(struct cove_req *r, const char *key); /* decoded or NULL */
+const char *cove_req_header(struct cove_req *r, const char *name);
+/* Parse the buffered body as a JSON object; on failure answers 400 and returns NULL.
+ * An empty body gives an empty object when allow_empty. */
+json_t *cove_req_json(struct cove_req *r, int allow_empty);
+
+/* Answers: each returns 0. The JSON ones steal obj. */
+int cove_reply_json(struct cove_req *r, unsigned status, json_t *obj);
+int cove_reply_error(struct cove_req *r, unsigned status, const char *code, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+/* Status and code from err->kind. */
+int cove_reply_err(struct cove_req *r, const struct cove_err *err);
+int cove_reply_empty(struct cove_req *r, unsigned status);
+int cove_reply_text(struct cove_req *r, unsigned status, const char *ctype, const char *text);
+
+/* Streaming body. read() fills buf (at most max bytes) and returns the count, 0 for "nothing
+ * yet, call again" (it should block up to ~1 s first), -1 at the end, -2 to abort.
+ * size is the total length or -1 for chunked. free() runs when the response is done. */
+typedef ssize_t (*cove_stream_read_fn)(void *ctx, uint64_t pos, char *buf, size_t max);
+typedef void (*cove_stream_free_fn)(void *ctx);
+int cove_reply_stream(struct cove_req *r, unsigned status, const char *ctype, int64_t size,
+                      cove_stream_read_fn read, cove_stream_free_fn free_fn, void *ctx);
+
+/* For fuzzing and tests: match a path against a pattern, filling params (caller frees). */
+int cove_route_match(const char *pattern, const char *path, char **params, int *nparams);
+
+#endif

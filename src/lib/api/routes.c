@@ -1,0 +1,298 @@
+/* REST routes of shared/API.md (sandboxes, templates, service) and authentication.
+ * Processes and files live in routes_exec.c and routes_files.c. */
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "api/routes.h"
+#include "control/apikey.h"
+#include "control/template.h"
+#include "util/util.h"
+
+int cove_api_auth(void *app, struct cove_req *r, const char *authorization,
+                  struct cove_err *err)
+{
+        struct coved *d = app;
+        if (!authorization) {
+                /* the unix socket is root-only (0600): local root is admin */
+                const union MHD_ConnectionInfo *ci =
+                        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+                if (ci && ci->client_addr && ci->client_addr->sa_family == AF_UNIX) {
+                        snprintf(r->tenant, sizeof(r->tenant), "default");
+                        snprintf(r->key_id, sizeof(r->key_id), "local");
+                        r->admin = 1;
+                        return 0;
+                }
+                return cove_err_setk(err, COVE_E_UNAUTHORIZED, 0,
+                                     "missing API key: send Authorization: Bearer <key>");
+        }
+        if (strncmp(authorization, "Bearer ", 7) != 0)
+                return cove_err_setk(err, COVE_E_UNAUTHORIZED, 0,
+                                     "Authorization must be \"Bearer <key>\"");
+        struct cove_apikey_row k;
+        if (cove_apikey_verify(d->cat_ops, d->cat, authorization + 7, &k, err) < 0) {
+                if (err->kind != COVE_E_UNAUTHORIZED) {
+                        cove_warn(&d->log, "auth", "%s", err->msg);
+                        err->kind = COVE_E_UNAVAILABLE;
+                }
+                return -1;
+        }
+        snprintf(r->tenant, sizeof(r->tenant), "%s", k.tenant);
+        snprintf(r->key_id, sizeof(r->key_id), "%s", k.id);
+        r->admin = k.admin;
+        return 0;
+}
+
+static int h_health(void *app, struct cove_req *r)
+{
+        return cove_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
+}
+
+static int count_state(const struct cove_sandbox_row *row, void *arg)
+{
+        int *counts = arg;
+        static const char *states[] = {"starting", "running", "pausing", "paused",
+                                       "resuming", "stopped", "error"};
+        for (int i = 0; i < 7; i++)
+                if (!strcmp(row->state, states[i]))
+                        counts[i]++;
+        return 0;
+}
+
+static int h_metrics(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        int counts[7] = {0};
+        struct cove_err err;
+        d->cat_ops->sandbox_list(d->cat, NULL, NULL, count_state, counts, &err);
+        pthread_mutex_lock(&d->mu);
+        struct coved_metrics m = d->m;
+        pthread_mutex_unlock(&d->mu);
+        static const char *states[] = {"starting", "running", "pausing", "paused",
+                                       "resuming", "stopped", "error"};
+        char buf[4096];
+        size_t o = 0;
+        o += (size_t)snprintf(buf + o, sizeof(buf) - o,
+                              "# HELP cove_sandboxes Sandboxes in the catalog by state.\n"
+                              "# TYPE cove_sandboxes gauge\n");
+        for (int i = 0; i < 7; i++)
+                o += (size_t)snprintf(buf + o, sizeof(buf) - o,
+                                      "cove_sandboxes{state=\"%s\"} %d\n", states[i], counts[i]);
+        o += (size_t)snprintf(
+                buf + o, sizeof(buf) - o,
+                "# HELP cove_instances Running instances on this node.\n"
+                "# TYPE cove_instances gauge\ncove_instances %d\n"
+                "# HELP cove_http_requests_total HTTP requests answered.\n"
+                "# TYPE cove_http_requests_total counter\ncove_http_requests_total %llu\n"
+                "# HELP cove_sandbox_creates_total Sandboxes created.\n"
+                "# TYPE cove_sandbox_creates_total counter\ncove_sandbox_creates_total %llu\n"
+                "# HELP cove_sandbox_create_failures_total Sandbox creations that failed.\n"
+                "# TYPE cove_sandbox_create_failures_total counter\n"
+                "cove_sandbox_create_failures_total %llu\n"
+                "# HELP cove_sandbox_create_seconds_sum Total create latency.\n"
+                "# TYPE cove_sandbox_create_seconds_sum counter\n"
+                "cove_sandbox_create_seconds_sum %.6f\n"
+                "# HELP cove_sandbox_deletes_total Sandboxes deleted.\n"
+                "# TYPE cove_sandbox_deletes_total counter\ncove_sandbox_deletes_total %llu\n"
+                "# HELP cove_execs_total Processes started.\n"
+                "# TYPE cove_execs_total counter\ncove_execs_total %llu\n"
+                "# HELP cove_timeouts_total Sandboxes stopped by their timeout.\n"
+                "# TYPE cove_timeouts_total counter\ncove_timeouts_total %llu\n"
+                "# HELP cove_uptime_seconds Seconds since coved started.\n"
+                "# TYPE cove_uptime_seconds gauge\ncove_uptime_seconds %.3f\n",
+                cove_node_count(d->node), (unsigned long long)m.http_requests,
+                (unsigned long long)m.creates, (unsigned long long)m.create_failures,
+                (double)m.create_ns_sum / 1e9, (unsigned long long)m.deletes,
+                (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired,
+                (double)(cove_now_ms() - d->started_at) / 1000.0);
+        return cove_reply_text(r, 200, "text/plain; version=0.0.4", buf);
+}
+
+static int h_create(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        json_t *body = cove_req_json(r, 0);
+        if (!body)
+                return 0;
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = cove_sandbox_create(d, r->tenant, body, &out, &err);
+        json_decref(body);
+        return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 201, out);
+}
+
+static int h_get(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        if (cove_sandbox_load(d, r->tenant, r->params[0], &row, &err) < 0)
+                return cove_reply_err(r, &err);
+        json_t *o = cove_sandbox_json(&row);
+        cove_sandbox_row_clear(&row);
+        return cove_reply_json(r, 200, o);
+}
+
+struct list_ctx {
+        json_t *arr;
+        json_t *meta; /* required metadata key/values */
+};
+
+static enum MHD_Result collect_meta(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+        struct list_ctx *x = cls;
+        if (strncmp(key, "metadata.", 9) == 0 && key[9])
+                json_object_set_new(x->meta, key + 9, json_string(value ? value : ""));
+        return MHD_YES;
+}
+
+static int list_one(const struct cove_sandbox_row *row, void *arg)
+{
+        struct list_ctx *x = arg;
+        if (json_object_size(x->meta)) {
+                json_error_t je;
+                json_t *m = json_loads(row->metadata_json ? row->metadata_json : "{}", 0, &je);
+                const char *k;
+                json_t *v;
+                int ok = 1;
+                json_object_foreach(x->meta, k, v)
+                {
+                        const char *have = json_string_value(json_object_get(m, k));
+                        if (!have || strcmp(have, json_string_value(v)) != 0)
+                                ok = 0;
+                }
+                json_decref(m);
+                if (!ok)
+                        return 0;
+        }
+        json_array_append_new(x->arr, cove_sandbox_json(row));
+        return 0;
+}
+
+static int h_list(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        struct list_ctx x = {.arr = json_array(), .meta = json_object()};
+        MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, collect_meta, &x);
+        const char *state = cove_req_query(r, "state");
+        struct cove_err err;
+        int rc = d->cat_ops->sandbox_list(d->cat, r->tenant, state && *state ? state : NULL,
+                                          list_one, &x, &err);
+        json_decref(x.meta);
+        if (rc < 0) {
+                json_decref(x.arr);
+                return cove_reply_err(r, &err);
+        }
+        return cove_reply_json(r, 200, json_pack("{s:o}", "sandboxes", x.arr));
+}
+
+static int h_delete(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        const char *purge = cove_req_query(r, "purge");
+        struct cove_err err;
+        if (cove_sandbox_delete(d, r->tenant, r->params[0], purge && !strcmp(purge, "true"),
+                                &err) < 0)
+                return cove_reply_err(r, &err);
+        return cove_reply_empty(r, 204);
+}
+
+static int h_timeout(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        json_t *body = cove_req_json(r, 0);
+        if (!body)
+                return 0;
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = cove_sandbox_set_timeout(d, r->tenant, r->params[0], body, &out, &err);
+        json_decref(body);
+        return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 200, out);
+}
+
+static int add_template(void *arg, const struct cove_template_info *t)
+{
+        json_array_append_new(arg, json_pack("{s:s, s:b, s:o, s:I}", "name", t->name, "built",
+                                             t->built,
+                                             "built_at",
+                                             t->built_at[0] ? json_string(t->built_at)
+                                                            : json_null(),
+                                             "size_bytes", (json_int_t)t->size_bytes));
+        return 0;
+}
+
+static int h_templates(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        json_t *arr = json_array();
+        struct cove_err err;
+        if (cove_template_list(d->templates_dir, add_template, arr, &err) < 0) {
+                json_decref(arr);
+                return cove_reply_err(r, &err);
+        }
+        return cove_reply_json(r, 200, json_pack("{s:o}", "templates", arr));
+}
+
+static int h_template_build(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        if (!r->admin)
+                return cove_reply_error(r, 403, "unauthorized", "building templates is admin only");
+        json_t *body = cove_req_json(r, 0);
+        if (!body)
+                return 0;
+        const char *name = json_string_value(json_object_get(body, "name"));
+        struct cove_err err;
+        int rc = -1;
+        if (!name)
+                rc = cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "name is required");
+        else if (json_object_get(body, "from"))
+                rc = cove_err_setk(&err, COVE_E_BAD_REQUEST, 0,
+                                   "building from another template is not supported yet; "
+                                   "known templates: busybox, base");
+        else
+                rc = cove_template_build(d->templates_dir, name, NULL, NULL, &err);
+        json_t *out = NULL;
+        if (rc == 0) {
+                struct cove_template_info t;
+                if (cove_template_info(d->templates_dir, name, &t, &err) == 0) {
+                        out = json_array();
+                        add_template(out, &t);
+                }
+        }
+        json_decref(body);
+        if (rc < 0 || !out)
+                return cove_reply_err(r, &err);
+        json_t *one = json_incref(json_array_get(out, 0));
+        json_decref(out);
+        return cove_reply_json(r, 201, one);
+}
+
+const struct cove_route cove_routes[] = {
+        {"GET", "/healthz", h_health, NULL, COVE_ROUTE_PUBLIC},
+        {"GET", "/metrics", h_metrics, NULL, COVE_ROUTE_PUBLIC},
+        {"POST", "/v1/sandboxes", h_create, NULL, 0},
+        {"GET", "/v1/sandboxes", h_list, NULL, 0},
+        {"GET", "/v1/sandboxes/{id}", h_get, NULL, 0},
+        {"DELETE", "/v1/sandboxes/{id}", h_delete, NULL, 0},
+        {"POST", "/v1/sandboxes/{id}/timeout", h_timeout, NULL, 0},
+        {"POST", "/v1/sandboxes/{id}/exec", cove_h_exec, NULL, 0},
+        {"GET", "/v1/sandboxes/{id}/processes", cove_h_processes, NULL, 0},
+        {"GET", "/v1/sandboxes/{id}/processes/{pid}/events", cove_h_events, NULL, 0},
+        {"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", cove_h_stdin, NULL, 0},
+        {"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", cove_h_signal, NULL, 0},
+        {"POST", "/v1/sandboxes/{id}/processes/{pid}/resize", cove_h_resize, NULL, 0},
+        {"GET", "/v1/sandboxes/{id}/files", cove_h_file_get, NULL, 0},
+        {"PUT", "/v1/sandboxes/{id}/files", cove_h_file_put, cove_up_file_put, 0},
+        {"GET", "/v1/sandboxes/{id}/fs", cove_h_fs_list, NULL, 0},
+        {"POST", "/v1/sandboxes/{id}/fs/mkdir", cove_h_fs_mkdir, NULL, 0},
+        {"POST", "/v1/sandboxes/{id}/fs/move", cove_h_fs_move, NULL, 0},
+        {"POST", "/v1/sandboxes/{id}/fs/remove", cove_h_fs_remove, NULL, 0},
+        {"GET", "/v1/sandboxes/{id}/fs/watch", cove_h_fs_watch, NULL, 0},
+        {"GET", "/v1/templates", h_templates, NULL, 0},
+        {"POST", "/v1/templates", h_template_build, NULL, 0},
+};
+const size_t cove_nroutes = sizeof(cove_routes) / sizeof(cove_routes[0]);

@@ -1,0 +1,31 @@
+/* Handlers shared between the route files of api/. */
+#ifndef COVE_API_ROUTES_H
+#define COVE_API_ROUTES_H
+
+#include "api/http.h"
+#include "control/coved.h"
+
+int cove_h_exec(void *app, struct cove_req *r);
+int cove_h_processes(void *app, struct cove_req *r);
+int cove_h_events(void *app, struct cove_req *r);
+int cove_h_stdin(void *app, struct cove_req *r);
+int cove_h_signal(void *app, struct cove_req *r);
+int cove_h_resize(void *app, struct cove_req *r);
+int cove_h_file_get(void *app, struct cove_req *r);
+int cove_h_file_put(void *app, struct cove_req *r);
+int cove_up_file_put(void *app, struct cove_req *r, const char *data, size_t len);
+int cove_h_fs_list(void *app, struct cove_req *r);
+int cove_h_fs_mkdir(void *app, struct cove_req *r);
+int cove_h_fs_move(void *app, struct cove_req *r);
+int cove_h_fs_remove(void *app, struct cove_req *r);
+int cove_h_fs_watch(void *app, struct cove_req *r);
+
+/* Base64 of len bytes into a new string (caller frees). */
+char *cove_b64(const void *data, size_t len);
+/* The sandbox channel for r->params[0], answering the error itself when it fails. */
+struct cove_chan *cove_req_chan(struct coved *d, struct cove_req *r,
+                                struct cove_sandbox_row *row);
+
+int cove_reply_events(struct coved *d, struct cove_req *r, struct cove_chan *c,
+                      struct cove_watch *w, uint32_t pid, uint64_t after);
+#endif

@@ -1,0 +1,219 @@
+/* coved start-up and shutdown: the order matters. Catalog first (it says which sandboxes
+ * exist), then the node (runtime state on the host), then reconciliation of the two, and
+ * only then the HTTP front end, so no request sees a half-reconciled node. */
+#include "control/coved.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "control/apikey.h"
+#include "control/template.h"
+#include "util/cleanup.h"
+#include "util/util.h"
+
+void coved_on_instance_dead(void *arg, const char *id, const char *why);
+void *coved_timer_main(void *arg);
+
+/* Make sure data_dir/admin.key holds a valid admin key of tenant "default". */
+static int ensure_admin_key(struct coved *d, struct cove_err *err)
+{
+        char path[PATH_MAX];
+        snprintf(path, sizeof(path), "%s/admin.key", d->data_dir);
+        cleanup_free char *have = NULL;
+        size_t len;
+        if (cove_read_file(path, 4096, &have, &len, NULL) == 0) {
+                while (len && (have[len - 1] == '\n' || have[len - 1] == ' '))
+                        have[--len] = '\0';
+                struct cove_err e2;
+                if (cove_apikey_verify(d->cat_ops, d->cat, have, NULL, &e2) == 0)
+                        return 0;
+                cove_warn(&d->log, "admin_key", "%s does not hold a valid key: issuing a new one",
+                          path);
+        }
+        char key[COVE_APIKEY_BUF + 1];
+        if (cove_apikey_create(d->cat_ops, d->cat, "default", 1, key, sizeof(key), err) < 0)
+                return -1;
+        size_t n = strlen(key);
+        key[n] = '\n';
+        int r = cove_write_file_atomic(d->data_dir, "admin.key", key, n + 1, 0600, err);
+        memset(key, 0, sizeof(key));
+        if (r == 0)
+                cove_info(&d->log, "admin_key", "admin key written to %s (mode 0600)", path);
+        return r;
+}
+
+static void progress_tty(void *arg, const char *stage, int percent)
+{
+        const char *name = arg;
+        if (!isatty(2))
+                return;
+        if (percent >= 0)
+                fprintf(stderr, "\rtemplate %s: %-10s %3d%%   ", name, stage, percent);
+        else
+                fprintf(stderr, "\rtemplate %s: %-10s ...    ", name, stage);
+        fflush(stderr);
+}
+
+static int build_templates(struct coved *d, const char *list, struct cove_err *err)
+{
+        char buf[512];
+        snprintf(buf, sizeof(buf), "%s", list);
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (!*t)
+                        continue;
+                char rootfs[PATH_MAX];
+                if (cove_template_lookup(d->templates_dir, t, rootfs, sizeof(rootfs), NULL) == 0)
+                        continue;
+                cove_info(&d->log, "template", "building template %s into %s", t,
+                          d->templates_dir);
+                int64_t t0 = cove_mono_ns();
+                int r = cove_template_build(d->templates_dir, t, progress_tty, t, err);
+                if (isatty(2))
+                        fprintf(stderr, "\n");
+                if (r < 0)
+                        return cove_err_wrap(err, "template %s", t);
+                cove_info(&d->log, "template", "template %s built in %.1f s", t,
+                          (double)(cove_mono_ns() - t0) / 1e9);
+        }
+        return 0;
+}
+
+int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *err)
+{
+        memset(d, 0, sizeof(*d));
+        d->log.fd = 2;
+        d->log.level = (enum cove_log_level)o->log_level;
+        d->started_at = cove_now_ms();
+        d->default_timeout_s = o->default_timeout_s > 0 ? o->default_timeout_s : 300;
+        pthread_mutex_init(&d->mu, NULL);
+        pthread_cond_init(&d->cv, NULL);
+        if (!realpath(o->data_dir, d->data_dir)) {
+                if (cove_mkdir_p(o->data_dir, 0711, err) < 0 || !realpath(o->data_dir, d->data_dir))
+                        return cove_err_set(err, errno, "data dir %s", o->data_dir);
+        }
+        chmod(d->data_dir, 0711);
+        if (o->templates_dir)
+                snprintf(d->templates_dir, sizeof(d->templates_dir), "%s", o->templates_dir);
+        else
+                snprintf(d->templates_dir, sizeof(d->templates_dir), "%s/templates", d->data_dir);
+        if (o->guest_binary) {
+                snprintf(d->guest_binary, sizeof(d->guest_binary), "%s", o->guest_binary);
+        } else {
+                char self[PATH_MAX];
+                ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+                if (n < 0)
+                        return cove_err_set(err, errno, "find own binary");
+                self[n] = '\0';
+                snprintf(d->guest_binary, sizeof(d->guest_binary), "%s/cove-guest", dirname(self));
+        }
+        if (access(d->guest_binary, X_OK) < 0)
+                return cove_err_set(err, errno,
+                                    "guest binary %s (build it with `make`, or pass "
+                                    "--guest-binary)",
+                                    d->guest_binary);
+
+        char db[PATH_MAX];
+        snprintf(db, sizeof(db), "%s/catalog.db", d->data_dir);
+        d->cat_ops = &cove_catalog_sqlite;
+        d->cat = d->cat_ops->open(db, err);
+        if (!d->cat)
+                return cove_err_wrap(err, "catalog %s", db);
+        if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 ||
+            ensure_admin_key(d, err) < 0)
+                goto fail;
+        if (build_templates(d, o->templates ? o->templates : "busybox", err) < 0)
+                goto fail;
+
+        struct cove_node_config nc = {
+                .log = &d->log,
+                .data_dir = d->data_dir,
+                .guest_binary = d->guest_binary,
+                .rt_ops = &cove_runtime_ns,
+                .on_dead = coved_on_instance_dead,
+                .arg = d,
+        };
+        d->node = cove_node_new(&nc, err);
+        if (!d->node)
+                goto fail;
+        coved_reconcile(d);
+        int e = pthread_create(&d->timer, NULL, coved_timer_main, d);
+        if (e) {
+                cove_err_set(err, e, "timer thread");
+                goto fail;
+        }
+        d->timer_started = 1;
+        char sock[PATH_MAX];
+        snprintf(sock, sizeof(sock), "%s/coved.sock", d->data_dir);
+        struct cove_http_config hc = {
+                .routes = cove_routes,
+                .nroutes = cove_nroutes,
+                .auth = cove_api_auth,
+                .app = d,
+                .log = &d->log,
+                .quitting = &d->quitting,
+        };
+        d->http = cove_http_start(&hc, o->listen, sock, err);
+        if (!d->http)
+                goto fail;
+        cove_info(&d->log, "coved.start",
+                  "serving on %s and %s; data dir %s; runtime %s; templates %s",
+                  o->listen ? o->listen : "(no tcp)", sock, d->data_dir,
+                  cove_node_runtime_name(d->node), d->templates_dir);
+        return 0;
+fail:
+        coved_close(d);
+        return -1;
+}
+
+static int collect_running(const struct cove_sandbox_row *row, void *arg)
+{
+        json_array_append_new(arg, json_string(row->id));
+        return 0;
+}
+
+void coved_close(struct coved *d)
+{
+        pthread_mutex_lock(&d->mu);
+        d->quitting = 1;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        if (d->http)
+                cove_http_stop(d->http);
+        d->http = NULL;
+        if (d->timer_started)
+                pthread_join(d->timer, NULL);
+        d->timer_started = 0;
+        if (d->node) {
+                /* the instances end with coved; say so in the catalog */
+                json_t *ids = json_array();
+                struct cove_err err;
+                d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_running, ids, &err);
+                cove_node_free(d->node);
+                d->node = NULL;
+                size_t i;
+                json_t *v;
+                json_array_foreach(ids, i, v)
+                {
+                        struct cove_sandbox_row row;
+                        memset(&row, 0, sizeof(row));
+                        if (d->cat_ops->sandbox_get(d->cat, NULL, json_string_value(v), &row,
+                                                    &err) == 0) {
+                                snprintf(row.state, sizeof(row.state), "stopped");
+                                free(row.error);
+                                row.error = strdup("coved was stopped");
+                                d->cat_ops->sandbox_update(d->cat, &row, &err);
+                        }
+                        cove_sandbox_row_clear(&row);
+                }
+                json_decref(ids);
+        }
+        if (d->cat)
+                d->cat_ops->close(d->cat);
+        d->cat = NULL;
+}

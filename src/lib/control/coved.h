@@ -1,0 +1,84 @@
+/* The coved process context (control plane + node gateway in one process, the embedded
+ * default): catalog, node, HTTP front end, timers. Passed to every handler; nothing of it
+ * is global. */
+#ifndef COVE_CONTROL_COVED_H
+#define COVE_CONTROL_COVED_H
+
+#include <jansson.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "api/http.h"
+#include "node/node.h"
+#include "store/catalog.h"
+#include "util/err.h"
+#include "util/log.h"
+
+struct coved_options {
+        const char *data_dir;      /* required */
+        const char *listen;        /* "127.0.0.1:7677"; NULL for none */
+        const char *templates_dir; /* default <data_dir>/templates */
+        const char *guest_binary;  /* default: cove-guest next to the coved binary */
+        const char *templates;     /* comma list built at start if missing (default "busybox") */
+        int log_level;
+        int default_timeout_s;     /* 300 */
+};
+
+struct coved_metrics {
+        uint64_t http_requests;
+        uint64_t creates, create_failures, deletes, execs, timeouts_fired;
+        uint64_t create_ns_sum; /* total create latency, for the average */
+};
+
+struct coved {
+        struct cove_log log;
+        char data_dir[PATH_MAX];
+        char templates_dir[PATH_MAX];
+        char guest_binary[PATH_MAX];
+        int default_timeout_s;
+        const struct cove_catalog_ops *cat_ops;
+        struct cove_catalog *cat;
+        struct cove_node *node;
+        struct cove_http *http;
+        int quitting;
+        pthread_mutex_t mu; /* metrics, timer wake-up */
+        pthread_cond_t cv;
+        pthread_t timer;
+        int timer_started;
+        struct coved_metrics m;
+        int64_t started_at;
+};
+
+/* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
+ * build missing templates, reconcile sandboxes left by a crash, start the node and the
+ * HTTP front end. */
+int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *err);
+/* Stop serving, stop every instance (marking the sandboxes stopped), close everything. */
+void coved_close(struct coved *d);
+
+/* Sandbox lifecycle (control/sandbox.c). Bodies are validated here; errors carry kinds
+ * the API maps to statuses. JSON answers are new references. */
+json_t *cove_sandbox_json(const struct cove_sandbox_row *row);
+int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_t **out,
+                        struct cove_err *err);
+/* 0 found (row filled, caller clears it), -1 with NOT_FOUND otherwise. */
+int cove_sandbox_load(struct coved *d, const char *tenant, const char *id,
+                      struct cove_sandbox_row *row, struct cove_err *err);
+int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int purge,
+                        struct cove_err *err);
+int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id,
+                             json_t *body, json_t **out, struct cove_err *err);
+/* The running sandbox's channel (referenced), or -1 with NOT_FOUND / CONFLICT. */
+int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id,
+                      struct cove_chan **chan, struct cove_sandbox_row *row,
+                      struct cove_err *err);
+void coved_reconcile(struct coved *d);
+
+/* HTTP routes (api/routes.c). */
+extern const struct cove_route cove_routes[];
+extern const size_t cove_nroutes;
+int cove_api_auth(void *app, struct cove_req *r, const char *authorization,
+                  struct cove_err *err);
+
+#endif

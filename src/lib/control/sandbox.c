@@ -1,0 +1,487 @@
+/* Sandbox lifecycle in the control plane: validate requests, keep the catalog row and the
+ * node instance in step, expire sandboxes on timeout, reconcile after a crash.
+ * Order on create: row (starting) → instance → row (running); on any failure the instance
+ * and uid range are released and the row removed, so nothing half-made stays visible. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "control/coved.h"
+#include "control/template.h"
+#include "util/cleanup.h"
+#include "util/util.h"
+
+#define MAX_TIMEOUT_S (30 * 24 * 3600)
+#define MAX_META 64
+#define MAX_ENV 256
+
+json_t *cove_sandbox_json(const struct cove_sandbox_row *s)
+{
+        char created[40], expires[40];
+        cove_rfc3339(s->created_at, created, sizeof(created));
+        cove_rfc3339(s->expires_at, expires, sizeof(expires));
+        json_error_t je;
+        json_t *meta = s->metadata_json ? json_loads(s->metadata_json, 0, &je) : NULL;
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:o, s:i, s:i, s:i, s:i, s:s, s:o, s:s, "
+                              "s:o}",
+                              "id", s->id, "state", s->state, "template", s->template_name,
+                              "runtime", s->runtime, "created_at", created, "expires_at",
+                              s->expires_at ? json_string(expires) : json_null(), "cpus",
+                              s->cpus, "memory_mb", s->memory_mb, "disk_mb", s->disk_mb,
+                              "timeout_s", s->timeout_s, "on_timeout", s->on_timeout,
+                              "metadata", meta ? meta : json_object(), "node", s->node,
+                              "last_snapshot_id",
+                              s->last_snapshot_id[0] ? json_string(s->last_snapshot_id)
+                                                     : json_null());
+        if (o && s->error && s->error[0])
+                json_object_set_new(o, "error", json_string(s->error));
+        return o;
+}
+
+static int bad(struct cove_err *err, const char *fmt, const char *field)
+{
+        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, fmt, field);
+}
+
+/* Optional integer field within [lo, hi]; *out keeps its default when absent. */
+static int int_field(json_t *body, const char *key, long lo, long hi, int *out,
+                     struct cove_err *err)
+{
+        json_t *v = json_object_get(body, key);
+        if (!v || json_is_null(v))
+                return 0;
+        if (!json_is_integer(v))
+                return bad(err, "%s must be an integer", key);
+        json_int_t x = json_integer_value(v);
+        if (x < lo || x > hi)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "%s must be between %ld and %ld (got %lld)", key, lo, hi,
+                                     (long long)x);
+        *out = (int)x;
+        return 0;
+}
+
+/* An object of string values with bounded sizes; returns a new reference (empty if absent). */
+static json_t *string_map(json_t *body, const char *key, size_t max_entries, size_t max_key,
+                          size_t max_val, int env_names, struct cove_err *err)
+{
+        json_t *v = json_object_get(body, key);
+        if (!v || json_is_null(v))
+                return json_object();
+        if (!json_is_object(v)) {
+                bad(err, "%s must be an object of strings", key);
+                return NULL;
+        }
+        if (json_object_size(v) > max_entries) {
+                cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "%s has more than %zu entries", key,
+                              max_entries);
+                return NULL;
+        }
+        const char *k;
+        json_t *val;
+        json_object_foreach(v, k, val)
+        {
+                size_t kl = strlen(k);
+                int ok = kl > 0 && kl <= max_key && json_is_string(val) &&
+                         json_string_length(val) <= max_val &&
+                         strlen(json_string_value(val)) == json_string_length(val);
+                for (size_t i = 0; ok && env_names && i < kl; i++)
+                        ok = k[i] == '_' || isalnum((unsigned char)k[i]);
+                if (ok && env_names)
+                        ok = !isdigit((unsigned char)k[0]);
+                if (!ok) {
+                        cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                      "%s: entry \"%.64s\" is invalid (%s; values are strings "
+                                      "of at most %zu bytes)",
+                                      key, k,
+                                      env_names ? "names are [A-Za-z_][A-Za-z0-9_]*"
+                                                : "keys are non-empty strings",
+                                      max_val);
+                        return NULL;
+                }
+        }
+        return json_incref(v);
+}
+
+static int string_field(json_t *body, const char *key, char *out, size_t cap, int required,
+                        struct cove_err *err)
+{
+        json_t *v = json_object_get(body, key);
+        if (!v || json_is_null(v))
+                return required ? bad(err, "%s is required", key) : 0;
+        if (!json_is_string(v) || json_string_length(v) == 0 || json_string_length(v) >= cap)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "%s must be a non-empty string of at most %zu bytes", key,
+                                     cap - 1);
+        snprintf(out, cap, "%s", json_string_value(v));
+        return 0;
+}
+
+int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_t **out,
+                        struct cove_err *err)
+{
+        struct cove_sandbox_row s;
+        memset(&s, 0, sizeof(s));
+        snprintf(s.tenant, sizeof(s.tenant), "%s", tenant);
+        snprintf(s.runtime, sizeof(s.runtime), "%s", cove_node_runtime_name(d->node));
+        snprintf(s.on_timeout, sizeof(s.on_timeout), "kill");
+        snprintf(s.node, sizeof(s.node), "local");
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        s.cpus = 1;
+        s.memory_mb = 512;
+        s.disk_mb = 1024;
+        s.timeout_s = d->default_timeout_s;
+        char runtime[16] = "";
+        if (string_field(body, "template", s.template_name, sizeof(s.template_name), 1, err) < 0 ||
+            string_field(body, "runtime", runtime, sizeof(runtime), 0, err) < 0 ||
+            string_field(body, "on_timeout", s.on_timeout, sizeof(s.on_timeout), 0, err) < 0 ||
+            int_field(body, "cpus", 1, ncpu > 0 ? ncpu : 1, &s.cpus, err) < 0 ||
+            int_field(body, "memory_mb", 32, 65536, &s.memory_mb, err) < 0 ||
+            int_field(body, "disk_mb", 16, 1024 * 1024, &s.disk_mb, err) < 0 ||
+            int_field(body, "timeout_s", 1, MAX_TIMEOUT_S, &s.timeout_s, err) < 0)
+                return -1;
+        if (runtime[0] && strcmp(runtime, s.runtime) != 0)
+                return cove_err_setk(err, strcmp(runtime, "vm") ? COVE_E_BAD_REQUEST
+                                                                : COVE_E_UNAVAILABLE,
+                                     0,
+                                     "runtime \"%s\" is not available on this node (available: "
+                                     "%s)",
+                                     runtime, s.runtime);
+        if (strcmp(s.on_timeout, "kill") != 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "on_timeout \"%s\" is not supported: only \"kill\" until "
+                                     "snapshots land",
+                                     s.on_timeout);
+        json_t *eg = json_object_get(body, "egress");
+        if (eg && !json_is_null(eg))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "egress policies are not supported yet: sandboxes have no "
+                                     "network beyond their own loopback");
+        json_t *meta = string_map(body, "metadata", MAX_META, 128, 1024, 0, err);
+        if (!meta)
+                return -1;
+        json_t *env = string_map(body, "env", MAX_ENV, 256, 32768, 1, err);
+        if (!env) {
+                json_decref(meta);
+                return -1;
+        }
+        s.metadata_json = json_dumps(meta, JSON_COMPACT);
+        s.env_json = json_dumps(env, JSON_COMPACT);
+        json_decref(meta);
+        json_decref(env);
+
+        char rootfs[PATH_MAX];
+        int r = cove_template_lookup(d->templates_dir, s.template_name, rootfs, sizeof(rootfs),
+                                     err);
+        if (r == 1) {
+                r = cove_template_known(s.template_name)
+                            ? cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                            "template \"%s\" is not built on this node yet: run "
+                                            "`cove template build %s` (or restart coved with "
+                                            "--templates %s)",
+                                            s.template_name, s.template_name, s.template_name)
+                            : cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                            "unknown template \"%s\" (GET /v1/templates lists "
+                                            "them)",
+                                            s.template_name);
+        }
+        if (r != 0) {
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        int64_t t0 = cove_mono_ns();
+        if (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
+            cove_node_uid_reserve(d->node, &s.uid_base, err) < 0) {
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        s.created_at = cove_now_ms();
+        s.expires_at = s.created_at + (int64_t)s.timeout_s * 1000;
+        snprintf(s.state, sizeof(s.state), "starting");
+        if (d->cat_ops->sandbox_insert(d->cat, &s, err) < 0) {
+                cove_node_uid_release(d->node, s.uid_base);
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        struct cove_instance_spec spec = {
+                .sandbox_id = s.id,
+                .rootfs = rootfs,
+                .cpus = (unsigned)s.cpus,
+                .memory_mb = (unsigned)s.memory_mb,
+                .disk_mb = (unsigned)s.disk_mb,
+                .uid_base = s.uid_base,
+                .uid_count = COVE_UID_RANGE,
+        };
+        if (cove_node_start(d->node, &spec, err) < 0) {
+                struct cove_err e2;
+                cove_node_stop(d->node, s.id, 1, &e2);
+                cove_node_uid_release(d->node, s.uid_base);
+                d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
+                pthread_mutex_lock(&d->mu);
+                d->m.create_failures++;
+                pthread_mutex_unlock(&d->mu);
+                cove_warn(&d->log, "sandbox.create", "%s", err->msg);
+                cove_sandbox_row_clear(&s);
+                if (err->kind == COVE_E_INTERNAL)
+                        err->kind = COVE_E_UNAVAILABLE;
+                return -1;
+        }
+        snprintf(s.state, sizeof(s.state), "running");
+        if (d->cat_ops->sandbox_update(d->cat, &s, err) != 0) {
+                struct cove_err e2;
+                cove_node_stop(d->node, s.id, 1, &e2);
+                d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        int64_t dt = cove_mono_ns() - t0;
+        pthread_mutex_lock(&d->mu);
+        d->m.creates++;
+        d->m.create_ns_sum += (uint64_t)dt;
+        pthread_cond_broadcast(&d->cv); /* the timer may need an earlier wake-up */
+        pthread_mutex_unlock(&d->mu);
+        cove_info(&d->log, "sandbox.create", "sandbox %s template %s tenant %s in %.2f ms", s.id,
+                  s.template_name, tenant, (double)dt / 1e6);
+        *out = cove_sandbox_json(&s);
+        cove_sandbox_row_clear(&s);
+        return 0;
+}
+
+int cove_sandbox_load(struct coved *d, const char *tenant, const char *id,
+                      struct cove_sandbox_row *row, struct cove_err *err)
+{
+        memset(row, 0, sizeof(*row));
+        int r = d->cat_ops->sandbox_get(d->cat, tenant, id, row, err);
+        if (r == 1)
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
+        return r;
+}
+
+int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id,
+                      struct cove_chan **chan, struct cove_sandbox_row *row,
+                      struct cove_err *err)
+{
+        if (cove_sandbox_load(d, tenant, id, row, err) < 0)
+                return -1;
+        *chan = strcmp(row->state, "running") == 0 ? cove_node_chan(d->node, id) : NULL;
+        if (!*chan) {
+                cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running", id,
+                              row->state);
+                cove_sandbox_row_clear(row);
+                return -1;
+        }
+        return 0;
+}
+
+int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int purge,
+                        struct cove_err *err)
+{
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        cove_sandbox_row_clear(&row);
+        /* snapshots do not exist yet, so nothing outlives the sandbox: purge its state */
+        (void)purge;
+        if (cove_node_stop(d->node, id, 1, err) < 0)
+                return -1;
+        if (d->cat_ops->sandbox_delete(d->cat, id, err) < 0)
+                return -1;
+        pthread_mutex_lock(&d->mu);
+        d->m.deletes++;
+        pthread_mutex_unlock(&d->mu);
+        cove_info(&d->log, "sandbox.delete", "sandbox %s deleted", id);
+        return 0;
+}
+
+int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id,
+                             json_t *body, json_t **out, struct cove_err *err)
+{
+        int t = -1;
+        if (int_field(body, "timeout_s", 1, MAX_TIMEOUT_S, &t, err) < 0)
+                return -1;
+        if (t < 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "timeout_s is required");
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        if (strcmp(row.state, "running") != 0) {
+                cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running", id,
+                              row.state);
+                cove_sandbox_row_clear(&row);
+                return -1;
+        }
+        row.timeout_s = t;
+        row.expires_at = cove_now_ms() + (int64_t)t * 1000;
+        int r = d->cat_ops->sandbox_update(d->cat, &row, err);
+        if (r == 0)
+                *out = cove_sandbox_json(&row);
+        else if (r == 1)
+                r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %s not found", id);
+        cove_sandbox_row_clear(&row);
+        pthread_mutex_lock(&d->mu);
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        return r;
+}
+
+/* Move a sandbox to a final state after its instance ended. */
+static void mark(struct coved *d, const char *id, const char *state, const char *why)
+{
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        memset(&row, 0, sizeof(row));
+        if (d->cat_ops->sandbox_get(d->cat, NULL, id, &row, &err) != 0)
+                return;
+        snprintf(row.state, sizeof(row.state), "%s", state);
+        free(row.error);
+        row.error = why ? strdup(why) : NULL;
+        if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
+                cove_warn(&d->log, "sandbox.state", "sandbox %s: %s", id, err.msg);
+        cove_sandbox_row_clear(&row);
+}
+
+void coved_on_instance_dead(void *arg, const char *id, const char *why)
+{
+        struct coved *d = arg;
+        cove_warn(&d->log, "sandbox.dead", "sandbox %s: %s", id, why);
+        /* free the host side (cgroups, uid range) now; the row says what happened */
+        struct cove_err err;
+        if (cove_node_stop(d->node, id, 0, &err) < 0)
+                cove_warn(&d->log, "sandbox.dead", "%s", err.msg);
+        mark(d, id, "error", why);
+}
+
+struct expire_ctx {
+        int64_t now;
+        int64_t next; /* earliest future expiry */
+        char (*ids)[64];
+        size_t n, cap;
+};
+
+static int collect_expired(const struct cove_sandbox_row *row, void *arg)
+{
+        struct expire_ctx *x = arg;
+        if (!row->expires_at)
+                return 0;
+        if (row->expires_at <= x->now) {
+                if (x->n == x->cap) {
+                        size_t nc = x->cap ? x->cap * 2 : 16;
+                        void *nb = realloc(x->ids, nc * sizeof(*x->ids));
+                        if (!nb)
+                                return -1;
+                        x->ids = nb;
+                        x->cap = nc;
+                }
+                snprintf(x->ids[x->n++], 64, "%s", row->id);
+        } else if (!x->next || row->expires_at < x->next) {
+                x->next = row->expires_at;
+        }
+        return 0;
+}
+
+/* Timer thread: ends sandboxes whose timeout passed; sleeps until the next expiry or until
+ * a create/timeout change wakes it. */
+void *coved_timer_main(void *arg)
+{
+        struct coved *d = arg;
+        pthread_mutex_lock(&d->mu);
+        while (!d->quitting) {
+                pthread_mutex_unlock(&d->mu);
+                struct expire_ctx x = {.now = cove_now_ms()};
+                struct cove_err err;
+                if (d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_expired, &x,
+                                             &err) < 0)
+                        cove_warn(&d->log, "timer", "%s", err.msg);
+                for (size_t i = 0; i < x.n; i++) {
+                        cove_info(&d->log, "sandbox.timeout", "sandbox %s timed out: stopping",
+                                  x.ids[i]);
+                        if (cove_node_stop(d->node, x.ids[i], 0, &err) < 0)
+                                cove_warn(&d->log, "sandbox.timeout", "%s", err.msg);
+                        mark(d, x.ids[i], "stopped", "timeout reached");
+                }
+                free(x.ids);
+                pthread_mutex_lock(&d->mu);
+                d->m.timeouts_fired += x.n;
+                if (d->quitting)
+                        break;
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                int64_t wait_ms = x.next ? x.next - cove_now_ms() : 60000;
+                if (wait_ms > 60000)
+                        wait_ms = 60000;
+                if (wait_ms < 10)
+                        wait_ms = 10;
+                ts.tv_sec += wait_ms / 1000;
+                ts.tv_nsec += (wait_ms % 1000) * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                        ts.tv_sec++;
+                        ts.tv_nsec -= 1000000000L;
+                }
+                pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+        }
+        pthread_mutex_unlock(&d->mu);
+        return NULL;
+}
+
+struct reconcile_ctx {
+        char (*ids)[64];
+        size_t n, cap;
+};
+
+static int collect_live(const struct cove_sandbox_row *row, void *arg)
+{
+        struct reconcile_ctx *x = arg;
+        if (x->n == x->cap) {
+                size_t nc = x->cap ? x->cap * 2 : 16;
+                void *nb = realloc(x->ids, nc * sizeof(*x->ids));
+                if (!nb)
+                        return -1;
+                x->ids = nb;
+                x->cap = nc;
+        }
+        snprintf(x->ids[x->n++], 64, "%s", row->id);
+        return 0;
+}
+
+/* After a crash (or any restart): no instance survives coved (the guest exits when its
+ * channel closes), so every sandbox the catalog still calls live is cleaned on the host and
+ * marked stopped; state dirs that no row owns are removed. */
+void coved_reconcile(struct coved *d)
+{
+        struct reconcile_ctx x = {0};
+        struct cove_err err;
+        if (d->cat_ops->sandbox_list(d->cat, NULL, "starting,running,pausing,resuming",
+                                     collect_live, &x, &err) < 0)
+                cove_warn(&d->log, "reconcile", "%s", err.msg);
+        for (size_t i = 0; i < x.n; i++) {
+                if (cove_node_stop(d->node, x.ids[i], 0, &err) < 0)
+                        cove_warn(&d->log, "reconcile", "%s", err.msg);
+                mark(d, x.ids[i], "stopped",
+                     "coved restarted: the running instance was lost (no snapshot to resume "
+                     "from)");
+                cove_info(&d->log, "reconcile", "sandbox %s marked stopped", x.ids[i]);
+        }
+        free(x.ids);
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s/sandboxes", d->data_dir);
+        cleanup_dir DIR *dh = opendir(dir);
+        struct dirent *de;
+        while (dh && (de = readdir(dh))) {
+                if (strncmp(de->d_name, "sbx_", 4) != 0)
+                        continue;
+                struct cove_sandbox_row row;
+                memset(&row, 0, sizeof(row));
+                int r = d->cat_ops->sandbox_get(d->cat, NULL, de->d_name, &row, &err);
+                cove_sandbox_row_clear(&row);
+                if (r == 1) {
+                        if (cove_node_stop(d->node, de->d_name, 1, &err) < 0)
+                                cove_warn(&d->log, "reconcile", "%s", err.msg);
+                        else
+                                cove_info(&d->log, "reconcile", "removed orphan state of %s",
+                                          de->d_name);
+                }
+        }
+}

@@ -1,0 +1,1164 @@
+/* Node end of a guest channel; see chan.h for the threading model.
+ * One mutex per channel guards every table; one condition variable is broadcast on any
+ * change (few waiters per channel, so a shared one is simpler than per-object ones). */
+#include "node/chan.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "proto/frame.h"
+#include "util/cleanup.h"
+#include "util/util.h"
+
+#define CALL_TIMEOUT_MS 30000
+#define WRITE_TIMEOUT_MS 10000
+#define MAX_PENDING 256
+#define MAX_PROCS_KEPT 64        /* finished processes kept for reconnects */
+#define MAX_PROCS 1100           /* running + kept */
+#define PROC_REPLAY_BYTES (2u << 20)
+#define PROC_REPLAY_EVENTS 65536
+#define WATCH_REPLAY_BYTES (1u << 20)
+#define WATCH_REPLAY_EVENTS 20000
+#define MAX_WATCHES 64
+#define RX_PAUSE_BYTES (8u << 20) /* queued file bytes before the guest is not read */
+#define RX_RESUME_BYTES (2u << 20)
+
+enum { PEND_CALL = 1, PEND_EXEC, PEND_READ, PEND_WRITE, PEND_WATCH };
+
+struct chunk {
+        struct chunk *next;
+        size_t len, off;
+        uint8_t data[];
+};
+
+struct pending {
+        struct pending *next;
+        uint32_t id;
+        int kind;
+        int done;        /* RESP arrived (or the channel died) */
+        json_t *resp;    /* the guest's RESP object, NULL if it died first */
+        /* PEND_READ */
+        struct chunk *qh, *qt;
+        size_t qbytes;
+        uint64_t expect;  /* announced size */
+        uint64_t got;
+        int data_end;
+        /* PEND_EXEC */
+        char tag[128];
+        json_t *cmd;
+        uint32_t pid;
+};
+
+struct proc {
+        struct proc *next;
+        uint32_t pid;
+        char tag[128];
+        json_t *cmd;
+        int64_t started_at;
+        int running;
+        struct cove_replay rb;
+};
+
+struct cove_watch {
+        struct cove_watch *next;
+        struct cove_chan *c;
+        uint32_t id;
+        struct cove_replay rb;
+};
+
+struct cove_xfer {
+        struct cove_chan *c;
+        struct pending *p;
+        int finished;
+};
+
+struct cove_chan {
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        pthread_mutex_t wmu; /* serialises frame writes */
+        int refs;
+        int fd;
+        int closed;
+        char why[256];
+        char sandbox_id[64];
+        const struct cove_log *log;
+        struct cove_decoder dec;
+        uint32_t next_id;
+        struct pending *pend;
+        int npend;
+        struct proc *procs;
+        int nprocs;
+        struct cove_watch *watches;
+        int nwatches;
+        int rx_paused;
+        void (*rx_notify)(void *arg, struct cove_chan *c);
+        void *rx_arg;
+};
+
+static void abs_deadline(struct timespec *ts, int timeout_ms)
+{
+        clock_gettime(CLOCK_MONOTONIC, ts);
+        ts->tv_sec += timeout_ms / 1000;
+        ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts->tv_nsec >= 1000000000L) {
+                ts->tv_sec++;
+                ts->tv_nsec -= 1000000000L;
+        }
+}
+
+/* wait on cv until deadline; returns ETIMEDOUT or 0 */
+static int wait_until(struct cove_chan *c, const struct timespec *dl)
+{
+        return pthread_cond_timedwait(&c->cv, &c->mu, dl);
+}
+
+struct cove_chan *cove_chan_new(int fd, const char *sandbox_id, const struct cove_log *log,
+                                struct cove_err *err)
+{
+        struct cove_chan *c = calloc(1, sizeof(*c));
+        if (!c) {
+                close(fd);
+                cove_err_set(err, ENOMEM, "guest channel");
+                return NULL;
+        }
+        pthread_mutex_init(&c->mu, NULL);
+        pthread_mutex_init(&c->wmu, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&c->cv, &ca);
+        pthread_condattr_destroy(&ca);
+        c->refs = 1;
+        c->fd = fd;
+        c->log = log;
+        c->next_id = 1;
+        snprintf(c->sandbox_id, sizeof(c->sandbox_id), "%s", sandbox_id);
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
+            cove_decoder_init(&c->dec, COVE_FRAME_MAX, err) < 0) {
+                cove_err_set(err, errno, "guest channel %s", sandbox_id);
+                cove_chan_unref(c);
+                return NULL;
+        }
+        return c;
+}
+
+int cove_chan_fd(const struct cove_chan *c)
+{
+        return c->fd;
+}
+
+void cove_chan_ref(struct cove_chan *c)
+{
+        pthread_mutex_lock(&c->mu);
+        c->refs++;
+        pthread_mutex_unlock(&c->mu);
+}
+
+static void chunks_free(struct pending *p)
+{
+        while (p->qh) {
+                struct chunk *n = p->qh->next;
+                free(p->qh);
+                p->qh = n;
+        }
+        p->qt = NULL;
+        p->qbytes = 0;
+}
+
+static void pending_free(struct pending *p)
+{
+        chunks_free(p);
+        json_decref(p->resp);
+        json_decref(p->cmd);
+        free(p);
+}
+
+static void proc_free(struct proc *p)
+{
+        cove_replay_free(&p->rb);
+        json_decref(p->cmd);
+        free(p);
+}
+
+void cove_chan_unref(struct cove_chan *c)
+{
+        pthread_mutex_lock(&c->mu);
+        int last = --c->refs == 0;
+        pthread_mutex_unlock(&c->mu);
+        if (!last)
+                return;
+        while (c->pend) {
+                struct pending *n = c->pend->next;
+                pending_free(c->pend);
+                c->pend = n;
+        }
+        while (c->procs) {
+                struct proc *n = c->procs->next;
+                proc_free(c->procs);
+                c->procs = n;
+        }
+        /* watches hold a ref, so none is left here */
+        cove_decoder_free(&c->dec);
+        if (c->fd >= 0)
+                close(c->fd);
+        pthread_mutex_destroy(&c->mu);
+        pthread_mutex_destroy(&c->wmu);
+        pthread_cond_destroy(&c->cv);
+        free(c);
+}
+
+void cove_chan_set_rx_notify(struct cove_chan *c, void (*fn)(void *arg, struct cove_chan *c),
+                             void *arg)
+{
+        pthread_mutex_lock(&c->mu);
+        c->rx_notify = fn;
+        c->rx_arg = arg;
+        pthread_mutex_unlock(&c->mu);
+}
+
+static void close_locked(struct cove_chan *c, const char *why)
+{
+        if (c->closed)
+                return;
+        c->closed = 1;
+        snprintf(c->why, sizeof(c->why), "%s", why);
+        for (struct pending *p = c->pend; p; p = p->next) {
+                p->done = 1;
+                p->data_end = 1;
+        }
+        for (struct proc *p = c->procs; p; p = p->next) {
+                if (p->running) {
+                        static const char msg[] = "sandbox stopped";
+                        cove_replay_append(&p->rb, COVE_EV_ERROR, msg, sizeof(msg) - 1);
+                        p->running = 0;
+                }
+                p->rb.closed = 1;
+        }
+        for (struct cove_watch *w = c->watches; w; w = w->next)
+                w->rb.closed = 1;
+        pthread_cond_broadcast(&c->cv);
+}
+
+void cove_chan_close(struct cove_chan *c, const char *why)
+{
+        pthread_mutex_lock(&c->mu);
+        close_locked(c, why);
+        pthread_mutex_unlock(&c->mu);
+        /* unblock a writer stuck on a full socket and make the guest see EOF */
+        shutdown(c->fd, SHUT_RDWR);
+}
+
+int cove_chan_is_closed(struct cove_chan *c)
+{
+        pthread_mutex_lock(&c->mu);
+        int r = c->closed;
+        pthread_mutex_unlock(&c->mu);
+        return r;
+}
+
+void cove_chan_wake(struct cove_chan *c)
+{
+        pthread_mutex_lock(&c->mu);
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+}
+
+int cove_chan_rx_paused(struct cove_chan *c)
+{
+        pthread_mutex_lock(&c->mu);
+        int r = c->rx_paused;
+        pthread_mutex_unlock(&c->mu);
+        return r;
+}
+
+static int closed_err(struct cove_chan *c, struct cove_err *err)
+{
+        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "sandbox %s: guest channel closed (%s)",
+                             c->sandbox_id, c->why[0] ? c->why : "stopped");
+}
+
+static int send_frame(struct cove_chan *c, uint8_t type, uint8_t flags, uint32_t id,
+                      const void *payload, uint32_t len, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->wmu);
+        int r = cove_frame_write_timeout(c->fd, type, flags, id, payload, len, WRITE_TIMEOUT_MS,
+                                         err);
+        pthread_mutex_unlock(&c->wmu);
+        if (r < 0) {
+                cove_err_wrap(err, "sandbox %s", c->sandbox_id);
+                cove_chan_close(c, "guest does not read its channel");
+        }
+        return r;
+}
+
+static int send_json(struct cove_chan *c, uint8_t type, uint32_t id, json_t *obj,
+                     struct cove_err *err)
+{
+        cleanup_free char *s = json_dumps(obj, JSON_COMPACT);
+        if (!s)
+                return cove_err_set(err, ENOMEM, "encode request");
+        size_t n = strlen(s);
+        if (n > COVE_FRAME_MAX)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "request too large (%zu bytes)", n);
+        return send_frame(c, type, 0, id, s, (uint32_t)n, err);
+}
+
+/* ---- handshake ------------------------------------------------------------------ */
+
+int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname,
+                    int timeout_ms, struct cove_err *err)
+{
+        json_t *h = json_pack("{s:i, s:s, s:s}", "version", COVE_PROTO_VERSION, "token", token,
+                              "hostname", hostname);
+        int r = send_json(c, COVE_F_HELLO, 0, h, err);
+        json_decref(h);
+        if (r < 0)
+                return -1;
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
+        for (;;) {
+                struct cove_frame f;
+                int n = cove_decoder_next(&c->dec, &f, err);
+                if (n < 0)
+                        return cove_err_wrap(err, "sandbox %s: handshake", c->sandbox_id);
+                if (n == 1) {
+                        if (f.type != COVE_F_HELLO)
+                                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                                     "sandbox %s: handshake: guest sent frame "
+                                                     "type %u before HELLO",
+                                                     c->sandbox_id, f.type);
+                        json_error_t je;
+                        json_t *j = json_loadb((const char *)f.payload, f.len, 0, &je);
+                        int ok = json_is_object(j) && json_is_true(json_object_get(j, "ok")) &&
+                                 json_integer_value(json_object_get(j, "version")) ==
+                                         COVE_PROTO_VERSION;
+                        json_decref(j);
+                        if (!ok)
+                                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                                     "sandbox %s: handshake: guest refused or "
+                                                     "speaks another protocol version",
+                                                     c->sandbox_id);
+                        return 0;
+                }
+                struct timespec now;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                long left = (dl.tv_sec - now.tv_sec) * 1000L + (dl.tv_nsec - now.tv_nsec) / 1000000L;
+                if (left <= 0)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT,
+                                             "sandbox %s: handshake", c->sandbox_id);
+                struct pollfd p = {.fd = c->fd, .events = POLLIN};
+                int pr = poll(&p, 1, (int)left);
+                if (pr < 0 && errno != EINTR)
+                        return cove_err_set(err, errno, "sandbox %s: handshake", c->sandbox_id);
+                if (pr <= 0)
+                        continue;
+                size_t avail;
+                uint8_t *sp = cove_decoder_space(&c->dec, &avail);
+                ssize_t rd = read(c->fd, sp, avail);
+                if (rd == 0)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                             "sandbox %s: handshake: guest exited",
+                                             c->sandbox_id);
+                if (rd < 0) {
+                        if (errno == EINTR || errno == EAGAIN)
+                                continue;
+                        return cove_err_set(err, errno, "sandbox %s: handshake", c->sandbox_id);
+                }
+                cove_decoder_commit(&c->dec, (size_t)rd);
+        }
+}
+
+/* ---- I/O thread side -------------------------------------------------------------- */
+
+static struct pending *find_pending(struct cove_chan *c, uint32_t id)
+{
+        for (struct pending *p = c->pend; p; p = p->next)
+                if (p->id == id)
+                        return p;
+        return NULL;
+}
+
+static struct proc *find_proc(struct cove_chan *c, uint32_t pid)
+{
+        for (struct proc *p = c->procs; p; p = p->next)
+                if (p->pid == pid)
+                        return p;
+        return NULL;
+}
+
+static struct cove_watch *find_watch(struct cove_chan *c, uint32_t id)
+{
+        for (struct cove_watch *w = c->watches; w; w = w->next)
+                if (w->id == id)
+                        return w;
+        return NULL;
+}
+
+static void unlink_proc(struct cove_chan *c, struct proc *victim)
+{
+        for (struct proc **pp = &c->procs; *pp; pp = &(*pp)->next)
+                if (*pp == victim) {
+                        *pp = victim->next;
+                        c->nprocs--;
+                        return;
+                }
+}
+
+/* Keep at most MAX_PROCS_KEPT finished processes: drop the oldest finished ones. */
+static void trim_procs(struct cove_chan *c)
+{
+        int finished = 0;
+        for (struct proc *p = c->procs; p; p = p->next)
+                finished += !p->running;
+        while (finished > MAX_PROCS_KEPT) {
+                struct proc *oldest = NULL;
+                for (struct proc *p = c->procs; p; p = p->next)
+                        if (!p->running && (!oldest || p->started_at <= oldest->started_at))
+                                oldest = p;
+                if (!oldest)
+                        break;
+                unlink_proc(c, oldest);
+                proc_free(oldest);
+                finished--;
+        }
+}
+
+static void on_exec_ok(struct cove_chan *c, struct pending *pd, json_t *resp)
+{
+        json_t *jp = json_object_get(resp, "pid");
+        if (!json_is_integer(jp) || json_integer_value(jp) <= 0 ||
+            json_integer_value(jp) > 0x7fffffff) {
+                json_object_set_new(resp, "ok", json_false());
+                json_object_set_new(resp, "message", json_string("guest sent an invalid pid"));
+                return;
+        }
+        uint32_t pid = (uint32_t)json_integer_value(jp);
+        struct proc *old = find_proc(c, pid);
+        if (old) { /* pid reused inside the sandbox: the new process wins */
+                unlink_proc(c, old);
+                proc_free(old);
+        }
+        if (c->nprocs >= MAX_PROCS) {
+                json_object_set_new(resp, "ok", json_false());
+                json_object_set_new(resp, "code", json_string("limit_exceeded"));
+                json_object_set_new(resp, "message", json_string("too many processes"));
+                return;
+        }
+        struct proc *p = calloc(1, sizeof(*p));
+        if (!p)
+                return;
+        p->pid = pid;
+        memcpy(p->tag, pd->tag, sizeof(p->tag));
+        p->cmd = json_incref(pd->cmd);
+        p->started_at = cove_now_ms();
+        p->running = 1;
+        cove_replay_init(&p->rb, PROC_REPLAY_BYTES, PROC_REPLAY_EVENTS);
+        cove_replay_append(&p->rb, COVE_EV_START, NULL, 0);
+        p->next = c->procs;
+        c->procs = p;
+        c->nprocs++;
+        pd->pid = pid;
+}
+
+/* Returns -1 on a protocol violation. Called with c->mu held. */
+static int dispatch(struct cove_chan *c, const struct cove_frame *f)
+{
+        switch (f->type) {
+        case COVE_F_RESP: {
+                struct pending *pd = find_pending(c, f->id);
+                if (!pd || pd->done)
+                        return 0; /* a caller that gave up; not an error */
+                json_error_t je;
+                json_t *j = json_loadb((const char *)f->payload, f->len, 0, &je);
+                if (!json_is_object(j)) {
+                        json_decref(j);
+                        j = json_pack("{s:b, s:s, s:s}", "ok", 0, "code", "internal", "message",
+                                      "guest sent a malformed reply");
+                }
+                if (pd->kind == PEND_EXEC && json_is_true(json_object_get(j, "ok")))
+                        on_exec_ok(c, pd, j);
+                if (pd->kind == PEND_READ) {
+                        json_t *sz = json_object_get(j, "size");
+                        if (json_is_true(json_object_get(j, "ok")) &&
+                            (!json_is_integer(sz) || json_integer_value(sz) < 0))
+                                return -1;
+                        pd->expect = (uint64_t)json_integer_value(sz);
+                        if (!json_is_true(json_object_get(j, "ok")))
+                                pd->data_end = 1;
+                }
+                if (pd->kind == PEND_WATCH && json_is_true(json_object_get(j, "ok"))) {
+                        /* the watch object exists already (created before the request) */
+                }
+                pd->resp = j;
+                pd->done = 1;
+                return 0;
+        }
+        case COVE_F_DATA: {
+                struct pending *pd = find_pending(c, f->id);
+                if (!pd || pd->kind != PEND_READ)
+                        return 0;
+                if (!pd->done || pd->data_end)
+                        return -1; /* data before the reply, or after the end */
+                if (pd->got + f->len > pd->expect)
+                        return -1; /* more than announced */
+                if (f->len) {
+                        struct chunk *ch = malloc(sizeof(*ch) + f->len);
+                        if (!ch)
+                                return -1;
+                        ch->next = NULL;
+                        ch->len = f->len;
+                        ch->off = 0;
+                        memcpy(ch->data, f->payload, f->len);
+                        if (pd->qt)
+                                pd->qt->next = ch;
+                        else
+                                pd->qh = ch;
+                        pd->qt = ch;
+                        pd->qbytes += f->len;
+                        pd->got += f->len;
+                        if (pd->qbytes > RX_PAUSE_BYTES)
+                                c->rx_paused = 1;
+                }
+                if (f->flags & COVE_FF_END) {
+                        if (pd->got != pd->expect)
+                                return -1;
+                        pd->data_end = 1;
+                }
+                return 0;
+        }
+        case COVE_F_OUT: {
+                struct proc *p = find_proc(c, f->id);
+                if (!p || !p->running)
+                        return 0;
+                uint8_t t;
+                switch (f->flags) {
+                case COVE_FF_STDOUT:
+                        t = COVE_EV_STDOUT;
+                        break;
+                case COVE_FF_STDERR:
+                        t = COVE_EV_STDERR;
+                        break;
+                case COVE_FF_PTY:
+                        t = COVE_EV_PTY;
+                        break;
+                default:
+                        return -1;
+                }
+                if (f->len)
+                        cove_replay_append(&p->rb, t, f->payload, f->len);
+                return 0;
+        }
+        case COVE_F_EXIT: {
+                struct proc *p = find_proc(c, f->id);
+                if (!p || !p->running)
+                        return 0;
+                json_error_t je;
+                json_t *j = json_loadb((const char *)f->payload, f->len, 0, &je);
+                json_t *ec = json_object_get(j, "exit_code");
+                json_t *sg = json_object_get(j, "signal");
+                json_t *canon = json_object();
+                json_object_set_new(canon, "exit_code",
+                                    json_is_integer(ec) && json_integer_value(ec) >= 0 &&
+                                                    json_integer_value(ec) <= 255
+                                            ? json_integer(json_integer_value(ec))
+                                            : json_null());
+                const char *sname = json_string_value(sg);
+                int sok = sname && strlen(sname) <= 12;
+                for (const char *s = sname; sok && *s; s++)
+                        sok = (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9');
+                json_object_set_new(canon, "signal", sok ? json_string(sname) : json_null());
+                json_object_set_new(canon, "timed_out",
+                                    json_boolean(json_is_true(json_object_get(j, "timed_out"))));
+                json_decref(j);
+                cleanup_free char *s = json_dumps(canon, JSON_COMPACT);
+                json_decref(canon);
+                if (s)
+                        cove_replay_append(&p->rb, COVE_EV_EXIT, s, (uint32_t)strlen(s));
+                p->running = 0;
+                p->rb.closed = 1;
+                trim_procs(c);
+                return 0;
+        }
+        case COVE_F_EVENT: {
+                struct cove_watch *w = find_watch(c, f->id);
+                if (!w)
+                        return 0;
+                json_error_t je;
+                json_t *j = json_loadb((const char *)f->payload, f->len, 0, &je);
+                const char *type = json_string_value(json_object_get(j, "type"));
+                const char *path = json_string_value(json_object_get(j, "path"));
+                int ok = type && path && path[0] == '/' && strlen(path) <= 4096 &&
+                         (!strcmp(type, "create") || !strcmp(type, "write") ||
+                          !strcmp(type, "remove") || !strcmp(type, "rename"));
+                if (ok) {
+                        json_t *canon = json_pack("{s:s, s:s}", "type", type, "path", path);
+                        cleanup_free char *s = json_dumps(canon, JSON_COMPACT);
+                        json_decref(canon);
+                        if (s)
+                                cove_replay_append(&w->rb, COVE_EV_JSON, s, (uint32_t)strlen(s));
+                }
+                json_decref(j);
+                return ok ? 0 : -1;
+        }
+        default: /* HELLO after the handshake, or a REQ from the guest */
+                return -1;
+        }
+}
+
+int cove_chan_on_readable(struct cove_chan *c)
+{
+        pthread_mutex_lock(&c->mu);
+        if (c->closed) {
+                pthread_mutex_unlock(&c->mu);
+                return -1;
+        }
+        if (c->rx_paused) {
+                pthread_mutex_unlock(&c->mu);
+                return 0;
+        }
+        size_t avail;
+        uint8_t *sp = cove_decoder_space(&c->dec, &avail);
+        ssize_t n = read(c->fd, sp, avail);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+                close_locked(c, n == 0 ? "guest exited" : "guest channel error");
+                pthread_mutex_unlock(&c->mu);
+                return -1;
+        }
+        if (n > 0)
+                cove_decoder_commit(&c->dec, (size_t)n);
+        struct cove_frame f;
+        struct cove_err err;
+        int r;
+        while ((r = cove_decoder_next(&c->dec, &f, &err)) == 1) {
+                if (dispatch(c, &f) < 0) {
+                        r = -1;
+                        snprintf(err.msg, sizeof(err.msg), "protocol violation (frame type %u)",
+                                 f.type);
+                        break;
+                }
+        }
+        if (r < 0) {
+                cove_warn(c->log, "guest.protocol", "sandbox %s: %s; closing its channel",
+                          c->sandbox_id, err.msg);
+                close_locked(c, "guest broke the protocol");
+        }
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        return r < 0 ? -1 : 0;
+}
+
+/* ---- API thread side -------------------------------------------------------------- */
+
+static struct pending *pending_new_locked(struct cove_chan *c, int kind, struct cove_err *err)
+{
+        if (c->closed) {
+                closed_err(c, err);
+                return NULL;
+        }
+        if (c->npend >= MAX_PENDING) {
+                cove_err_setk(err, COVE_E_LIMIT, 0, "sandbox %s: too many requests in flight",
+                              c->sandbox_id);
+                return NULL;
+        }
+        struct pending *p = calloc(1, sizeof(*p));
+        if (!p) {
+                cove_err_set(err, ENOMEM, "request");
+                return NULL;
+        }
+        p->kind = kind;
+        p->id = c->next_id++;
+        if (c->next_id == 0)
+                c->next_id = 1;
+        p->next = c->pend;
+        c->pend = p;
+        c->npend++;
+        return p;
+}
+
+static void pending_remove_locked(struct cove_chan *c, struct pending *victim)
+{
+        for (struct pending **pp = &c->pend; *pp; pp = &(*pp)->next)
+                if (*pp == victim) {
+                        *pp = victim->next;
+                        c->npend--;
+                        break;
+                }
+        pending_free(victim);
+}
+
+static enum cove_err_kind kind_of(const char *code)
+{
+        if (!code)
+                return COVE_E_INTERNAL;
+        if (!strcmp(code, "bad_request"))
+                return COVE_E_BAD_REQUEST;
+        if (!strcmp(code, "not_found"))
+                return COVE_E_NOT_FOUND;
+        if (!strcmp(code, "conflict"))
+                return COVE_E_CONFLICT;
+        if (!strcmp(code, "limit_exceeded"))
+                return COVE_E_LIMIT;
+        return COVE_E_INTERNAL;
+}
+
+/* Turn a guest's ok:false reply into err; returns -1. The guest's message is untrusted
+ * text: it is bounded and only ever shown to the sandbox's own owner. */
+static int resp_err(struct cove_chan *c, json_t *resp, struct cove_err *err)
+{
+        if (!resp)
+                return closed_err(c, err);
+        const char *msg = json_string_value(json_object_get(resp, "message"));
+        return cove_err_setk(err, kind_of(json_string_value(json_object_get(resp, "code"))), 0,
+                             "%.300s", msg ? msg : "guest error");
+}
+
+/* Wait for pd->done; returns 0, or -1 on timeout/closed (pd is left in place). */
+static int wait_done_locked(struct cove_chan *c, struct pending *pd, int timeout_ms,
+                            struct cove_err *err)
+{
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
+        while (!pd->done) {
+                if (wait_until(c, &dl) == ETIMEDOUT && !pd->done)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT,
+                                             "sandbox %s: guest did not answer",
+                                             c->sandbox_id);
+        }
+        return 0;
+}
+
+static int call_kind(struct cove_chan *c, int kind, json_t *req, json_t **resp, int timeout_ms,
+                     const char *tag, json_t *cmd, uint32_t *pid, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->mu);
+        struct pending *pd = pending_new_locked(c, kind, err);
+        if (!pd) {
+                pthread_mutex_unlock(&c->mu);
+                return -1;
+        }
+        if (tag)
+                snprintf(pd->tag, sizeof(pd->tag), "%s", tag);
+        if (cmd)
+                pd->cmd = json_incref(cmd);
+        uint32_t id = pd->id;
+        pthread_mutex_unlock(&c->mu);
+
+        int r = send_json(c, COVE_F_REQ, id, req, err);
+        pthread_mutex_lock(&c->mu);
+        if (r == 0)
+                r = wait_done_locked(c, pd, timeout_ms, err);
+        if (r == 0) {
+                if (!pd->resp || !json_is_true(json_object_get(pd->resp, "ok")))
+                        r = resp_err(c, pd->resp, err);
+                else if (resp)
+                        *resp = json_incref(pd->resp);
+                if (r == 0 && pid)
+                        *pid = pd->pid;
+        }
+        pending_remove_locked(c, pd);
+        pthread_mutex_unlock(&c->mu);
+        return r;
+}
+
+int cove_chan_call(struct cove_chan *c, json_t *req, json_t **resp, int timeout_ms,
+                   struct cove_err *err)
+{
+        return call_kind(c, PEND_CALL, req, resp, timeout_ms > 0 ? timeout_ms : CALL_TIMEOUT_MS,
+                         NULL, NULL, NULL, err);
+}
+
+int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd,
+                   uint32_t *pid, struct cove_err *err)
+{
+        return call_kind(c, PEND_EXEC, req, NULL, CALL_TIMEOUT_MS, tag ? tag : "", cmd, pid, err);
+}
+
+static int ev_copy(const struct cove_ev *ev, struct cove_ev **out, struct cove_err *err)
+{
+        struct cove_ev *e = malloc(sizeof(*e) + ev->len);
+        if (!e)
+                return cove_err_set(err, ENOMEM, "event");
+        memcpy(e, ev, sizeof(*e) + ev->len);
+        *out = e;
+        return 1;
+}
+
+static int replay_wait(struct cove_chan *c, struct cove_replay *rb, uint64_t after,
+                       struct cove_ev **out, uint64_t *lost, int timeout_ms, struct cove_err *err)
+{
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
+        for (;;) {
+                const struct cove_ev *ev;
+                int r = cove_replay_next(rb, after, &ev, lost);
+                if (r == 1)
+                        return ev_copy(ev, out, err);
+                if (r == 2)
+                        return 2;
+                if (rb->closed)
+                        return 3;
+                if (wait_until(c, &dl) == ETIMEDOUT)
+                        return 0;
+        }
+}
+
+int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
+                        uint64_t *lost_through, int timeout_ms, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->mu);
+        int r;
+        for (;;) {
+                struct proc *p = find_proc(c, pid);
+                if (!p) {
+                        r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "process %u not found", pid);
+                        break;
+                }
+                r = replay_wait(c, &p->rb, after, out, lost_through, timeout_ms, err);
+                /* the proc may have been trimmed while we waited: look it up again */
+                if (r != 0 || find_proc(c, pid) == p)
+                        break;
+        }
+        pthread_mutex_unlock(&c->mu);
+        return r;
+}
+
+int cove_chan_proc_exists(struct cove_chan *c, uint32_t pid)
+{
+        pthread_mutex_lock(&c->mu);
+        int r = find_proc(c, pid) != NULL;
+        pthread_mutex_unlock(&c->mu);
+        return r;
+}
+
+int cove_chan_proc_stdin(struct cove_chan *c, uint32_t pid, const void *data, size_t len,
+                         int eof, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->mu);
+        struct proc *p = find_proc(c, pid);
+        int running = p && p->running;
+        pthread_mutex_unlock(&c->mu);
+        if (!p)
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "process %u not found", pid);
+        if (!running)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "process %u has exited", pid);
+        const uint8_t *b = data;
+        do {
+                uint32_t n = len > COVE_FRAME_CHUNK ? COVE_FRAME_CHUNK : (uint32_t)len;
+                uint8_t fl = (eof && n == len) ? COVE_FF_END : 0;
+                if (send_frame(c, COVE_F_DATA, fl, pid, b, n, err) < 0)
+                        return -1;
+                b += n;
+                len -= n;
+        } while (len > 0);
+        return 0;
+}
+
+json_t *cove_chan_proc_list(struct cove_chan *c)
+{
+        json_t *arr = json_array();
+        pthread_mutex_lock(&c->mu);
+        for (struct proc *p = c->procs; p; p = p->next) {
+                char ts[40];
+                cove_rfc3339(p->started_at, ts, sizeof(ts));
+                json_array_append_new(arr, json_pack("{s:i, s:s, s:O, s:s, s:b}", "pid",
+                                                     (json_int_t)p->pid, "tag", p->tag, "cmd",
+                                                     p->cmd ? p->cmd : json_null(),
+                                                     "started_at", ts, "running", p->running));
+        }
+        pthread_mutex_unlock(&c->mu);
+        return json_pack("{s:o}", "processes", arr);
+}
+
+/* ---- file transfers ------------------------------------------------------------- */
+
+int cove_chan_read_begin(struct cove_chan *c, const char *path, struct cove_xfer **x,
+                         uint64_t *size, uint32_t *mode, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->mu);
+        struct pending *pd = pending_new_locked(c, PEND_READ, err);
+        if (!pd) {
+                pthread_mutex_unlock(&c->mu);
+                return -1;
+        }
+        uint32_t id = pd->id;
+        pthread_mutex_unlock(&c->mu);
+        json_t *req = json_pack("{s:s, s:s}", "op", "read", "path", path);
+        int r = send_json(c, COVE_F_REQ, id, req, err);
+        json_decref(req);
+        pthread_mutex_lock(&c->mu);
+        if (r == 0)
+                r = wait_done_locked(c, pd, CALL_TIMEOUT_MS, err);
+        if (r == 0 && (!pd->resp || !json_is_true(json_object_get(pd->resp, "ok"))))
+                r = resp_err(c, pd->resp, err);
+        if (r < 0) {
+                pending_remove_locked(c, pd);
+                pthread_mutex_unlock(&c->mu);
+                return -1;
+        }
+        *size = pd->expect;
+        json_t *m = json_object_get(pd->resp, "mode");
+        *mode = json_is_integer(m) ? (uint32_t)json_integer_value(m) & 07777 : 0644;
+        pthread_mutex_unlock(&c->mu);
+        struct cove_xfer *xf = calloc(1, sizeof(*xf));
+        if (!xf) {
+                pthread_mutex_lock(&c->mu);
+                pending_remove_locked(c, pd);
+                pthread_mutex_unlock(&c->mu);
+                return cove_err_set(err, ENOMEM, "read %s", path);
+        }
+        cove_chan_ref(c);
+        xf->c = c;
+        xf->p = pd;
+        *x = xf;
+        return 0;
+}
+
+long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout_ms,
+                         struct cove_err *err)
+{
+        struct cove_chan *c = x->c;
+        struct pending *pd = x->p;
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
+        void (*notify)(void *, struct cove_chan *) = NULL;
+        void *narg = NULL;
+        long r;
+        pthread_mutex_lock(&c->mu);
+        for (;;) {
+                if (pd->qh) {
+                        size_t n = 0;
+                        while (pd->qh && n < cap) {
+                                struct chunk *ch = pd->qh;
+                                size_t take = ch->len - ch->off;
+                                if (take > cap - n)
+                                        take = cap - n;
+                                memcpy((uint8_t *)buf + n, ch->data + ch->off, take);
+                                n += take;
+                                ch->off += take;
+                                pd->qbytes -= take;
+                                if (ch->off == ch->len) {
+                                        pd->qh = ch->next;
+                                        if (!pd->qh)
+                                                pd->qt = NULL;
+                                        free(ch);
+                                }
+                        }
+                        if (c->rx_paused && pd->qbytes < RX_RESUME_BYTES) {
+                                c->rx_paused = 0;
+                                notify = c->rx_notify;
+                                narg = c->rx_arg;
+                        }
+                        r = (long)n;
+                        break;
+                }
+                if (pd->data_end) {
+                        r = (c->closed && pd->got != pd->expect) ? closed_err(c, err) : 0;
+                        break;
+                }
+                if (wait_until(c, &dl) == ETIMEDOUT && !pd->qh && !pd->data_end) {
+                        r = cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT,
+                                          "sandbox %s: file transfer stalled", c->sandbox_id);
+                        break;
+                }
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (notify)
+                notify(narg, c);
+        return r;
+}
+
+int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode,
+                          struct cove_xfer **x, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->mu);
+        struct pending *pd = pending_new_locked(c, PEND_WRITE, err);
+        pthread_mutex_unlock(&c->mu);
+        if (!pd)
+                return -1;
+        struct cove_xfer *xf = calloc(1, sizeof(*xf));
+        if (!xf) {
+                pthread_mutex_lock(&c->mu);
+                pending_remove_locked(c, pd);
+                pthread_mutex_unlock(&c->mu);
+                return cove_err_set(err, ENOMEM, "write %s", path);
+        }
+        cove_chan_ref(c);
+        xf->c = c;
+        xf->p = pd;
+        json_t *req = json_pack("{s:s, s:s, s:i}", "op", "write", "path", path, "mode",
+                                (json_int_t)(mode & 07777));
+        int r = send_json(c, COVE_F_REQ, pd->id, req, err);
+        json_decref(req);
+        if (r < 0) {
+                cove_chan_xfer_free(xf);
+                return -1;
+        }
+        *x = xf;
+        return 0;
+}
+
+int cove_chan_xfer_write(struct cove_xfer *x, const void *data, size_t len, struct cove_err *err)
+{
+        struct cove_chan *c = x->c;
+        pthread_mutex_lock(&c->mu);
+        int early = x->p->done; /* the guest already answered: an error */
+        pthread_mutex_unlock(&c->mu);
+        if (early)
+                return 0; /* finish() reports it */
+        const uint8_t *b = data;
+        while (len > 0) {
+                uint32_t n = len > COVE_FRAME_CHUNK ? COVE_FRAME_CHUNK : (uint32_t)len;
+                if (send_frame(c, COVE_F_DATA, 0, x->p->id, b, n, err) < 0)
+                        return -1;
+                b += n;
+                len -= n;
+        }
+        return 0;
+}
+
+int cove_chan_write_finish(struct cove_xfer *x, json_t **entry, struct cove_err *err)
+{
+        struct cove_chan *c = x->c;
+        struct pending *pd = x->p;
+        x->finished = 1;
+        pthread_mutex_lock(&c->mu);
+        int early = pd->done;
+        pthread_mutex_unlock(&c->mu);
+        if (!early && send_frame(c, COVE_F_DATA, COVE_FF_END, pd->id, NULL, 0, err) < 0)
+                return -1;
+        pthread_mutex_lock(&c->mu);
+        int r = wait_done_locked(c, pd, CALL_TIMEOUT_MS * 4, err);
+        if (r == 0 && (!pd->resp || !json_is_true(json_object_get(pd->resp, "ok"))))
+                r = resp_err(c, pd->resp, err);
+        if (r == 0 && entry)
+                *entry = json_incref(json_object_get(pd->resp, "entry"));
+        pthread_mutex_unlock(&c->mu);
+        return r;
+}
+
+void cove_chan_xfer_free(struct cove_xfer *x)
+{
+        if (!x)
+                return;
+        struct cove_chan *c = x->c;
+        pthread_mutex_lock(&c->mu);
+        int wake = c->rx_paused;
+        if (x->p->kind == PEND_READ && c->rx_paused) {
+                c->rx_paused = 0;
+        } else {
+                wake = 0;
+        }
+        void (*notify)(void *, struct cove_chan *) = c->rx_notify;
+        void *narg = c->rx_arg;
+        int abort_write = x->p->kind == PEND_WRITE && !x->finished && !x->p->done;
+        uint32_t id = x->p->id;
+        pending_remove_locked(c, x->p);
+        pthread_mutex_unlock(&c->mu);
+        if (abort_write) {
+                /* the client went away mid-upload: end the transfer so the guest discards
+                 * its temporary file (it answers; nobody waits for that any more) */
+                struct cove_err e2;
+                send_frame(c, COVE_F_DATA, COVE_FF_END | COVE_FF_ABORT, id, NULL, 0, &e2);
+        }
+        if (wake && notify)
+                notify(narg, c);
+        cove_chan_unref(c);
+        free(x);
+}
+
+/* ---- watches --------------------------------------------------------------------- */
+
+int cove_chan_watch(struct cove_chan *c, const char *path, int recursive, struct cove_watch **out,
+                    struct cove_err *err)
+{
+        pthread_mutex_lock(&c->mu);
+        if (c->nwatches >= MAX_WATCHES) {
+                pthread_mutex_unlock(&c->mu);
+                return cove_err_setk(err, COVE_E_LIMIT, 0, "sandbox %s: too many watches",
+                                     c->sandbox_id);
+        }
+        struct pending *pd = pending_new_locked(c, PEND_WATCH, err);
+        if (!pd) {
+                pthread_mutex_unlock(&c->mu);
+                return -1;
+        }
+        struct cove_watch *w = calloc(1, sizeof(*w));
+        if (!w) {
+                pending_remove_locked(c, pd);
+                pthread_mutex_unlock(&c->mu);
+                return cove_err_set(err, ENOMEM, "watch");
+        }
+        w->c = c;
+        w->id = pd->id;
+        c->refs++;
+        cove_replay_init(&w->rb, WATCH_REPLAY_BYTES, WATCH_REPLAY_EVENTS);
+        /* registered before the request so no event can slip in before we listen */
+        w->next = c->watches;
+        c->watches = w;
+        c->nwatches++;
+        uint32_t id = pd->id;
+        pthread_mutex_unlock(&c->mu);
+
+        json_t *req = json_pack("{s:s, s:s, s:b}", "op", "watch", "path", path, "recursive",
+                                recursive);
+        int r = send_json(c, COVE_F_REQ, id, req, err);
+        json_decref(req);
+        pthread_mutex_lock(&c->mu);
+        if (r == 0)
+                r = wait_done_locked(c, pd, CALL_TIMEOUT_MS, err);
+        if (r == 0 && (!pd->resp || !json_is_true(json_object_get(pd->resp, "ok"))))
+                r = resp_err(c, pd->resp, err);
+        pending_remove_locked(c, pd);
+        pthread_mutex_unlock(&c->mu);
+        if (r < 0) {
+                cove_chan_watch_free(w);
+                return -1;
+        }
+        *out = w;
+        return 0;
+}
+
+int cove_chan_watch_next(struct cove_watch *w, uint64_t after, struct cove_ev **out,
+                         uint64_t *lost_through, int timeout_ms, struct cove_err *err)
+{
+        pthread_mutex_lock(&w->c->mu);
+        int r = replay_wait(w->c, &w->rb, after, out, lost_through, timeout_ms, err);
+        pthread_mutex_unlock(&w->c->mu);
+        return r;
+}
+
+void cove_chan_watch_free(struct cove_watch *w)
+{
+        if (!w)
+                return;
+        struct cove_chan *c = w->c;
+        pthread_mutex_lock(&c->mu);
+        for (struct cove_watch **pp = &c->watches; *pp; pp = &(*pp)->next)
+                if (*pp == w) {
+                        *pp = w->next;
+                        c->nwatches--;
+                        break;
+                }
+        int closed = c->closed;
+        pthread_mutex_unlock(&c->mu);
+        if (!closed) {
+                json_t *req = json_pack("{s:s, s:i}", "op", "unwatch", "watch_id",
+                                        (json_int_t)w->id);
+                struct cove_err e2;
+                json_t *resp = NULL;
+                if (cove_chan_call(c, req, &resp, 5000, &e2) == 0)
+                        json_decref(resp);
+                json_decref(req);
+        }
+        cove_replay_free(&w->rb);
+        free(w);
+        cove_chan_unref(c);
+}

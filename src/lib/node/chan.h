@@ -1,0 +1,92 @@
+/* Node end of one sandbox's guest channel: request/response calls, process streams with
+ * replay buffers, file transfers and watches, multiplexed over one framed byte stream.
+ * Every frame from the guest is hostile input: lengths, ids, types and JSON are checked,
+ * memory per channel is bounded, and a misbehaving guest only kills its own channel.
+ *
+ * Threads: API threads call the cove_chan_* functions (they block on the channel's
+ * condition variable); the node's I/O thread calls cove_chan_on_readable(). A channel is
+ * reference counted: cove_chan_ref/unref; the last unref frees it. */
+#ifndef COVE_NODE_CHAN_H
+#define COVE_NODE_CHAN_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "node/replay.h"
+#include "util/err.h"
+#include "util/log.h"
+
+struct cove_chan;
+
+/* Takes ownership of fd. */
+struct cove_chan *cove_chan_new(int fd, const char *sandbox_id, const struct cove_log *log,
+                                struct cove_err *err);
+void cove_chan_ref(struct cove_chan *c);
+void cove_chan_unref(struct cove_chan *c);
+int cove_chan_fd(const struct cove_chan *c);
+
+/* Handshake (before the channel is handed to the I/O thread): send HELLO, wait for the
+ * guest's HELLO for at most timeout_ms. */
+int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname,
+                    int timeout_ms, struct cove_err *err);
+
+/* I/O thread: read and dispatch what is available (bounded work per call).
+ * Returns 0, or -1 when the channel is dead (it is then marked closed). */
+int cove_chan_on_readable(struct cove_chan *c);
+/* 1 when the I/O thread should stop polling for input (a consumer is behind). */
+int cove_chan_rx_paused(struct cove_chan *c);
+/* Mark dead (guest gone, sandbox stopped): wakes and fails every waiter. */
+void cove_chan_close(struct cove_chan *c, const char *why);
+int cove_chan_is_closed(struct cove_chan *c);
+/* Set how a consumer wakes the I/O thread when rx resumes. */
+void cove_chan_set_rx_notify(struct cove_chan *c, void (*fn)(void *arg, struct cove_chan *c),
+                             void *arg);
+
+/* Plain call: send {"op":…} (req is borrowed) and wait for the RESP. On ok:false, returns -1
+ * with err filled from the guest's code/message (kind mapped). *resp is owned by caller. */
+int cove_chan_call(struct cove_chan *c, json_t *req, json_t **resp, int timeout_ms,
+                   struct cove_err *err);
+
+/* Exec: req is the guest exec request; tag and cmd (JSON array, borrowed) are recorded for
+ * the process list. On success *pid is the process id and its event stream has a START. */
+int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd,
+                   uint32_t *pid, struct cove_err *err);
+/* Copy the first event of pid with seq > after into *out (caller frees with free()).
+ * Returns 1 event, 2 overflow (*lost_through set), 0 timeout, 3 end of stream, -1 error
+ * (unknown pid: kind NOT_FOUND). */
+int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
+                        uint64_t *lost_through, int timeout_ms, struct cove_err *err);
+int cove_chan_proc_stdin(struct cove_chan *c, uint32_t pid, const void *data, size_t len,
+                         int eof, struct cove_err *err);
+/* {"processes":[{pid, tag, cmd, started_at, running, exit_code?}]} */
+json_t *cove_chan_proc_list(struct cove_chan *c);
+int cove_chan_proc_exists(struct cove_chan *c, uint32_t pid);
+
+/* File read: after a successful start, *size and *mode are the guest's figures; then
+ * cove_chan_xfer_read returns bytes (>0), 0 at the end, -1 on error. */
+struct cove_xfer;
+int cove_chan_read_begin(struct cove_chan *c, const char *path, struct cove_xfer **x,
+                         uint64_t *size, uint32_t *mode, struct cove_err *err);
+long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout_ms,
+                         struct cove_err *err);
+/* File write: begin, feed bytes, finish (gets the guest's {entry}). */
+int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode,
+                          struct cove_xfer **x, struct cove_err *err);
+int cove_chan_xfer_write(struct cove_xfer *x, const void *data, size_t len, struct cove_err *err);
+int cove_chan_write_finish(struct cove_xfer *x, json_t **entry, struct cove_err *err);
+void cove_chan_xfer_free(struct cove_xfer *x); /* also aborts an unfinished transfer */
+
+/* Watch: events as COVE_EV_JSON in a replay buffer. */
+struct cove_watch;
+int cove_chan_watch(struct cove_chan *c, const char *path, int recursive, struct cove_watch **w,
+                    struct cove_err *err);
+/* Like cove_chan_proc_next for a watch. */
+int cove_chan_watch_next(struct cove_watch *w, uint64_t after, struct cove_ev **out,
+                         uint64_t *lost_through, int timeout_ms, struct cove_err *err);
+void cove_chan_watch_free(struct cove_watch *w); /* unwatches */
+
+/* Wake every waiter of the channel (used by shutdown). */
+void cove_chan_wake(struct cove_chan *c);
+
+#endif

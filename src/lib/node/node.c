@@ -1,0 +1,383 @@
+/* Instances, uid ranges and the channel I/O thread; see node.h. */
+#include "node/node.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "util/cleanup.h"
+#include "util/util.h"
+
+#define HELLO_TIMEOUT_MS 10000
+
+struct inst {
+        struct inst *next;
+        char id[64];
+        struct cove_instance ri;
+        struct cove_chan *chan;
+        uint32_t uid_base;
+        int stopping; /* cove_node_stop owns it now: no on_dead callback */
+};
+
+struct cove_node {
+        struct cove_node_config cfg;
+        char data_dir[PATH_MAX];
+        char guest[PATH_MAX];
+        struct cove_runtime *rt;
+        pthread_mutex_t mu; /* instances, uid slots */
+        struct inst *insts;
+        int ninsts;
+        uint8_t slots[COVE_UID_SLOTS];
+        int epfd;
+        int wake_fd;
+        int quit;
+        pthread_t io;
+        pthread_mutex_t io_mu; /* held by the I/O thread while it touches channels */
+};
+
+static void rx_notify(void *arg, struct cove_chan *c)
+{
+        struct cove_node *n = arg;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        epoll_ctl(n->epfd, EPOLL_CTL_MOD, cove_chan_fd(c), &ev);
+}
+
+static struct inst *find_locked(struct cove_node *n, const char *id)
+{
+        for (struct inst *i = n->insts; i; i = i->next)
+                if (!strcmp(i->id, id))
+                        return i;
+        return NULL;
+}
+
+static void *io_main(void *arg)
+{
+        struct cove_node *n = arg;
+        struct epoll_event evs[64];
+        while (!n->quit) {
+                int k = epoll_wait(n->epfd, evs, 64, -1);
+                if (k < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        cove_error(n->cfg.log, "node.io", "epoll_wait: %s", strerror(errno));
+                        break;
+                }
+                pthread_mutex_lock(&n->io_mu);
+                for (int i = 0; i < k; i++) {
+                        struct cove_chan *c = evs[i].data.ptr;
+                        if (!c)
+                                continue; /* wake_fd */
+                        int r = cove_chan_on_readable(c);
+                        if (r == 0 && cove_chan_rx_paused(c)) {
+                                struct epoll_event ev = {.events = 0, .data.ptr = c};
+                                epoll_ctl(n->epfd, EPOLL_CTL_MOD, cove_chan_fd(c), &ev);
+                                /* a consumer may have drained in between: re-check */
+                                if (!cove_chan_rx_paused(c))
+                                        rx_notify(n, c);
+                        }
+                        if (r < 0) {
+                                epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(c), NULL);
+                                char id[64] = "";
+                                int notify = 0;
+                                pthread_mutex_lock(&n->mu);
+                                for (struct inst *in = n->insts; in; in = in->next)
+                                        if (in->chan == c && !in->stopping) {
+                                                snprintf(id, sizeof(id), "%s", in->id);
+                                                notify = 1;
+                                        }
+                                pthread_mutex_unlock(&n->mu);
+                                if (notify && n->cfg.on_dead)
+                                        n->cfg.on_dead(n->cfg.arg, id, "guest exited");
+                        }
+                }
+                pthread_mutex_unlock(&n->io_mu);
+        }
+        return NULL;
+}
+
+struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_err *err)
+{
+        struct cove_node *n = calloc(1, sizeof(*n));
+        if (!n) {
+                cove_err_set(err, ENOMEM, "node");
+                return NULL;
+        }
+        n->cfg = *cfg;
+        snprintf(n->data_dir, sizeof(n->data_dir), "%s", cfg->data_dir);
+        snprintf(n->guest, sizeof(n->guest), "%s", cfg->guest_binary);
+        n->cfg.data_dir = n->data_dir;
+        n->cfg.guest_binary = n->guest;
+        pthread_mutex_init(&n->mu, NULL);
+        pthread_mutex_init(&n->io_mu, NULL);
+        n->epfd = -1;
+        n->wake_fd = -1;
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s/sandboxes", n->data_dir);
+        if (cove_mkdir_p(dir, 0711, err) < 0)
+                goto fail;
+        n->rt = cfg->rt_ops->open(n->data_dir, err);
+        if (!n->rt) {
+                cove_err_wrap(err, "runtime %s", cfg->rt_ops->name);
+                goto fail;
+        }
+        n->epfd = epoll_create1(EPOLL_CLOEXEC);
+        n->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (n->epfd < 0 || n->wake_fd < 0) {
+                cove_err_set(err, errno, "node: epoll");
+                goto fail;
+        }
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+        epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->wake_fd, &ev);
+        int e = pthread_create(&n->io, NULL, io_main, n);
+        if (e) {
+                cove_err_set(err, e, "node: I/O thread");
+                goto fail;
+        }
+        return n;
+fail:
+        if (n->rt)
+                cfg->rt_ops->close(n->rt);
+        if (n->epfd >= 0)
+                close(n->epfd);
+        if (n->wake_fd >= 0)
+                close(n->wake_fd);
+        free(n);
+        return NULL;
+}
+
+const char *cove_node_runtime_name(const struct cove_node *n)
+{
+        return n->cfg.rt_ops->name;
+}
+
+int cove_node_uid_reserve(struct cove_node *n, uint32_t *base, struct cove_err *err)
+{
+        pthread_mutex_lock(&n->mu);
+        int r = 0;
+        if (*base) {
+                uint32_t s = (*base - COVE_UID_FIRST) / COVE_UID_RANGE;
+                if (*base < COVE_UID_FIRST || s >= COVE_UID_SLOTS ||
+                    (*base - COVE_UID_FIRST) % COVE_UID_RANGE)
+                        r = cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "uid base %u invalid", *base);
+                else if (n->slots[s])
+                        r = cove_err_setk(err, COVE_E_CONFLICT, 0, "uid base %u in use", *base);
+                else
+                        n->slots[s] = 1;
+        } else {
+                r = cove_err_setk(err, COVE_E_LIMIT, 0,
+                                  "no free uid range: %u sandboxes are alive on this node",
+                                  COVE_UID_SLOTS);
+                /* random start: a freed range is not handed out again at once */
+                uint32_t start;
+                if (cove_random(&start, sizeof(start), NULL) < 0)
+                        start = 0;
+                for (uint32_t k = 0; k < COVE_UID_SLOTS; k++) {
+                        uint32_t s = (start + k) % COVE_UID_SLOTS;
+                        if (!n->slots[s]) {
+                                n->slots[s] = 1;
+                                *base = COVE_UID_FIRST + s * COVE_UID_RANGE;
+                                r = 0;
+                                break;
+                        }
+                }
+        }
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
+void cove_node_uid_release(struct cove_node *n, uint32_t base)
+{
+        if (base < COVE_UID_FIRST)
+                return;
+        uint32_t s = (base - COVE_UID_FIRST) / COVE_UID_RANGE;
+        pthread_mutex_lock(&n->mu);
+        if (s < COVE_UID_SLOTS)
+                n->slots[s] = 0;
+        pthread_mutex_unlock(&n->mu);
+}
+
+static void state_dir_of(struct cove_node *n, const char *id, char *out, size_t cap)
+{
+        snprintf(out, cap, "%s/sandboxes/%s", n->data_dir, id);
+}
+
+int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct cove_err *err)
+{
+        char sd[PATH_MAX];
+        state_dir_of(n, spec->sandbox_id, sd, sizeof(sd));
+        if (cove_mkdir_p(sd, 0700, err) < 0)
+                return -1;
+        spec->state_dir = sd;
+        spec->guest_binary = n->guest;
+        if (!spec->uid_count)
+                spec->uid_count = COVE_UID_RANGE;
+        struct inst *in = calloc(1, sizeof(*in));
+        if (!in)
+                return cove_err_set(err, ENOMEM, "instance");
+        snprintf(in->id, sizeof(in->id), "%s", spec->sandbox_id);
+        in->uid_base = spec->uid_base;
+        in->ri.chan_fd = -1;
+        if (n->cfg.rt_ops->start(n->rt, spec, &in->ri, err) < 0) {
+                free(in);
+                return cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
+        }
+        int fd = in->ri.chan_fd;
+        in->ri.chan_fd = -1;
+        in->chan = cove_chan_new(fd, spec->sandbox_id, n->cfg.log, err);
+        uint8_t tok[16];
+        char token[33];
+        if (!in->chan || cove_random(tok, sizeof(tok), err) < 0)
+                goto fail;
+        cove_hex(tok, sizeof(tok), token);
+        if (cove_chan_hello(in->chan, token, spec->sandbox_id, HELLO_TIMEOUT_MS, err) < 0)
+                goto fail;
+        cove_chan_set_rx_notify(in->chan, rx_notify, n);
+        pthread_mutex_lock(&n->mu);
+        in->next = n->insts;
+        n->insts = in;
+        n->ninsts++;
+        pthread_mutex_unlock(&n->mu);
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = in->chan};
+        if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, cove_chan_fd(in->chan), &ev) < 0) {
+                cove_err_set(err, errno, "start sandbox %s: watch channel", spec->sandbox_id);
+                struct cove_err e2;
+                cove_node_stop(n, spec->sandbox_id, 0, &e2);
+                return -1;
+        }
+        return 0;
+fail:
+        cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
+        if (in->chan)
+                cove_chan_unref(in->chan);
+        {
+                struct cove_err e2;
+                n->cfg.rt_ops->stop(n->rt, &in->ri, spec->sandbox_id, sd, 0, &e2);
+        }
+        free(in);
+        return -1;
+}
+
+struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        struct cove_chan *c = NULL;
+        if (in && !in->stopping) {
+                c = in->chan;
+                cove_chan_ref(c);
+        }
+        pthread_mutex_unlock(&n->mu);
+        return c;
+}
+
+int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze,
+                     struct cove_err *err)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        int r;
+        if (!in)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                                  sandbox_id);
+        else
+                r = freeze ? n->cfg.rt_ops->freeze(n->rt, &in->ri, err)
+                           : n->cfg.rt_ops->thaw(n->rt, &in->ri, err);
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
+int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,
+                    struct cove_err *err)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        int r;
+        if (!in)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                                  sandbox_id);
+        else if (!n->cfg.rt_ops->usage)
+                r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "runtime has no usage figures");
+        else
+                r = n->cfg.rt_ops->usage(n->rt, &in->ri, mem, cpu, err);
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
+int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err)
+{
+        char sd[PATH_MAX];
+        state_dir_of(n, sandbox_id, sd, sizeof(sd));
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        if (in)
+                in->stopping = 1;
+        pthread_mutex_unlock(&n->mu);
+        int r;
+        if (!in) {
+                r = n->cfg.rt_ops->cleanup_stale(n->rt, sandbox_id, sd, purge, err);
+        } else {
+                /* take the channel out of the I/O loop first, so no callback runs on it */
+                pthread_mutex_lock(&n->io_mu);
+                epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(in->chan), NULL);
+                pthread_mutex_unlock(&n->io_mu);
+                cove_chan_close(in->chan, "sandbox stopped");
+                r = n->cfg.rt_ops->stop(n->rt, &in->ri, sandbox_id, sd, purge, err);
+                pthread_mutex_lock(&n->mu);
+                for (struct inst **pp = &n->insts; *pp; pp = &(*pp)->next)
+                        if (*pp == in) {
+                                *pp = in->next;
+                                n->ninsts--;
+                                break;
+                        }
+                pthread_mutex_unlock(&n->mu);
+                cove_node_uid_release(n, in->uid_base);
+                cove_chan_unref(in->chan);
+                free(in);
+        }
+        if (r == 0 && purge) {
+                r = cove_rm_rf(sd, err);
+        }
+        return r < 0 ? cove_err_wrap(err, "stop sandbox %s", sandbox_id) : 0;
+}
+
+int cove_node_count(struct cove_node *n)
+{
+        pthread_mutex_lock(&n->mu);
+        int k = n->ninsts;
+        pthread_mutex_unlock(&n->mu);
+        return k;
+}
+
+void cove_node_free(struct cove_node *n)
+{
+        if (!n)
+                return;
+        for (;;) {
+                char id[64];
+                pthread_mutex_lock(&n->mu);
+                struct inst *in = n->insts;
+                if (in)
+                        snprintf(id, sizeof(id), "%s", in->id);
+                pthread_mutex_unlock(&n->mu);
+                if (!in)
+                        break;
+                struct cove_err e;
+                if (cove_node_stop(n, id, 0, &e) < 0)
+                        cove_warn(n->cfg.log, "node.stop", "%s", e.msg);
+        }
+        n->quit = 1;
+        uint64_t one = 1;
+        ssize_t w = write(n->wake_fd, &one, sizeof(one));
+        (void)w;
+        pthread_join(n->io, NULL);
+        n->cfg.rt_ops->close(n->rt);
+        close(n->epfd);
+        close(n->wake_fd);
+        free(n);
+}

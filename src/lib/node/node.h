@@ -1,0 +1,56 @@
+/* Node gateway: the running instances of this machine, their guest channels, and the
+ * I/O thread that reads every channel (one epoll loop for all sandboxes, bounded work per
+ * wake-up so one noisy guest cannot starve the others). Also hands out host uid ranges.
+ * Thread-safe. */
+#ifndef COVE_NODE_NODE_H
+#define COVE_NODE_NODE_H
+
+#include <stdint.h>
+
+#include "node/chan.h"
+#include "runtime/runtime.h"
+#include "util/err.h"
+#include "util/log.h"
+
+#define COVE_UID_RANGE 65536u
+#define COVE_UID_FIRST 0x10000000u /* first host uid handed to sandboxes */
+#define COVE_UID_SLOTS 4096u
+
+struct cove_node;
+
+struct cove_node_config {
+        const struct cove_log *log;
+        const char *data_dir;                  /* state lives in data_dir/sandboxes/<id> */
+        const char *guest_binary;              /* static cove-guest */
+        const struct cove_runtime_ops *rt_ops; /* the driver for this node (ns now) */
+        /* Called from the I/O thread when an instance's channel dies on its own (guest
+         * exited, protocol violation), not when cove_node_stop() ends it. */
+        void (*on_dead)(void *arg, const char *sandbox_id, const char *why);
+        void *arg;
+};
+
+struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_err *err);
+/* Stops every instance (purge=0) and the I/O thread. */
+void cove_node_free(struct cove_node *n);
+const char *cove_node_runtime_name(const struct cove_node *n);
+
+/* Reserve a uid range: a free one (base 0) or, after a restart, a given one.
+ * Returns 0 and *base, or -1 (LIMIT when none is free, CONFLICT when taken). */
+int cove_node_uid_reserve(struct cove_node *n, uint32_t *base, struct cove_err *err);
+void cove_node_uid_release(struct cove_node *n, uint32_t base);
+
+/* Start an instance (spec->state_dir and guest_binary are filled by the node), shake
+ * hands with its guest and start reading its channel. */
+int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct cove_err *err);
+/* The channel of a running instance, referenced (cove_chan_unref when done), or NULL. */
+struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id);
+int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze,
+                     struct cove_err *err);
+/* Stop the instance if any (wakes every stream of it); with purge remove its state dir.
+ * Then, also without an instance, clear what a crashed coved may have left. */
+int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err);
+int cove_node_count(struct cove_node *n);
+int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,
+                    struct cove_err *err);
+
+#endif
