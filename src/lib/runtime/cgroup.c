@@ -1,0 +1,491 @@
+/* cgroup v1/v2/hybrid handling for the ns runtime (see cgroup.h).
+ * v1: one directory per controller mount (cpu and cpuacct may be co-mounted: deduplicated by
+ * mount point). v2: one directory under the unified mount with memory/cpu/pids enabled in
+ * the root's and cove/'s subtree_control. Hybrid hosts with v1 controllers use v1. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/magic.h>
+
+#include "runtime/cgroup.h"
+#include "util/cleanup.h"
+
+enum {
+        CG_MEMORY = 1 << 0,
+        CG_CPU = 1 << 1,
+        CG_CPUACCT = 1 << 2,
+        CG_PIDS = 1 << 3,
+        CG_FREEZER = 1 << 4,
+};
+#define CG_MAX_HIER 5
+
+struct cove_cgroups {
+        int v2;                           /* unified hierarchy in use */
+        int nhier;                        /* v1: number of distinct mounts used */
+        char root[CG_MAX_HIER][PATH_MAX]; /* mount point per hierarchy */
+        unsigned ctrls[CG_MAX_HIER];      /* CG_* controllers on that mount */
+};
+
+static const struct {
+        const char *name;
+        unsigned bit;
+} v1_ctrls[] = {
+    {"memory", CG_MEMORY}, {"cpu", CG_CPU},         {"cpuacct", CG_CPUACCT},
+    {"pids", CG_PIDS},     {"freezer", CG_FREEZER},
+};
+
+static int write_str(const char *path, const char *s)
+{
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -1;
+        size_t n = strlen(s);
+        ssize_t w = write(fd, s, n);
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        if (w < 0)
+                return -1;
+        return (size_t)w == n ? 0 : (errno = EIO, -1);
+}
+
+static ssize_t read_str(const char *path, char *buf, size_t cap)
+{
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -1;
+        ssize_t n = read(fd, buf, cap - 1);
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        if (n < 0)
+                return -1;
+        buf[n] = 0;
+        return n;
+}
+
+static int has_opt(const char *opts, const char *name)
+{
+        size_t l = strlen(name);
+        for (const char *p = opts; p && *p;) {
+                const char *c = strchr(p, ',');
+                size_t n = c ? (size_t)(c - p) : strlen(p);
+                if (n == l && strncmp(p, name, l) == 0)
+                        return 1;
+                p = c ? c + 1 : NULL;
+        }
+        return 0;
+}
+
+static int probe_v1(struct cove_cgroups *cg)
+{
+        cleanup_fclose FILE *f = fopen("/proc/self/mountinfo", "re");
+        if (!f)
+                return -1;
+        char line[4096];
+        while (fgets(line, sizeof(line), f)) {
+                /* id parent maj:min root mountpoint opts [optional...] - fstype source superopts */
+                char *sep = strstr(line, " - ");
+                if (!sep)
+                        continue;
+                char fstype[64], source[256], sopts[1024], mp[PATH_MAX];
+                if (sscanf(sep + 3, "%63s %255s %1023s", fstype, source, sopts) != 3)
+                        continue;
+                if (strcmp(fstype, "cgroup") != 0)
+                        continue;
+                if (sscanf(line, "%*s %*s %*s %*s %4095s", mp) != 1)
+                        continue;
+                unsigned bits = 0;
+                for (size_t i = 0; i < COVE_ARRAY_SIZE(v1_ctrls); i++)
+                        if (has_opt(sopts, v1_ctrls[i].name))
+                                bits |= v1_ctrls[i].bit;
+                if (!bits)
+                        continue;
+                int dup = 0;
+                for (int i = 0; i < cg->nhier; i++)
+                        if ((cg->ctrls[i] & bits) || strcmp(cg->root[i], mp) == 0)
+                                dup = 1;
+                if (dup || cg->nhier == CG_MAX_HIER)
+                        continue;
+                snprintf(cg->root[cg->nhier], PATH_MAX, "%s", mp);
+                cg->ctrls[cg->nhier++] = bits;
+        }
+        return 0;
+}
+
+static unsigned all_ctrls(const struct cove_cgroups *cg)
+{
+        unsigned b = 0;
+        for (int i = 0; i < cg->nhier; i++)
+                b |= cg->ctrls[i];
+        return b;
+}
+
+struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
+{
+        struct cove_cgroups *cg = calloc(1, sizeof(*cg));
+        if (!cg) {
+                cove_err_set(err, ENOMEM, "cgroups");
+                return NULL;
+        }
+        struct statfs sf;
+        if (statfs("/sys/fs/cgroup", &sf) == 0 && sf.f_type == CGROUP2_SUPER_MAGIC) {
+                cg->v2 = 1;
+        } else {
+                probe_v1(cg);
+                unsigned need = CG_MEMORY | CG_PIDS | CG_FREEZER;
+                if ((all_ctrls(cg) & need) != need) {
+                        /* no usable v1: try a v2 mount with controllers (hybrid the other way) */
+                        char buf[256];
+                        if (read_str("/sys/fs/cgroup/unified/cgroup.controllers", buf,
+                                     sizeof(buf)) > 0 &&
+                            strstr(buf, "memory") && strstr(buf, "pids")) {
+                                cg->v2 = 1;
+                                cg->nhier = 0;
+                                snprintf(cg->root[0], PATH_MAX, "/sys/fs/cgroup/unified");
+                        } else {
+                                cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                              "cgroups: need memory, pids and freezer "
+                                              "controllers (v1) or a cgroup2 mount with them");
+                                free(cg);
+                                return NULL;
+                        }
+                }
+        }
+        if (cg->v2) {
+                if (!cg->root[0][0])
+                        snprintf(cg->root[0], PATH_MAX, "/sys/fs/cgroup");
+                cg->nhier = 1;
+                cg->ctrls[0] = CG_MEMORY | CG_CPU | CG_CPUACCT | CG_PIDS | CG_FREEZER;
+                char p[PATH_MAX + 64];
+                snprintf(p, sizeof(p), "%s/cgroup.subtree_control", cg->root[0]);
+                /* best effort per controller: cpu may be missing on some hosts */
+                write_str(p, "+memory");
+                write_str(p, "+pids");
+                write_str(p, "+cpu");
+                snprintf(p, sizeof(p), "%s/cove", cg->root[0]);
+                if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+                        cove_err_set(err, errno, "cgroups: mkdir %s", p);
+                        free(cg);
+                        return NULL;
+                }
+                snprintf(p, sizeof(p), "%s/cove/cgroup.subtree_control", cg->root[0]);
+                write_str(p, "+memory");
+                write_str(p, "+pids");
+                write_str(p, "+cpu");
+                return cg;
+        }
+        for (int i = 0; i < cg->nhier; i++) {
+                char p[PATH_MAX + 64];
+                snprintf(p, sizeof(p), "%s/cove", cg->root[i]);
+                if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+                        cove_err_set(err, errno, "cgroups: mkdir %s", p);
+                        free(cg);
+                        return NULL;
+                }
+        }
+        return cg;
+}
+
+void cove_cgroups_free(struct cove_cgroups *cg)
+{
+        free(cg);
+}
+
+const char *cove_cgroups_mode(const struct cove_cgroups *cg)
+{
+        return cg->v2 ? "v2" : "v1";
+}
+
+/* Directory of cove/<id> in the hierarchy holding ctrl (or hierarchy i when ctrl == 0). */
+static int grp_path(const struct cove_cgroups *cg, int i, const char *id, const char *file,
+                    char *out, size_t cap)
+{
+        int n = snprintf(out, cap, "%s/cove/%s%s%s", cg->root[i], id, file ? "/" : "",
+                         file ? file : "");
+        return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+static int hier_of(const struct cove_cgroups *cg, unsigned ctrl)
+{
+        for (int i = 0; i < cg->nhier; i++)
+                if (cg->ctrls[i] & ctrl)
+                        return i;
+        return -1;
+}
+
+static int set_knob(const struct cove_cgroups *cg, unsigned ctrl, const char *id, const char *file,
+                    const char *val, struct cove_err *err)
+{
+        int i = hier_of(cg, ctrl);
+        if (i < 0)
+                return 0; /* controller absent: limit not enforceable, not fatal */
+        char p[PATH_MAX + 256];
+        if (grp_path(cg, i, id, file, p, sizeof(p)) < 0)
+                return cove_err_set(err, ENAMETOOLONG, "cgroup %s", id);
+        if (write_str(p, val) < 0)
+                return cove_err_set(err, errno, "cgroup: write %s to %s", val, p);
+        return 0;
+}
+
+static int check_id(const char *id, struct cove_err *err)
+{
+        if (!id || !*id || strchr(id, '/') || strcmp(id, ".") == 0 || strcmp(id, "..") == 0 ||
+            strlen(id) > 128)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "cgroup: bad id");
+        return 0;
+}
+
+int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
+                       const struct cove_cgroup_limits *lim, struct cove_err *err)
+{
+        if (check_id(id, err) < 0)
+                return -1;
+        char p[PATH_MAX + 256];
+        for (int i = 0; i < cg->nhier; i++) {
+                grp_path(cg, i, id, NULL, p, sizeof(p));
+                if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+                        cove_err_set(err, errno, "cgroup: mkdir %s", p);
+                        goto fail;
+                }
+        }
+        char v[64];
+        if (cg->v2) {
+                if (lim->memory_mb) {
+                        snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                        if (set_knob(cg, CG_MEMORY, id, "memory.max", v, err) < 0)
+                                goto fail;
+                        set_knob(cg, CG_MEMORY, id, "memory.swap.max", "0", NULL);
+                }
+                if (lim->cpus) {
+                        snprintf(v, sizeof(v), "%u 100000", lim->cpus * 100000);
+                        if (set_knob(cg, CG_CPU, id, "cpu.max", v, err) < 0)
+                                goto fail;
+                }
+                if (lim->pids_max) {
+                        snprintf(v, sizeof(v), "%u", lim->pids_max);
+                        if (set_knob(cg, CG_PIDS, id, "pids.max", v, err) < 0)
+                                goto fail;
+                }
+                return 0;
+        }
+        if (lim->memory_mb) {
+                snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                if (set_knob(cg, CG_MEMORY, id, "memory.limit_in_bytes", v, err) < 0)
+                        goto fail;
+                /* no escape into swap; the knob exists only with swap accounting */
+                set_knob(cg, CG_MEMORY, id, "memory.memsw.limit_in_bytes", v, NULL);
+        }
+        if (lim->cpus) {
+                if (set_knob(cg, CG_CPU, id, "cpu.cfs_period_us", "100000", err) < 0)
+                        goto fail;
+                snprintf(v, sizeof(v), "%u", lim->cpus * 100000);
+                if (set_knob(cg, CG_CPU, id, "cpu.cfs_quota_us", v, err) < 0)
+                        goto fail;
+        }
+        if (lim->pids_max) {
+                snprintf(v, sizeof(v), "%u", lim->pids_max);
+                if (set_knob(cg, CG_PIDS, id, "pids.max", v, err) < 0)
+                        goto fail;
+        }
+        return 0;
+fail:
+        cove_cgroup_remove(cg, id, NULL);
+        return cove_err_wrap(err, "create cgroup %s", id);
+}
+
+int cove_cgroup_attach(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                       struct cove_err *err)
+{
+        char p[PATH_MAX + 256], v[32];
+        snprintf(v, sizeof(v), "%d", (int)pid);
+        for (int i = 0; i < cg->nhier; i++) {
+                grp_path(cg, i, id, "cgroup.procs", p, sizeof(p));
+                if (write_str(p, v) < 0)
+                        return cove_err_set(err, errno, "cgroup: attach %d to %s", (int)pid, p);
+        }
+        return 0;
+}
+
+static void sleep_ms(long ms)
+{
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+}
+
+int cove_cgroup_freeze(const struct cove_cgroups *cg, const char *id, int frozen,
+                       struct cove_err *err)
+{
+        int i = hier_of(cg, CG_FREEZER);
+        if (i < 0)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, ENOTSUP, "cgroup: no freezer");
+        char p[PATH_MAX + 256], buf[512];
+        if (cg->v2) {
+                grp_path(cg, i, id, "cgroup.freeze", p, sizeof(p));
+                if (write_str(p, frozen ? "1" : "0") < 0)
+                        return cove_err_set(err, errno, "cgroup: write %s", p);
+                grp_path(cg, i, id, "cgroup.events", p, sizeof(p));
+                const char *want = frozen ? "frozen 1" : "frozen 0";
+                for (int t = 0; t < 5000; t++) {
+                        if (read_str(p, buf, sizeof(buf)) < 0)
+                                return cove_err_set(err, errno, "cgroup: read %s", p);
+                        if (strstr(buf, want))
+                                return 0;
+                        sleep_ms(1);
+                }
+                return cove_err_set(err, ETIMEDOUT, "cgroup: %s %s", frozen ? "freeze" : "thaw",
+                                    id);
+        }
+        grp_path(cg, i, id, "freezer.state", p, sizeof(p));
+        const char *want = frozen ? "FROZEN" : "THAWED";
+        for (int t = 0; t < 5000; t++) {
+                /* v1: FREEZING may need the write repeated when new tasks appeared */
+                if (t % 50 == 0 && write_str(p, want) < 0)
+                        return cove_err_set(err, errno, "cgroup: write %s", p);
+                if (read_str(p, buf, sizeof(buf)) < 0)
+                        return cove_err_set(err, errno, "cgroup: read %s", p);
+                if (strncmp(buf, want, strlen(want)) == 0)
+                        return 0;
+                sleep_ms(1);
+        }
+        return cove_err_set(err, ETIMEDOUT, "cgroup: %s %s", frozen ? "freeze" : "thaw", id);
+}
+
+/* Kill what cgroup.procs lists; returns the number of tasks seen, -1 when the group is gone. */
+static int kill_listed(const char *procs)
+{
+        FILE *f = fopen(procs, "re");
+        if (!f)
+                return -1;
+        int n = 0;
+        long pid;
+        while (fscanf(f, "%ld", &pid) == 1) {
+                if (pid > 0)
+                        kill((pid_t)pid, SIGKILL);
+                n++;
+        }
+        fclose(f);
+        return n;
+}
+
+int cove_cgroup_kill(const struct cove_cgroups *cg, const char *id, struct cove_err *err)
+{
+        if (check_id(id, err) < 0)
+                return -1;
+        char p[PATH_MAX + 256];
+        int fz = hier_of(cg, CG_FREEZER);
+        int k = hier_of(cg, CG_PIDS);
+        if (k < 0)
+                k = 0;
+        grp_path(cg, k, id, "cgroup.procs", p, sizeof(p));
+        if (access(p, F_OK) < 0)
+                return 0;
+        if (cg->v2) {
+                char kp[PATH_MAX + 256];
+                grp_path(cg, 0, id, "cgroup.kill", kp, sizeof(kp));
+                write_str(kp, "1");
+        }
+        /* kill first, then thaw: frozen tasks die as soon as they run again, and they cannot
+         * fork in between because SIGKILL is already pending */
+        kill_listed(p);
+        if (fz >= 0) {
+                char fp[PATH_MAX + 256];
+                grp_path(cg, fz, id, cg->v2 ? "cgroup.freeze" : "freezer.state", fp, sizeof(fp));
+                write_str(fp, cg->v2 ? "0" : "THAWED");
+        }
+        for (int t = 0; t < 5000; t++) {
+                int n = kill_listed(p);
+                if (n <= 0)
+                        return 0;
+                sleep_ms(1);
+        }
+        return cove_err_set(err, EBUSY, "cgroup %s: tasks survive SIGKILL", id);
+}
+
+int cove_cgroup_remove(const struct cove_cgroups *cg, const char *id, struct cove_err *err)
+{
+        if (check_id(id, err) < 0)
+                return -1;
+        char p[PATH_MAX + 256];
+        int rc = 0;
+        for (int i = 0; i < cg->nhier; i++) {
+                grp_path(cg, i, id, NULL, p, sizeof(p));
+                int t;
+                /* an exiting task may keep the group busy for a moment */
+                for (t = 0; t < 1000; t++) {
+                        if (rmdir(p) == 0 || errno == ENOENT)
+                                break;
+                        if (errno != EBUSY) {
+                                rc = cove_err_set(err, errno, "cgroup: rmdir %s", p);
+                                break;
+                        }
+                        sleep_ms(1);
+                }
+                if (t == 1000)
+                        rc = cove_err_set(err, EBUSY, "cgroup: rmdir %s", p);
+        }
+        return rc;
+}
+
+static int read_u64(const char *path, uint64_t *v)
+{
+        char buf[64];
+        if (read_str(path, buf, sizeof(buf)) < 0)
+                return -1;
+        *v = strtoull(buf, NULL, 10);
+        return 0;
+}
+
+int cove_cgroup_usage(const struct cove_cgroups *cg, const char *id, uint64_t *mem_bytes,
+                      uint64_t *cpu_usec, struct cove_err *err)
+{
+        char p[PATH_MAX + 256];
+        *mem_bytes = 0;
+        *cpu_usec = 0;
+        int m = hier_of(cg, CG_MEMORY), c = hier_of(cg, CG_CPUACCT);
+        if (cg->v2) {
+                grp_path(cg, 0, id, "memory.current", p, sizeof(p));
+                if (read_u64(p, mem_bytes) < 0)
+                        return cove_err_set(err, errno, "cgroup: read %s", p);
+                char buf[1024];
+                grp_path(cg, 0, id, "cpu.stat", p, sizeof(p));
+                if (read_str(p, buf, sizeof(buf)) < 0)
+                        return cove_err_set(err, errno, "cgroup: read %s", p);
+                char *u = strstr(buf, "usage_usec ");
+                if (u)
+                        *cpu_usec = strtoull(u + 11, NULL, 10);
+                return 0;
+        }
+        if (m >= 0) {
+                grp_path(cg, m, id, "memory.usage_in_bytes", p, sizeof(p));
+                if (read_u64(p, mem_bytes) < 0)
+                        return cove_err_set(err, errno, "cgroup: read %s", p);
+        }
+        if (c >= 0) {
+                uint64_t ns = 0;
+                grp_path(cg, c, id, "cpuacct.usage", p, sizeof(p));
+                if (read_u64(p, &ns) < 0)
+                        return cove_err_set(err, errno, "cgroup: read %s", p);
+                *cpu_usec = ns / 1000;
+        }
+        return 0;
+}
+
+int cove_cgroup_exists(const struct cove_cgroups *cg, const char *id)
+{
+        char p[PATH_MAX + 256];
+        for (int i = 0; i < cg->nhier; i++) {
+                grp_path(cg, i, id, NULL, p, sizeof(p));
+                if (access(p, F_OK) == 0)
+                        return 1;
+        }
+        return 0;
+}

@@ -1,0 +1,640 @@
+/* The ns runtime: sandboxes as namespaces + overlayfs + seccomp + cgroups on the host kernel.
+ *
+ * Root filesystem (option (a) of the design notes; measured to work on 6.18):
+ *   - coved (host root) clones the child into new user/mnt/pid/net/ipc/uts namespaces and
+ *     writes its uid/gid map (0..count-1 -> uid_base..), then makes a detached, read-only,
+ *     idmapped clone of the template rootfs (open_tree(OPEN_TREE_CLONE) + mount_setattr(
+ *     MOUNT_ATTR_IDMAP, the child's userns)) and passes its fd over a socketpair (SCM_RIGHTS).
+ *     Host-root-owned template files then appear owned by the sandbox's root, without a copy.
+ *   - The child (root of its userns, host uid uid_base) move_mount()s that tree into its own
+ *     mount namespace and mounts overlayfs (userxattr) itself: lower = the idmapped tree,
+ *     upper/work = a private directory on the sandbox's own layer filesystem (quota.h),
+ *     owned by uid_base. Copy-up and new files are created with the mounter's credentials, so on
+ *     the host they belong to the sandbox's range, never to host root.
+ *   - (b), overlayfs mounted by host root and idmapped as a whole, is impossible: overlayfs
+ *     does not support idmapped mounts of itself.
+ * Layer size: a per-sandbox sparse ext4 image of disk_mb, copied from a golden image and
+ * loop-mounted by coved (quota.h; this kernel has no disk quotas at all, so XFS project
+ * quota was not an option): writes past disk_mb fail with ENOSPC, the host sees <= disk_mb.
+ * /tmp is the template's /tmp on the overlay (counts against disk_mb, survives a snapshot of
+ * the upper layer like a VM's disk would). /sys is sysfs read-only (absent if the kernel
+ * refuses it), /proc/sys is a read-only bind. Per-sandbox work forks nothing (no mkfs, ip,
+ * mount binaries): syscalls and ioctls only.
+ *
+ * coved is multi-threaded, so the child of clone() only uses async-signal-safe calls and
+ * memory prepared before the clone; the seccomp program is compiled once at open(). */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <grp.h>
+#include <unistd.h>
+#include <linux/close_range.h>
+
+#include "runtime/cgroup.h"
+#include "runtime/quota.h"
+#include "runtime/runtime.h"
+#include "runtime/seccomp_filter.h"
+#include "util/cleanup.h"
+#include "util/util.h"
+
+#define NS_PIDS_DEFAULT 1024
+#define NS_ID_MAX 128
+#define NS_CHAN_FD 3
+
+struct cove_runtime {
+        char ns_dir[PATH_MAX];      /* <data_dir>/ns */
+        struct cove_layers *layers; /* per-sandbox layer images */
+        struct cove_cgroups *cg;    /* cgroup layout */
+        struct sock_fprog filter;   /* compiled seccomp policy */
+};
+
+struct ns_inst {
+        char id[NS_ID_MAX + 1]; /* sandbox id (cgroup and layer names) */
+};
+
+/* Everything the child needs, prepared before clone (the child must not allocate). */
+struct child_args {
+        const struct cove_runtime *rt;
+        const char *id;
+        char layer[PATH_MAX]; /* <layers>/<id> */
+        int sync_fd;          /* child end of the sync socketpair */
+        int chan_fd;          /* sandbox end of the guest channel */
+        int guest_fd;         /* O_PATH fd of the guest binary */
+};
+
+/* What the child reports when a step fails (EOF on the sync socket means exec succeeded). */
+struct child_msg {
+        int errnum;
+        char what[120];
+};
+
+static _Noreturn void child_fail(int fd, int errnum, const char *what)
+{
+        struct child_msg m;
+        memset(&m, 0, sizeof(m));
+        m.errnum = errnum;
+        size_t n = strlen(what);
+        if (n >= sizeof(m.what))
+                n = sizeof(m.what) - 1;
+        memcpy(m.what, what, n);
+        if (write(fd, &m, sizeof(m)) < 0) {
+                /* nothing left to report to */
+        }
+        _exit(127);
+}
+
+/* "/proc/self/fd/<fd>" without stdio (async-signal-safe). */
+static void fd_path(char *out, int fd)
+{
+        char tmp[16];
+        int n = 0;
+        do {
+                tmp[n++] = (char)('0' + fd % 10);
+                fd /= 10;
+        } while (fd && n < 15);
+        strcpy(out, "/proc/self/fd/");
+        size_t l = strlen(out);
+        while (n)
+                out[l++] = tmp[--n];
+        out[l] = 0;
+}
+
+static int recv_fd(int sock)
+{
+        char byte;
+        struct iovec iov = {&byte, 1};
+        union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+        } u;
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = u.buf,
+                             .msg_controllen = sizeof(u.buf)};
+        ssize_t n;
+        do
+                n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0)
+                return -1;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                return -1;
+        int fd;
+        memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+        return fd;
+}
+
+static int send_fd(int sock, int fd)
+{
+        char byte = 'T';
+        struct iovec iov = {&byte, 1};
+        union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+        } u;
+        memset(&u, 0, sizeof(u));
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = u.buf,
+                             .msg_controllen = sizeof(u.buf)};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(fd));
+        ssize_t n;
+        do
+                n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        return n == 1 ? 0 : -1;
+}
+
+/* mount, creating the mount point (as a directory) on the overlay when the template lacks it */
+static int mount_at(const char *src, const char *dst, const char *type, unsigned long flags,
+                    const char *data)
+{
+        if (mount(src, dst, type, flags, data) == 0)
+                return 0;
+        if (errno != ENOENT || mkdir(dst, 0755) < 0)
+                return -1;
+        return mount(src, dst, type, flags, data);
+}
+
+static void setup_dev(int sfd)
+{
+        static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+        if (mount_at("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
+                     "mode=755,size=64k,nr_inodes=64") < 0)
+                child_fail(sfd, errno, "mount tmpfs on /dev");
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(devs); i++) {
+                char src[32] = "/dev/", dst[32] = "dev/";
+                strcat(src, devs[i]);
+                strcat(dst, devs[i]);
+                int fd = open(dst, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+                if (fd < 0)
+                        child_fail(sfd, errno, "create /dev node");
+                close(fd);
+                if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+                        child_fail(sfd, errno, "bind /dev node");
+        }
+        if (mkdir("dev/pts", 0755) < 0 ||
+            mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                  "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
+                child_fail(sfd, errno, "mount devpts");
+        if (mkdir("dev/shm", 01777) < 0 ||
+            mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+                child_fail(sfd, errno, "mount /dev/shm");
+        if (symlink("pts/ptmx", "dev/ptmx") < 0 || symlink("/proc/self/fd", "dev/fd") < 0 ||
+            symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
+            symlink("/proc/self/fd/1", "dev/stdout") < 0 ||
+            symlink("/proc/self/fd/2", "dev/stderr") < 0)
+                child_fail(sfd, errno, "/dev symlinks");
+        if (mount(NULL, "dev", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
+                  NULL) < 0)
+                child_fail(sfd, errno, "remount /dev read-only");
+}
+
+static _Noreturn void child_main(struct child_args *a)
+{
+        int sfd = a->sync_fd;
+        sigset_t all;
+        sigemptyset(&all);
+        sigprocmask(SIG_SETMASK, &all, NULL);
+        for (int s = 1; s < NSIG; s++)
+                signal(s, SIG_DFL); /* errors for SIGKILL/SIGSTOP and RT signals are harmless */
+
+        /* Opened as host root (owner of data_dir) before the uid changes; later lookups go
+         * through /proc/self/fd so the sandbox uid needs no access to data_dir. */
+        int lfd = open(a->layer, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (lfd < 0)
+                child_fail(sfd, errno, "open layer dir");
+        int tree = recv_fd(sfd); /* also waits until the uid map and cgroups are in place */
+        if (tree < 0)
+                _exit(127); /* the parent gave up */
+        if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+                child_fail(sfd, errno, "become root of the user namespace");
+        /* after the credential change, which clears it */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
+                child_fail(sfd, errno, "PR_SET_PDEATHSIG");
+        if (unshare(CLONE_NEWCGROUP) < 0)
+                child_fail(sfd, errno, "unshare cgroup namespace");
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+                child_fail(sfd, errno, "make mounts private");
+        int upper = openat(lfd, "upper", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        int work = openat(lfd, "work", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        int mnt = openat(lfd, "mnt", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (upper < 0 || work < 0 || mnt < 0)
+                child_fail(sfd, errno, "open layer");
+        if (move_mount(tree, "", mnt, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+                child_fail(sfd, errno, "attach idmapped template");
+        char lower_p[32], upper_p[32], work_p[32];
+        fd_path(lower_p, tree);
+        fd_path(upper_p, upper);
+        fd_path(work_p, work);
+        int fs = fsopen("overlay", FSOPEN_CLOEXEC);
+        if (fs < 0)
+                child_fail(sfd, errno, "fsopen overlay");
+        if (fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir", lower_p, 0) < 0 ||
+            fsconfig(fs, FSCONFIG_SET_STRING, "upperdir", upper_p, 0) < 0 ||
+            fsconfig(fs, FSCONFIG_SET_STRING, "workdir", work_p, 0) < 0 ||
+            fsconfig(fs, FSCONFIG_SET_FLAG, "userxattr", NULL, 0) < 0)
+                child_fail(sfd, errno, "configure overlay");
+        if (fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+                child_fail(sfd, errno, "create overlay");
+        int root = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV);
+        if (root < 0)
+                child_fail(sfd, errno, "fsmount overlay");
+        if (move_mount(root, "", mnt, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+                child_fail(sfd, errno, "attach overlay");
+        if (fchdir(root) < 0)
+                child_fail(sfd, errno, "chdir to new root");
+        close(fs);
+        close(upper);
+        close(work);
+        close(lfd);
+        umask(022);
+
+        if (mount_at("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                child_fail(sfd, errno, "mount /proc");
+        if (mount("proc/sys", "proc/sys", NULL, MS_BIND | MS_REC, NULL) < 0 ||
+            mount(NULL, "proc/sys", NULL,
+                  MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                child_fail(sfd, errno, "make /proc/sys read-only");
+        setup_dev(sfd);
+        /* best effort: with a net namespace of its own the kernel allows it; else no /sys */
+        mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+
+        if (syscall(SYS_pivot_root, ".", ".") < 0)
+                child_fail(sfd, errno, "pivot_root");
+        if (umount2(".", MNT_DETACH) < 0)
+                child_fail(sfd, errno, "detach old root");
+        if (chdir("/") < 0)
+                child_fail(sfd, errno, "chdir /");
+
+        if (sethostname(a->id, strlen(a->id)) < 0)
+                child_fail(sfd, errno, "sethostname");
+        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        struct ifreq ifr;
+        memset(&ifr, 0, sizeof(ifr));
+        strcpy(ifr.ifr_name, "lo");
+        if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+                child_fail(sfd, errno, "get lo flags");
+        ifr.ifr_flags |= IFF_UP;
+        if (ioctl(s, SIOCSIFFLAGS, &ifr) < 0)
+                child_fail(sfd, errno, "bring lo up");
+        close(s);
+
+        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (devnull < 0 || dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
+                child_fail(sfd, errno, "stdio to /dev/null");
+        /* every inherited fd of coved closes at exec; only the channel stays, as fd 3 */
+        if (syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+                child_fail(sfd, errno, "close_range");
+        if (dup2(a->chan_fd, NS_CHAN_FD) < 0)
+                child_fail(sfd, errno, "channel fd");
+
+        int rc = cove_seccomp_install(&a->rt->filter);
+        if (rc < 0)
+                child_fail(sfd, -rc, "install seccomp filter");
+        char *const argv[] = {"/.cove/guest", "--channel-fd", "3", NULL};
+        char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                              NULL};
+        syscall(SYS_execveat, a->guest_fd, "", argv, envp, AT_EMPTY_PATH);
+        child_fail(sfd, errno, "exec guest");
+}
+
+static int write_map(pid_t pid, const char *file, uint32_t base, uint32_t count,
+                     struct cove_err *err)
+{
+        char path[64], line[64];
+        snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+        int n = snprintf(line, sizeof(line), "0 %u %u\n", base, count);
+        cleanup_close int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, line, n) != n)
+                return cove_err_set(err, errno, "write %s", path);
+        return 0;
+}
+
+static int check_spec(const struct cove_instance_spec *s, struct cove_err *err)
+{
+        const char *id = s->sandbox_id;
+        if (!id || !*id || strlen(id) > NS_ID_MAX || id[0] == '.')
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "ns: bad sandbox id");
+        for (const char *p = id; *p; p++)
+                if (!(*p == '_' || *p == '-' || (*p >= 'a' && *p <= 'z') ||
+                      (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
+                                             "ns: bad sandbox id %s", id);
+        if (!s->rootfs || s->rootfs[0] != '/' || !s->guest_binary || s->guest_binary[0] != '/')
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
+                                     "ns: rootfs and guest binary must be absolute paths");
+        if (s->uid_base == 0 || s->uid_count == 0 ||
+            s->uid_base + (uint64_t)s->uid_count > UINT32_MAX)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
+                                     "ns: bad uid range %u+%u (host root is never mapped)",
+                                     s->uid_base, s->uid_count);
+        return 0;
+}
+
+static void reap(pid_t pid)
+{
+        while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
+                ;
+}
+
+static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *spec,
+                    struct cove_instance *inst, struct cove_err *err)
+{
+        if (check_spec(spec, err) < 0)
+                return -1;
+        const char *id = spec->sandbox_id;
+        struct ns_inst *priv = calloc(1, sizeof(*priv));
+        if (!priv)
+                return cove_err_set(err, ENOMEM, "ns: start %s", id);
+        strcpy(priv->id, id);
+        struct child_args a;
+        memset(&a, 0, sizeof(a));
+        a.rt = rt;
+        a.id = priv->id;
+        a.sync_fd = a.chan_fd = a.guest_fd = -1;
+        int chan[2] = {-1, -1}, sync[2] = {-1, -1}, tree = -1, userns = -1;
+        int layer_created = 0, cg_created = 0;
+        pid_t pid = -1;
+
+        struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
+                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
+        if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
+                goto fail;
+        cg_created = 1;
+        int lc =
+            cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base, err);
+        if (lc < 0)
+                goto fail;
+        layer_created = lc;
+        snprintf(a.layer, sizeof(a.layer), "%s/%s", cove_layers_path(rt->layers), id);
+        a.guest_fd = open(spec->guest_binary, O_PATH | O_CLOEXEC);
+        struct stat st;
+        if (a.guest_fd < 0 || fstat(a.guest_fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                cove_err_set(err, a.guest_fd < 0 ? errno : ENOEXEC, "open guest binary %s",
+                             spec->guest_binary);
+                goto fail;
+        }
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0 ||
+            socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sync) < 0) {
+                cove_err_set(err, errno, "socketpair");
+                goto fail;
+        }
+        a.sync_fd = sync[1];
+        a.chan_fd = chan[1];
+
+        pid = (pid_t)syscall(SYS_clone,
+                             CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET |
+                                 CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD,
+                             NULL, NULL, NULL, NULL);
+        if (pid < 0) {
+                cove_err_set(err, errno, "clone");
+                goto fail;
+        }
+        if (pid == 0)
+                child_main(&a);
+        close(sync[1]);
+        sync[1] = -1;
+        close(chan[1]);
+        chan[1] = -1;
+
+        if (write_map(pid, "uid_map", spec->uid_base, spec->uid_count, err) < 0 ||
+            write_map(pid, "gid_map", spec->uid_base, spec->uid_count, err) < 0)
+                goto fail;
+        if (cove_cgroup_attach(rt->cg, id, pid, err) < 0)
+                goto fail;
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/ns/user", (int)pid);
+        userns = open(p, O_RDONLY | O_CLOEXEC);
+        if (userns < 0) {
+                cove_err_set(err, errno, "open %s", p);
+                goto fail;
+        }
+        tree = open_tree(AT_FDCWD, spec->rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (tree < 0) {
+                cove_err_set(err, errno, "open_tree %s", spec->rootfs);
+                goto fail;
+        }
+        struct mount_attr attr;
+        memset(&attr, 0, sizeof(attr));
+        attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV;
+        attr.userns_fd = (uint64_t)userns;
+        if (mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+                cove_err_set(err, errno, "idmap %s", spec->rootfs);
+                goto fail;
+        }
+        if (send_fd(sync[0], tree) < 0) {
+                cove_err_set(err, errno, "pass template to the sandbox");
+                goto fail;
+        }
+        close(tree);
+        tree = -1;
+        close(userns);
+        userns = -1;
+        struct child_msg m;
+        ssize_t n;
+        do
+                n = read(sync[0], &m, sizeof(m));
+        while (n < 0 && errno == EINTR);
+        if (n != 0) {
+                if (n == (ssize_t)sizeof(m)) {
+                        m.what[sizeof(m.what) - 1] = 0;
+                        cove_err_set(err, m.errnum, "sandbox setup: %s", m.what);
+                } else {
+                        cove_err_set(err, n < 0 ? errno : EPROTO, "sandbox setup: sync");
+                }
+                goto fail;
+        }
+        close(sync[0]);
+        close(a.guest_fd);
+        inst->pid = pid;
+        inst->chan_fd = chan[0];
+        inst->priv = priv;
+        return 0;
+fail:
+        if (pid > 0) {
+                kill(pid, SIGKILL);
+                reap(pid);
+        }
+        for (int i = 0; i < 2; i++) {
+                if (chan[i] >= 0)
+                        close(chan[i]);
+                if (sync[i] >= 0)
+                        close(sync[i]);
+        }
+        if (tree >= 0)
+                close(tree);
+        if (userns >= 0)
+                close(userns);
+        if (a.guest_fd >= 0)
+                close(a.guest_fd);
+        if (cg_created) {
+                cove_cgroup_kill(rt->cg, id, NULL);
+                cove_cgroup_remove(rt->cg, id, NULL);
+        }
+        if (layer_created)
+                cove_layer_remove(rt->layers, id, NULL);
+        free(priv);
+        return cove_err_wrap(err, "ns: start %s", id);
+}
+
+static int ns_freeze(struct cove_runtime *rt, struct cove_instance *inst, struct cove_err *err)
+{
+        struct ns_inst *priv = inst->priv;
+        if (!priv)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "ns: instance not running");
+        if (cove_cgroup_freeze(rt->cg, priv->id, 1, err) < 0)
+                return cove_err_wrap(err, "ns: freeze %s", priv->id);
+        return 0;
+}
+
+static int ns_thaw(struct cove_runtime *rt, struct cove_instance *inst, struct cove_err *err)
+{
+        struct ns_inst *priv = inst->priv;
+        if (!priv)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "ns: instance not running");
+        if (cove_cgroup_freeze(rt->cg, priv->id, 0, err) < 0)
+                return cove_err_wrap(err, "ns: thaw %s", priv->id);
+        return 0;
+}
+
+static int teardown(struct cove_runtime *rt, const char *id, const char *state_dir, int purge,
+                    struct cove_err *err)
+{
+        int rc = 0;
+        if (cove_cgroup_kill(rt->cg, id, err) < 0)
+                rc = -1;
+        if (rc == 0 && cove_cgroup_remove(rt->cg, id, err) < 0)
+                rc = -1;
+        if (!purge) {
+                if (rc == 0 && cove_layer_release(rt->layers, id, err) < 0)
+                        rc = -1;
+        } else {
+                if (rc == 0 && cove_layer_remove(rt->layers, id, err) < 0)
+                        rc = -1;
+                if (rc == 0 && state_dir && cove_rm_rf(state_dir, err) < 0)
+                        rc = -1;
+        }
+        return rc;
+}
+
+static int ns_stop(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
+                   const char *state_dir, int purge, struct cove_err *err)
+{
+        struct ns_inst *priv = inst->priv;
+        const char *id = priv ? priv->id : sandbox_id;
+        if (!id)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "ns: stop without id");
+        if (inst->pid > 0) {
+                /* killing the pid namespace's init takes every process of the sandbox along;
+                 * the cgroup sweep in teardown() thaws a frozen sandbox so they can die */
+                kill(inst->pid, SIGKILL);
+                cove_cgroup_kill(rt->cg, id, NULL);
+                reap(inst->pid);
+                inst->pid = 0;
+        }
+        if (inst->chan_fd >= 0) {
+                close(inst->chan_fd);
+                inst->chan_fd = -1;
+        }
+        int rc = teardown(rt, id, state_dir, purge, err);
+        free(priv);
+        inst->priv = NULL;
+        if (rc < 0)
+                return cove_err_wrap(err, "ns: stop %s", sandbox_id ? sandbox_id : id);
+        return 0;
+}
+
+static int ns_cleanup_stale(struct cove_runtime *rt, const char *sandbox_id, const char *state_dir,
+                            int purge, struct cove_err *err)
+{
+        if (!sandbox_id || !*sandbox_id || strchr(sandbox_id, '/'))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "ns: cleanup: bad id");
+        /* the processes are not our children any more: whoever adopted them reaps them;
+         * the mounts lived only in the sandbox's mount namespace and die with it */
+        if (teardown(rt, sandbox_id, state_dir, purge, err) < 0)
+                return cove_err_wrap(err, "ns: cleanup %s", sandbox_id);
+        return 0;
+}
+
+static int ns_usage(struct cove_runtime *rt, struct cove_instance *inst, uint64_t *mem_bytes,
+                    uint64_t *cpu_usec, struct cove_err *err)
+{
+        struct ns_inst *priv = inst->priv;
+        if (!priv)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "ns: instance not running");
+        if (cove_cgroup_usage(rt->cg, priv->id, mem_bytes, cpu_usec, err) < 0)
+                return cove_err_wrap(err, "ns: usage %s", priv->id);
+        return 0;
+}
+
+static void ns_close(struct cove_runtime *rt)
+{
+        if (!rt)
+                return;
+        cove_layers_close(rt->layers);
+        cove_cgroups_free(rt->cg);
+        free(rt->filter.filter);
+        free(rt);
+}
+
+static struct cove_runtime *ns_open(const char *data_dir, struct cove_err *err)
+{
+        if (geteuid() != 0) {
+                cove_err_setk(err, COVE_E_UNAVAILABLE, EPERM, "ns runtime: needs root");
+                return NULL;
+        }
+        struct cove_runtime *rt = calloc(1, sizeof(*rt));
+        if (!rt) {
+                cove_err_set(err, ENOMEM, "ns runtime");
+                return NULL;
+        }
+        if (snprintf(rt->ns_dir, sizeof(rt->ns_dir), "%s/ns", data_dir) >=
+            (int)sizeof(rt->ns_dir)) {
+                cove_err_set(err, ENAMETOOLONG, "ns runtime: data dir");
+                goto fail;
+        }
+        if (cove_mkdir_p(rt->ns_dir, 0700, err) < 0)
+                goto fail;
+        if (!(rt->cg = cove_cgroups_open(err)))
+                goto fail;
+        if (cove_seccomp_build(&rt->filter, err) < 0)
+                goto fail;
+        if (!(rt->layers = cove_layers_open(rt->ns_dir, err)))
+                goto fail;
+        return rt;
+fail:
+        cove_err_wrap(err, "ns runtime");
+        ns_close(rt);
+        return NULL;
+}
+
+const struct cove_runtime_ops cove_runtime_ns = {
+    .name = "ns",
+    .open = ns_open,
+    .close = ns_close,
+    .start = ns_start,
+    .freeze = ns_freeze,
+    .thaw = ns_thaw,
+    .stop = ns_stop,
+    .cleanup_stale = ns_cleanup_stale,
+    .usage = ns_usage,
+};

@@ -1,0 +1,19 @@
+/* The ns runtime's seccomp-bpf policy: default allow, deny the kernel attack surface a
+ * sandbox never needs with EPERM (clone3 with ENOSYS so libc falls back to clone, whose
+ * flags can be checked). Compiled once with libseccomp into a raw BPF program, so the
+ * sandbox child (a fork of a multi-threaded process) only has to call prctl(). */
+#ifndef COVE_RUNTIME_SECCOMP_FILTER_H
+#define COVE_RUNTIME_SECCOMP_FILTER_H
+
+#include <linux/filter.h>
+
+#include "util/err.h"
+
+/* Build the policy into *prog (caller frees prog->filter with free()). Non-native ABIs
+ * (i386 via int 0x80, x32) kill the process. */
+int cove_seccomp_build(struct sock_fprog *prog, struct cove_err *err);
+
+/* Install prog on the calling thread with no_new_privs. Async-signal-safe; returns -errno. */
+int cove_seccomp_install(const struct sock_fprog *prog);
+
+#endif

@@ -1,0 +1,460 @@
+/* Integration tests of the ns runtime (runtime/ns.c): real namespaces, overlay, cgroups,
+ * seccomp and XFS quota. Needs root (skips otherwise). The guest is tests/helpers/ns_probe,
+ * a static program that answers one command per line on the channel, so every isolation
+ * property is checked from inside the sandbox. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/runtime.h"
+#include "util/util.h"
+
+#define UID_BASE 1800000000u
+
+static char tmp[PATH_MAX], rootfs[PATH_MAX], probe[PATH_MAX], data_dir[PATH_MAX];
+static struct cove_runtime *rt;
+static int seq;
+
+static void sh(const char *fmt, ...)
+{
+        char cmd[2048];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(cmd, sizeof(cmd), fmt, ap);
+        va_end(ap);
+        assert_int_equal(system(cmd), 0);
+}
+
+static int group_setup(void **state)
+{
+        (void)state;
+        if (geteuid() != 0)
+                return 0;
+        char self[PATH_MAX];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+        assert_true(n > 0);
+        self[n] = 0;
+        snprintf(probe, sizeof(probe), "%s/ns_probe", dirname(self));
+        strcpy(tmp, "/var/tmp/cove-ns-test-XXXXXX");
+        assert_non_null(mkdtemp(tmp));
+        snprintf(rootfs, sizeof(rootfs), "%s/rootfs", tmp);
+        snprintf(data_dir, sizeof(data_dir), "%s/data", tmp);
+        /* a busybox template, owned by host root like a real one */
+        sh("set -e; r=%s; mkdir -p $r/bin $r/etc $r/proc $r/dev $r/sys $r/tmp $r/root; "
+           "chmod 1777 $r/tmp; cp /bin/busybox $r/bin/busybox; "
+           "for a in $(/bin/busybox --list); do [ -e $r/bin/$a ] || ln -s busybox $r/bin/$a; done; "
+           "echo 'root:x:0:0:root:/root:/bin/sh' > $r/etc/passwd",
+           rootfs);
+        struct cove_err err;
+        rt = cove_runtime_ns.open(data_dir, &err);
+        if (!rt)
+                fail_msg("open: %s", err.msg);
+        return 0;
+}
+
+static int group_teardown(void **state)
+{
+        (void)state;
+        if (rt)
+                cove_runtime_ns.close(rt);
+        if (tmp[0])
+                sh("rm -rf %s", tmp);
+        return 0;
+}
+
+struct sbx {
+        char id[64];
+        char state_dir[PATH_MAX];
+        struct cove_instance_spec spec;
+        struct cove_instance inst;
+        FILE *in;
+};
+
+static void need_root(void)
+{
+        if (geteuid() != 0) {
+                print_message("[  SKIPPED ] ns runtime tests need root (namespaces, cgroups, "
+                              "loop mounts)\n");
+                skip();
+        }
+}
+
+static void spec_init(struct sbx *s)
+{
+        memset(s, 0, sizeof(*s));
+        int k = ++seq;
+        snprintf(s->id, sizeof(s->id), "sbx_test%d_%d", (int)getpid(), k);
+        snprintf(s->state_dir, sizeof(s->state_dir), "%s/state/%s", tmp, s->id);
+        struct cove_err err;
+        assert_int_equal(cove_mkdir_p(s->state_dir, 0700, &err), 0);
+        s->spec.sandbox_id = s->id;
+        s->spec.rootfs = rootfs;
+        s->spec.state_dir = s->state_dir;
+        s->spec.guest_binary = probe;
+        s->spec.uid_base = UID_BASE + (uint32_t)k * 65536;
+        s->spec.uid_count = 65536;
+        s->inst.chan_fd = -1;
+}
+
+static int64_t start(struct sbx *s)
+{
+        struct cove_err err;
+        int64_t t0 = cove_mono_ns();
+        if (cove_runtime_ns.start(rt, &s->spec, &s->inst, &err) < 0)
+                fail_msg("start: %s", err.msg);
+        int64_t dt = cove_mono_ns() - t0;
+        s->in = fdopen(dup(s->inst.chan_fd), "r");
+        assert_non_null(s->in);
+        return dt;
+}
+
+static void stop(struct sbx *s)
+{
+        struct cove_err err;
+        if (s->in)
+                fclose(s->in);
+        s->in = NULL;
+        if (cove_runtime_ns.stop(rt, &s->inst, s->id, s->state_dir, 1, &err) < 0)
+                fail_msg("stop: %s", err.msg);
+}
+
+/* One request/answer on the channel (the answer line without newline, in a static buffer). */
+static const char *ask(struct sbx *s, const char *cmd)
+{
+        static char buf[1024];
+        size_t n = strlen(cmd);
+        assert_int_equal(write(s->inst.chan_fd, cmd, n), (ssize_t)n);
+        assert_int_equal(write(s->inst.chan_fd, "\n", 1), 1);
+        if (!fgets(buf, sizeof(buf), s->in))
+                fail_msg("no answer to %s", cmd);
+        buf[strcspn(buf, "\n")] = 0;
+        return buf;
+}
+
+static int ask_int(struct sbx *s, const char *cmd)
+{
+        return atoi(ask(s, cmd));
+}
+
+static uid_t host_uid_of(pid_t pid)
+{
+        char p[64], line[256];
+        snprintf(p, sizeof(p), "/proc/%d/status", (int)pid);
+        FILE *f = fopen(p, "r");
+        assert_non_null(f);
+        uid_t u = (uid_t)-1;
+        while (fgets(line, sizeof(line), f))
+                if (sscanf(line, "Uid:\t%u", &u) == 1)
+                        break;
+        fclose(f);
+        return u;
+}
+
+static int cgroup_exists(const char *id)
+{
+        const char *ctrls[] = {"memory", "pids", "freezer", "cpu", "cpuacct", "unified", ""};
+        char p[PATH_MAX];
+        for (size_t i = 0; i < sizeof(ctrls) / sizeof(ctrls[0]); i++) {
+                snprintf(p, sizeof(p), "/sys/fs/cgroup/%s%scove/%s", ctrls[i],
+                         ctrls[i][0] ? "/" : "", id);
+                if (access(p, F_OK) == 0)
+                        return 1;
+        }
+        return 0;
+}
+
+static void identity(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        start(&s);
+        assert_string_equal(ask(&s, "uid"), "0 0");
+        assert_int_equal(host_uid_of(s.inst.pid), s.spec.uid_base);
+        assert_string_equal(ask(&s, "host"), s.id);
+        assert_int_equal(ask_int(&s, "pid"), 1);
+        assert_string_equal(ask(&s, "ifs"), "lo,");
+        assert_int_equal(ask_int(&s, "procs"), 1); /* only itself: /proc is private */
+        assert_int_equal(ask_int(&s, "fds"), 4);   /* stdio + channel, nothing of the host */
+        /* copy-up of a template file and a new file, owned by the sandbox's range on the host */
+        assert_int_equal(ask_int(&s, "wr /etc/passwd"), 0);
+        assert_int_equal(ask_int(&s, "create /newfile"), 0);
+        assert_int_equal(ask_int(&s, "create /tmp/t"), 0);
+        char p[PATH_MAX];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s/ns/layers/%s/upper/newfile", data_dir, s.id);
+        assert_int_equal(stat(p, &st), 0);
+        assert_int_equal(st.st_uid, s.spec.uid_base);
+        snprintf(p, sizeof(p), "%s/ns/layers/%s/upper/etc/passwd", data_dir, s.id);
+        assert_int_equal(stat(p, &st), 0);
+        assert_int_equal(st.st_uid, s.spec.uid_base);
+        snprintf(p, sizeof(p), "%s/etc/passwd", rootfs);
+        assert_int_equal(stat(p, &st), 0);
+        assert_int_equal(st.st_uid, 0); /* template untouched */
+        char *txt = NULL;
+        size_t len;
+        struct cove_err err;
+        assert_int_equal(cove_read_file(p, 4096, &txt, &len, &err), 0);
+        assert_non_null(strstr(txt, "root:x:0:0"));
+        free(txt);
+        stop(&s);
+}
+
+static void walls(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        start(&s);
+        assert_int_not_equal(ask_int(&s, "wr /proc/sys/kernel/hostname"), 0);
+        assert_int_not_equal(ask_int(&s, "wr /proc/sys/vm/drop_caches"), 0);
+        assert_int_not_equal(ask_int(&s, "wr /proc/sysrq-trigger"), 0);
+        assert_int_not_equal(ask_int(&s, "wr /sys/kernel/uevent_helper"), 0);
+        assert_int_not_equal(ask_int(&s, "wr /sys/class/net/lo/mtu"), 0);
+        assert_int_equal(ask_int(&s, "mount"), EPERM);
+        assert_int_equal(ask_int(&s, "keyctl"), EPERM);
+        assert_int_equal(ask_int(&s, "bpf"), EPERM);
+        assert_int_equal(ask_int(&s, "unshare"), EPERM);
+        assert_int_equal(ask_int(&s, "io_uring"), EPERM);
+        assert_int_equal(ask_int(&s, "userfaultfd"), EPERM);
+        assert_int_equal(ask_int(&s, "clone3"), ENOSYS);
+        assert_int_equal(ask_int(&s, "mknod"), EPERM);
+        assert_string_equal(ask(&s, "int80"), "sig 31");          /* i386 ABI: SIGSYS */
+        assert_int_not_equal(ask_int(&s, "wr /dev/null"), EROFS); /* devices still usable */
+        stop(&s);
+}
+
+static void disk_limit(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        s.spec.disk_mb = 16;
+        start(&s);
+        assert_int_equal(ask_int(&s, "fill 8 /a"), 0);
+        assert_int_equal(ask_int(&s, "fill 32 /b"), ENOSPC);
+        assert_int_equal(ask_int(&s, "fill 32 /tmp/c"), ENOSPC);
+        assert_int_equal(ask_int(&s, "rm /b"), 0);
+        assert_int_equal(ask_int(&s, "rm /tmp/c"), 0);
+        assert_int_equal(ask_int(&s, "fill 4 /d"), 0); /* space comes back */
+        stop(&s);
+}
+
+static void memory_limit(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        s.spec.memory_mb = 48;
+        start(&s);
+        assert_string_equal(ask(&s, "mem 16"), "exit 0");
+        assert_string_equal(ask(&s, "mem 256"), "sig 9"); /* OOM-killed inside */
+        assert_string_equal(ask(&s, "tick"), "tock");     /* init survives */
+        uint64_t mem = 0, cpu = 0;
+        struct cove_err err;
+        assert_int_equal(cove_runtime_ns.usage(rt, &s.inst, &mem, &cpu, &err), 0);
+        assert_true(mem > 0 && mem <= (48u << 20));
+        assert_true(cpu > 0);
+        stop(&s);
+}
+
+static void pids_limit(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        s.spec.pids_max = 32;
+        start(&s);
+        assert_string_equal(ask(&s, "forkbomb 100"), "exit 0"); /* forks failed */
+        assert_string_equal(ask(&s, "tick"), "tock");
+        stop(&s);
+}
+
+static void freeze_thaw(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        start(&s);
+        assert_string_equal(ask(&s, "tick"), "tock");
+        struct cove_err err;
+        assert_int_equal(cove_runtime_ns.freeze(rt, &s.inst, &err), 0);
+        assert_int_equal(write(s.inst.chan_fd, "tick\n", 5), 5);
+        struct pollfd pfd = {s.inst.chan_fd, POLLIN, 0};
+        assert_int_equal(poll(&pfd, 1, 200), 0); /* frozen: no answer */
+        assert_int_equal(cove_runtime_ns.thaw(rt, &s.inst, &err), 0);
+        char buf[64];
+        assert_non_null(fgets(buf, sizeof(buf), s.in));
+        assert_string_equal(buf, "tock\n");
+        /* stop works on a frozen sandbox too */
+        assert_int_equal(cove_runtime_ns.freeze(rt, &s.inst, &err), 0);
+        stop(&s);
+        assert_false(cgroup_exists(s.id));
+}
+
+static void stop_leaves_nothing(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        start(&s);
+        pid_t init = s.inst.pid;
+        assert_true(ask_int(&s, "spawn") > 1);
+        assert_true(cgroup_exists(s.id));
+        stop(&s);
+        assert_int_equal(kill(init, 0), -1);
+        assert_false(cgroup_exists(s.id));
+        char p[PATH_MAX];
+        snprintf(p, sizeof(p), "%s/ns/layers/%s", data_dir, s.id);
+        assert_int_equal(access(p, F_OK), -1);
+        assert_int_equal(access(s.state_dir, F_OK), -1);
+        /* no process of the sandbox's uid range is left */
+        sh("! ps -eo uid= | awk '$1 >= %u && $1 < %u' | grep -q .", s.spec.uid_base,
+           s.spec.uid_base + 65536);
+        sh("! grep -q %s /proc/self/mountinfo", s.id);
+        /* second stop is harmless */
+        struct cove_err err;
+        assert_int_equal(cove_runtime_ns.stop(rt, &s.inst, s.id, s.state_dir, 1, &err), 0);
+}
+
+static void exec_failure(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        char bad[PATH_MAX];
+        snprintf(bad, sizeof(bad), "%s/etc/passwd", rootfs); /* not executable */
+        s.spec.guest_binary = bad;
+        struct cove_err err;
+        assert_int_equal(cove_runtime_ns.start(rt, &s.spec, &s.inst, &err), -1);
+        assert_non_null(strstr(err.msg, "exec guest"));
+        assert_false(cgroup_exists(s.id));
+        char p[PATH_MAX];
+        snprintf(p, sizeof(p), "%s/ns/layers/%s", data_dir, s.id);
+        assert_int_equal(access(p, F_OK), -1);
+}
+
+static int alive(pid_t pid)
+{
+        char p[64], buf[512];
+        snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(p, "r");
+        if (!f)
+                return 0;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        char *e = strrchr(buf, ')');
+        return e && e[1] == ' ' && e[2] != 'Z' && e[2] != 'X';
+}
+
+static void stale_after_parent_killed(void **state)
+{
+        (void)state;
+        need_root();
+        struct sbx s;
+        spec_init(&s);
+        int pfd[2];
+        assert_int_equal(pipe(pfd), 0);
+        pid_t owner = fork();
+        if (owner == 0) {
+                /* plays coved: starts the sandbox, then dies with SIGKILL */
+                struct cove_err err;
+                if (cove_runtime_ns.start(rt, &s.spec, &s.inst, &err) < 0)
+                        _exit(1);
+                if (write(pfd[1], &s.inst.pid, sizeof(pid_t)) < 0)
+                        _exit(1);
+                for (;;)
+                        pause();
+        }
+        pid_t init = 0;
+        assert_int_equal(read(pfd[0], &init, sizeof(init)), (ssize_t)sizeof(init));
+        assert_true(init > 0);
+        kill(owner, SIGKILL);
+        waitpid(owner, NULL, 0);
+        assert_true(cgroup_exists(s.id));
+        struct cove_err err;
+        assert_int_equal(cove_runtime_ns.cleanup_stale(rt, s.id, s.state_dir, 1, &err), 0);
+        assert_false(cgroup_exists(s.id));
+        /* gone, or a zombie waiting for whoever adopted it */
+        for (int i = 0; i < 1000 && alive(init); i++)
+                usleep(1000);
+        assert_false(alive(init));
+        char p[PATH_MAX];
+        snprintf(p, sizeof(p), "%s/ns/layers/%s", data_dir, s.id);
+        assert_int_equal(access(p, F_OK), -1);
+        close(pfd[0]);
+        close(pfd[1]);
+}
+
+static int cmp64(const void *a, const void *b)
+{
+        int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+        return x < y ? -1 : x > y;
+}
+
+static void start_latency(void **state)
+{
+        (void)state;
+        need_root();
+        enum { N = 30 };
+        int64_t t[N], ready[N];
+        for (int i = 0; i < N; i++) {
+                struct sbx s;
+                spec_init(&s);
+                s.spec.disk_mb = 1024;
+                s.spec.memory_mb = 512;
+                s.spec.cpus = 1;
+                int64_t t0 = cove_mono_ns();
+                t[i] = start(&s);
+                assert_string_equal(ask(&s, "tick"), "tock");
+                ready[i] = cove_mono_ns() - t0;
+                stop(&s);
+        }
+        qsort(t, N, sizeof(t[0]), cmp64);
+        qsort(ready, N, sizeof(ready[0]), cmp64);
+        print_message("ns start(): p50 %.2f ms, p90 %.2f ms, max %.2f ms; start+first answer "
+                      "p50 %.2f ms (n=%d)\n",
+                      t[N / 2] / 1e6, t[N * 9 / 10] / 1e6, t[N - 1] / 1e6, ready[N / 2] / 1e6, N);
+        assert_true(t[N / 2] < 100 * 1000000LL); /* generous: CI machines vary */
+}
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test(identity),
+            cmocka_unit_test(walls),
+            cmocka_unit_test(disk_limit),
+            cmocka_unit_test(memory_limit),
+            cmocka_unit_test(pids_limit),
+            cmocka_unit_test(freeze_thaw),
+            cmocka_unit_test(stop_leaves_nothing),
+            cmocka_unit_test(exec_failure),
+            cmocka_unit_test(stale_after_parent_killed),
+            cmocka_unit_test(start_latency),
+        };
+        return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
