@@ -164,7 +164,7 @@ static int loop_mount(int dfd, const char *image, const char *dir, struct cove_e
                                 continue; /* raced with another user of loop devices */
                         return cove_err_set(err, errno, "LOOP_CONFIGURE %s", dev);
                 }
-                if (mount(dev, dir, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, NULL) < 0)
+                if (mount(dev, dir, "ext4", MS_NOSUID | MS_NODEV | MS_NOATIME, "noinit_itable") < 0)
                         return cove_err_set(err, errno, "mount %s on %s", dev, dir);
                 return 0;
         }
