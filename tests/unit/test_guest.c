@@ -629,6 +629,18 @@ static void files_write_read_binary(void **state)
         assert_int_equal(got, 0);
         free(back);
         json_decref(r);
+        /* an aborted upload leaves the old content and no temp file */
+        uint32_t wid = req(n, json_pack("{s:s, s:s}", "op", "write", "path", path));
+        struct cove_err err;
+        assert_int_equal(cove_frame_write(n->fd, COVE_F_DATA, 0, wid, "partial", 7, &err), 0);
+        assert_int_equal(
+            cove_frame_write(n->fd, COVE_F_DATA, COVE_FF_END | COVE_FF_ABORT, wid, NULL, 0, &err),
+            0);
+        r = resp(n, wid);
+        assert_err(r, "conflict");
+        json_decref(r);
+        assert_int_equal(stat(path, &st), 0);
+        assert_int_equal(st.st_size, 0);
         /* no temp files left behind */
         json_t *l = call(n, json_pack("{s:s, s:s}", "op", "list", "path", n->dir));
         assert_ok(l);

@@ -352,6 +352,12 @@ int g_write_data(struct cove_guest *g, uint32_t id, uint8_t flags, const uint8_t
         if (!*handled)
                 return 0;
         struct gwrite *w = g->writes[i];
+        if ((flags & COVE_FF_END) && (flags & COVE_FF_ABORT) && !w->failed) {
+                /* the client went away: drop the temp file, keep the target as it was */
+                w->failed = true;
+                cove_err_setk(&w->e, COVE_E_CONFLICT, 0, "write %s: aborted", w->path);
+                n = 0;
+        }
         size_t off = 0;
         while (!w->failed && off < n) {
                 ssize_t k = write(w->fd, p + off, n - off);

@@ -443,6 +443,13 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
         int ret = -1;
         struct loop_state ls = {0};
 
+        /* fds 0-2 must be taken, so that no pipe lands there (dup2 onto itself in a child
+         * would keep O_CLOEXEC) */
+        int nfd;
+        while ((nfd = open("/dev/null", O_RDWR)) >= 0 && nfd <= 2)
+                ;
+        if (nfd > 2)
+                close(nfd);
         /* the channel must block: replies are full blocking writes */
         int fl = fcntl(g->chan, F_GETFL);
         if (fl < 0) {
