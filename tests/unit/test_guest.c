@@ -390,6 +390,26 @@ static void exec_argv_and_default_env(void **state)
         json_decref(po.exit);
 }
 
+static void exec_as_user(void **state)
+{
+        struct node *n = *state;
+        if (geteuid() != 0)
+                skip(); /* switching users needs root */
+        int pid = start(n, json_pack("{s:s, s:s, s:s}", "op", "exec", "shell", "id -u; id -g",
+                                     "user", "12345"));
+        struct proc_out po;
+        collect(n, pid, &po, 10000);
+        po.out[po.nout] = 0;
+        assert_string_equal(po.out, "12345\n12345\n");
+        json_decref(po.exit);
+        pid = start(
+            n, json_pack("{s:s, s:s, s:i}", "op", "exec", "shell", "id -u; echo $HOME", "user", 0));
+        collect(n, pid, &po, 10000);
+        po.out[po.nout] = 0;
+        assert_string_equal(po.out, "0\n/root\n");
+        json_decref(po.exit);
+}
+
 static void exec_killed_by_signal(void **state)
 {
         struct node *n = *state;
@@ -832,6 +852,7 @@ int main(void)
             cmocka_unit_test_setup_teardown(bad_requests, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_stdout_stderr_exit, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_argv_and_default_env, setup, teardown),
+            cmocka_unit_test_setup_teardown(exec_as_user, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_killed_by_signal, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_missing_binary, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_stdin_cat, setup, teardown),
