@@ -201,15 +201,20 @@ static int valid_string(json_t *v, size_t max)
                strlen(json_string_value(v)) == json_string_length(v);
 }
 
-/* Build the guest request from the API body; answers 400 itself on bad input. */
-static json_t *exec_request(struct cove_req *r, json_t *body, const struct cove_sandbox_row *row,
-                            json_t **cmd_desc)
+/* Build the guest exec request from an API body (pure: no I/O, fuzzed). env_json holds the
+ * sandbox's default env, overridden by the body's. Returns 0 with *req and *cmd (the command
+ * as an argv, for the process list) as new references, or -1 with why filled. */
+int cove_exec_request_build(json_t *body, const char *env_json, json_t **out_req, json_t **cmd_desc,
+                            char *why_out, size_t cap)
 {
+        const char *why = NULL;
         json_t *cmd = json_object_get(body, "cmd");
         json_t *shell = json_object_get(body, "shell");
+        *cmd_desc = NULL;
+        *out_req = NULL;
         if ((cmd && shell) || (!cmd && !shell)) {
-                cove_reply_error(r, 400, "bad_request", "give exactly one of cmd (array) or shell (string)");
-                return NULL;
+                snprintf(why_out, cap, "give exactly one of cmd (array) or shell (string)");
+                return -1;
         }
         json_t *req = json_pack("{s:s}", "op", "exec");
         if (cmd) {
@@ -219,31 +224,31 @@ static json_t *exec_request(struct cove_req *r, json_t *body, const struct cove_
                          json_array_size(cmd) <= 4096;
                 json_array_foreach(cmd, i, v)
                 {
-                        ok = ok && valid_string(v, CMD_MAX_BYTES) && (i > 0 || json_string_length(v) > 0);
+                        ok = ok && valid_string(v, CMD_MAX_BYTES) &&
+                             (i > 0 || json_string_length(v) > 0);
                         total += ok ? json_string_length(v) : 0;
                 }
                 if (!ok || total > CMD_MAX_BYTES) {
                         json_decref(req);
-                        cove_reply_error(r, 400, "bad_request",
-                                         "cmd must be a non-empty array of strings without NUL "
-                                         "bytes (at most 4096 items, 256 KiB)");
-                        return NULL;
+                        snprintf(why_out, cap,
+                                 "cmd must be a non-empty array of strings without NUL bytes (at "
+                                 "most 4096 items, 256 KiB)");
+                        return -1;
                 }
                 json_object_set(req, "cmd", cmd);
                 *cmd_desc = json_incref(cmd);
         } else {
                 if (!valid_string(shell, CMD_MAX_BYTES) || json_string_length(shell) == 0) {
                         json_decref(req);
-                        cove_reply_error(r, 400, "bad_request",
-                                         "shell must be a non-empty string without NUL bytes");
-                        return NULL;
+                        snprintf(why_out, cap, "shell must be a non-empty string without NUL bytes");
+                        return -1;
                 }
                 json_object_set(req, "shell", shell);
                 *cmd_desc = json_pack("[s, s, O]", "/bin/sh", "-c", shell);
         }
         /* env: the sandbox's defaults, overridden by the call's */
         json_error_t je;
-        json_t *env = json_loads(row->env_json ? row->env_json : "{}", 0, &je);
+        json_t *env = json_loads(env_json ? env_json : "{}", 0, &je);
         if (!json_is_object(env)) {
                 json_decref(env);
                 env = json_object();
@@ -255,7 +260,8 @@ static json_t *exec_request(struct cove_req *r, json_t *body, const struct cove_
         if (ok && json_is_object(e))
                 json_object_foreach(e, k, v)
                 {
-                        ok = ok && *k && !strchr(k, '=') && strlen(k) <= 256 && valid_string(v, 32768);
+                        ok = ok && *k && !strchr(k, '=') && strlen(k) <= 256 &&
+                             valid_string(v, 32768);
                         if (ok)
                                 json_object_set(env, k, v);
                 }
@@ -263,12 +269,13 @@ static json_t *exec_request(struct cove_req *r, json_t *body, const struct cove_
         json_t *cwd = json_object_get(body, "cwd"), *user = json_object_get(body, "user");
         json_t *stdin_ = json_object_get(body, "stdin"), *pty = json_object_get(body, "pty");
         json_t *to = json_object_get(body, "timeout_s"), *tag = json_object_get(body, "tag");
-        const char *why = NULL;
         if (!ok)
                 why = "env must be an object of string values";
-        else if (cwd && !json_is_null(cwd) && !(valid_string(cwd, 4096) && json_string_length(cwd)))
+        else if (cwd && !json_is_null(cwd) &&
+                 !(valid_string(cwd, 4096) && json_string_length(cwd)))
                 why = "cwd must be a non-empty path";
-        else if (user && !json_is_null(user) && !(valid_string(user, 64) && json_string_length(user)))
+        else if (user && !json_is_null(user) &&
+                 !(valid_string(user, 64) && json_string_length(user)))
                 why = "user must be a user name or number";
         else if (stdin_ && !json_is_boolean(stdin_) && !json_is_null(stdin_))
                 why = "stdin must be a boolean";
@@ -285,15 +292,15 @@ static json_t *exec_request(struct cove_req *r, json_t *body, const struct cove_
                     json_integer_value(rows) < 1 || json_integer_value(rows) > 10000)
                         why = "pty must be {cols, rows} with integers from 1 to 10000";
                 else
-                        json_object_set_new(req, "pty", json_pack("{s:O, s:O}", "cols", cols,
-                                                                  "rows", rows));
+                        json_object_set_new(req, "pty",
+                                            json_pack("{s:O, s:O}", "cols", cols, "rows", rows));
         }
         if (why) {
                 json_decref(req);
                 json_decref(*cmd_desc);
                 *cmd_desc = NULL;
-                cove_reply_error(r, 400, "bad_request", "%s", why);
-                return NULL;
+                snprintf(why_out, cap, "%s", why);
+                return -1;
         }
         if (cwd && json_is_string(cwd))
                 json_object_set(req, "cwd", cwd);
@@ -302,7 +309,8 @@ static json_t *exec_request(struct cove_req *r, json_t *body, const struct cove_
         json_object_set_new(req, "stdin", json_boolean(json_is_true(stdin_)));
         if (json_is_integer(to) && json_integer_value(to) > 0)
                 json_object_set(req, "timeout_s", to);
-        return req;
+        *out_req = req;
+        return 0;
 }
 
 struct outbuf {
@@ -426,13 +434,14 @@ int cove_h_exec(void *app, struct cove_req *r)
                 json_decref(body);
                 return 0;
         }
-        json_t *cmd_desc = NULL;
-        json_t *req = exec_request(r, body, &row, &cmd_desc);
+        json_t *cmd_desc = NULL, *req = NULL;
+        char why[256];
+        int bad = cove_exec_request_build(body, row.env_json, &req, &cmd_desc, why, sizeof(why));
         cove_sandbox_row_clear(&row);
-        if (!req) {
+        if (bad) {
                 json_decref(body);
                 cove_chan_unref(c);
-                return 0;
+                return cove_reply_error(r, 400, "bad_request", "%s", why);
         }
         const char *tag = json_string_value(json_object_get(body, "tag"));
         uint32_t pid = 0;

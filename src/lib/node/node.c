@@ -39,7 +39,60 @@ struct cove_node {
         int quit;
         pthread_t io;
         pthread_mutex_t io_mu; /* held by the I/O thread while it touches channels */
+        /* The spawner thread starts every instance: a runtime may tie an instance's life to
+         * the thread that created it (PR_SET_PDEATHSIG fires when that *thread* exits), and
+         * API threads come and go with their connections. */
+        pthread_t spawner;
+        pthread_mutex_t sp_mu;
+        pthread_cond_t sp_cv;
+        struct spawn_job *sp_head;
 };
+
+struct spawn_job {
+        struct spawn_job *next;
+        const struct cove_instance_spec *spec;
+        struct cove_instance *inst;
+        struct cove_err *err;
+        int done, rc;
+};
+
+static void *spawner_main(void *arg)
+{
+        struct cove_node *n = arg;
+        pthread_mutex_lock(&n->sp_mu);
+        for (;;) {
+                while (!n->sp_head && !n->quit)
+                        pthread_cond_wait(&n->sp_cv, &n->sp_mu);
+                if (!n->sp_head)
+                        break;
+                struct spawn_job *j = n->sp_head;
+                n->sp_head = j->next;
+                pthread_mutex_unlock(&n->sp_mu);
+                int rc = n->cfg.rt_ops->start(n->rt, j->spec, j->inst, j->err);
+                pthread_mutex_lock(&n->sp_mu);
+                j->rc = rc;
+                j->done = 1;
+                pthread_cond_broadcast(&n->sp_cv);
+        }
+        pthread_mutex_unlock(&n->sp_mu);
+        return NULL;
+}
+
+static int spawn(struct cove_node *n, const struct cove_instance_spec *spec,
+                 struct cove_instance *inst, struct cove_err *err)
+{
+        struct spawn_job j = {.spec = spec, .inst = inst, .err = err};
+        pthread_mutex_lock(&n->sp_mu);
+        struct spawn_job **tail = &n->sp_head;
+        while (*tail)
+                tail = &(*tail)->next;
+        *tail = &j;
+        pthread_cond_broadcast(&n->sp_cv);
+        while (!j.done)
+                pthread_cond_wait(&n->sp_cv, &n->sp_mu);
+        pthread_mutex_unlock(&n->sp_mu);
+        return j.rc;
+}
 
 static void rx_notify(void *arg, struct cove_chan *c)
 {
@@ -134,9 +187,21 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
         }
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
         epoll_ctl(n->epfd, EPOLL_CTL_ADD, n->wake_fd, &ev);
-        int e = pthread_create(&n->io, NULL, io_main, n);
+        pthread_mutex_init(&n->sp_mu, NULL);
+        pthread_cond_init(&n->sp_cv, NULL);
+        int e = pthread_create(&n->spawner, NULL, spawner_main, n);
+        if (e) {
+                cove_err_set(err, e, "node: spawner thread");
+                goto fail;
+        }
+        e = pthread_create(&n->io, NULL, io_main, n);
         if (e) {
                 cove_err_set(err, e, "node: I/O thread");
+                pthread_mutex_lock(&n->sp_mu);
+                n->quit = 1;
+                pthread_cond_broadcast(&n->sp_cv);
+                pthread_mutex_unlock(&n->sp_mu);
+                pthread_join(n->spawner, NULL);
                 goto fail;
         }
         return n;
@@ -223,7 +288,7 @@ int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct
         snprintf(in->id, sizeof(in->id), "%s", spec->sandbox_id);
         in->uid_base = spec->uid_base;
         in->ri.chan_fd = -1;
-        if (n->cfg.rt_ops->start(n->rt, spec, &in->ri, err) < 0) {
+        if (spawn(n, spec, &in->ri, err) < 0) {
                 free(in);
                 return cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
         }
@@ -371,7 +436,11 @@ void cove_node_free(struct cove_node *n)
                 if (cove_node_stop(n, id, 0, &e) < 0)
                         cove_warn(n->cfg.log, "node.stop", "%s", e.msg);
         }
+        pthread_mutex_lock(&n->sp_mu);
         n->quit = 1;
+        pthread_cond_broadcast(&n->sp_cv);
+        pthread_mutex_unlock(&n->sp_mu);
+        pthread_join(n->spawner, NULL);
         uint64_t one = 1;
         ssize_t w = write(n->wake_fd, &one, sizeof(one));
         (void)w;
