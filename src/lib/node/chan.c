@@ -29,6 +29,9 @@
 #define MAX_WATCHES 64
 #define RX_PAUSE_BYTES (8u << 20) /* queued file bytes before the guest is not read */
 #define RX_RESUME_BYTES (2u << 20)
+/* Request ids start above every possible pid (< 2^22): a DATA frame's id names either an
+ * upload or a process's stdin, and the two must never collide. */
+#define REQ_ID_FIRST 0x400000u
 
 enum { PEND_CALL = 1, PEND_EXEC, PEND_READ, PEND_WRITE, PEND_WATCH };
 
@@ -138,7 +141,7 @@ struct cove_chan *cove_chan_new(int fd, const char *sandbox_id, const struct cov
         c->refs = 1;
         c->fd = fd;
         c->log = log;
-        c->next_id = 1;
+        c->next_id = REQ_ID_FIRST;
         snprintf(c->sandbox_id, sizeof(c->sandbox_id), "%s", sandbox_id);
         int fl = fcntl(fd, F_GETFL);
         if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ||
@@ -527,11 +530,8 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                         if (pd->qbytes > RX_PAUSE_BYTES)
                                 c->rx_paused = 1;
                 }
-                if (f->flags & COVE_FF_END) {
-                        if (pd->got != pd->expect)
-                                return -1;
-                        pd->data_end = 1;
-                }
+                if (f->flags & COVE_FF_END)
+                        pd->data_end = 1; /* possibly early: the file shrank while read */
                 return 0;
         }
         case COVE_F_OUT: {
@@ -676,7 +676,7 @@ static struct pending *pending_new_locked(struct cove_chan *c, int kind, struct 
         p->kind = kind;
         p->id = c->next_id++;
         if (c->next_id == 0)
-                c->next_id = 1;
+                c->next_id = REQ_ID_FIRST;
         p->next = c->pend;
         c->pend = p;
         c->npend++;
@@ -960,7 +960,15 @@ long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout
                         break;
                 }
                 if (pd->data_end) {
-                        r = (c->closed && pd->got != pd->expect) ? closed_err(c, err) : 0;
+                        r = pd->got != pd->expect
+                                    ? cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                                    "sandbox %s: file ended after %llu of %llu "
+                                                    "bytes (%s)",
+                                                    c->sandbox_id, (unsigned long long)pd->got,
+                                                    (unsigned long long)pd->expect,
+                                                    c->closed ? "guest channel closed"
+                                                              : "it shrank while read")
+                                    : 0;
                         break;
                 }
                 if (wait_until(c, &dl) == ETIMEDOUT && !pd->qh && !pd->data_end) {
