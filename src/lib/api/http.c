@@ -22,7 +22,13 @@ struct cove_http {
         struct MHD_Daemon *tcp;
         struct MHD_Daemon *unx;
         char unix_path[108];
+        uint64_t requests; /* finished requests (atomic) */
 };
+
+uint64_t cove_http_requests(struct cove_http *h)
+{
+        return h ? __atomic_load_n(&h->requests, __ATOMIC_RELAXED) : 0;
+}
 
 int cove_route_match(const char *pattern, const char *path, char **params, int *nparams)
 {
@@ -209,6 +215,7 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         if (!r)
                 return;
         *con_cls = NULL;
+        __atomic_add_fetch(&h->requests, 1, __ATOMIC_RELAXED);
         req_free(h, r);
 }
 

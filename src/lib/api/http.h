@@ -77,6 +77,8 @@ struct cove_http_config {
 struct cove_http *cove_http_start(const struct cove_http_config *cfg, const char *tcp_addr,
                                   const char *unix_path, struct cove_err *err);
 void cove_http_stop(struct cove_http *h);
+/* Requests finished so far (for /metrics). */
+uint64_t cove_http_requests(struct cove_http *h);
 
 /* Request helpers */
 const char *cove_req_query(struct cove_req *r, const char *key); /* decoded or NULL */

@@ -102,7 +102,7 @@ static int h_metrics(void *app, struct cove_req *r)
                 "# TYPE cove_timeouts_total counter\ncove_timeouts_total %llu\n"
                 "# HELP cove_uptime_seconds Seconds since coved started.\n"
                 "# TYPE cove_uptime_seconds gauge\ncove_uptime_seconds %.3f\n",
-                cove_node_count(d->node), (unsigned long long)m.http_requests,
+                cove_node_count(d->node), (unsigned long long)cove_http_requests(d->http),
                 (unsigned long long)m.creates, (unsigned long long)m.create_failures,
                 (double)m.create_ns_sum / 1e9, (unsigned long long)m.deletes,
                 (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired,

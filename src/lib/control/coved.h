@@ -26,7 +26,6 @@ struct coved_options {
 };
 
 struct coved_metrics {
-        uint64_t http_requests;
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
         uint64_t create_ns_sum; /* total create latency, for the average */
 };

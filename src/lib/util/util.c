@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -179,12 +178,53 @@ int cove_mkdir_p(const char *path, mode_t mode, struct cove_err *err)
         return 0;
 }
 
-static int rm_one(const char *p, const struct stat *st, int flag, struct FTW *f)
+/* Remove everything below dirfd, never following symlinks and never descending into
+ * another mount (STATX_ATTR_MOUNT_ROOT; comparing st_dev is wrong on overlayfs, where
+ * files report their layer's device). depth bounds the recursion. */
+static int rm_children(int dirfd, int depth)
 {
-        (void)st;
-        (void)f;
-        int r = (flag == FTW_DP) ? rmdir(p) : unlink(p);
-        return (r < 0 && errno != ENOENT) ? -1 : 0;
+        if (depth > 256)
+                return -ELOOP;
+        DIR *d = fdopendir(dirfd);
+        if (!d) {
+                close(dirfd);
+                return -errno;
+        }
+        int rc = 0;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                const char *n = de->d_name;
+                if (!strcmp(n, ".") || !strcmp(n, ".."))
+                        continue;
+                struct statx stx;
+                if (statx(dirfd, n, AT_SYMLINK_NOFOLLOW, STATX_TYPE, &stx) < 0) {
+                        if (errno != ENOENT && !rc)
+                                rc = -errno;
+                        continue;
+                }
+                if (S_ISDIR(stx.stx_mode)) {
+                        if (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) {
+                                if (!rc)
+                                        rc = -EBUSY;
+                                continue;
+                        }
+                        int sub = openat(dirfd, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        if (sub < 0) {
+                                if (!rc)
+                                        rc = -errno;
+                                continue;
+                        }
+                        int r = rm_children(sub, depth + 1);
+                        if (r < 0 && !rc)
+                                rc = r;
+                        if (unlinkat(dirfd, n, AT_REMOVEDIR) < 0 && errno != ENOENT && !rc)
+                                rc = -errno;
+                } else if (unlinkat(dirfd, n, 0) < 0 && errno != ENOENT && !rc) {
+                        rc = -errno;
+                }
+        }
+        closedir(d);
+        return rc;
 }
 
 int cove_rm_rf(const char *path, struct cove_err *err)
@@ -192,7 +232,18 @@ int cove_rm_rf(const char *path, struct cove_err *err)
         struct stat st;
         if (lstat(path, &st) < 0)
                 return errno == ENOENT ? 0 : cove_err_set(err, errno, "remove %s", path);
-        if (nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0)
+        if (!S_ISDIR(st.st_mode)) {
+                if (unlink(path) < 0 && errno != ENOENT)
+                        return cove_err_set(err, errno, "remove %s", path);
+                return 0;
+        }
+        int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return cove_err_set(err, errno, "remove %s", path);
+        int r = rm_children(fd, 0);
+        if (r < 0)
+                return cove_err_set(err, -r, "remove %s", path);
+        if (rmdir(path) < 0 && errno != ENOENT)
                 return cove_err_set(err, errno, "remove %s", path);
         return 0;
 }

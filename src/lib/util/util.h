@@ -28,7 +28,7 @@ int cove_write_file_atomic(const char *dir, const char *name, const void *data, 
 int cove_read_file(const char *path, size_t max, char **out, size_t *len, struct cove_err *err);
 /* mkdir -p with mode for the created components. */
 int cove_mkdir_p(const char *path, mode_t mode, struct cove_err *err);
-/* rm -rf that stays on one filesystem and never follows symlinks. */
+/* rm -rf that never follows symlinks and never descends into another mount (EBUSY). */
 int cove_rm_rf(const char *path, struct cove_err *err);
 
 #endif
