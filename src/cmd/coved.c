@@ -12,25 +12,26 @@
 
 static void usage(FILE *f)
 {
-        fprintf(f, "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
-                   "             [--templates NAME,...] [--guest-binary PATH]\n"
-                   "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n");
+        fprintf(f,
+                "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
+                "             [--templates NAME,...] [--guest-binary PATH]\n"
+                "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n");
 }
 
 int main(int argc, char **argv)
 {
-        struct coved_options o = {.listen = "127.0.0.1:7677", .log_level = COVE_LOG_INFO,
-                                  .default_timeout_s = 300};
+        struct coved_options o = {
+            .listen = "127.0.0.1:7677", .log_level = COVE_LOG_INFO, .default_timeout_s = 300};
         static const struct option opts[] = {
-                {"data-dir", required_argument, 0, 'd'},
-                {"listen", required_argument, 0, 'l'},
-                {"templates-dir", required_argument, 0, 't'},
-                {"templates", required_argument, 0, 'T'},
-                {"guest-binary", required_argument, 0, 'g'},
-                {"log-level", required_argument, 0, 'v'},
-                {"default-timeout", required_argument, 0, 'o'},
-                {"help", no_argument, 0, 'h'},
-                {0, 0, 0, 0},
+            {"data-dir", required_argument, 0, 'd'},
+            {"listen", required_argument, 0, 'l'},
+            {"templates-dir", required_argument, 0, 't'},
+            {"templates", required_argument, 0, 'T'},
+            {"guest-binary", required_argument, 0, 'g'},
+            {"log-level", required_argument, 0, 'v'},
+            {"default-timeout", required_argument, 0, 'o'},
+            {"help", no_argument, 0, 'h'},
+            {0, 0, 0, 0},
         };
         int c;
         while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -51,10 +52,10 @@ int main(int argc, char **argv)
                         o.guest_binary = optarg;
                         break;
                 case 'v':
-                        o.log_level = !strcmp(optarg, "debug")  ? COVE_LOG_DEBUG
-                                      : !strcmp(optarg, "warn") ? COVE_LOG_WARN
+                        o.log_level = !strcmp(optarg, "debug")   ? COVE_LOG_DEBUG
+                                      : !strcmp(optarg, "warn")  ? COVE_LOG_WARN
                                       : !strcmp(optarg, "error") ? COVE_LOG_ERROR
-                                                                  : COVE_LOG_INFO;
+                                                                 : COVE_LOG_INFO;
                         break;
                 case 'o':
                         o.default_timeout_s = atoi(optarg);

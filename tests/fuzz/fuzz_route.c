@@ -30,7 +30,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (json_is_object(body)) {
                 json_t *req = NULL, *cmd = NULL;
                 char why[256];
-                if (cove_exec_request_build(body, "{\"A\":\"b\"}", &req, &cmd, why, sizeof(why)) == 0) {
+                if (cove_exec_request_build(body, "{\"A\":\"b\"}", &req, &cmd, why, sizeof(why)) ==
+                    0) {
                         json_decref(req);
                         json_decref(cmd);
                 }

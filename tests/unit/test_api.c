@@ -39,8 +39,8 @@ static json_t *build(const char *body, char *why)
         json_t *b = json_loads(body, JSON_ALLOW_NUL, &je); /* the server refuses NUL earlier */
         assert_non_null(b);
         json_t *req = NULL, *cmd = NULL;
-        int r = cove_exec_request_build(b, "{\"A\":\"sandbox\",\"B\":\"keep\"}", &req, &cmd, why,
-                                        256);
+        int r =
+            cove_exec_request_build(b, "{\"A\":\"sandbox\",\"B\":\"keep\"}", &req, &cmd, why, 256);
         json_decref(b);
         json_decref(cmd);
         return r == 0 ? req : NULL;
@@ -59,27 +59,28 @@ static void exec_validation(void **state)
         json_t *env = json_object_get(r, "env");
         assert_string_equal(json_string_value(json_object_get(env, "A")), "call");
         assert_string_equal(json_string_value(json_object_get(env, "B")), "keep");
-        assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "pty"), "cols")), 80);
+        assert_int_equal(json_integer_value(json_object_get(json_object_get(r, "pty"), "cols")),
+                         80);
         assert_true(json_is_false(json_object_get(r, "stdin")));
         json_decref(r);
 
         static const char *bad[] = {
-                "{}",                                     /* neither cmd nor shell */
-                "{\"cmd\":[\"a\"],\"shell\":\"b\"}",      /* both */
-                "{\"cmd\":\"ls\"}",                       /* wrong type */
-                "{\"cmd\":[]}",                           /* empty argv */
-                "{\"cmd\":[\"\"]}",                       /* empty program */
-                "{\"cmd\":[\"a\\u0000b\"]}",              /* NUL inside */
-                "{\"cmd\":[1]}",
-                "{\"shell\":\"\"}",
-                "{\"shell\":\"x\",\"env\":{\"A\":1}}",
-                "{\"shell\":\"x\",\"env\":{\"A=B\":\"1\"}}",
-                "{\"shell\":\"x\",\"pty\":{\"cols\":0,\"rows\":24}}",
-                "{\"shell\":\"x\",\"pty\":{\"cols\":80}}",
-                "{\"shell\":\"x\",\"timeout_s\":-1}",
-                "{\"shell\":\"x\",\"stdin\":\"yes\"}",
-                "{\"shell\":\"x\",\"cwd\":\"\"}",
-                "{\"shell\":\"x\",\"user\":7}",
+            "{}",                                /* neither cmd nor shell */
+            "{\"cmd\":[\"a\"],\"shell\":\"b\"}", /* both */
+            "{\"cmd\":\"ls\"}",                  /* wrong type */
+            "{\"cmd\":[]}",                      /* empty argv */
+            "{\"cmd\":[\"\"]}",                  /* empty program */
+            "{\"cmd\":[\"a\\u0000b\"]}",         /* NUL inside */
+            "{\"cmd\":[1]}",
+            "{\"shell\":\"\"}",
+            "{\"shell\":\"x\",\"env\":{\"A\":1}}",
+            "{\"shell\":\"x\",\"env\":{\"A=B\":\"1\"}}",
+            "{\"shell\":\"x\",\"pty\":{\"cols\":0,\"rows\":24}}",
+            "{\"shell\":\"x\",\"pty\":{\"cols\":80}}",
+            "{\"shell\":\"x\",\"timeout_s\":-1}",
+            "{\"shell\":\"x\",\"stdin\":\"yes\"}",
+            "{\"shell\":\"x\",\"cwd\":\"\"}",
+            "{\"shell\":\"x\",\"user\":7}",
         };
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 why[0] = '\0';
@@ -129,9 +130,9 @@ static void replay_exactly_once_and_overflow(void **state)
 int main(void)
 {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(route_matching),
-                cmocka_unit_test(exec_validation),
-                cmocka_unit_test(replay_exactly_once_and_overflow),
+            cmocka_unit_test(route_matching),
+            cmocka_unit_test(exec_validation),
+            cmocka_unit_test(replay_exactly_once_and_overflow),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

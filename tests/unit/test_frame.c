@@ -78,8 +78,8 @@ static void write_then_decode_over_socket(void **state)
         static uint8_t big[200000];
         for (size_t i = 0; i < sizeof(big); i++)
                 big[i] = (uint8_t)(i * 7);
-        assert_int_equal(cove_frame_write(sv[0], COVE_F_DATA, COVE_FF_END, 9, big, sizeof(big), &err),
-                         0);
+        assert_int_equal(
+            cove_frame_write(sv[0], COVE_F_DATA, COVE_FF_END, 9, big, sizeof(big), &err), 0);
         struct cove_decoder d;
         assert_int_equal(cove_decoder_init(&d, COVE_FRAME_MAX, &err), 0);
         struct cove_frame f;
@@ -121,10 +121,10 @@ static void write_timeout_when_peer_does_not_read(void **state)
 int main(void)
 {
         const struct CMUnitTest tests[] = {
-                cmocka_unit_test(roundtrip_split_bytes),
-                cmocka_unit_test(rejects_oversize_and_bad_type),
-                cmocka_unit_test(write_then_decode_over_socket),
-                cmocka_unit_test(write_timeout_when_peer_does_not_read),
+            cmocka_unit_test(roundtrip_split_bytes),
+            cmocka_unit_test(rejects_oversize_and_bad_type),
+            cmocka_unit_test(write_then_decode_over_socket),
+            cmocka_unit_test(write_timeout_when_peer_does_not_read),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -91,7 +91,7 @@ int cove_reply_text(struct cove_req *r, unsigned status, const char *ctype, cons
 {
         size_t n = strlen(text);
         struct MHD_Response *resp =
-                MHD_create_response_from_buffer(n, (void *)text, MHD_RESPMEM_MUST_COPY);
+            MHD_create_response_from_buffer(n, (void *)text, MHD_RESPMEM_MUST_COPY);
         if (resp && ctype)
                 MHD_add_response_header(resp, "Content-Type", ctype);
         return queue(r, status, resp);
@@ -133,14 +133,14 @@ int cove_reply_err(struct cove_req *r, const struct cove_err *err)
                 unsigned status;
                 const char *code;
         } map[] = {
-                [COVE_E_INTERNAL] = {500, "internal"},
-                [COVE_E_BAD_REQUEST] = {400, "bad_request"},
-                [COVE_E_NOT_FOUND] = {404, "not_found"},
-                [COVE_E_CONFLICT] = {409, "conflict"},
-                [COVE_E_LIMIT] = {429, "limit_exceeded"},
-                [COVE_E_UNAUTHORIZED] = {401, "unauthorized"},
-                [COVE_E_UNAVAILABLE] = {503, "unavailable"},
-                [COVE_E_KEY_REVOKED] = {403, "key_revoked"},
+            [COVE_E_INTERNAL] = {500, "internal"},
+            [COVE_E_BAD_REQUEST] = {400, "bad_request"},
+            [COVE_E_NOT_FOUND] = {404, "not_found"},
+            [COVE_E_CONFLICT] = {409, "conflict"},
+            [COVE_E_LIMIT] = {429, "limit_exceeded"},
+            [COVE_E_UNAUTHORIZED] = {401, "unauthorized"},
+            [COVE_E_UNAVAILABLE] = {503, "unavailable"},
+            [COVE_E_KEY_REVOKED] = {403, "key_revoked"},
         };
         unsigned k = (unsigned)err->kind;
         if (k >= COVE_ARRAY_SIZE(map))
@@ -152,7 +152,7 @@ int cove_reply_err(struct cove_req *r, const struct cove_err *err)
 int cove_reply_empty(struct cove_req *r, unsigned status)
 {
         struct MHD_Response *resp =
-                MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+            MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         return queue(r, status, resp);
 }
 
@@ -160,8 +160,8 @@ int cove_reply_stream(struct cove_req *r, unsigned status, const char *ctype, in
                       cove_stream_read_fn read, cove_stream_free_fn free_fn, void *ctx)
 {
         struct MHD_Response *resp = MHD_create_response_from_callback(
-                size < 0 ? MHD_SIZE_UNKNOWN : (uint64_t)size, 64 * 1024,
-                (MHD_ContentReaderCallback)read, ctx, (MHD_ContentReaderFreeCallback)free_fn);
+            size < 0 ? MHD_SIZE_UNKNOWN : (uint64_t)size, 64 * 1024,
+            (MHD_ContentReaderCallback)read, ctx, (MHD_ContentReaderFreeCallback)free_fn);
         if (!resp) {
                 if (free_fn)
                         free_fn(ctx);
@@ -227,9 +227,8 @@ static enum MHD_Result answer_now(struct cove_req *r, unsigned status, const cha
 }
 
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
-                                 const char *method, const char *version,
-                                 const char *upload_data, size_t *upload_data_size,
-                                 void **con_cls)
+                                 const char *method, const char *version, const char *upload_data,
+                                 size_t *upload_data_size, void **con_cls)
 {
         struct cove_http *h = cls;
         struct cove_req *r = *con_cls;
@@ -369,14 +368,13 @@ static int listen_unix(const char *path, struct cove_err *err)
 static struct MHD_Daemon *daemon_on(struct cove_http *h, int fd)
 {
         return MHD_start_daemon(
-                MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                        MHD_USE_ITC,
-                0, NULL, NULL, access_cb, h, MHD_OPTION_LISTEN_SOCKET, fd,
-                MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_CONNECTION_TIMEOUT,
-                (unsigned)0, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
-                MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_THREAD_STACK_SIZE,
-                (size_t)(512 * 1024), MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-                MHD_OPTION_END);
+            MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                MHD_USE_ITC,
+            0, NULL, NULL, access_cb, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED,
+            completed, h, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0,
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024), MHD_OPTION_CONNECTION_LIMIT,
+            (unsigned)4096, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
+            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
 }
 
 struct cove_http *cove_http_start(const struct cove_http_config *cfg, const char *tcp_addr,

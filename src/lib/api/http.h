@@ -42,17 +42,17 @@ typedef int (*cove_auth_fn)(void *app, struct cove_req *r, const char *authoriza
                             struct cove_err *err);
 
 struct cove_req {
-        void *conn;          /* struct MHD_Connection * */
+        void *conn; /* struct MHD_Connection * */
         const char *method;
-        const char *url;     /* path, without the query */
+        const char *url; /* path, without the query */
         const struct cove_route *route;
         char *params[COVE_HTTP_MAX_PARAMS]; /* {param} values, in pattern order */
         int nparams;
-        char *body;          /* buffered body (NUL-terminated), non-upload routes */
+        char *body; /* buffered body (NUL-terminated), non-upload routes */
         size_t body_len;
-        int too_big;         /* body exceeded the bound */
+        int too_big; /* body exceeded the bound */
         int upload_failed;
-        int started;         /* handler has run */
+        int started; /* handler has run */
         int answered;
         /* principal, filled by the auth hook */
         char tenant[64];
@@ -90,7 +90,7 @@ json_t *cove_req_json(struct cove_req *r, int allow_empty);
 /* Answers: each returns 0. The JSON ones steal obj. */
 int cove_reply_json(struct cove_req *r, unsigned status, json_t *obj);
 int cove_reply_error(struct cove_req *r, unsigned status, const char *code, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 /* Status and code from err->kind. */
 int cove_reply_err(struct cove_req *r, const struct cove_err *err);
 int cove_reply_empty(struct cove_req *r, unsigned status);

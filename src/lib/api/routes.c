@@ -11,14 +11,13 @@
 #include "control/template.h"
 #include "util/util.h"
 
-int cove_api_auth(void *app, struct cove_req *r, const char *authorization,
-                  struct cove_err *err)
+int cove_api_auth(void *app, struct cove_req *r, const char *authorization, struct cove_err *err)
 {
         struct coved *d = app;
         if (!authorization) {
                 /* the unix socket is root-only (0600): local root is admin */
                 const union MHD_ConnectionInfo *ci =
-                        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+                    MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
                 if (ci && ci->client_addr && ci->client_addr->sa_family == AF_UNIX) {
                         snprintf(r->tenant, sizeof(r->tenant), "default");
                         snprintf(r->key_id, sizeof(r->key_id), "local");
@@ -78,35 +77,35 @@ static int h_metrics(void *app, struct cove_req *r)
                               "# HELP cove_sandboxes Sandboxes in the catalog by state.\n"
                               "# TYPE cove_sandboxes gauge\n");
         for (int i = 0; i < 7; i++)
-                o += (size_t)snprintf(buf + o, sizeof(buf) - o,
-                                      "cove_sandboxes{state=\"%s\"} %d\n", states[i], counts[i]);
+                o += (size_t)snprintf(buf + o, sizeof(buf) - o, "cove_sandboxes{state=\"%s\"} %d\n",
+                                      states[i], counts[i]);
         o += (size_t)snprintf(
-                buf + o, sizeof(buf) - o,
-                "# HELP cove_instances Running instances on this node.\n"
-                "# TYPE cove_instances gauge\ncove_instances %d\n"
-                "# HELP cove_http_requests_total HTTP requests answered.\n"
-                "# TYPE cove_http_requests_total counter\ncove_http_requests_total %llu\n"
-                "# HELP cove_sandbox_creates_total Sandboxes created.\n"
-                "# TYPE cove_sandbox_creates_total counter\ncove_sandbox_creates_total %llu\n"
-                "# HELP cove_sandbox_create_failures_total Sandbox creations that failed.\n"
-                "# TYPE cove_sandbox_create_failures_total counter\n"
-                "cove_sandbox_create_failures_total %llu\n"
-                "# HELP cove_sandbox_create_seconds_sum Total create latency.\n"
-                "# TYPE cove_sandbox_create_seconds_sum counter\n"
-                "cove_sandbox_create_seconds_sum %.6f\n"
-                "# HELP cove_sandbox_deletes_total Sandboxes deleted.\n"
-                "# TYPE cove_sandbox_deletes_total counter\ncove_sandbox_deletes_total %llu\n"
-                "# HELP cove_execs_total Processes started.\n"
-                "# TYPE cove_execs_total counter\ncove_execs_total %llu\n"
-                "# HELP cove_timeouts_total Sandboxes stopped by their timeout.\n"
-                "# TYPE cove_timeouts_total counter\ncove_timeouts_total %llu\n"
-                "# HELP cove_uptime_seconds Seconds since coved started.\n"
-                "# TYPE cove_uptime_seconds gauge\ncove_uptime_seconds %.3f\n",
-                cove_node_count(d->node), (unsigned long long)cove_http_requests(d->http),
-                (unsigned long long)m.creates, (unsigned long long)m.create_failures,
-                (double)m.create_ns_sum / 1e9, (unsigned long long)m.deletes,
-                (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired,
-                (double)(cove_now_ms() - d->started_at) / 1000.0);
+            buf + o, sizeof(buf) - o,
+            "# HELP cove_instances Running instances on this node.\n"
+            "# TYPE cove_instances gauge\ncove_instances %d\n"
+            "# HELP cove_http_requests_total HTTP requests answered.\n"
+            "# TYPE cove_http_requests_total counter\ncove_http_requests_total %llu\n"
+            "# HELP cove_sandbox_creates_total Sandboxes created.\n"
+            "# TYPE cove_sandbox_creates_total counter\ncove_sandbox_creates_total %llu\n"
+            "# HELP cove_sandbox_create_failures_total Sandbox creations that failed.\n"
+            "# TYPE cove_sandbox_create_failures_total counter\n"
+            "cove_sandbox_create_failures_total %llu\n"
+            "# HELP cove_sandbox_create_seconds_sum Total create latency.\n"
+            "# TYPE cove_sandbox_create_seconds_sum counter\n"
+            "cove_sandbox_create_seconds_sum %.6f\n"
+            "# HELP cove_sandbox_deletes_total Sandboxes deleted.\n"
+            "# TYPE cove_sandbox_deletes_total counter\ncove_sandbox_deletes_total %llu\n"
+            "# HELP cove_execs_total Processes started.\n"
+            "# TYPE cove_execs_total counter\ncove_execs_total %llu\n"
+            "# HELP cove_timeouts_total Sandboxes stopped by their timeout.\n"
+            "# TYPE cove_timeouts_total counter\ncove_timeouts_total %llu\n"
+            "# HELP cove_uptime_seconds Seconds since coved started.\n"
+            "# TYPE cove_uptime_seconds gauge\ncove_uptime_seconds %.3f\n",
+            cove_node_count(d->node), (unsigned long long)cove_http_requests(d->http),
+            (unsigned long long)m.creates, (unsigned long long)m.create_failures,
+            (double)m.create_ns_sum / 1e9, (unsigned long long)m.deletes,
+            (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired,
+            (double)(cove_now_ms() - d->started_at) / 1000.0);
         return cove_reply_text(r, 200, "text/plain; version=0.0.4", buf);
 }
 
@@ -194,8 +193,8 @@ static int h_delete(void *app, struct cove_req *r)
         struct coved *d = app;
         const char *purge = cove_req_query(r, "purge");
         struct cove_err err;
-        if (cove_sandbox_delete(d, r->tenant, r->params[0], purge && !strcmp(purge, "true"),
-                                &err) < 0)
+        if (cove_sandbox_delete(d, r->tenant, r->params[0], purge && !strcmp(purge, "true"), &err) <
+            0)
                 return cove_reply_err(r, &err);
         return cove_reply_empty(r, 204);
 }
@@ -215,12 +214,10 @@ static int h_timeout(void *app, struct cove_req *r)
 
 static int add_template(void *arg, const struct cove_template_info *t)
 {
-        json_array_append_new(arg, json_pack("{s:s, s:b, s:o, s:I}", "name", t->name, "built",
-                                             t->built,
-                                             "built_at",
-                                             t->built_at[0] ? json_string(t->built_at)
-                                                            : json_null(),
-                                             "size_bytes", (json_int_t)t->size_bytes));
+        json_array_append_new(
+            arg, json_pack("{s:s, s:b, s:o, s:I}", "name", t->name, "built", t->built, "built_at",
+                           t->built_at[0] ? json_string(t->built_at) : json_null(), "size_bytes",
+                           (json_int_t)t->size_bytes));
         return 0;
 }
 
@@ -272,27 +269,27 @@ static int h_template_build(void *app, struct cove_req *r)
 }
 
 const struct cove_route cove_routes[] = {
-        {"GET", "/healthz", h_health, NULL, COVE_ROUTE_PUBLIC},
-        {"GET", "/metrics", h_metrics, NULL, COVE_ROUTE_PUBLIC},
-        {"POST", "/v1/sandboxes", h_create, NULL, 0},
-        {"GET", "/v1/sandboxes", h_list, NULL, 0},
-        {"GET", "/v1/sandboxes/{id}", h_get, NULL, 0},
-        {"DELETE", "/v1/sandboxes/{id}", h_delete, NULL, 0},
-        {"POST", "/v1/sandboxes/{id}/timeout", h_timeout, NULL, 0},
-        {"POST", "/v1/sandboxes/{id}/exec", cove_h_exec, NULL, 0},
-        {"GET", "/v1/sandboxes/{id}/processes", cove_h_processes, NULL, 0},
-        {"GET", "/v1/sandboxes/{id}/processes/{pid}/events", cove_h_events, NULL, 0},
-        {"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", cove_h_stdin, NULL, 0},
-        {"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", cove_h_signal, NULL, 0},
-        {"POST", "/v1/sandboxes/{id}/processes/{pid}/resize", cove_h_resize, NULL, 0},
-        {"GET", "/v1/sandboxes/{id}/files", cove_h_file_get, NULL, 0},
-        {"PUT", "/v1/sandboxes/{id}/files", cove_h_file_put, cove_up_file_put, 0},
-        {"GET", "/v1/sandboxes/{id}/fs", cove_h_fs_list, NULL, 0},
-        {"POST", "/v1/sandboxes/{id}/fs/mkdir", cove_h_fs_mkdir, NULL, 0},
-        {"POST", "/v1/sandboxes/{id}/fs/move", cove_h_fs_move, NULL, 0},
-        {"POST", "/v1/sandboxes/{id}/fs/remove", cove_h_fs_remove, NULL, 0},
-        {"GET", "/v1/sandboxes/{id}/fs/watch", cove_h_fs_watch, NULL, 0},
-        {"GET", "/v1/templates", h_templates, NULL, 0},
-        {"POST", "/v1/templates", h_template_build, NULL, 0},
+    {"GET", "/healthz", h_health, NULL, COVE_ROUTE_PUBLIC},
+    {"GET", "/metrics", h_metrics, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/v1/sandboxes", h_create, NULL, 0},
+    {"GET", "/v1/sandboxes", h_list, NULL, 0},
+    {"GET", "/v1/sandboxes/{id}", h_get, NULL, 0},
+    {"DELETE", "/v1/sandboxes/{id}", h_delete, NULL, 0},
+    {"POST", "/v1/sandboxes/{id}/timeout", h_timeout, NULL, 0},
+    {"POST", "/v1/sandboxes/{id}/exec", cove_h_exec, NULL, 0},
+    {"GET", "/v1/sandboxes/{id}/processes", cove_h_processes, NULL, 0},
+    {"GET", "/v1/sandboxes/{id}/processes/{pid}/events", cove_h_events, NULL, 0},
+    {"POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", cove_h_stdin, NULL, 0},
+    {"POST", "/v1/sandboxes/{id}/processes/{pid}/signal", cove_h_signal, NULL, 0},
+    {"POST", "/v1/sandboxes/{id}/processes/{pid}/resize", cove_h_resize, NULL, 0},
+    {"GET", "/v1/sandboxes/{id}/files", cove_h_file_get, NULL, 0},
+    {"PUT", "/v1/sandboxes/{id}/files", cove_h_file_put, cove_up_file_put, 0},
+    {"GET", "/v1/sandboxes/{id}/fs", cove_h_fs_list, NULL, 0},
+    {"POST", "/v1/sandboxes/{id}/fs/mkdir", cove_h_fs_mkdir, NULL, 0},
+    {"POST", "/v1/sandboxes/{id}/fs/move", cove_h_fs_move, NULL, 0},
+    {"POST", "/v1/sandboxes/{id}/fs/remove", cove_h_fs_remove, NULL, 0},
+    {"GET", "/v1/sandboxes/{id}/fs/watch", cove_h_fs_watch, NULL, 0},
+    {"GET", "/v1/templates", h_templates, NULL, 0},
+    {"POST", "/v1/templates", h_template_build, NULL, 0},
 };
 const size_t cove_nroutes = sizeof(cove_routes) / sizeof(cove_routes[0]);

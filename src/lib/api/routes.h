@@ -25,8 +25,7 @@ int cove_exec_request_build(json_t *body, const char *env_json, json_t **req, js
 /* Base64 of len bytes into a new string (caller frees). */
 char *cove_b64(const void *data, size_t len);
 /* The sandbox channel for r->params[0], answering the error itself when it fails. */
-struct cove_chan *cove_req_chan(struct coved *d, struct cove_req *r,
-                                struct cove_sandbox_row *row);
+struct cove_chan *cove_req_chan(struct coved *d, struct cove_req *r, struct cove_sandbox_row *row);
 
 int cove_reply_events(struct coved *d, struct cove_req *r, struct cove_chan *c,
                       struct cove_watch *w, uint32_t pid, uint64_t after);

@@ -51,15 +51,15 @@ static int parse_pid(struct cove_req *r, uint32_t *pid)
 /* One event as a JSON line (with '\n'); NULL on allocation failure. */
 static char *event_line(const struct cove_ev *ev, uint32_t pid)
 {
-        static const char *names[] = {[COVE_EV_START] = "start", [COVE_EV_STDOUT] = "stdout",
-                                      [COVE_EV_STDERR] = "stderr", [COVE_EV_PTY] = "pty",
-                                      [COVE_EV_EXIT] = "exit",     [COVE_EV_ERROR] = "error"};
+        static const char *names[] = {
+            [COVE_EV_START] = "start", [COVE_EV_STDOUT] = "stdout", [COVE_EV_STDERR] = "stderr",
+            [COVE_EV_PTY] = "pty",     [COVE_EV_EXIT] = "exit",     [COVE_EV_ERROR] = "error"};
         json_t *o = NULL;
         json_error_t je;
         switch (ev->type) {
         case COVE_EV_START:
-                o = json_pack("{s:I, s:s, s:I}", "seq", (json_int_t)ev->seq, "type", "start",
-                              "pid", (json_int_t)pid);
+                o = json_pack("{s:I, s:s, s:I}", "seq", (json_int_t)ev->seq, "type", "start", "pid",
+                              (json_int_t)pid);
                 break;
         case COVE_EV_STDOUT:
         case COVE_EV_STDERR:
@@ -191,8 +191,8 @@ int cove_reply_events(struct coved *d, struct cove_req *r, struct cove_chan *c,
         s->w = w;
         s->pid = pid;
         s->after = after;
-        return cove_reply_stream(r, 200, "application/x-ndjson", -1, evstream_read,
-                                 evstream_free, s);
+        return cove_reply_stream(r, 200, "application/x-ndjson", -1, evstream_read, evstream_free,
+                                 s);
 }
 
 static int valid_string(json_t *v, size_t max)
@@ -220,8 +220,8 @@ int cove_exec_request_build(json_t *body, const char *env_json, json_t **out_req
         if (cmd) {
                 size_t total = 0, i;
                 json_t *v;
-                int ok = json_is_array(cmd) && json_array_size(cmd) >= 1 &&
-                         json_array_size(cmd) <= 4096;
+                int ok =
+                    json_is_array(cmd) && json_array_size(cmd) >= 1 && json_array_size(cmd) <= 4096;
                 json_array_foreach(cmd, i, v)
                 {
                         ok = ok && valid_string(v, CMD_MAX_BYTES) &&
@@ -240,7 +240,8 @@ int cove_exec_request_build(json_t *body, const char *env_json, json_t **out_req
         } else {
                 if (!valid_string(shell, CMD_MAX_BYTES) || json_string_length(shell) == 0) {
                         json_decref(req);
-                        snprintf(why_out, cap, "shell must be a non-empty string without NUL bytes");
+                        snprintf(why_out, cap,
+                                 "shell must be a non-empty string without NUL bytes");
                         return -1;
                 }
                 json_object_set(req, "shell", shell);
@@ -271,8 +272,7 @@ int cove_exec_request_build(json_t *body, const char *env_json, json_t **out_req
         json_t *to = json_object_get(body, "timeout_s"), *tag = json_object_get(body, "tag");
         if (!ok)
                 why = "env must be an object of string values";
-        else if (cwd && !json_is_null(cwd) &&
-                 !(valid_string(cwd, 4096) && json_string_length(cwd)))
+        else if (cwd && !json_is_null(cwd) && !(valid_string(cwd, 4096) && json_string_length(cwd)))
                 why = "cwd must be a non-empty path";
         else if (user && !json_is_null(user) &&
                  !(valid_string(user, 64) && json_string_length(user)))
@@ -527,7 +527,9 @@ int cove_h_stdin(void *app, struct cove_req *r)
         int rc = cove_chan_proc_stdin(c, pid, r->body ? r->body : "", r->body_len,
                                       eof && !strcmp(eof, "true"), &err);
         cove_chan_unref(c);
-        return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 200, json_pack("{s:I}", "written", (json_int_t)r->body_len));
+        return rc < 0 ? cove_reply_err(r, &err)
+                      : cove_reply_json(r, 200,
+                                        json_pack("{s:I}", "written", (json_int_t)r->body_len));
 }
 
 static int simple_call(struct coved *d, struct cove_req *r, json_t *req)
@@ -543,7 +545,8 @@ static int simple_call(struct coved *d, struct cove_req *r, json_t *req)
         json_decref(req);
         cove_chan_unref(c);
         json_decref(resp);
-        return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
+        return rc < 0 ? cove_reply_err(r, &err)
+                      : cove_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
 }
 
 int cove_h_signal(void *app, struct cove_req *r)
@@ -556,8 +559,9 @@ int cove_h_signal(void *app, struct cove_req *r)
         if (!body)
                 return 0;
         json_t *sg = json_object_get(body, "signal");
-        int ok = (json_is_string(sg) && json_string_length(sg) >= 1 && json_string_length(sg) <= 10) ||
-                 (json_is_integer(sg) && json_integer_value(sg) >= 1 && json_integer_value(sg) <= 64);
+        int ok =
+            (json_is_string(sg) && json_string_length(sg) >= 1 && json_string_length(sg) <= 10) ||
+            (json_is_integer(sg) && json_integer_value(sg) >= 1 && json_integer_value(sg) <= 64);
         for (const char *s = json_string_value(sg); ok && s && *s; s++)
                 ok = (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9');
         if (!ok) {
@@ -565,7 +569,8 @@ int cove_h_signal(void *app, struct cove_req *r)
                 return cove_reply_error(r, 400, "bad_request",
                                         "signal must be a name like \"TERM\" or a number 1-64");
         }
-        json_t *req = json_pack("{s:s, s:I, s:O}", "op", "signal", "pid", (json_int_t)pid, "signal", sg);
+        json_t *req =
+            json_pack("{s:s, s:I, s:O}", "op", "signal", "pid", (json_int_t)pid, "signal", sg);
         json_decref(body);
         return simple_call(d, r, req);
 }

@@ -254,9 +254,9 @@ int cove_h_fs_list(void *app, struct cove_req *r)
                         return cove_reply_error(r, 400, "bad_request",
                                                 "depth must be an integer from 1 to 32");
         }
-        return fs_call(app, r, json_pack("{s:s, s:s, s:i}", "op", "list", "path", path, "depth",
-                                         (int)depth),
-                       1);
+        return fs_call(
+            app, r, json_pack("{s:s, s:s, s:i}", "op", "list", "path", path, "depth", (int)depth),
+            1);
 }
 
 static json_t *body_paths(struct cove_req *r, const char *k1, const char *k2)
@@ -267,10 +267,10 @@ static json_t *body_paths(struct cove_req *r, const char *k1, const char *k2)
         const char *keys[2] = {k1, k2};
         for (int i = 0; i < 2 && keys[i]; i++) {
                 json_t *v = json_object_get(body, keys[i]);
-                const char *why = json_is_string(v) && strlen(json_string_value(v)) ==
-                                                               json_string_length(v)
-                                          ? check_path(json_string_value(v))
-                                          : "must be a string path";
+                const char *why =
+                    json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v)
+                        ? check_path(json_string_value(v))
+                        : "must be a string path";
                 if (why) {
                         cove_reply_error(r, 400, "bad_request", "%s: %s", keys[i], why);
                         json_decref(body);
@@ -326,7 +326,8 @@ int cove_h_fs_remove(void *app, struct cove_req *r)
         json_decref(req);
         json_decref(resp);
         cove_chan_unref(c);
-        return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
+        return rc < 0 ? cove_reply_err(r, &err)
+                      : cove_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
 }
 
 int cove_h_fs_watch(void *app, struct cove_req *r)

@@ -70,8 +70,7 @@ static int build_templates(struct coved *d, const char *list, struct cove_err *e
                 char rootfs[PATH_MAX];
                 if (cove_template_lookup(d->templates_dir, t, rootfs, sizeof(rootfs), NULL) == 0)
                         continue;
-                cove_info(&d->log, "template", "building template %s into %s", t,
-                          d->templates_dir);
+                cove_info(&d->log, "template", "building template %s into %s", t, d->templates_dir);
                 int64_t t0 = cove_mono_ns();
                 int r = cove_template_build(d->templates_dir, t, progress_tty, t, err);
                 if (isatty(2))
@@ -124,19 +123,18 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         d->cat = d->cat_ops->open(db, err);
         if (!d->cat)
                 return cove_err_wrap(err, "catalog %s", db);
-        if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 ||
-            ensure_admin_key(d, err) < 0)
+        if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 || ensure_admin_key(d, err) < 0)
                 goto fail;
         if (build_templates(d, o->templates ? o->templates : "busybox", err) < 0)
                 goto fail;
 
         struct cove_node_config nc = {
-                .log = &d->log,
-                .data_dir = d->data_dir,
-                .guest_binary = d->guest_binary,
-                .rt_ops = &cove_runtime_ns,
-                .on_dead = coved_on_instance_dead,
-                .arg = d,
+            .log = &d->log,
+            .data_dir = d->data_dir,
+            .guest_binary = d->guest_binary,
+            .rt_ops = &cove_runtime_ns,
+            .on_dead = coved_on_instance_dead,
+            .arg = d,
         };
         d->node = cove_node_new(&nc, err);
         if (!d->node)
@@ -151,12 +149,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         char sock[PATH_MAX];
         snprintf(sock, sizeof(sock), "%s/coved.sock", d->data_dir);
         struct cove_http_config hc = {
-                .routes = cove_routes,
-                .nroutes = cove_nroutes,
-                .auth = cove_api_auth,
-                .app = d,
-                .log = &d->log,
-                .quitting = &d->quitting,
+            .routes = cove_routes,
+            .nroutes = cove_nroutes,
+            .auth = cove_api_auth,
+            .app = d,
+            .log = &d->log,
+            .quitting = &d->quitting,
         };
         d->http = cove_http_start(&hc, o->listen, sock, err);
         if (!d->http)

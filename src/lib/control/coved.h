@@ -22,7 +22,7 @@ struct coved_options {
         const char *guest_binary;  /* default: cove-guest next to the coved binary */
         const char *templates;     /* comma list built at start if missing (default "busybox") */
         int log_level;
-        int default_timeout_s;     /* 300 */
+        int default_timeout_s; /* 300 */
 };
 
 struct coved_metrics {
@@ -66,18 +66,16 @@ int cove_sandbox_load(struct coved *d, const char *tenant, const char *id,
                       struct cove_sandbox_row *row, struct cove_err *err);
 int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int purge,
                         struct cove_err *err);
-int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id,
-                             json_t *body, json_t **out, struct cove_err *err);
+int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id, json_t *body,
+                             json_t **out, struct cove_err *err);
 /* The running sandbox's channel (referenced), or -1 with NOT_FOUND / CONFLICT. */
-int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id,
-                      struct cove_chan **chan, struct cove_sandbox_row *row,
-                      struct cove_err *err);
+int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struct cove_chan **chan,
+                      struct cove_sandbox_row *row, struct cove_err *err);
 void coved_reconcile(struct coved *d);
 
 /* HTTP routes (api/routes.c). */
 extern const struct cove_route cove_routes[];
 extern const size_t cove_nroutes;
-int cove_api_auth(void *app, struct cove_req *r, const char *authorization,
-                  struct cove_err *err);
+int cove_api_auth(void *app, struct cove_req *r, const char *authorization, struct cove_err *err);
 
 #endif

@@ -25,17 +25,15 @@ json_t *cove_sandbox_json(const struct cove_sandbox_row *s)
         cove_rfc3339(s->expires_at, expires, sizeof(expires));
         json_error_t je;
         json_t *meta = s->metadata_json ? json_loads(s->metadata_json, 0, &je) : NULL;
-        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:o, s:i, s:i, s:i, s:i, s:s, s:o, s:s, "
-                              "s:o}",
-                              "id", s->id, "state", s->state, "template", s->template_name,
-                              "runtime", s->runtime, "created_at", created, "expires_at",
-                              s->expires_at ? json_string(expires) : json_null(), "cpus",
-                              s->cpus, "memory_mb", s->memory_mb, "disk_mb", s->disk_mb,
-                              "timeout_s", s->timeout_s, "on_timeout", s->on_timeout,
-                              "metadata", meta ? meta : json_object(), "node", s->node,
-                              "last_snapshot_id",
-                              s->last_snapshot_id[0] ? json_string(s->last_snapshot_id)
-                                                     : json_null());
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:s, s:s, s:o, s:i, s:i, s:i, s:i, s:s, s:o, s:s, "
+            "s:o}",
+            "id", s->id, "state", s->state, "template", s->template_name, "runtime", s->runtime,
+            "created_at", created, "expires_at", s->expires_at ? json_string(expires) : json_null(),
+            "cpus", s->cpus, "memory_mb", s->memory_mb, "disk_mb", s->disk_mb, "timeout_s",
+            s->timeout_s, "on_timeout", s->on_timeout, "metadata", meta ? meta : json_object(),
+            "node", s->node, "last_snapshot_id",
+            s->last_snapshot_id[0] ? json_string(s->last_snapshot_id) : json_null());
         if (o && s->error && s->error[0])
                 json_object_set_new(o, "error", json_string(s->error));
         return o;
@@ -144,12 +142,11 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
             int_field(body, "timeout_s", 1, MAX_TIMEOUT_S, &s.timeout_s, err) < 0)
                 return -1;
         if (runtime[0] && strcmp(runtime, s.runtime) != 0)
-                return cove_err_setk(err, strcmp(runtime, "vm") ? COVE_E_BAD_REQUEST
-                                                                : COVE_E_UNAVAILABLE,
-                                     0,
-                                     "runtime \"%s\" is not available on this node (available: "
-                                     "%s)",
-                                     runtime, s.runtime);
+                return cove_err_setk(
+                    err, strcmp(runtime, "vm") ? COVE_E_BAD_REQUEST : COVE_E_UNAVAILABLE, 0,
+                    "runtime \"%s\" is not available on this node (available: "
+                    "%s)",
+                    runtime, s.runtime);
         if (strcmp(s.on_timeout, "kill") != 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "on_timeout \"%s\" is not supported: only \"kill\" until "
@@ -174,19 +171,19 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         json_decref(env);
 
         char rootfs[PATH_MAX];
-        int r = cove_template_lookup(d->templates_dir, s.template_name, rootfs, sizeof(rootfs),
-                                     err);
+        int r =
+            cove_template_lookup(d->templates_dir, s.template_name, rootfs, sizeof(rootfs), err);
         if (r == 1) {
                 r = cove_template_known(s.template_name)
-                            ? cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                            "template \"%s\" is not built on this node yet: run "
-                                            "`cove template build %s` (or restart coved with "
-                                            "--templates %s)",
-                                            s.template_name, s.template_name, s.template_name)
-                            : cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                            "unknown template \"%s\" (GET /v1/templates lists "
-                                            "them)",
-                                            s.template_name);
+                        ? cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                        "template \"%s\" is not built on this node yet: run "
+                                        "`cove template build %s` (or restart coved with "
+                                        "--templates %s)",
+                                        s.template_name, s.template_name, s.template_name)
+                        : cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                        "unknown template \"%s\" (GET /v1/templates lists "
+                                        "them)",
+                                        s.template_name);
         }
         if (r != 0) {
                 cove_sandbox_row_clear(&s);
@@ -207,13 +204,13 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 return -1;
         }
         struct cove_instance_spec spec = {
-                .sandbox_id = s.id,
-                .rootfs = rootfs,
-                .cpus = (unsigned)s.cpus,
-                .memory_mb = (unsigned)s.memory_mb,
-                .disk_mb = (unsigned)s.disk_mb,
-                .uid_base = s.uid_base,
-                .uid_count = COVE_UID_RANGE,
+            .sandbox_id = s.id,
+            .rootfs = rootfs,
+            .cpus = (unsigned)s.cpus,
+            .memory_mb = (unsigned)s.memory_mb,
+            .disk_mb = (unsigned)s.disk_mb,
+            .uid_base = s.uid_base,
+            .uid_count = COVE_UID_RANGE,
         };
         if (cove_node_start(d->node, &spec, err) < 0) {
                 struct cove_err e2;
@@ -260,9 +257,8 @@ int cove_sandbox_load(struct coved *d, const char *tenant, const char *id,
         return r;
 }
 
-int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id,
-                      struct cove_chan **chan, struct cove_sandbox_row *row,
-                      struct cove_err *err)
+int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struct cove_chan **chan,
+                      struct cove_sandbox_row *row, struct cove_err *err)
 {
         if (cove_sandbox_load(d, tenant, id, row, err) < 0)
                 return -1;
@@ -296,8 +292,8 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
         return 0;
 }
 
-int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id,
-                             json_t *body, json_t **out, struct cove_err *err)
+int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id, json_t *body,
+                             json_t **out, struct cove_err *err)
 {
         int t = -1;
         if (int_field(body, "timeout_s", 1, MAX_TIMEOUT_S, &t, err) < 0)
@@ -392,8 +388,8 @@ void *coved_timer_main(void *arg)
                 pthread_mutex_unlock(&d->mu);
                 struct expire_ctx x = {.now = cove_now_ms()};
                 struct cove_err err;
-                if (d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_expired, &x,
-                                             &err) < 0)
+                if (d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_expired, &x, &err) <
+                    0)
                         cove_warn(&d->log, "timer", "%s", err.msg);
                 for (size_t i = 0; i < x.n; i++) {
                         cove_info(&d->log, "sandbox.timeout", "sandbox %s timed out: stopping",

@@ -20,8 +20,8 @@
 #define CALL_TIMEOUT_MS 30000
 #define WRITE_TIMEOUT_MS 10000
 #define MAX_PENDING 256
-#define MAX_PROCS_KEPT 64        /* finished processes kept for reconnects */
-#define MAX_PROCS 1100           /* running + kept */
+#define MAX_PROCS_KEPT 64 /* finished processes kept for reconnects */
+#define MAX_PROCS 1100    /* running + kept */
 #define PROC_REPLAY_BYTES (2u << 20)
 #define PROC_REPLAY_EVENTS 65536
 #define WATCH_REPLAY_BYTES (1u << 20)
@@ -45,12 +45,12 @@ struct pending {
         struct pending *next;
         uint32_t id;
         int kind;
-        int done;        /* RESP arrived (or the channel died) */
-        json_t *resp;    /* the guest's RESP object, NULL if it died first */
+        int done;     /* RESP arrived (or the channel died) */
+        json_t *resp; /* the guest's RESP object, NULL if it died first */
         /* PEND_READ */
         struct chunk *qh, *qt;
         size_t qbytes;
-        uint64_t expect;  /* announced size */
+        uint64_t expect; /* announced size */
         uint64_t got;
         int data_end;
         /* PEND_EXEC */
@@ -292,8 +292,8 @@ static int send_frame(struct cove_chan *c, uint8_t type, uint8_t flags, uint32_t
                       const void *payload, uint32_t len, struct cove_err *err)
 {
         pthread_mutex_lock(&c->wmu);
-        int r = cove_frame_write_timeout(c->fd, type, flags, id, payload, len, WRITE_TIMEOUT_MS,
-                                         err);
+        int r =
+            cove_frame_write_timeout(c->fd, type, flags, id, payload, len, WRITE_TIMEOUT_MS, err);
         pthread_mutex_unlock(&c->wmu);
         if (r < 0) {
                 cove_err_wrap(err, "sandbox %s", c->sandbox_id);
@@ -310,14 +310,15 @@ static int send_json(struct cove_chan *c, uint8_t type, uint32_t id, json_t *obj
                 return cove_err_set(err, ENOMEM, "encode request");
         size_t n = strlen(s);
         if (n > COVE_FRAME_MAX)
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "request too large (%zu bytes)", n);
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "request too large (%zu bytes)",
+                                     n);
         return send_frame(c, type, 0, id, s, (uint32_t)n, err);
 }
 
 /* ---- handshake ------------------------------------------------------------------ */
 
-int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname,
-                    int timeout_ms, struct cove_err *err)
+int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname, int timeout_ms,
+                    struct cove_err *err)
 {
         json_t *h = json_pack("{s:i, s:s, s:s}", "version", COVE_PROTO_VERSION, "token", token,
                               "hostname", hostname);
@@ -340,9 +341,9 @@ int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname
                                                      c->sandbox_id, f.type);
                         json_error_t je;
                         json_t *j = json_loadb((const char *)f.payload, f.len, 0, &je);
-                        int ok = json_is_object(j) && json_is_true(json_object_get(j, "ok")) &&
-                                 json_integer_value(json_object_get(j, "version")) ==
-                                         COVE_PROTO_VERSION;
+                        int ok =
+                            json_is_object(j) && json_is_true(json_object_get(j, "ok")) &&
+                            json_integer_value(json_object_get(j, "version")) == COVE_PROTO_VERSION;
                         json_decref(j);
                         if (!ok)
                                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
@@ -353,7 +354,8 @@ int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname
                 }
                 struct timespec now;
                 clock_gettime(CLOCK_MONOTONIC, &now);
-                long left = (dl.tv_sec - now.tv_sec) * 1000L + (dl.tv_nsec - now.tv_nsec) / 1000000L;
+                long left =
+                    (dl.tv_sec - now.tv_sec) * 1000L + (dl.tv_nsec - now.tv_nsec) / 1000000L;
                 if (left <= 0)
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT,
                                              "sandbox %s: handshake", c->sandbox_id);
@@ -368,8 +370,7 @@ int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname
                 ssize_t rd = read(c->fd, sp, avail);
                 if (rd == 0)
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                             "sandbox %s: handshake: guest exited",
-                                             c->sandbox_id);
+                                             "sandbox %s: handshake: guest exited", c->sandbox_id);
                 if (rd < 0) {
                         if (errno == EINTR || errno == EAGAIN)
                                 continue;
@@ -567,9 +568,9 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                 json_t *canon = json_object();
                 json_object_set_new(canon, "exit_code",
                                     json_is_integer(ec) && json_integer_value(ec) >= 0 &&
-                                                    json_integer_value(ec) <= 255
-                                            ? json_integer(json_integer_value(ec))
-                                            : json_null());
+                                            json_integer_value(ec) <= 255
+                                        ? json_integer(json_integer_value(ec))
+                                        : json_null());
                 const char *sname = json_string_value(sg);
                 int sok = sname && strlen(sname) <= 12;
                 for (const char *s = sname; sok && *s; s++)
@@ -729,8 +730,7 @@ static int wait_done_locked(struct cove_chan *c, struct pending *pd, int timeout
         while (!pd->done) {
                 if (wait_until(c, &dl) == ETIMEDOUT && !pd->done)
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT,
-                                             "sandbox %s: guest did not answer",
-                                             c->sandbox_id);
+                                             "sandbox %s: guest did not answer", c->sandbox_id);
         }
         return 0;
 }
@@ -775,8 +775,8 @@ int cove_chan_call(struct cove_chan *c, json_t *req, json_t **resp, int timeout_
                          NULL, NULL, NULL, err);
 }
 
-int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd,
-                   uint32_t *pid, struct cove_err *err)
+int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd, uint32_t *pid,
+                   struct cove_err *err)
 {
         return call_kind(c, PEND_EXEC, req, NULL, CALL_TIMEOUT_MS, tag ? tag : "", cmd, pid, err);
 }
@@ -838,8 +838,8 @@ int cove_chan_proc_exists(struct cove_chan *c, uint32_t pid)
         return r;
 }
 
-int cove_chan_proc_stdin(struct cove_chan *c, uint32_t pid, const void *data, size_t len,
-                         int eof, struct cove_err *err)
+int cove_chan_proc_stdin(struct cove_chan *c, uint32_t pid, const void *data, size_t len, int eof,
+                         struct cove_err *err)
 {
         pthread_mutex_lock(&c->mu);
         struct proc *p = find_proc(c, pid);
@@ -870,8 +870,8 @@ json_t *cove_chan_proc_list(struct cove_chan *c)
                 cove_rfc3339(p->started_at, ts, sizeof(ts));
                 json_array_append_new(arr, json_pack("{s:i, s:s, s:O, s:s, s:b}", "pid",
                                                      (json_int_t)p->pid, "tag", p->tag, "cmd",
-                                                     p->cmd ? p->cmd : json_null(),
-                                                     "started_at", ts, "running", p->running));
+                                                     p->cmd ? p->cmd : json_null(), "started_at",
+                                                     ts, "running", p->running));
         }
         pthread_mutex_unlock(&c->mu);
         return json_pack("{s:o}", "processes", arr);
@@ -961,14 +961,14 @@ long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout
                 }
                 if (pd->data_end) {
                         r = pd->got != pd->expect
-                                    ? cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                                    "sandbox %s: file ended after %llu of %llu "
-                                                    "bytes (%s)",
-                                                    c->sandbox_id, (unsigned long long)pd->got,
-                                                    (unsigned long long)pd->expect,
-                                                    c->closed ? "guest channel closed"
-                                                              : "it shrank while read")
-                                    : 0;
+                                ? cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                                "sandbox %s: file ended after %llu of %llu "
+                                                "bytes (%s)",
+                                                c->sandbox_id, (unsigned long long)pd->got,
+                                                (unsigned long long)pd->expect,
+                                                c->closed ? "guest channel closed"
+                                                          : "it shrank while read")
+                                : 0;
                         break;
                 }
                 if (wait_until(c, &dl) == ETIMEDOUT && !pd->qh && !pd->data_end) {
@@ -1115,8 +1115,8 @@ int cove_chan_watch(struct cove_chan *c, const char *path, int recursive, struct
         uint32_t id = pd->id;
         pthread_mutex_unlock(&c->mu);
 
-        json_t *req = json_pack("{s:s, s:s, s:b}", "op", "watch", "path", path, "recursive",
-                                recursive);
+        json_t *req =
+            json_pack("{s:s, s:s, s:b}", "op", "watch", "path", path, "recursive", recursive);
         int r = send_json(c, COVE_F_REQ, id, req, err);
         json_decref(req);
         pthread_mutex_lock(&c->mu);
@@ -1158,8 +1158,8 @@ void cove_chan_watch_free(struct cove_watch *w)
         int closed = c->closed;
         pthread_mutex_unlock(&c->mu);
         if (!closed) {
-                json_t *req = json_pack("{s:s, s:i}", "op", "unwatch", "watch_id",
-                                        (json_int_t)w->id);
+                json_t *req =
+                    json_pack("{s:s, s:i}", "op", "unwatch", "watch_id", (json_int_t)w->id);
                 struct cove_err e2;
                 json_t *resp = NULL;
                 if (cove_chan_call(c, req, &resp, 5000, &e2) == 0)

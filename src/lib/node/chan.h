@@ -28,8 +28,8 @@ int cove_chan_fd(const struct cove_chan *c);
 
 /* Handshake (before the channel is handed to the I/O thread): send HELLO, wait for the
  * guest's HELLO for at most timeout_ms. */
-int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname,
-                    int timeout_ms, struct cove_err *err);
+int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname, int timeout_ms,
+                    struct cove_err *err);
 
 /* I/O thread: read and dispatch what is available (bounded work per call).
  * Returns 0, or -1 when the channel is dead (it is then marked closed). */
@@ -50,15 +50,15 @@ int cove_chan_call(struct cove_chan *c, json_t *req, json_t **resp, int timeout_
 
 /* Exec: req is the guest exec request; tag and cmd (JSON array, borrowed) are recorded for
  * the process list. On success *pid is the process id and its event stream has a START. */
-int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd,
-                   uint32_t *pid, struct cove_err *err);
+int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd, uint32_t *pid,
+                   struct cove_err *err);
 /* Copy the first event of pid with seq > after into *out (caller frees with free()).
  * Returns 1 event, 2 overflow (*lost_through set), 0 timeout, 3 end of stream, -1 error
  * (unknown pid: kind NOT_FOUND). */
 int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
                         uint64_t *lost_through, int timeout_ms, struct cove_err *err);
-int cove_chan_proc_stdin(struct cove_chan *c, uint32_t pid, const void *data, size_t len,
-                         int eof, struct cove_err *err);
+int cove_chan_proc_stdin(struct cove_chan *c, uint32_t pid, const void *data, size_t len, int eof,
+                         struct cove_err *err);
 /* {"processes":[{pid, tag, cmd, started_at, running, exit_code?}]} */
 json_t *cove_chan_proc_list(struct cove_chan *c);
 int cove_chan_proc_exists(struct cove_chan *c, uint32_t pid);

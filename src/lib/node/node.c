@@ -341,8 +341,7 @@ struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id)
         return c;
 }
 
-int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze,
-                     struct cove_err *err)
+int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, struct cove_err *err)
 {
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);

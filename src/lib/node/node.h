@@ -44,8 +44,7 @@ void cove_node_uid_release(struct cove_node *n, uint32_t base);
 int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct cove_err *err);
 /* The channel of a running instance, referenced (cove_chan_unref when done), or NULL. */
 struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id);
-int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze,
-                     struct cove_err *err);
+int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, struct cove_err *err);
 /* Stop the instance if any (wakes every stream of it); with purge remove its state dir.
  * Then, also without an instance, clear what a crashed coved may have left. */
 int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err);

@@ -33,10 +33,10 @@ struct cove_replay {
         uint64_t next_seq;      /* seq the next appended event gets (starts at 1) */
         uint64_t dropped_bytes; /* payload bytes dropped so far */
         uint64_t dropped_events;
-        size_t bytes;           /* payload bytes held */
-        size_t max_bytes;       /* bound on bytes held */
-        size_t max_events;      /* bound on events held */
-        int closed;             /* no event will be appended any more */
+        size_t bytes;      /* payload bytes held */
+        size_t max_bytes;  /* bound on bytes held */
+        size_t max_events; /* bound on events held */
+        int closed;        /* no event will be appended any more */
 };
 
 void cove_replay_init(struct cove_replay *r, size_t max_bytes, size_t max_events);

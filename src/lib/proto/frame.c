@@ -171,6 +171,5 @@ int cove_frame_write(int fd, uint8_t type, uint8_t flags, uint32_t id, const voi
 int cove_frame_write_timeout(int fd, uint8_t type, uint8_t flags, uint32_t id, const void *payload,
                              uint32_t len, int timeout_ms, struct cove_err *err)
 {
-        return frame_write(fd, type, flags, id, payload, len, timeout_ms < 0 ? 0 : timeout_ms,
-                           err);
+        return frame_write(fd, type, flags, id, payload, len, timeout_ms < 0 ? 0 : timeout_ms, err);
 }

@@ -11,9 +11,9 @@
 #include "util/err.h"
 
 #define COVE_PROTO_VERSION 1
-#define COVE_FRAME_HDR 12                /* bytes: len u32, type u8, flags u8, rsv u16, id u32 */
-#define COVE_FRAME_MAX (1024u * 1024u)   /* max payload bytes; larger is a protocol error */
-#define COVE_FRAME_CHUNK (256u * 1024u)  /* payload size senders use for bulk data */
+#define COVE_FRAME_HDR 12               /* bytes: len u32, type u8, flags u8, rsv u16, id u32 */
+#define COVE_FRAME_MAX (1024u * 1024u)  /* max payload bytes; larger is a protocol error */
+#define COVE_FRAME_CHUNK (256u * 1024u) /* payload size senders use for bulk data */
 
 enum cove_frame_type {
         COVE_F_HELLO = 1, /* handshake, JSON, both directions, id 0 */
@@ -32,7 +32,8 @@ enum cove_frame_type {
 #define COVE_FF_STDOUT 0x02 /* OUT: stream */
 #define COVE_FF_STDERR 0x04
 #define COVE_FF_PTY 0x08
-#define COVE_FF_ABORT 0x10 /* DATA with END (file write): discard the transfer, keep the old file */
+#define COVE_FF_ABORT 0x10 /* DATA with END (file write): discard the transfer, keep the old file  \
+                            */
 
 struct cove_frame {
         uint8_t type;
@@ -56,8 +57,8 @@ int cove_frame_hdr_decode(const uint8_t hdr[COVE_FRAME_HDR], uint32_t max_payloa
 struct cove_decoder {
         uint8_t *buf;
         size_t cap;
-        size_t len;         /* bytes buffered */
-        size_t off;         /* start of the unconsumed region */
+        size_t len; /* bytes buffered */
+        size_t off; /* start of the unconsumed region */
         uint32_t max_payload;
 };
 

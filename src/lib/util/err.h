@@ -28,10 +28,10 @@ struct cove_err {
 /* Fill err (if non-NULL) and return -1. errnum 0 means no errno; when non-zero,
  * ": strerror(errnum)" is appended. */
 int cove_err_set(struct cove_err *err, int errnum, const char *fmt, ...)
-        __attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 /* Same with an explicit kind. */
 int cove_err_setk(struct cove_err *err, enum cove_err_kind kind, int errnum, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 /* Prepend "context: " to an existing message; returns -1. */
 int cove_err_wrap(struct cove_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cove_err_clear(struct cove_err *err);

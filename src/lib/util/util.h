@@ -15,8 +15,8 @@ int cove_id_new(const char *prefix, char *out, size_t cap, struct cove_err *err)
 /* Lowercase hex of len bytes into out (2*len+1 bytes). */
 void cove_hex(const void *buf, size_t len, char *out);
 
-int64_t cove_now_ms(void);      /* wall clock, unix ms */
-int64_t cove_mono_ns(void);     /* monotonic ns */
+int64_t cove_now_ms(void);  /* wall clock, unix ms */
+int64_t cove_mono_ns(void); /* monotonic ns */
 /* RFC 3339 UTC with milliseconds, e.g. 2026-11-30T03:53:45.123Z (out >= 32 bytes). */
 void cove_rfc3339(int64_t unix_ms, char *out, size_t cap);
 
