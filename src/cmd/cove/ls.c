@@ -142,9 +142,8 @@ int cmd_ls(struct cli *c, int argc, char **argv)
                 cove_err_set(&err, 0, "bad answer from coved: no \"sandboxes\" array");
                 rc = cli_fail(&err);
         } else if (quiet) {
-                size_t i;
-                json_t *s;
-                json_array_foreach(list, i, s) printf("%s\n", str_or_dash(s, "id"));
+                for (size_t i = 0; i < json_array_size(list); i++)
+                        printf("%s\n", str_or_dash(json_array_get(list, i), "id"));
         } else if (c->json || !c->out_tty) {
                 rc = cli_print_json(c, ans);
         } else {
