@@ -219,6 +219,19 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         req_free(h, r);
 }
 
+/* Query values are handed to handlers as C strings: one with a NUL byte inside (%00) would
+ * be silently cut short ("/tmp/%00x" read as "/tmp/"), so such a request is refused. */
+static enum MHD_Result nul_in_value(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    size_t key_size, const char *value, size_t value_size)
+{
+        int *bad = cls;
+        if (strlen(key) != key_size || (value && strlen(value) != value_size)) {
+                *bad = 1;
+                return MHD_NO;
+        }
+        return MHD_YES;
+}
+
 static enum MHD_Result answer_now(struct cove_req *r, unsigned status, const char *code,
                                   const char *msg)
 {
@@ -259,6 +272,11 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
                         r->nparams = np;
                         break;
                 }
+                int nul = 0;
+                MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, nul_in_value, &nul);
+                if (nul)
+                        return answer_now(r, 400, "bad_request",
+                                          "query parameters must not contain NUL bytes");
                 if (!r->route)
                         return path_matched ? answer_now(r, 405, "bad_request",
                                                          "method not allowed on this path")
