@@ -1,6 +1,7 @@
 /* cove up: exec coved in the foreground with the embedded defaults (--data-dir /var/lib/cove,
- * --listen 127.0.0.1:7677); other arguments pass through. coved is looked up next to this
- * binary (installed layout), then at the root of a meson build tree, then in PATH. */
+ * --listen 127.0.0.1:7677, --templates busybox,base so both templates are built on first
+ * start); other arguments pass through. coved is looked up next to this binary (installed
+ * layout and build tree alike), then in PATH. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -42,7 +43,7 @@ static int take_opt(int argc, char **argv, int *i, const char *name, const char 
 int cmd_up(struct cli *c, int argc, char **argv)
 {
         const char *data_dir = NULL, *listen = CLI_DEFAULT_LISTEN;
-        char **args = calloc((size_t)argc + 6, sizeof(char *));
+        char **args = calloc((size_t)argc + 8, sizeof(char *));
         if (!args)
                 return CLI_FAIL;
         int n = 1;
@@ -68,12 +69,14 @@ int cmd_up(struct cli *c, int argc, char **argv)
                                : CLI_DEFAULT_DATA_DIR;
         /* Our options go first so that a passed-through duplicate still wins, as it would
          * on coved's own command line. */
-        memmove(args + 5, args + 1, (size_t)(n - 1) * sizeof(char *));
+        memmove(args + 7, args + 1, (size_t)(n - 1) * sizeof(char *));
         args[1] = "--data-dir";
         args[2] = (char *)data_dir;
         args[3] = "--listen";
         args[4] = (char *)listen;
-        args[n + 4] = NULL;
+        args[5] = "--templates";
+        args[6] = "busybox,base";
+        args[n + 6] = NULL;
 
         char self[PATH_MAX];
         ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -90,22 +93,6 @@ int cmd_up(struct cli *c, int argc, char **argv)
                                 fprintf(stderr, "cove: exec %s: %s\n", cand, strerror(errno));
                                 free(args);
                                 return CLI_FAIL;
-                        }
-                        /* In a meson build tree cove is BUILD/src/cmd/cove/cove and coved is
-                         * BUILD/coved. */
-                        static const char tail[] = "/src/cmd/cove";
-                        size_t sl = strlen(self), tl = sizeof(tail) - 1;
-                        if (sl > tl && strcmp(self + sl - tl, tail) == 0) {
-                                self[sl - tl] = '\0';
-                                snprintf(cand, sizeof(cand), "%s/coved", self);
-                                if (access(cand, X_OK) == 0) {
-                                        args[0] = cand;
-                                        execv(cand, args);
-                                        fprintf(stderr, "cove: exec %s: %s\n", cand,
-                                                strerror(errno));
-                                        free(args);
-                                        return CLI_FAIL;
-                                }
                         }
                 }
         }
