@@ -56,7 +56,7 @@ class Cli:
 
 @pytest.fixture(scope="module")
 def cli(request, build_dir):
-    binary = os.path.join(build_dir, "src", "cmd", "cove", "cove")
+    binary = os.path.join(build_dir, "cove")
     if not os.access(binary, os.X_OK):
         pytest.fail(f"{binary} not built")
     url = os.environ.get("COVE_CLI_TEST_URL")
