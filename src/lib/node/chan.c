@@ -57,6 +57,7 @@ struct pending {
         char tag[128];
         json_t *cmd;
         uint32_t pid;
+        int stdin_open; /* exec asked for stdin:true */
 };
 
 struct proc {
@@ -66,6 +67,7 @@ struct proc {
         json_t *cmd;
         int64_t started_at;
         int running;
+        int stdin_open; /* started with stdin:true and no EOF sent yet */
         struct cove_replay rb;
 };
 
@@ -464,6 +466,7 @@ static void on_exec_ok(struct cove_chan *c, struct pending *pd, json_t *resp)
         p->cmd = json_incref(pd->cmd);
         p->started_at = cove_now_ms();
         p->running = 1;
+        p->stdin_open = pd->stdin_open;
         cove_replay_init(&p->rb, PROC_REPLAY_BYTES, PROC_REPLAY_EVENTS);
         cove_replay_append(&p->rb, COVE_EV_START, NULL, 0);
         p->next = c->procs;
@@ -748,6 +751,7 @@ static int call_kind(struct cove_chan *c, int kind, json_t *req, json_t **resp, 
                 snprintf(pd->tag, sizeof(pd->tag), "%s", tag);
         if (cmd)
                 pd->cmd = json_incref(cmd);
+        pd->stdin_open = kind == PEND_EXEC && json_is_true(json_object_get(req, "stdin"));
         uint32_t id = pd->id;
         pthread_mutex_unlock(&c->mu);
 
@@ -843,12 +847,21 @@ int cove_chan_proc_stdin(struct cove_chan *c, uint32_t pid, const void *data, si
 {
         pthread_mutex_lock(&c->mu);
         struct proc *p = find_proc(c, pid);
-        int running = p && p->running;
+        int running = p && p->running, open = p && p->stdin_open;
+        /* data after EOF, or for a process whose stdin is /dev/null, would be dropped by the
+         * guest without a word: tell the client instead */
+        if (open && eof)
+                p->stdin_open = 0;
         pthread_mutex_unlock(&c->mu);
         if (!p)
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "process %u not found", pid);
         if (!running)
                 return cove_err_setk(err, COVE_E_CONFLICT, 0, "process %u has exited", pid);
+        if (!open)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "stdin of process %u is closed (it was started without "
+                                     "\"stdin\": true, or EOF was sent)",
+                                     pid);
         const uint8_t *b = data;
         do {
                 uint32_t n = len > COVE_FRAME_CHUNK ? COVE_FRAME_CHUNK : (uint32_t)len;
