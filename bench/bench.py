@@ -1,0 +1,695 @@
+#!/usr/bin/env python3
+"""The issue-2 benchmark (docs/benchmarks.md): a real coved on a temp data dir with the busybox
+template, driven through its REST API, next to bwrap and unshare doing the same work.
+
+    bench/bench.py --build build [--out build/bench] [--profile] [--quick]
+
+Prints a markdown table and writes OUT/results.md and OUT/results.json. Cleans up everything it
+creates (sandboxes deleted, coved stopped with SIGTERM, data dir removed), even on errors."""
+import argparse
+import datetime
+import http.client
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "lib"))
+from cove import Coved  # noqa: E402  (stdlib client helpers shared with the tests)
+
+UID_MIN = 0x10000000
+LONG_TIMEOUT_S = 3600  # sandboxes must outlive the bench (default timeout_s is 300)
+
+
+def log(*a):
+    print("[bench]", *a, file=sys.stderr, flush=True)
+
+
+def pct(xs, p):
+    """Percentile by linear interpolation between closest ranks (xs need not be sorted)."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * p / 100.0
+    i = int(k)
+    j = min(i + 1, len(s) - 1)
+    return s[i] + (s[j] - s[i]) * (k - i)
+
+
+def summary(xs_ms):
+    return {"n": len(xs_ms), "p50": pct(xs_ms, 50), "p90": pct(xs_ms, 90),
+            "p99": pct(xs_ms, 99), "min": min(xs_ms), "max": max(xs_ms),
+            "mean": sum(xs_ms) / len(xs_ms)}
+
+
+class KA:
+    """One keep-alive HTTP/1.1 connection to coved (reconnects if the server closed it)."""
+
+    def __init__(self, port, key):
+        self.port, self.key = port, key
+        self.c = None
+        self.reconnects = 0
+
+    def _conn(self):
+        if self.c is None:
+            self.c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+            self.c.connect()
+            self.reconnects += 1
+        return self.c
+
+    def req(self, method, path, body=None):
+        h = {"Authorization": f"Bearer {self.key}"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            h["Content-Type"] = "application/json"
+        for attempt in (0, 1):
+            c = self._conn()
+            try:
+                c.request(method, path, body=data, headers=h)
+                r = c.getresponse()
+                b = r.read()
+                if r.getheader("Connection", "").lower() == "close":
+                    self.close()
+                return r.status, b
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.close()
+                if attempt:
+                    raise
+
+    def ok(self, method, path, body=None, expect=(200, 201, 204)):
+        st, b = self.req(method, path, body)
+        if st not in expect:
+            raise RuntimeError(f"{method} {path} -> {st} {b[:300]!r}")
+        return json.loads(b) if b else None
+
+    def close(self):
+        if self.c is not None:
+            self.c.close()
+            self.c = None
+
+
+def create_body():
+    return {"template": "busybox", "timeout_s": LONG_TIMEOUT_S}
+
+
+def exec_true(ka, sid):
+    j = ka.ok("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"], "wait": True}, expect=(200,))
+    if j.get("exit_code") != 0:
+        raise RuntimeError(f"exec true in {sid}: {j}")
+
+
+class Bench:
+    def __init__(self, args):
+        self.a = args
+        self.build = os.path.abspath(args.build)
+        self.out = os.path.abspath(args.out)
+        os.makedirs(self.out, exist_ok=True)
+        self.templates = os.path.abspath(args.templates)
+        self.res = {}
+        self.notes = []
+        self.d = None
+        self.ka = None
+        self.live = set()  # sandbox ids that exist
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self):
+        data = tempfile.mkdtemp(prefix="cove-bench-")
+        # a private copy of the binaries: other people may rebuild build/ during the run
+        bindir = os.path.join(self.out, "bin")
+        os.makedirs(bindir, exist_ok=True)
+        for b in ("coved", "cove-guest"):
+            shutil.copy2(os.path.join(self.build, b), os.path.join(bindir, b + ".tmp"))
+            os.replace(os.path.join(bindir, b + ".tmp"), os.path.join(bindir, b))
+        self.res["commit"] = os.environ.get("COVE_BENCH_COMMIT") or subprocess.run(["git", "-C", HERE, "describe", "--always",
+                                             "--dirty"], capture_output=True,
+                                            text=True).stdout.strip()
+        self.d = Coved(bindir, data_dir=data, templates_dir=self.templates)
+        self.d.own_data = True  # stop() removes it
+        with open(os.path.join(self.out, "coved.pid"), "w") as f:
+            f.write(f"{self.d.proc.pid} {data}\n")
+        self.key = self.d.client.key
+        self.port = self.d.port
+        self.ka = KA(self.port, self.key)
+        log(f"coved pid {self.d.proc.pid} on 127.0.0.1:{self.port}, data {data}")
+
+    def create(self, ka=None):
+        ka = ka or self.ka
+        sb = ka.ok("POST", "/v1/sandboxes", create_body(), expect=(200, 201))
+        self.live.add(sb["id"])
+        if sb.get("state") != "running":
+            raise RuntimeError(f"created sandbox is {sb.get('state')}: {sb}")
+        return sb
+
+    def delete(self, sid, ka=None):
+        (ka or self.ka).ok("DELETE", f"/v1/sandboxes/{sid}", expect=(200, 204, 404))
+        self.live.discard(sid)
+
+    def delete_all(self):
+        ids = list(self.live)
+        if not ids:
+            return
+        t0 = time.perf_counter()
+        # two connections in parallel: deletes are independent
+        chunks = [ids[0::2], ids[1::2]]
+
+        def run(chunk):
+            ka = KA(self.port, self.key)
+            for sid in chunk:
+                try:
+                    self.delete(sid, ka)
+                except Exception as e:  # keep deleting the rest
+                    log(f"delete {sid}: {e}")
+            ka.close()
+
+        ts = [threading.Thread(target=run, args=(c,)) for c in chunks]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
+        return time.perf_counter() - t0
+
+    def stop(self):
+        if self.d is None:
+            return
+        try:
+            if self.d.alive():
+                self.delete_all()
+                # anything the API still lists (should be nothing)
+                left = self.d.client.get("/v1/sandboxes").get("sandboxes", [])
+                for sb in left:
+                    self.d.client.remove(sb["id"], purge=True)
+                self.res["left_after_cleanup"] = len(left)
+        except Exception as e:
+            log(f"cleanup through the API failed: {e}")
+        data = self.d.data
+        rc, _ = self.d.stop()  # SIGTERM, wait, rm -rf data dir
+        log(f"coved stopped (exit {rc}); data dir removed: {not os.path.exists(data)}")
+        loops = [l for l in subprocess.run(["losetup", "-a"], capture_output=True,
+                                           text=True).stdout.splitlines() if data in l]
+        mounts = [l for l in open("/proc/self/mountinfo") if data in l]
+        if loops or mounts:
+            self.notes.append(f"after cleanup: {len(loops)} loop devices and {len(mounts)} "
+                              f"mounts of the bench's data dir were left")
+        try:
+            os.unlink(os.path.join(self.out, "coved.pid"))
+        except OSError:
+            pass
+        self.d = None
+
+    def my_loops(self):
+        out = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+        return sum(1 for l in out.splitlines() if self.d.data in l)
+
+    # -- 1. create -> ready --------------------------------------------------------------
+    def bench_create(self):
+        n = self.a.creates
+        post, ready, dele = [], [], []
+        for _ in range(3):  # warm-up: golden image, template caches
+            sb = self.create()
+            exec_true(self.ka, sb["id"])
+            self.delete(sb["id"])
+        loops_max, errors = 0, []
+        self.log_mark = len(self.server_create_ms())
+        for i in range(n):
+            t0 = time.perf_counter()
+            try:
+                sb = self.create()
+                t1 = time.perf_counter()
+                exec_true(self.ka, sb["id"])
+                t2 = time.perf_counter()
+            except RuntimeError as e:
+                errors.append(str(e)[:300])
+                if len(errors) > 10:
+                    raise
+                continue
+            if i % 50 == 0:
+                loops_max = max(loops_max, self.my_loops())
+            self.delete(sb["id"])
+            t3 = time.perf_counter()
+            post.append((t1 - t0) * 1e3)
+            ready.append((t2 - t0) * 1e3)
+            dele.append((t3 - t2) * 1e3)
+        self.res["create"] = {"post": summary(post), "ready": summary(ready),
+                              "delete": summary(dele), "loops_per_sandbox": loops_max,
+                              "errors": errors,
+                              "http_connects": self.ka.reconnects}
+        if errors:
+            self.notes.append(f"create: {len(errors)} of {n} failed, first: {errors[0]}")
+        log(f"create: POST p50 {pct(post, 50):.2f} ms, ready p50 {pct(ready, 50):.2f} ms")
+
+    def server_create_ms(self):
+        """coved's own "sandbox … in X ms" figures from its JSON log."""
+        xs = []
+        for e in self.d.log_lines():
+            m = re.search(r"in ([0-9.]+) ms", e.get("msg", ""))
+            if e.get("event") == "sandbox.create" and m:
+                xs.append(float(m.group(1)))
+        return xs
+
+    # -- baselines ---------------------------------------------------------------------
+    def bench_baselines(self):
+        root = os.path.join(self.templates, "busybox", "rootfs")
+        n = self.a.creates
+        cmds = {
+            "bwrap": ["bwrap", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
+                      "--ro-bind", root, "/", "--proc", "/proc", "--dev", "/dev",
+                      "--tmpfs", "/tmp", "--", "/bin/true"],
+            "unshare": ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount",
+                        "--net", "--ipc", "--uts", f"--root={root}", "/bin/true"],
+        }
+        self.res["baselines"] = {}
+        for name, argv in cmds.items():
+            r = subprocess.run(argv, capture_output=True, text=True)
+            if r.returncode != 0:
+                self.notes.append(f"{name} failed ({r.returncode}): {r.stderr.strip()[:200]}")
+                continue
+            js = os.path.join(self.out, f"hyperfine-{name}.json")
+            cmdline = " ".join(f"'{x}'" if " " in x else x for x in argv)
+            subprocess.run(["hyperfine", "-N", "--warmup", "5", "--runs", str(n), "--style",
+                            "none", "--export-json", js, cmdline], check=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            with open(js) as f:
+                times = json.load(f)["results"][0]["times"]
+            self.res["baselines"][name] = summary([t * 1e3 for t in times])
+            self.res["baselines"][name]["argv"] = argv
+            log(f"{name}: p50 {pct([t * 1e3 for t in times], 50):.2f} ms")
+
+    # -- 2. concurrent creates -----------------------------------------------------------
+    def bench_concurrent(self):
+        k, rounds = self.a.concurrent, self.a.concurrent_rounds
+        walls, walls_ready = [], []
+        for rnd in range(rounds):
+            for with_exec in (False, True):
+                kas = [KA(self.port, self.key) for _ in range(k)]
+                for ka in kas:
+                    ka.ok("GET", "/v1/sandboxes?state=running")  # connection open and warm
+                barrier = threading.Barrier(k + 1)
+                ends, errs, ids = [0.0] * k, [], []
+
+                def run(i):
+                    barrier.wait()
+                    try:
+                        sb = self.create(kas[i])
+                        ids.append(sb["id"])
+                        if with_exec:
+                            exec_true(kas[i], sb["id"])
+                    except Exception as e:
+                        errs.append(str(e))
+                    ends[i] = time.perf_counter()
+
+                ts = [threading.Thread(target=run, args=(i,)) for i in range(k)]
+                [t.start() for t in ts]
+                time.sleep(0.05)
+                t0 = time.perf_counter()
+                barrier.wait()
+                [t.join() for t in ts]
+                wall = (max(ends) - t0) * 1e3
+                if errs:
+                    self.notes.append(f"concurrent round {rnd}: {len(errs)} errors: {errs[0]}")
+                (walls_ready if with_exec else walls).append(wall)
+                for ka in kas:
+                    ka.close()
+                self.delete_all()
+        self.res["concurrent"] = {"k": k, "rounds": rounds, "post_wall_ms": walls,
+                                  "ready_wall_ms": walls_ready}
+        log(f"concurrent {k}: POST wall {walls}, ready wall {walls_ready}")
+
+    # -- 3. exec round trip ------------------------------------------------------------
+    def bench_exec(self):
+        sb = self.create()
+        sid = sb["id"]
+        for _ in range(20):
+            exec_true(self.ka, sid)
+        xs = []
+        for _ in range(self.a.execs):
+            t0 = time.perf_counter()
+            exec_true(self.ka, sid)
+            xs.append((time.perf_counter() - t0) * 1e3)
+        self.delete(sid)
+        self.res["exec"] = summary(xs)
+        log(f"exec: p50 {pct(xs, 50):.3f} ms")
+
+    # -- 4. reconnect ------------------------------------------------------------------
+    def bench_reconnect(self):
+        sb = self.create()
+        sid = sb["id"]
+        lines = self.a.lines
+        j = self.ka.ok("POST", f"/v1/sandboxes/{sid}/exec",
+                       {"shell": f"i=1; while [ $i -le {lines} ]; do echo line $i of the "
+                                 f"reconnect benchmark; usleep 500; i=$((i+1)); done", "wait": True},
+                       expect=(200,))
+        pid = j["pid"]
+        expected_out = "".join(f"line {i} of the reconnect benchmark\n"
+                               for i in range(1, lines + 1)).encode()
+        base = f"/v1/sandboxes/{sid}/processes/{pid}/events?after="
+        st, full = self.ka.req("GET", base + "0")
+        if st != 200:
+            raise RuntimeError(f"events after=0 -> {st} {full[:200]!r}")
+        evs = [json.loads(l) for l in full.split(b"\n") if l.strip()]
+        seqs = [e["seq"] for e in evs]
+        import base64
+        out = b"".join(base64.b64decode(e["data_b64"]) for e in evs if e["type"] == "stdout")
+        last = seqs[-1]
+        ok_ref = (seqs == list(range(1, last + 1)) and out == expected_out
+                  and evs[-1]["type"] == "exit" and full.endswith(b"\n"))
+        # python check: every after=N against the reference slice, and the stdout payload of
+        # the slice against the generated lines (independent of the server's own replay)
+        offs = {}
+        pos = 0
+        for l in full.split(b"\n")[:-1]:
+            offs[json.loads(l)["seq"]] = pos
+            pos += len(l) + 1
+        py_bad = 0
+        checks = list(range(0, last)) if last <= 3000 else random.sample(range(last), 2000)
+        for n in checks:
+            st, b = self.ka.req("GET", base + str(n))
+            if st != 200 or b != full[offs[n + 1]:]:
+                py_bad += 1
+        fpath = os.path.join(self.out, "reconnect-full.ndjson")
+        with open(fpath, "wb") as f:
+            f.write(full)
+        env = dict(os.environ, COVE_PATH=base, COVE_KEY=self.key, COVE_FULL=fpath,
+                   COVE_LAST=str(last))
+        runs = {}
+        plan = [(c, False) for c in self.a.wrk_conns] + [(self.a.wrk_conns[-1], True)]
+        for conns, nocheck in plan:
+            env["COVE_NOCHECK"] = "1" if nocheck else "0"
+            r = subprocess.run(["wrk", "-t2", f"-c{conns}", f"-d{self.a.reconnect_s}s",
+                                "--timeout", "10s", "-s", os.path.join(HERE, "reconnect.lua"),
+                                f"http://127.0.0.1:{self.port}"], env=env,
+                               capture_output=True, text=True)
+            m = re.search(r"^WRKJSON (.*)$", r.stdout, re.M)
+            if not m:
+                self.notes.append(f"wrk -c{conns} gave no result: {r.stdout[-300:]} "
+                                  f"{r.stderr[-300:]}")
+                continue
+            w = json.loads(m.group(1))
+            w["conns"] = conns
+            if nocheck:
+                w["rate"] = w["requests"] / (w["duration_us"] / 1e6)
+                self.res.setdefault("reconnect_unchecked", w)
+                log(f"reconnect -c{conns} unchecked: {w['rate']:.0f}/s")
+                continue
+            w["rate"] = w["good"] / (w["duration_us"] / 1e6)
+            # requests still in flight when wrk stopped count once in the histogram mismatch;
+            # a reply that started at a wrong seq counts twice
+            w["in_flight"] = w["sent"] - w["good"] - w["bad"]
+            w["wrong_start"] = max(0, w["hist_mismatch"] - w["in_flight"])
+            runs[conns] = w
+            log(f"reconnect -c{conns}: {w['rate']:.0f}/s good {w['good']} bad {w['bad']} "
+                f"sent {w['sent']} hist mismatch {w['hist_mismatch']}")
+        os.unlink(fpath)
+        self.delete(sid)
+        self.res["reconnect"] = {"events": last, "reply_bytes_full": len(full),
+                                 "reference_ok": ok_ref, "python_checked": len(checks),
+                                 "python_bad": py_bad, "wrk": runs}
+
+    # -- 5. memory with N alive --------------------------------------------------------
+    @staticmethod
+    def meminfo(key):
+        with open("/proc/meminfo") as f:
+            for l in f:
+                if l.startswith(key + ":"):
+                    return int(l.split()[1]) * 1024
+        return 0
+
+    def coved_rss(self):
+        with open(f"/proc/{self.d.proc.pid}/status") as f:
+            for l in f:
+                if l.startswith("VmRSS:"):
+                    return int(l.split()[1]) * 1024
+        return 0
+
+    def sandbox_pss(self, ids):
+        """Sum of PSS of the processes in uid ranges >= 0x10000000 whose memory cgroup is one
+        of ids (other sandboxes of other coveds on this host are not counted)."""
+        total, nproc = 0, 0
+        for p in os.listdir("/proc"):
+            if not p.isdigit():
+                continue
+            try:
+                with open(f"/proc/{p}/status") as f:
+                    uid = next(int(l.split()[2]) for l in f if l.startswith("Uid:"))
+                if uid < UID_MIN:
+                    continue
+                with open(f"/proc/{p}/cgroup") as f:
+                    cg = f.read()
+                m = re.search(r"/cove/([^/\n]+)", cg)
+                if not m or m.group(1) not in ids:
+                    continue
+                with open(f"/proc/{p}/smaps_rollup") as f:
+                    for l in f:
+                        if l.startswith("Pss:"):
+                            total += int(l.split()[1]) * 1024
+                            nproc += 1
+            except (OSError, StopIteration):
+                continue
+        return total, nproc
+
+    @staticmethod
+    def cg_sum(ids, fname):
+        t, found = 0, 0
+        for sid in ids:
+            try:
+                with open(f"/sys/fs/cgroup/memory/cove/{sid}/{fname}") as f:
+                    t += int(f.read().strip())
+                    found += 1
+            except OSError:
+                pass
+        return t, found
+
+    def bench_memory(self):
+        target = self.a.alive
+        self.delete_all()
+        time.sleep(1)
+        rss0 = self.coved_rss()
+        avail0 = self.meminfo("MemAvailable")
+        t0 = time.perf_counter()
+        ids, stop_reason = [], None
+        for i in range(target):
+            try:
+                sb = self.create()
+                ids.append(sb["id"])
+                if i == 0:
+                    exec_true(self.ka, sb["id"])  # a sandbox that has run something
+            except Exception as e:
+                stop_reason = f"create #{len(ids) + 1} failed: {e}"
+                break
+        t_create = time.perf_counter() - t0
+        loops = self.my_loops()
+        time.sleep(2)  # let the guests settle idle
+        n = len(ids)
+        idset = set(ids)
+        pss, nproc = self.sandbox_pss(idset)
+        rss1 = self.coved_rss()
+        kmem, kfound = self.cg_sum(ids, "memory.kmem.usage_in_bytes")
+        usage, _ = self.cg_sum(ids, "memory.usage_in_bytes")
+        avail1 = self.meminfo("MemAvailable")
+        per = (pss + max(0, rss1 - rss0) + kmem) / n if n else float("nan")
+        t_del = self.delete_all()
+        time.sleep(1)
+        avail2 = self.meminfo("MemAvailable")
+        self.res["memory"] = {
+            "target": target, "alive": n, "stop_reason": stop_reason,
+            "create_s": t_create, "delete_all_s": t_del, "loop_devices": loops,
+            "pss_bytes": pss, "processes": nproc, "coved_rss_growth": rss1 - rss0,
+            "kmem_bytes": kmem, "cgroups_found": kfound, "cg_usage_bytes": usage,
+            "per_sandbox_bytes": per,
+            "memavailable_drop_bytes": avail0 - avail1,
+            "memavailable_recovered_bytes": avail2 - avail1}
+        log(f"memory: {n} alive, {per / 2**20:.2f} MiB each; MemAvailable drop "
+            f"{(avail0 - avail1) / 2**20:.0f} MiB")
+        if stop_reason:
+            self.notes.append(f"memory: stopped at {n} sandboxes: {stop_reason}")
+
+    # -- profile -----------------------------------------------------------------------
+    def bench_profile(self):
+        n = self.a.profile_creates
+        data = os.path.join(self.out, "perf.data")
+        p = subprocess.Popen(["perf", "record", "-a", "-g", "-F", "2999", "-o", data, "--",
+                              "sleep", "600"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            sb = self.create()
+            exec_true(self.ka, sb["id"])
+            self.delete(sb["id"])
+        wall = time.perf_counter() - t0
+        p.send_signal(signal.SIGINT)
+        p.wait()
+        self.res["profile"] = {"creates": n, "wall_s": wall, "perf_data": data}
+        log(f"profile: perf data in {data}")
+
+    # -- report ------------------------------------------------------------------------
+    def report(self, load):
+        r = self.res
+        rows = []
+
+        def row(what, value, goal, ok, comp=""):
+            rows.append((what, value, goal, "—" if ok is None else ("PASS" if ok else "FAIL"),
+                         comp))
+
+        c = r.get("create")
+        bl = r.get("baselines", {})
+        if c:
+            rd, po = c["ready"], c["post"]
+            comp = ", ".join(f"{k} p50 {v['p50']:.2f} / p90 {v['p90']:.2f} / p99 "
+                             f"{v['p99']:.2f}" for k, v in bl.items())
+            faster = all(rd["p50"] < v["p50"] for v in bl.values()) if bl else None
+            row(f"create→ready ms, {rd['n']} sequential (p50 / p90 / p99)",
+                f"{rd['p50']:.2f} / {rd['p90']:.2f} / {rd['p99']:.2f}",
+                "p50 ≤ 5, p90 ≤ 10", rd["p50"] <= 5 and rd["p90"] <= 10, comp)
+            row("create→ready faster than bwrap and unshare (p50)", f"{rd['p50']:.2f}",
+                "< both", faster, comp)
+            row("POST /v1/sandboxes alone ms (p50 / p90 / p99)",
+                f"{po['p50']:.2f} / {po['p90']:.2f} / {po['p99']:.2f}", "(info)", None,
+                f"coved log p50 {r['create'].get('server_p50', float('nan')):.2f}")
+            row("DELETE ms (p50 / p90 / p99)",
+                f"{c['delete']['p50']:.2f} / {c['delete']['p90']:.2f} / "
+                f"{c['delete']['p99']:.2f}", "(info)", None,
+                f"{c['loops_per_sandbox']} loop device per live sandbox")
+        cc = r.get("concurrent")
+        if cc and cc["post_wall_ms"]:
+            med = pct(cc["post_wall_ms"], 50)
+            row(f"{cc['k']} concurrent creates, wall ms (median of {cc['rounds']})",
+                f"{med:.1f}", "≤ 150", med <= 150,
+                "rounds " + ", ".join(f"{x:.0f}" for x in cc["post_wall_ms"]) +
+                "; to ready (+exec true each) " +
+                ", ".join(f"{x:.0f}" for x in cc["ready_wall_ms"]))
+        e = r.get("exec")
+        if e:
+            row(f"exec `true` wait:true ms, {e['n']} (p50 / p90 / p99)",
+                f"{e['p50']:.3f} / {e['p90']:.3f} / {e['p99']:.3f}", "p50 ≤ 2",
+                e["p50"] <= 2)
+        rc = r.get("reconnect")
+        if rc and rc["wrk"]:
+            best = max(rc["wrk"].values(), key=lambda w: w["rate"])
+            lost = (sum(w["bad"] + w["wrong_start"]
+                        for w in rc["wrk"].values()) + rc["python_bad"]
+                    + (0 if rc["reference_ok"] else 1))
+            row("reconnect + full replay per s (2 threads)", f"{best['rate']:,.0f}",
+                "≥ 20,000/s, 0 lost", best["rate"] >= 20000 and lost == 0,
+                f"{best['conns']} keep-alive conns; {rc['events']} events / "
+                f"{rc['reply_bytes_full']} B full replay; bad replies {lost}; " +
+                "; ".join(f"-c{w['conns']}: {w['rate']:,.0f}/s" for w in rc["wrk"].values()) +
+                (f"; without the client-side check {r['reconnect_unchecked']['rate']:,.0f}/s"
+                 if r.get("reconnect_unchecked") else "") +
+                f"; {rc['python_checked']} after=N also checked from Python")
+        m = r.get("memory")
+        if m:
+            per = m["per_sandbox_bytes"] / 2**20
+            row(f"host memory per idle sandbox, {m['alive']} alive (MiB)", f"{per:.2f}",
+                "≤ 2", per <= 2,
+                f"PSS {m['pss_bytes'] / 2**20:.0f} MiB + coved RSS "
+                f"+{m['coved_rss_growth'] / 2**20:.0f} MiB + kmem "
+                f"{m['kmem_bytes'] / 2**20:.0f} MiB; MemAvailable drop "
+                f"{m['memavailable_drop_bytes'] / 2**20:.0f} MiB "
+                f"({m['memavailable_drop_bytes'] / 2**20 / max(1, m['alive']):.2f}/sandbox); "
+                f"{m['loop_devices']} loop devices")
+        out = ["| measure | value | goal | pass | comparison / detail |",
+               "|---|---|---|---|---|"]
+        out += [f"| {a} | {b} | {g} | {p} | {d} |" for a, b, g, p, d in rows]
+        head = (f"cove benchmark, {r['date']}, {r['machine']}; load average before / after: "
+                f"{load[0]} / {load[1]}; commit {r.get('commit')}; API client: Python http.client, one keep-alive "
+                f"connection per client thread (wrk for reconnects)")
+        md = "\n".join([head, ""] + out)
+        if self.notes:
+            md += "\n\nNotes:\n" + "\n".join(f"- {n}" for n in self.notes)
+        return md + "\n"
+
+
+def machine():
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = Bench.meminfo("MemTotal") / 2**30
+    return f"{os.cpu_count()} cores {cpu}, {mem:.0f} GiB, kernel {platform.release()}"
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--templates", default=None)
+    ap.add_argument("--creates", type=int, default=200)
+    ap.add_argument("--concurrent", type=int, default=20)
+    ap.add_argument("--concurrent-rounds", type=int, default=3)
+    ap.add_argument("--execs", type=int, default=500)
+    ap.add_argument("--lines", type=int, default=1000)
+    ap.add_argument("--reconnect-s", type=int, default=5)
+    ap.add_argument("--wrk-conns", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[2, 8])
+    ap.add_argument("--alive", type=int, default=500)
+    ap.add_argument("--profile", action="store_true", help="perf record a separate create pass")
+    ap.add_argument("--profile-creates", type=int, default=100)
+    ap.add_argument("--only", default="create,baselines,concurrent,exec,reconnect,memory")
+    a = ap.parse_args()
+    a.out = a.out or os.path.join(a.build, "bench")
+    a.templates = a.templates or os.environ.get("COVE_TEMPLATES_DIR") or os.path.join(
+        a.build, "test-templates")
+    if os.geteuid() != 0:
+        sys.exit("bench: must run as root (coved's ns runtime needs it)")
+    b = Bench(a)
+    load0 = loadavg()
+    b.res["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    b.res["machine"] = machine()
+    b.res["load_before"] = load0
+    only = a.only.split(",")
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+
+    def bail(signum, frame):
+        raise KeyboardInterrupt
+
+    for s in old:
+        signal.signal(s, bail)
+    try:
+        b.start()
+        t0 = time.time()
+        for name in ["create", "baselines", "concurrent", "exec", "reconnect", "memory"]:
+            if name in only:
+                b.res.setdefault("load_during", []).append((name, loadavg()))
+                getattr(b, "bench_" + name)()
+            if name == "create" and "create" in b.res:
+                # coved's own figures for the same 200 creates
+                s = b.server_create_ms()[b.log_mark:]
+                if s:
+                    b.res["create"]["server_p50"] = pct(s, 50)
+                    b.res["create"]["server_log"] = summary(s)
+        if a.profile:
+            b.bench_profile()
+        b.res["elapsed_s"] = time.time() - t0
+    except KeyboardInterrupt:
+        b.notes.append("interrupted")
+        raise
+    finally:
+        b.stop()
+    load1 = loadavg()
+    b.res["load_after"] = load1
+    md = b.report((load0, load1))
+    b.res["notes"] = b.notes
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(b.res, f, indent=1, default=str)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
