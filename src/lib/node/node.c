@@ -31,6 +31,7 @@ struct cove_node {
         char guest[PATH_MAX];
         struct cove_runtime *rt;
         pthread_mutex_t mu; /* instances, uid slots */
+        pthread_cond_t stop_cv; /* an instance being stopped left the list (with mu) */
         struct inst *insts;
         int ninsts;
         uint8_t slots[COVE_UID_SLOTS];
@@ -121,6 +122,9 @@ static void *io_main(void *arg)
                         cove_error(n->cfg.log, "node.io", "epoll_wait: %s", strerror(errno));
                         break;
                 }
+                /* on_dead stops the instance, which takes io_mu: call it after unlocking */
+                char dead[64][64];
+                int ndead = 0;
                 pthread_mutex_lock(&n->io_mu);
                 for (int i = 0; i < k; i++) {
                         struct cove_chan *c = evs[i].data.ptr;
@@ -136,20 +140,17 @@ static void *io_main(void *arg)
                         }
                         if (r < 0) {
                                 epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(c), NULL);
-                                char id[64] = "";
-                                int notify = 0;
                                 pthread_mutex_lock(&n->mu);
                                 for (struct inst *in = n->insts; in; in = in->next)
-                                        if (in->chan == c && !in->stopping) {
-                                                snprintf(id, sizeof(id), "%s", in->id);
-                                                notify = 1;
-                                        }
+                                        if (in->chan == c && !in->stopping && ndead < 64)
+                                                snprintf(dead[ndead++], sizeof(dead[0]), "%s",
+                                                         in->id);
                                 pthread_mutex_unlock(&n->mu);
-                                if (notify && n->cfg.on_dead)
-                                        n->cfg.on_dead(n->cfg.arg, id, "guest exited");
                         }
                 }
                 pthread_mutex_unlock(&n->io_mu);
+                for (int i = 0; i < ndead && n->cfg.on_dead; i++)
+                        n->cfg.on_dead(n->cfg.arg, dead[i], "guest exited");
         }
         return NULL;
 }
@@ -167,6 +168,7 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
         n->cfg.data_dir = n->data_dir;
         n->cfg.guest_binary = n->guest;
         pthread_mutex_init(&n->mu, NULL);
+        pthread_cond_init(&n->stop_cv, NULL);
         pthread_mutex_init(&n->io_mu, NULL);
         n->epfd = -1;
         n->wake_fd = -1;
@@ -378,7 +380,11 @@ int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struc
         char sd[PATH_MAX];
         state_dir_of(n, sandbox_id, sd, sizeof(sd));
         pthread_mutex_lock(&n->mu);
-        struct inst *in = find_locked(n, sandbox_id);
+        /* one stopper per instance (DELETE, timer, on_dead and shutdown may race): a second
+         * one waits until the first is done, then finds nothing and cleans what is left */
+        struct inst *in;
+        while ((in = find_locked(n, sandbox_id)) && in->stopping)
+                pthread_cond_wait(&n->stop_cv, &n->mu);
         if (in)
                 in->stopping = 1;
         pthread_mutex_unlock(&n->mu);
@@ -399,6 +405,7 @@ int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struc
                                 n->ninsts--;
                                 break;
                         }
+                pthread_cond_broadcast(&n->stop_cv);
                 pthread_mutex_unlock(&n->mu);
                 cove_node_uid_release(n, in->uid_base);
                 cove_chan_unref(in->chan);
