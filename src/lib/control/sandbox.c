@@ -283,8 +283,11 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
         (void)purge;
         if (cove_node_stop(d->node, id, 1, err) < 0)
                 return -1;
-        if (d->cat_ops->sandbox_delete(d->cat, id, err) < 0)
+        int r = d->cat_ops->sandbox_delete(d->cat, id, err);
+        if (r < 0)
                 return -1;
+        if (r == 1) /* a concurrent DELETE removed it first */
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
         pthread_mutex_lock(&d->mu);
         d->m.deletes++;
         pthread_mutex_unlock(&d->mu);
