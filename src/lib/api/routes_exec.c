@@ -136,43 +136,65 @@ static void evstream_free(void *ctx)
         free(s);
 }
 
+/* Load the next line into s->line. wait_ms 0 polls. Returns 1 loaded, 0 nothing yet,
+ * -1 end of stream, -2 error. */
+static int evstream_next(struct evstream *s, int wait_ms)
+{
+        if (s->done || s->d->quitting)
+                return -1;
+        struct cove_ev *ev = NULL;
+        uint64_t lost = 0;
+        struct cove_err err;
+        int r = s->w ? cove_chan_watch_next(s->w, s->after, &ev, &lost, wait_ms, &err)
+                     : cove_chan_proc_next(s->c, s->pid, s->after, &ev, &lost, wait_ms, &err);
+        if (r == 0)
+                return 0;
+        if (r == 3 || r < 0)
+                return -1;
+        if (r == 2) {
+                s->line = overflow_line(lost);
+                s->after = lost;
+        } else {
+                s->line = event_line(ev, s->pid);
+                s->after = ev->seq;
+                if (ev->type == COVE_EV_EXIT || ev->type == COVE_EV_ERROR)
+                        s->done = 1;
+                free(ev);
+        }
+        if (!s->line)
+                return -2;
+        s->len = strlen(s->line);
+        s->off = 0;
+        return 1;
+}
+
+/* Fills buf with as many whole events as are ready (a replay goes out in few large chunks,
+ * not one write per event); blocks up to 1 s only when nothing is ready. */
 static ssize_t evstream_read(void *ctx, uint64_t pos, char *buf, size_t max)
 {
         struct evstream *s = ctx;
-        while (s->off >= s->len) {
-                free(s->line);
-                s->line = NULL;
-                s->len = s->off = 0;
-                if (s->done || s->d->quitting)
-                        return -1; /* MHD_CONTENT_READER_END_OF_STREAM */
-                struct cove_ev *ev = NULL;
-                uint64_t lost = 0;
-                struct cove_err err;
-                int r = s->w ? cove_chan_watch_next(s->w, s->after, &ev, &lost, 1000, &err)
-                             : cove_chan_proc_next(s->c, s->pid, s->after, &ev, &lost, 1000, &err);
-                if (r == 0)
-                        return 0; /* nothing yet; MHD calls again */
-                if (r == 3 || r < 0)
-                        return -1;
-                if (r == 2) {
-                        s->line = overflow_line(lost);
-                        s->after = lost;
-                } else {
-                        s->line = event_line(ev, s->pid);
-                        s->after = ev->seq;
-                        if (ev->type == COVE_EV_EXIT || ev->type == COVE_EV_ERROR)
-                                s->done = 1;
-                        free(ev);
+        size_t n = 0;
+        while (n < max) {
+                if (s->off >= s->len) {
+                        free(s->line);
+                        s->line = NULL;
+                        s->len = s->off = 0;
+                        int r = evstream_next(s, n ? 0 : 1000);
+                        if (r == 0)
+                                break;
+                        if (r < 0) {
+                                if (n)
+                                        break; /* deliver what we have; the end comes next */
+                                return r == -1 ? -1 /* END_OF_STREAM */ : -2;
+                        }
                 }
-                if (!s->line)
-                        return -2;
-                s->len = strlen(s->line);
+                size_t k = s->len - s->off;
+                if (k > max - n)
+                        k = max - n;
+                memcpy(buf + n, s->line + s->off, k);
+                s->off += k;
+                n += k;
         }
-        size_t n = s->len - s->off;
-        if (n > max)
-                n = max;
-        memcpy(buf, s->line + s->off, n);
-        s->off += n;
         return (ssize_t)n;
 }
 
