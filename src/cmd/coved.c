@@ -1,7 +1,8 @@
 /* coved: control plane + node gateway in one process (the embedded default).
  * Usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]
  *              [--templates busybox,base] [--guest-binary PATH] [--log-level debug|info|warn]
- *              [--default-timeout S] */
+ *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
+ *              [--e2b-sandbox-listen HOST:PORT|none] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -12,10 +13,11 @@
 
 static void usage(FILE *f)
 {
-        fprintf(f,
-                "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
-                "             [--templates NAME,...] [--guest-binary PATH]\n"
-                "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n");
+        fprintf(f, "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
+                   "             [--templates NAME,...] [--guest-binary PATH]\n"
+                   "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n"
+                   "             [--e2b-api-listen HOST:PORT|none] "
+                   "[--e2b-sandbox-listen HOST:PORT|none]\n");
 }
 
 int main(int argc, char **argv)
@@ -30,6 +32,8 @@ int main(int argc, char **argv)
             {"guest-binary", required_argument, 0, 'g'},
             {"log-level", required_argument, 0, 'v'},
             {"default-timeout", required_argument, 0, 'o'},
+            {"e2b-api-listen", required_argument, 0, 'E'},
+            {"e2b-sandbox-listen", required_argument, 0, 'S'},
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
@@ -59,6 +63,12 @@ int main(int argc, char **argv)
                         break;
                 case 'o':
                         o.default_timeout_s = atoi(optarg);
+                        break;
+                case 'E':
+                        o.e2b_api_listen = strcmp(optarg, "none") ? optarg : NULL;
+                        break;
+                case 'S':
+                        o.e2b_sandbox_listen = strcmp(optarg, "none") ? optarg : NULL;
                         break;
                 case 'h':
                         usage(stdout);

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "api/e2b.h"
 #include "control/apikey.h"
 #include "control/template.h"
 #include "util/cleanup.h"
@@ -159,6 +160,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         d->http = cove_http_start(&hc, o->listen, sock, err);
         if (!d->http)
                 goto fail;
+        if (cove_e2b_start(d, o->e2b_api_listen, o->e2b_sandbox_listen, &d->e2b, err) < 0)
+                goto fail;
         cove_info(&d->log, "coved.start",
                   "serving on %s and %s; data dir %s; runtime %s; templates %s",
                   o->listen ? o->listen : "(no tcp)", sock, d->data_dir,
@@ -181,6 +184,8 @@ void coved_close(struct coved *d)
         d->quitting = 1;
         pthread_cond_broadcast(&d->cv);
         pthread_mutex_unlock(&d->mu);
+        cove_e2b_stop(d->e2b);
+        d->e2b = NULL;
         if (d->http)
                 cove_http_stop(d->http);
         d->http = NULL;

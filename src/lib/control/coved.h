@@ -22,8 +22,12 @@ struct coved_options {
         const char *guest_binary;  /* default: cove-guest next to the coved binary */
         const char *templates;     /* comma list built at start if missing (default "busybox") */
         int log_level;
-        int default_timeout_s; /* 300 */
+        int default_timeout_s;          /* 300 */
+        const char *e2b_api_listen;     /* E2B control plane "HOST:PORT"; NULL for none */
+        const char *e2b_sandbox_listen; /* E2B in-sandbox (envd) surface; NULL for none */
 };
+
+struct cove_e2b;
 
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
@@ -40,6 +44,7 @@ struct coved {
         struct cove_catalog *cat;
         struct cove_node *node;
         struct cove_http *http;
+        struct cove_e2b *e2b; /* E2B-compatible listeners (api/e2b.h), NULL when off */
         int quitting;
         pthread_mutex_t mu; /* metrics, timer wake-up */
         pthread_cond_t cv;
