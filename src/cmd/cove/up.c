@@ -11,6 +11,9 @@
 
 #include "cove.h"
 
+#define CLI_DEFAULT_E2B_API_LISTEN "127.0.0.1:3000"
+#define CLI_DEFAULT_E2B_SANDBOX_LISTEN "127.0.0.1:49983"
+
 static void help(void)
 {
         puts("Usage: cove up [--data-dir DIR] [--listen ADDR] [COVED-ARGS...]\n"
@@ -19,6 +22,11 @@ static void help(void)
              "\n"
              "  --data-dir DIR   state directory (default " CLI_DEFAULT_DATA_DIR ")\n"
              "  --listen ADDR    TCP address (default " CLI_DEFAULT_LISTEN ")\n"
+             "The E2B-compatible API listens on " CLI_DEFAULT_E2B_API_LISTEN
+             " and its sandbox surface\n"
+             "on " CLI_DEFAULT_E2B_SANDBOX_LISTEN
+             " (--e2b-api-listen/--e2b-sandbox-listen ADDR|none\n"
+             "change that; see docs/e2b.md).\n"
              "Other arguments are passed to coved unchanged.");
 }
 
@@ -43,7 +51,7 @@ static int take_opt(int argc, char **argv, int *i, const char *name, const char 
 int cmd_up(struct cli *c, int argc, char **argv)
 {
         const char *data_dir = NULL, *listen = CLI_DEFAULT_LISTEN;
-        char **args = calloc((size_t)argc + 8, sizeof(char *));
+        char **args = calloc((size_t)argc + 12, sizeof(char *));
         if (!args)
                 return CLI_FAIL;
         int n = 1;
@@ -69,14 +77,18 @@ int cmd_up(struct cli *c, int argc, char **argv)
                                : CLI_DEFAULT_DATA_DIR;
         /* Our options go first so that a passed-through duplicate still wins, as it would
          * on coved's own command line. */
-        memmove(args + 7, args + 1, (size_t)(n - 1) * sizeof(char *));
+        memmove(args + 11, args + 1, (size_t)(n - 1) * sizeof(char *));
         args[1] = "--data-dir";
         args[2] = (char *)data_dir;
         args[3] = "--listen";
         args[4] = (char *)listen;
         args[5] = "--templates";
         args[6] = "busybox,base";
-        args[n + 6] = NULL;
+        args[7] = "--e2b-api-listen";
+        args[8] = CLI_DEFAULT_E2B_API_LISTEN;
+        args[9] = "--e2b-sandbox-listen";
+        args[10] = CLI_DEFAULT_E2B_SANDBOX_LISTEN;
+        args[n + 10] = NULL;
 
         char self[PATH_MAX];
         ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
