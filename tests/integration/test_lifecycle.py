@@ -108,3 +108,90 @@ def test_delete_kills_running_processes(client):
     # the stream of a process of a deleted sandbox ends (no hang): read to the end
     rest = list(ev)
     assert all(e["type"] != "exit" or e.get("signal") for e in rest)
+
+
+def test_concurrent_deletes_one_wins(coved):
+    """Racing DELETEs (and execs) of one sandbox: exactly one 204, the rest 404 or 409,
+    and coved keeps running (a double stop once freed the instance twice)."""
+    import threading
+
+    c = coved.client
+    for _ in range(3):
+        sid = c.create(template="busybox")["id"]
+        ev = c.exec(sid, "sleep 100", wait=False, timeout=60)
+        assert next(ev)["type"] == "start"
+        res = []
+
+        def call(kind, *a, **kw):
+            try:
+                res.append((kind, c.request(*a, timeout=60, **kw).status))
+            except Exception as e:  # noqa: BLE001 - a dropped connection is a failure
+                res.append((kind, repr(e)))
+
+        def delete():
+            call("delete", "DELETE", f"/v1/sandboxes/{sid}")
+
+        def run():
+            call("exec", "POST", f"/v1/sandboxes/{sid}/exec", {"shell": "echo", "wait": True})
+
+        ts = [threading.Thread(target=delete) for _ in range(6)] + \
+             [threading.Thread(target=run) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(90)
+        deletes = sorted(s for k, s in res if k == "delete")
+        assert deletes == [204] + [404] * 5, res
+        assert all(s in (200, 404, 409, 503) for k, s in res if k == "exec"), res
+        assert coved.alive()
+    assert c.request("GET", "/healthz", auth=False, timeout=10).status == 200
+
+
+def _host_pid_of(cmdline):
+    import glob
+    for p in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(p, "rb") as f:
+                if f.read().replace(b"\0", b" ").strip() == cmdline:
+                    return int(p.split("/")[2])
+        except OSError:
+            pass
+    return None
+
+
+def _ppid(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("PPid:"))
+
+
+def test_guest_death_marks_sandbox_error_and_node_keeps_serving(coved):
+    """The guest (PID 1 of the sandbox) killed from the host: that sandbox becomes `error`
+    with a reason; every other sandbox keeps working (the channel I/O thread once
+    deadlocked here, freezing all sandboxes)."""
+    import os
+    import signal
+
+    c = coved.client
+    victim = c.create(template="busybox")["id"]
+    other = c.create(template="busybox")["id"]
+    try:
+        marker = f"sleep {700000 + os.getpid() % 90000}"
+        c.exec(victim, f"{marker} &")
+        deadline = time.time() + 30
+        while (pid := _host_pid_of(marker.encode())) is None:
+            assert time.time() < deadline, "sandbox process not found on the host"
+            time.sleep(0.05)
+        guest = _ppid(pid)
+        os.kill(guest, signal.SIGKILL)
+        sb = c.wait_state(victim, ("error", "stopped"), timeout=60)
+        assert sb["state"] == "error" and sb.get("error"), sb
+        c.expect_error("POST", f"/v1/sandboxes/{victim}/exec", 409, "conflict",
+                       body={"shell": "true", "wait": True})
+        # the rest of the node is unaffected
+        assert c.exec(other, "echo still here", timeout=30)["stdout"] == "still here\n"
+        new = c.create(template="busybox")["id"]
+        assert c.exec(new, "echo new", timeout=30)["stdout"] == "new\n"
+        c.remove(new)
+    finally:
+        c.remove(victim)
+        c.remove(other)
