@@ -17,13 +17,15 @@ static void usage(FILE *f)
                    "             [--templates NAME,...] [--guest-binary PATH]\n"
                    "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n"
                    "             [--e2b-api-listen HOST:PORT|none] "
-                   "[--e2b-sandbox-listen HOST:PORT|none]\n");
+                   "[--e2b-sandbox-listen HOST:PORT|none]\n"
+                   "             [--pool N]   warm sandboxes kept per template (default 4)\n");
 }
 
 int main(int argc, char **argv)
 {
         struct coved_options o = {
-            .listen = "127.0.0.1:7677", .log_level = COVE_LOG_INFO, .default_timeout_s = 300};
+            .listen = "127.0.0.1:7677", .log_level = COVE_LOG_INFO, .default_timeout_s = 300,
+            .pool_size = -1};
         static const struct option opts[] = {
             {"data-dir", required_argument, 0, 'd'},
             {"listen", required_argument, 0, 'l'},
@@ -32,6 +34,7 @@ int main(int argc, char **argv)
             {"guest-binary", required_argument, 0, 'g'},
             {"log-level", required_argument, 0, 'v'},
             {"default-timeout", required_argument, 0, 'o'},
+            {"pool", required_argument, 0, 'p'},
             {"e2b-api-listen", required_argument, 0, 'E'},
             {"e2b-sandbox-listen", required_argument, 0, 'S'},
             {"help", no_argument, 0, 'h'},
@@ -63,6 +66,13 @@ int main(int argc, char **argv)
                         break;
                 case 'o':
                         o.default_timeout_s = atoi(optarg);
+                        break;
+                case 'p':
+                        o.pool_size = atoi(optarg);
+                        if (o.pool_size < 0 || o.pool_size > 256) {
+                                fprintf(stderr, "coved: --pool takes 0 to 256\n");
+                                return 2;
+                        }
                         break;
                 case 'E':
                         o.e2b_api_listen = strcmp(optarg, "none") ? optarg : NULL;

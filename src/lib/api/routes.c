@@ -71,6 +71,9 @@ static int h_metrics(void *app, struct cove_req *r)
         pthread_mutex_unlock(&d->mu);
         static const char *states[] = {"starting", "running", "pausing", "paused",
                                        "resuming", "stopped", "error"};
+        int pool_ready;
+        uint64_t pool_taken, pool_missed;
+        cove_node_pool_stats(d->node, &pool_ready, &pool_taken, &pool_missed);
         char buf[4096];
         size_t o = 0;
         o += (size_t)snprintf(buf + o, sizeof(buf) - o,
@@ -99,12 +102,19 @@ static int h_metrics(void *app, struct cove_req *r)
             "# TYPE cove_execs_total counter\ncove_execs_total %llu\n"
             "# HELP cove_timeouts_total Sandboxes stopped by their timeout.\n"
             "# TYPE cove_timeouts_total counter\ncove_timeouts_total %llu\n"
+            "# HELP cove_pool_ready Warm sandboxes ready to be taken.\n"
+            "# TYPE cove_pool_ready gauge\ncove_pool_ready %d\n"
+            "# HELP cove_pool_taken_total Creates served from a warm pool.\n"
+            "# TYPE cove_pool_taken_total counter\ncove_pool_taken_total %llu\n"
+            "# HELP cove_pool_missed_total Creates of a pooled shape that found it empty.\n"
+            "# TYPE cove_pool_missed_total counter\ncove_pool_missed_total %llu\n"
             "# HELP cove_uptime_seconds Seconds since coved started.\n"
             "# TYPE cove_uptime_seconds gauge\ncove_uptime_seconds %.3f\n",
             cove_node_count(d->node), (unsigned long long)cove_http_requests(d->http),
             (unsigned long long)m.creates, (unsigned long long)m.create_failures,
             (double)m.create_ns_sum / 1e9, (unsigned long long)m.deletes,
-            (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired,
+            (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired, pool_ready,
+            (unsigned long long)pool_taken, (unsigned long long)pool_missed,
             (double)(cove_now_ms() - d->started_at) / 1000.0);
         return cove_reply_text(r, 200, "text/plain; version=0.0.4", buf);
 }

@@ -84,6 +84,24 @@ static int build_templates(struct coved *d, const char *list, struct cove_err *e
         return 0;
 }
 
+/* One warm pool per built template of the list, in the default shape. */
+static int start_pools(struct coved *d, const char *list, int size, struct cove_err *err)
+{
+        char buf[512];
+        snprintf(buf, sizeof(buf), "%s", list);
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ",", &save); t && size > 0; t = strtok_r(NULL, ",", &save)) {
+                char rootfs[PATH_MAX];
+                if (cove_template_lookup(d->templates_dir, t, rootfs, sizeof(rootfs), NULL) != 0)
+                        continue;
+                if (cove_node_pool_add(d->node, rootfs, COVE_DEFAULT_CPUS, COVE_DEFAULT_MEMORY_MB,
+                                       COVE_DEFAULT_DISK_MB, size, err) < 0)
+                        return cove_err_wrap(err, "warm pool of %s", t);
+                cove_info(&d->log, "pool", "keeping %d warm sandboxes of template %s", size, t);
+        }
+        return 0;
+}
+
 int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *err)
 {
         memset(d, 0, sizeof(*d));
@@ -98,9 +116,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);
         }
         chmod(d->data_dir, 0711);
-        if (o->templates_dir)
-                snprintf(d->templates_dir, sizeof(d->templates_dir), "%s", o->templates_dir);
-        else
+        if (o->templates_dir) {
+                /* absolute, so rootfs paths handed to the runtime are too */
+                if (cove_mkdir_p(o->templates_dir, 0755, err) < 0 ||
+                    !realpath(o->templates_dir, d->templates_dir))
+                        return cove_err_set(err, errno, "templates dir %s", o->templates_dir);
+        } else
                 snprintf(d->templates_dir, sizeof(d->templates_dir), "%s/templates", d->data_dir);
         if (o->guest_binary) {
                 snprintf(d->guest_binary, sizeof(d->guest_binary), "%s", o->guest_binary);
@@ -141,6 +162,9 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (!d->node)
                 goto fail;
         coved_reconcile(d);
+        if (start_pools(d, o->templates ? o->templates : "busybox",
+                        o->pool_size < 0 ? 4 : o->pool_size, err) < 0)
+                goto fail;
         int e = pthread_create(&d->timer, NULL, coved_timer_main, d);
         if (e) {
                 cove_err_set(err, e, "timer thread");

@@ -25,7 +25,13 @@ struct coved_options {
         int default_timeout_s;          /* 300 */
         const char *e2b_api_listen;     /* E2B control plane "HOST:PORT"; NULL for none */
         const char *e2b_sandbox_listen; /* E2B in-sandbox (envd) surface; NULL for none */
+        int pool_size; /* warm instances per template (-1: default 4, 0: none) */
 };
+
+/* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
+#define COVE_DEFAULT_CPUS 1
+#define COVE_DEFAULT_MEMORY_MB 512
+#define COVE_DEFAULT_DISK_MB 1024
 
 struct cove_e2b;
 

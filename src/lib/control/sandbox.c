@@ -128,9 +128,9 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         snprintf(s.on_timeout, sizeof(s.on_timeout), "kill");
         snprintf(s.node, sizeof(s.node), "local");
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-        s.cpus = 1;
-        s.memory_mb = 512;
-        s.disk_mb = 1024;
+        s.cpus = COVE_DEFAULT_CPUS;
+        s.memory_mb = COVE_DEFAULT_MEMORY_MB;
+        s.disk_mb = COVE_DEFAULT_DISK_MB;
         s.timeout_s = d->default_timeout_s;
         char runtime[16] = "";
         if (string_field(body, "template", s.template_name, sizeof(s.template_name), 1, err) < 0 ||
@@ -190,49 +190,60 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 return -1;
         }
         int64_t t0 = cove_mono_ns();
-        if (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
-            cove_node_uid_reserve(d->node, &s.uid_base, err) < 0) {
+        /* a warm instance of this template and shape, if one is ready: it already has its
+         * id, uid range, limits and a guest that answered the handshake */
+        int pooled = cove_node_pool_take(d->node, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
+                                         (unsigned)s.disk_mb, s.id, sizeof(s.id),
+                                         &s.uid_base) == 0;
+        if (!pooled && (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
+                        cove_node_uid_reserve(d->node, &s.uid_base, err) < 0)) {
                 cove_sandbox_row_clear(&s);
                 return -1;
         }
         s.created_at = cove_now_ms();
         s.expires_at = s.created_at + (int64_t)s.timeout_s * 1000;
-        snprintf(s.state, sizeof(s.state), "starting");
+        snprintf(s.state, sizeof(s.state), pooled ? "running" : "starting");
         if (d->cat_ops->sandbox_insert(d->cat, &s, err) < 0) {
-                cove_node_uid_release(d->node, s.uid_base);
+                struct cove_err e2;
+                if (pooled)
+                        cove_node_stop(d->node, s.id, 1, &e2); /* releases its uid range */
+                else
+                        cove_node_uid_release(d->node, s.uid_base);
                 cove_sandbox_row_clear(&s);
                 return -1;
         }
-        struct cove_instance_spec spec = {
-            .sandbox_id = s.id,
-            .rootfs = rootfs,
-            .cpus = (unsigned)s.cpus,
-            .memory_mb = (unsigned)s.memory_mb,
-            .disk_mb = (unsigned)s.disk_mb,
-            .uid_base = s.uid_base,
-            .uid_count = COVE_UID_RANGE,
-        };
-        if (cove_node_start(d->node, &spec, err) < 0) {
-                struct cove_err e2;
-                cove_node_stop(d->node, s.id, 1, &e2);
-                cove_node_uid_release(d->node, s.uid_base);
-                d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
-                pthread_mutex_lock(&d->mu);
-                d->m.create_failures++;
-                pthread_mutex_unlock(&d->mu);
-                cove_warn(&d->log, "sandbox.create", "%s", err->msg);
-                cove_sandbox_row_clear(&s);
-                if (err->kind == COVE_E_INTERNAL)
-                        err->kind = COVE_E_UNAVAILABLE;
-                return -1;
-        }
-        snprintf(s.state, sizeof(s.state), "running");
-        if (d->cat_ops->sandbox_update(d->cat, &s, err) != 0) {
-                struct cove_err e2;
-                cove_node_stop(d->node, s.id, 1, &e2);
-                d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
-                cove_sandbox_row_clear(&s);
-                return -1;
+        if (!pooled) {
+                struct cove_instance_spec spec = {
+                    .sandbox_id = s.id,
+                    .rootfs = rootfs,
+                    .cpus = (unsigned)s.cpus,
+                    .memory_mb = (unsigned)s.memory_mb,
+                    .disk_mb = (unsigned)s.disk_mb,
+                    .uid_base = s.uid_base,
+                    .uid_count = COVE_UID_RANGE,
+                };
+                if (cove_node_start(d->node, &spec, err) < 0) {
+                        struct cove_err e2;
+                        cove_node_stop(d->node, s.id, 1, &e2);
+                        cove_node_uid_release(d->node, s.uid_base);
+                        d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
+                        pthread_mutex_lock(&d->mu);
+                        d->m.create_failures++;
+                        pthread_mutex_unlock(&d->mu);
+                        cove_warn(&d->log, "sandbox.create", "%s", err->msg);
+                        cove_sandbox_row_clear(&s);
+                        if (err->kind == COVE_E_INTERNAL)
+                                err->kind = COVE_E_UNAVAILABLE;
+                        return -1;
+                }
+                snprintf(s.state, sizeof(s.state), "running");
+                if (d->cat_ops->sandbox_update(d->cat, &s, err) != 0) {
+                        struct cove_err e2;
+                        cove_node_stop(d->node, s.id, 1, &e2);
+                        d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
+                        cove_sandbox_row_clear(&s);
+                        return -1;
+                }
         }
         int64_t dt = cove_mono_ns() - t0;
         pthread_mutex_lock(&d->mu);
@@ -240,8 +251,8 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         d->m.create_ns_sum += (uint64_t)dt;
         pthread_cond_broadcast(&d->cv); /* the timer may need an earlier wake-up */
         pthread_mutex_unlock(&d->mu);
-        cove_info(&d->log, "sandbox.create", "sandbox %s template %s tenant %s in %.2f ms", s.id,
-                  s.template_name, tenant, (double)dt / 1e6);
+        cove_info(&d->log, "sandbox.create", "sandbox %s template %s tenant %s in %.2f ms (%s)",
+                  s.id, s.template_name, tenant, (double)dt / 1e6, pooled ? "warm" : "cold");
         *out = cove_sandbox_json(&s);
         cove_sandbox_row_clear(&s);
         return 0;

@@ -22,7 +22,21 @@ struct inst {
         struct cove_instance ri;
         struct cove_chan *chan;
         uint32_t uid_base;
-        int stopping; /* cove_node_stop owns it now: no on_dead callback */
+        int stopping;      /* cove_node_stop owns it now: no on_dead callback */
+        struct pool *pool; /* non-NULL while it waits, idle, in a warm pool */
+};
+
+/* A warm pool: instances started ahead of time for one template and shape, so a create
+ * only has to take one (DESIGN.md §5). Each pooled instance is a complete sandbox with its
+ * final id, uid range and limits; taking it hands all of that to the new sandbox. */
+struct pool {
+        struct pool *next;
+        char rootfs[PATH_MAX];
+        unsigned cpus, memory_mb, disk_mb;
+        int target;           /* instances to keep ready */
+        int starting;         /* being started by the refill thread */
+        int64_t retry_at_ns;  /* after a failed start: back off until then */
+        uint64_t taken, missed;
 };
 
 struct cove_node {
@@ -47,6 +61,12 @@ struct cove_node {
         pthread_mutex_t sp_mu;
         pthread_cond_t sp_cv;
         struct spawn_job *sp_head;
+        /* warm pools, guarded by mu; the refill thread waits on pool_cv */
+        struct pool *pools;
+        pthread_cond_t pool_cv;
+        pthread_t refill;
+        int refill_started;
+        int pool_quit;
 };
 
 struct spawn_job {
@@ -124,6 +144,7 @@ static void *io_main(void *arg)
                 }
                 /* on_dead stops the instance, which takes io_mu: call it after unlocking */
                 char dead[64][64];
+                int pooled[64];
                 int ndead = 0;
                 pthread_mutex_lock(&n->io_mu);
                 for (int i = 0; i < k; i++) {
@@ -142,15 +163,25 @@ static void *io_main(void *arg)
                                 epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(c), NULL);
                                 pthread_mutex_lock(&n->mu);
                                 for (struct inst *in = n->insts; in; in = in->next)
-                                        if (in->chan == c && !in->stopping && ndead < 64)
+                                        if (in->chan == c && !in->stopping && ndead < 64) {
+                                                pooled[ndead] = in->pool != NULL;
                                                 snprintf(dead[ndead++], sizeof(dead[0]), "%s",
                                                          in->id);
+                                        }
                                 pthread_mutex_unlock(&n->mu);
                         }
                 }
                 pthread_mutex_unlock(&n->io_mu);
-                for (int i = 0; i < ndead && n->cfg.on_dead; i++)
-                        n->cfg.on_dead(n->cfg.arg, dead[i], "guest exited");
+                for (int i = 0; i < ndead; i++) {
+                        if (pooled[i]) { /* nobody owns it yet: just clear it away */
+                                struct cove_err e;
+                                cove_warn(n->cfg.log, "pool", "pooled sandbox %s died", dead[i]);
+                                if (cove_node_stop(n, dead[i], 1, &e) < 0)
+                                        cove_warn(n->cfg.log, "pool", "%s", e.msg);
+                        } else if (n->cfg.on_dead) {
+                                n->cfg.on_dead(n->cfg.arg, dead[i], "guest exited");
+                        }
+                }
         }
         return NULL;
 }
@@ -169,6 +200,13 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
         n->cfg.guest_binary = n->guest;
         pthread_mutex_init(&n->mu, NULL);
         pthread_cond_init(&n->stop_cv, NULL);
+        {
+                pthread_condattr_t ca;
+                pthread_condattr_init(&ca);
+                pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+                pthread_cond_init(&n->pool_cv, &ca);
+                pthread_condattr_destroy(&ca);
+        }
         pthread_mutex_init(&n->io_mu, NULL);
         n->epfd = -1;
         n->wake_fd = -1;
@@ -274,7 +312,8 @@ static void state_dir_of(struct cove_node *n, const char *id, char *out, size_t 
         snprintf(out, cap, "%s/sandboxes/%s", n->data_dir, id);
 }
 
-int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct cove_err *err)
+static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, struct pool *pool,
+                          struct cove_err *err)
 {
         char sd[PATH_MAX];
         state_dir_of(n, spec->sandbox_id, sd, sizeof(sd));
@@ -306,6 +345,7 @@ int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct
                 goto fail;
         cove_chan_set_rx_notify(in->chan, rx_notify, n);
         pthread_mutex_lock(&n->mu);
+        in->pool = pool;
         in->next = n->insts;
         n->insts = in;
         n->ninsts++;
@@ -330,12 +370,169 @@ fail:
         return -1;
 }
 
+int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct cove_err *err)
+{
+        return start_instance(n, spec, NULL, err);
+}
+
+static int pool_idle_locked(struct cove_node *n, const struct pool *p)
+{
+        int k = 0;
+        for (struct inst *in = n->insts; in; in = in->next)
+                k += in->pool == p && !in->stopping;
+        return k;
+}
+
+static void *refill_main(void *arg)
+{
+        struct cove_node *n = arg;
+        pthread_mutex_lock(&n->mu);
+        while (!n->pool_quit) {
+                struct pool *want = NULL;
+                int64_t now = cove_mono_ns(), next_retry = 0;
+                for (struct pool *p = n->pools; p && !want; p = p->next) {
+                        if (pool_idle_locked(n, p) + p->starting >= p->target)
+                                continue;
+                        if (p->retry_at_ns > now) {
+                                if (!next_retry || p->retry_at_ns < next_retry)
+                                        next_retry = p->retry_at_ns;
+                                continue;
+                        }
+                        want = p;
+                }
+                if (!want) {
+                        struct timespec ts;
+                        clock_gettime(CLOCK_MONOTONIC, &ts);
+                        int64_t wait_ns = next_retry ? next_retry - now : 5000000000LL;
+                        ts.tv_sec += wait_ns / 1000000000LL;
+                        ts.tv_nsec += wait_ns % 1000000000LL;
+                        if (ts.tv_nsec >= 1000000000L) {
+                                ts.tv_sec++;
+                                ts.tv_nsec -= 1000000000L;
+                        }
+                        pthread_cond_timedwait(&n->pool_cv, &n->mu, &ts);
+                        continue;
+                }
+                want->starting++;
+                pthread_mutex_unlock(&n->mu);
+                struct cove_err err;
+                char id[64];
+                uint32_t uid = 0;
+                int r = cove_id_new("sbx_", id, sizeof(id), &err);
+                if (r == 0)
+                        r = cove_node_uid_reserve(n, &uid, &err);
+                if (r == 0) {
+                        struct cove_instance_spec spec = {
+                                .sandbox_id = id,
+                                .rootfs = want->rootfs,
+                                .cpus = want->cpus,
+                                .memory_mb = want->memory_mb,
+                                .disk_mb = want->disk_mb,
+                                .uid_base = uid,
+                                .uid_count = COVE_UID_RANGE,
+                        };
+                        r = start_instance(n, &spec, want, &err);
+                        if (r < 0) {
+                                struct cove_err e2;
+                                char sd[PATH_MAX];
+                                state_dir_of(n, id, sd, sizeof(sd));
+                                n->cfg.rt_ops->cleanup_stale(n->rt, id, sd, 1, &e2);
+                                cove_rm_rf(sd, &e2);
+                                cove_node_uid_release(n, uid);
+                        }
+                }
+                pthread_mutex_lock(&n->mu);
+                want->starting--;
+                if (r < 0) {
+                        want->retry_at_ns = cove_mono_ns() + 2000000000LL;
+                        cove_warn(n->cfg.log, "pool", "warm pool refill failed (retrying in 2 s): %s",
+                                  err.msg);
+                }
+        }
+        pthread_mutex_unlock(&n->mu);
+        return NULL;
+}
+
+int cove_node_pool_add(struct cove_node *n, const char *rootfs, unsigned cpus, unsigned memory_mb,
+                       unsigned disk_mb, int size, struct cove_err *err)
+{
+        if (size <= 0)
+                return 0;
+        struct pool *p = calloc(1, sizeof(*p));
+        if (!p)
+                return cove_err_set(err, ENOMEM, "warm pool");
+        snprintf(p->rootfs, sizeof(p->rootfs), "%s", rootfs);
+        p->cpus = cpus;
+        p->memory_mb = memory_mb;
+        p->disk_mb = disk_mb;
+        p->target = size;
+        pthread_mutex_lock(&n->mu);
+        p->next = n->pools;
+        n->pools = p;
+        int start = !n->refill_started;
+        n->refill_started = 1;
+        pthread_cond_broadcast(&n->pool_cv);
+        pthread_mutex_unlock(&n->mu);
+        if (start) {
+                int e = pthread_create(&n->refill, NULL, refill_main, n);
+                if (e) {
+                        pthread_mutex_lock(&n->mu);
+                        n->refill_started = 0;
+                        pthread_mutex_unlock(&n->mu);
+                        return cove_err_set(err, e, "warm pool thread");
+                }
+        }
+        return 0;
+}
+
+int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus,
+                        unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
+                        uint32_t *uid_base)
+{
+        int r = 1;
+        pthread_mutex_lock(&n->mu);
+        for (struct pool *p = n->pools; p; p = p->next) {
+                if (strcmp(p->rootfs, rootfs) || p->cpus != cpus || p->memory_mb != memory_mb ||
+                    p->disk_mb != disk_mb)
+                        continue;
+                for (struct inst *in = n->insts; in && r; in = in->next) {
+                        if (in->pool != p || in->stopping || cove_chan_is_closed(in->chan))
+                                continue;
+                        in->pool = NULL;
+                        snprintf(id, cap, "%s", in->id);
+                        *uid_base = in->uid_base;
+                        r = 0;
+                }
+                if (r)
+                        p->missed++;
+                else
+                        p->taken++;
+                pthread_cond_broadcast(&n->pool_cv);
+                break;
+        }
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
+void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed)
+{
+        *ready = 0;
+        *taken = *missed = 0;
+        pthread_mutex_lock(&n->mu);
+        for (struct pool *p = n->pools; p; p = p->next) {
+                *ready += pool_idle_locked(n, p);
+                *taken += p->taken;
+                *missed += p->missed;
+        }
+        pthread_mutex_unlock(&n->mu);
+}
+
 struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id)
 {
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
         struct cove_chan *c = NULL;
-        if (in && !in->stopping) {
+        if (in && !in->stopping && !in->pool) {
                 c = in->chan;
                 cove_chan_ref(c);
         }
@@ -429,17 +626,27 @@ void cove_node_free(struct cove_node *n)
 {
         if (!n)
                 return;
+        pthread_mutex_lock(&n->mu);
+        n->pool_quit = 1;
+        pthread_cond_broadcast(&n->pool_cv);
+        int refill = n->refill_started;
+        pthread_mutex_unlock(&n->mu);
+        if (refill)
+                pthread_join(n->refill, NULL);
         for (;;) {
                 char id[64];
+                int purge = 0;
                 pthread_mutex_lock(&n->mu);
                 struct inst *in = n->insts;
-                if (in)
+                if (in) {
                         snprintf(id, sizeof(id), "%s", in->id);
+                        purge = in->pool != NULL; /* an idle pooled sandbox belongs to no one */
+                }
                 pthread_mutex_unlock(&n->mu);
                 if (!in)
                         break;
                 struct cove_err e;
-                if (cove_node_stop(n, id, 0, &e) < 0)
+                if (cove_node_stop(n, id, purge, &e) < 0)
                         cove_warn(n->cfg.log, "node.stop", "%s", e.msg);
         }
         pthread_mutex_lock(&n->sp_mu);
@@ -454,5 +661,10 @@ void cove_node_free(struct cove_node *n)
         n->cfg.rt_ops->close(n->rt);
         close(n->epfd);
         close(n->wake_fd);
+        while (n->pools) {
+                struct pool *p = n->pools->next;
+                free(n->pools);
+                n->pools = p;
+        }
         free(n);
 }

@@ -49,6 +49,20 @@ int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, st
  * Then, also without an instance, clear what a crashed coved may have left. */
 int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err);
 int cove_node_count(struct cove_node *n);
+
+/* Warm pools (DESIGN.md §5): keep `size` instances of this template and shape started and
+ * shaken hands with, refilled by a background thread, so a create takes one instead of
+ * starting one. Pooled instances are ordinary instances with their final id and uid range
+ * but belong to no sandbox until taken; a crash leaves them as orphan state dirs, which
+ * the restart's reconciliation removes. */
+int cove_node_pool_add(struct cove_node *n, const char *rootfs, unsigned cpus, unsigned memory_mb,
+                       unsigned disk_mb, int size, struct cove_err *err);
+/* Take a ready instance of that shape: 0 with its id and uid range (now the caller's, as if
+ * cove_node_start had made it), 1 when none is ready (start one cold). */
+int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus,
+                        unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
+                        uint32_t *uid_base);
+void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,
                     struct cove_err *err);
 
