@@ -1,0 +1,335 @@
+// Drives a real coved through the real E2B SDK (npm `e2b`, pinned in package-lock.json).
+// Needs E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (tests/integration/test_e2b.py sets
+// them); COVE_E2B_TEMPLATE picks the template (default base). Run: node --test e2b.test.mjs
+import { after, before, describe, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, CommandExitError, FileType, NotFoundError } from 'e2b'
+
+const TEMPLATE = process.env.COVE_E2B_TEMPLATE || 'base'
+for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY'])
+  if (!process.env[v]) throw new Error(`${v} is not set (see tests/integration/test_e2b.py)`)
+
+const created = []
+async function newSandbox(opts = {}) {
+  const sbx = await Sandbox.create(TEMPLATE, { timeoutMs: 120_000, ...opts })
+  created.push(sbx)
+  return sbx
+}
+
+// Await a condition instead of sleeping a fixed time.
+async function until(what, fn, timeoutMs = 10_000) {
+  const end = Date.now() + timeoutMs
+  for (;;) {
+    const v = await fn()
+    if (v) return v
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`)
+    await new Promise((r) => setTimeout(r, 20))
+  }
+}
+
+after(async () => {
+  for (const s of created) await s.kill().catch(() => {})
+})
+
+describe('sandbox lifecycle', () => {
+  test('create, getInfo, isRunning, kill', async () => {
+    const sbx = await newSandbox({ metadata: { suite: 'lifecycle' } })
+    assert.match(sbx.sandboxId, /^sbx_/)
+    const info = await sbx.getInfo()
+    assert.equal(info.sandboxId, sbx.sandboxId)
+    assert.equal(info.templateId, TEMPLATE)
+    assert.equal(info.state, 'running')
+    assert.deepEqual(info.metadata, { suite: 'lifecycle' })
+    assert.ok(info.endAt > info.startedAt)
+    assert.equal(await sbx.isRunning(), true)
+    assert.equal(await sbx.kill(), true)
+    assert.equal(await sbx.isRunning(), false)
+    assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+    await assert.rejects(Sandbox.getInfo(sbx.sandboxId), /not found/i)
+  })
+
+  test('setTimeout and connect only extend', async () => {
+    const sbx = await newSandbox({ timeoutMs: 60_000 })
+    const t0 = (await sbx.getInfo()).endAt.getTime()
+    await sbx.setTimeout(600_000)
+    const t1 = (await sbx.getInfo()).endAt.getTime()
+    assert.ok(t1 > t0 + 500_000, `endAt ${t1} should be ~10 min after start (was ${t0})`)
+    // connect with a shorter timeout must not shorten it
+    const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 30_000 })
+    assert.equal(again.sandboxId, sbx.sandboxId)
+    const t2 = (await sbx.getInfo()).endAt.getTime()
+    assert.ok(t2 >= t1, 'connect shortened the timeout')
+    // the connected handle works (same access token)
+    const r = await again.commands.run('echo connected')
+    assert.equal(r.stdout, 'connected\n')
+    // setTimeout can shorten
+    await sbx.setTimeout(45_000)
+    const t3 = (await sbx.getInfo()).endAt.getTime()
+    assert.ok(t3 < t2, 'setTimeout did not shorten')
+  })
+
+  test('pause is reported as not possible (needs snapshots)', async () => {
+    const sbx = await newSandbox()
+    assert.equal(await sbx.pause(), false)
+    assert.equal(await sbx.isRunning(), true)
+  })
+
+  test('list with a metadata filter and paging', async () => {
+    const tag = `list-${Date.now()}`
+    const a = await newSandbox({ metadata: { tag, n: '1' } })
+    const b = await newSandbox({ metadata: { tag, n: '2' } })
+    await newSandbox({ metadata: { tag: 'other' } })
+    const items = await Sandbox.list({ query: { metadata: { tag } } }).nextItems()
+    assert.deepEqual(items.map((s) => s.sandboxId).sort(), [a.sandboxId, b.sandboxId].sort())
+    for (const s of items) {
+      assert.equal(s.state, 'running')
+      assert.equal(s.metadata.tag, tag)
+      assert.equal(s.templateId, TEMPLATE)
+    }
+    const one = await Sandbox.list({ query: { metadata: { tag, n: '2' } } }).nextItems()
+    assert.deepEqual(one.map((s) => s.sandboxId), [b.sandboxId])
+    const pager = Sandbox.list({ query: { metadata: { tag } }, limit: 1 })
+    const p1 = await pager.nextItems()
+    assert.equal(p1.length, 1)
+    assert.equal(pager.hasNext, true)
+    const p2 = await pager.nextItems()
+    assert.equal(p2.length, 1)
+    assert.notEqual(p1[0].sandboxId, p2[0].sandboxId)
+  })
+
+  test('metrics', async () => {
+    const sbx = await newSandbox()
+    const m = await sbx.getMetrics()
+    assert.ok(m.length >= 1)
+    assert.ok(m[0].memTotal > 0 && m[0].diskTotal > 0)
+  })
+})
+
+describe('commands', () => {
+  let sbx
+  before(async () => {
+    sbx = await newSandbox()
+  })
+
+  test('stdout, stderr, exit code', async () => {
+    const r = await sbx.commands.run('echo out; echo err >&2')
+    assert.equal(r.exitCode, 0)
+    assert.equal(r.stdout, 'out\n')
+    assert.equal(r.stderr, 'err\n')
+    const e = await sbx.commands.run('echo bad; exit 3').catch((x) => x)
+    assert.ok(e instanceof CommandExitError, `got ${e}`)
+    assert.equal(e.exitCode, 3)
+    assert.equal(e.stdout, 'bad\n')
+    assert.match(e.error, /exit status 3/)
+  })
+
+  test('default user, home, env and cwd', async () => {
+    const r = await sbx.commands.run('id -un; pwd; echo $FOO', { envs: { FOO: 'bar' } })
+    assert.equal(r.stdout, 'user\n/home/user\nbar\n')
+    const c = await sbx.commands.run('pwd', { cwd: '/tmp' })
+    assert.equal(c.stdout, '/tmp\n')
+    const root = await sbx.commands.run('id -u', { user: 'root' })
+    assert.equal(root.stdout, '0\n')
+  })
+
+  test('sandbox envs reach every command', async () => {
+    const s2 = await newSandbox({ envs: { FROM_CREATE: 'yes' } })
+    const r = await s2.commands.run('echo $FROM_CREATE')
+    assert.equal(r.stdout, 'yes\n')
+  })
+
+  test('callbacks receive output as it comes', async () => {
+    const seen = []
+    await sbx.commands.run('for i in 1 2 3; do echo $i; done', { onStdout: (d) => seen.push(d) })
+    assert.equal(seen.join(''), '1\n2\n3\n')
+  })
+
+  test('background command, list, connect, wait', async () => {
+    const h = await sbx.commands.run('read line; echo "got $line"; sleep 0.2; echo done', {
+      background: true,
+      stdin: true,
+    })
+    assert.ok(h.pid > 0)
+    const list = await sbx.commands.list()
+    const me = list.find((p) => p.pid === h.pid)
+    assert.ok(me, `pid ${h.pid} not in ${JSON.stringify(list)}`)
+    assert.equal(me.cmd, '/bin/bash')
+    assert.deepEqual(me.args, ['-l', '-c', 'read line; echo "got $line"; sleep 0.2; echo done'])
+    const other = await sbx.commands.connect(h.pid)
+    await sbx.commands.sendStdin(h.pid, 'hello\n')
+    const r = await other.wait()
+    assert.equal(r.exitCode, 0)
+    assert.match(r.stdout, /got hello\ndone\n/)
+    const r0 = await h.wait()
+    assert.equal(r0.stdout, 'got hello\ndone\n')
+    assert.ok(!(await sbx.commands.list()).some((p) => p.pid === h.pid))
+  })
+
+  test('closeStdin ends input', async () => {
+    const h = await sbx.commands.run('cat; echo end', { background: true, stdin: true })
+    await h.sendStdin('abc')
+    await h.closeStdin()
+    const r = await h.wait()
+    assert.equal(r.stdout, 'abcend\n')
+  })
+
+  test('kill a running command', async () => {
+    const h = await sbx.commands.run('sleep 60', { background: true })
+    assert.equal(await sbx.commands.kill(h.pid), true)
+    const e = await h.wait().catch((x) => x)
+    assert.ok(e instanceof CommandExitError)
+    assert.equal(e.exitCode, -1)
+    assert.match(e.error, /signal: killed/)
+    assert.equal(await sbx.commands.kill(h.pid), false)
+  })
+
+  test('connect to an unknown pid fails', async () => {
+    await assert.rejects(sbx.commands.connect(999999), NotFoundError)
+  })
+
+  test('command timeout kills the command', async () => {
+    const t0 = Date.now()
+    await assert.rejects(sbx.commands.run('sleep 30', { timeoutMs: 1500 }))
+    assert.ok(Date.now() - t0 < 10_000)
+    // envd kills a command when its timeout passes (not when the client goes away)
+    await until('the command to be killed', async () =>
+      (await sbx.commands.run('pgrep -x sleep || echo none')).stdout === 'none\n')
+  })
+})
+
+describe('files', () => {
+  let sbx
+  before(async () => {
+    sbx = await newSandbox()
+  })
+
+  test('write, read, exists, getInfo (relative paths from /home/user)', async () => {
+    const w = await sbx.files.write('notes/a.txt', 'hello e2b\n')
+    assert.equal(w.path, '/home/user/notes/a.txt')
+    assert.equal(w.name, 'a.txt')
+    assert.equal(await sbx.files.read('/home/user/notes/a.txt'), 'hello e2b\n')
+    assert.equal(await sbx.files.exists('notes/a.txt'), true)
+    assert.equal(await sbx.files.exists('notes/nope.txt'), false)
+    const info = await sbx.files.getInfo('notes/a.txt')
+    assert.equal(info.type, FileType.FILE)
+    assert.equal(info.size, 10)
+    assert.equal(info.permissions, '-rw-r--r--')
+    // owned by the user: a command as the user can append to it
+    const r = await sbx.commands.run('echo more >> notes/a.txt && stat -c %U notes/a.txt')
+    assert.equal(r.stdout, 'user\n')
+    assert.equal(await sbx.files.read('notes/a.txt'), 'hello e2b\nmore\n')
+  })
+
+  test('empty files and missing files', async () => {
+    await sbx.files.write('/tmp/empty', '')
+    assert.equal(await sbx.files.read('/tmp/empty'), '')
+    await assert.rejects(sbx.files.read('/tmp/does-not-exist'), NotFoundError)
+  })
+
+  test('binary data round trip (bytes, blob)', async () => {
+    const data = new Uint8Array(300_000)
+    for (let i = 0; i < data.length; i++) data[i] = (i * 7 + 3) & 0xff
+    await sbx.files.write('/tmp/bin.dat', data)
+    const back = await sbx.files.read('/tmp/bin.dat', { format: 'bytes' })
+    assert.equal(back.length, data.length)
+    assert.ok(Buffer.from(back).equals(Buffer.from(data)))
+    const sum = await sbx.commands.run('sha256sum /tmp/bin.dat | cut -c1-64')
+    const { createHash } = await import('node:crypto')
+    assert.equal(sum.stdout.trim(), createHash('sha256').update(data).digest('hex'))
+  })
+
+  test('write several files at once', async () => {
+    const res = await sbx.files.write([
+      { path: '/tmp/multi/one', data: '1' },
+      { path: '/tmp/multi/two', data: '22' },
+    ])
+    assert.deepEqual(res.map((f) => f.path).sort(), ['/tmp/multi/one', '/tmp/multi/two'])
+    assert.equal(await sbx.files.read('/tmp/multi/two'), '22')
+  })
+
+  test('list, makeDir, rename, remove', async () => {
+    assert.equal(await sbx.files.makeDir('/tmp/d1/sub'), true)
+    assert.equal(await sbx.files.makeDir('/tmp/d1/sub'), false)
+    await sbx.files.write('/tmp/d1/f.txt', 'x')
+    const entries = await sbx.files.list('/tmp/d1')
+    assert.deepEqual(entries.map((e) => [e.name, e.type]).sort(), [
+      ['f.txt', 'file'],
+      ['sub', 'dir'],
+    ])
+    const deep = await sbx.files.list('/tmp/d1', { depth: 2 })
+    assert.equal(deep.length, 2)
+    const moved = await sbx.files.rename('/tmp/d1/f.txt', '/tmp/d1/sub/g.txt')
+    assert.equal(moved.path, '/tmp/d1/sub/g.txt')
+    assert.equal(await sbx.files.exists('/tmp/d1/f.txt'), false)
+    await sbx.files.remove('/tmp/d1')
+    assert.equal(await sbx.files.exists('/tmp/d1'), false)
+  })
+
+  test('watchDir', async () => {
+    await sbx.files.makeDir('/tmp/w')
+    const events = []
+    const h = await sbx.files.watchDir('/tmp/w', (e) => events.push(e))
+    await sbx.files.write('/tmp/w/new.txt', 'x')
+    await until('create event', () => events.some((e) => e.name === 'new.txt' && e.type === 'create'))
+    await sbx.files.remove('/tmp/w/new.txt')
+    await until('remove event', () => events.some((e) => e.name === 'new.txt' && e.type === 'remove'))
+    await h.stop()
+    await assert.rejects(sbx.files.watchDir('/tmp/nowhere', () => {}), NotFoundError)
+  })
+
+  test('signed download and upload URLs', async () => {
+    const data = Buffer.from([0, 1, 2, 250, 251, 252, 10, 13])
+    const up = await sbx.uploadUrl('/tmp/signed.bin')
+    assert.match(up, /signature=v1_/)
+    assert.ok(!up.includes(sbx.sandboxId), 'the URL names no sandbox')
+    const form = new FormData()
+    form.append('file', new Blob([data]), '/tmp/signed.bin')
+    const r1 = await fetch(up, { method: 'POST', body: form })
+    assert.equal(r1.status, 200, await r1.clone().text())
+    const down = await sbx.downloadUrl('/tmp/signed.bin', { useSignatureExpiration: 60 })
+    const r2 = await fetch(down)
+    assert.equal(r2.status, 200)
+    assert.ok(Buffer.from(await r2.arrayBuffer()).equals(data))
+    // a tampered signature is refused
+    const bad = await fetch(down.replace(/signature=v1_./, 'signature=v1_A'))
+    assert.equal(bad.status, 401)
+  })
+})
+
+describe('pty', () => {
+  test('create, sendInput, resize, kill', async () => {
+    const sbx = await newSandbox()
+    let out = ''
+    const dec = new TextDecoder()
+    const term = await sbx.pty.create({
+      cols: 80,
+      rows: 24,
+      onData: (d) => {
+        out += dec.decode(d, { stream: true })
+      },
+      timeoutMs: 0,
+    })
+    assert.ok(term.pid > 0)
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo pty-$((6*7))\n'))
+    await until('pty echo', () => out.includes('pty-42'))
+    await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size\n'))
+    await until('new size', () => out.includes('30 100'))
+    assert.equal(await sbx.pty.kill(term.pid), true)
+    const e = await term.wait().catch((x) => x)
+    assert.ok(e instanceof CommandExitError)
+  })
+})
+
+describe('a killed sandbox', () => {
+  test('drops a running command; isRunning() is false', async () => {
+    const sbx = await newSandbox()
+    const h = await sbx.commands.run('sleep 60', { background: true })
+    await Sandbox.kill(sbx.sandboxId)
+    const e = await h.wait().catch((x) => x)
+    assert.ok(e instanceof Error, 'wait() should fail')
+    assert.ok(!(e instanceof CommandExitError), `expected a dropped stream, got ${e}`)
+    assert.equal(await sbx.isRunning(), false)
+    await assert.rejects(sbx.commands.run('true'))
+  })
+})
