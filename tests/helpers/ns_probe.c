@@ -53,11 +53,34 @@ static int fill(long mb, const char *path)
         return e;
 }
 
+/* Children stay killable by the OOM killer while init is shielded, as cove-guest does. */
+static void unshield(void)
+{
+        int fd = open("/proc/self/oom_score_adj", O_WRONLY);
+        if (fd >= 0) {
+                if (write(fd, "0\n", 2) < 0)
+                        _exit(126);
+                close(fd);
+        }
+}
+
+/* errno of writing value v to /proc/self/oom_score_adj (0 on success), as exit status */
+static void set_oom(long v)
+{
+        char buf[32];
+        int n = snprintf(buf, sizeof(buf), "%ld\n", v);
+        int fd = open("/proc/self/oom_score_adj", O_WRONLY);
+        if (fd < 0)
+                _exit(errno);
+        _exit(write(fd, buf, (size_t)n) == n ? 0 : errno);
+}
+
 /* Status of a child that runs fn: "exit N" or "sig N". */
 static void in_child(char *out, size_t cap, void (*fn)(long), long arg)
 {
         pid_t p = fork();
         if (p == 0) {
+                unshield();
                 fn(arg);
                 _exit(0);
         }
@@ -192,6 +215,8 @@ int main(void)
                         snprintf(out, sizeof(out), "%d", rc_errno(unlink(arg)));
                 } else if (!strcmp(line, "mem") && arg) {
                         in_child(out, sizeof(out), hog, atol(arg));
+                } else if (!strcmp(line, "oom") && arg) {
+                        in_child(out, sizeof(out), set_oom, atol(arg));
                 } else if (!strcmp(line, "int80")) {
                         in_child(out, sizeof(out), int80, 0);
                 } else if (!strcmp(line, "forkbomb") && arg) {
@@ -199,6 +224,7 @@ int main(void)
                 } else if (!strcmp(line, "spawn")) {
                         pid_t p = fork(); /* a process that lives until the sandbox dies */
                         if (p == 0) {
+                                unshield();
                                 setsid();
                                 for (;;)
                                         pause();

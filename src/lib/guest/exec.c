@@ -697,6 +697,14 @@ child_exec(struct exec_req *x, int efd, int in, int out, int errfd, int slave)
         sigprocmask(SIG_SETMASK, &none, NULL);
         if (setsid() < 0)
                 child_fail(efd, ST_SETUP);
+        /* the ns runtime shields cove-guest from the OOM killer (-1000); what it runs must stay
+         * killable (best effort: without /proc there is no such setting to undo) */
+        int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+        if (oom >= 0) {
+                if (write(oom, "0\n", 2) != 2)
+                        child_fail(efd, ST_SETUP);
+                close(oom);
+        }
         if (slave >= 0) {
                 if (ioctl(slave, TIOCSCTTY, 0) < 0)
                         child_fail(efd, ST_SETUP);

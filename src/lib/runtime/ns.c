@@ -16,6 +16,25 @@
  * Layer size: a per-sandbox sparse ext4 image of disk_mb, copied from a golden image and
  * loop-mounted by coved (quota.h; this kernel has no disk quotas at all, so XFS project
  * quota was not an option): writes past disk_mb fail with ENOSPC, the host sees <= disk_mb.
+ * Warm layer pool: copy + LOOP_CONFIGURE + ext4 mount cost 6-10 ms of a start, so a driver
+ * thread (started in open(), joined in close()) keeps COVE_NS_LAYER_POOL (env, default 4,
+ * 0 = off) layers per disk size ready; start() only renames the image and attaches the mount.
+ * A warm layer's ext4 is a detached mount (fsmount() fd), not a mount under pool/<size>/<slot>:
+ *   - rename(2) of a mount point fails with EBUSY, and MS_MOVE/move_mount() of an *attached*
+ *     mount fails with EINVAL when its parent is shared (systemd makes / shared), so an
+ *     attached pool mount could not be moved to layers/<id>; a detached one can be attached
+ *     there by move_mount() whatever the propagation, in one cheap syscall;
+ *   - crash safety comes from the kernel: when coved dies its fds close, the detached mounts
+ *     dissolve and their autoclear loop devices detach; open() only deletes the images
+ *     (and detaches any loop device still bound to one). Nothing of the pool is visible in
+ *     mountinfo or copied into the sandboxes' mount namespaces.
+ * A taken layer is an ordinary layer from then on: stop() and cleanup_stale() as before.
+ * PID 1 (cove-guest) is out of the OOM killer's reach: coved writes oom_score_adj 0 (which, as
+ * host root, also sets the floor the sandbox may lower itself to, to 0) and then the legacy
+ * oom_adj -17 (= -1000 without moving the floor) before the child execs; the guest resets its
+ * own children to 0, so an OOM kills the hog and no sandbox process can regain -1000. This
+ * needs CAP_SYS_RESOURCE; a coved without it (some containers) leaves the guest at its own
+ * score, as before, and cannot reset the floor the guest inherits from it either.
  * /tmp is the template's /tmp on the overlay (counts against disk_mb, survives a snapshot of
  * the upper layer like a VM's disk would). /sys is sysfs read-only (absent if the kernel
  * refuses it), /proc/sys is a read-only bind. Per-sandbox work forks nothing (no mkfs, ip,
@@ -39,7 +58,6 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
-#include <grp.h>
 #include <unistd.h>
 #include <linux/close_range.h>
 
@@ -53,6 +71,8 @@
 #define NS_PIDS_DEFAULT 1024
 #define NS_ID_MAX 128
 #define NS_CHAN_FD 3
+#define NS_POOL_DEFAULT 4 /* warm layers per disk size */
+#define NS_POOL_MAX 64
 
 struct cove_runtime {
         char ns_dir[PATH_MAX];      /* <data_dir>/ns */
@@ -225,7 +245,11 @@ static _Noreturn void child_main(struct child_args *a)
         int tree = recv_fd(sfd); /* also waits until the uid map and cgroups are in place */
         if (tree < 0)
                 _exit(127); /* the parent gave up */
-        if (setgroups(0, NULL) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+        /* raw syscalls: glibc's wrappers broadcast the change to every thread of coved they
+         * know of, threads that do not exist in this child; one caught mid-creation at clone
+         * time (setxid_futex -1) makes them wait forever */
+        if (syscall(SYS_setgroups, 0, NULL) < 0 || syscall(SYS_setresgid, 0, 0, 0) < 0 ||
+            syscall(SYS_setresuid, 0, 0, 0) < 0)
                 child_fail(sfd, errno, "become root of the user namespace");
         /* after the credential change, which clears it */
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
@@ -350,6 +374,35 @@ static int check_spec(const struct cove_instance_spec *s, struct cove_err *err)
         return 0;
 }
 
+static int write_proc(pid_t pid, const char *file, const char *val, struct cove_err *err)
+{
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+        cleanup_close int fd = open(path, O_WRONLY | O_CLOEXEC);
+        ssize_t n = (ssize_t)strlen(val);
+        if (fd < 0 || write(fd, val, (size_t)n) != n)
+                return cove_err_set(err, errno, "write %s", path);
+        return 0;
+}
+
+/* oom_score_adj -1000 for the guest, with the floor its descendants may go down to at 0 (a
+ * write of oom_score_adj by a CAP_SYS_RESOURCE writer sets the floor too, one of oom_adj does
+ * not). The child waits for the template fd, so this lands before it execs. Without
+ * CAP_SYS_RESOURCE (some containers) nothing can go below the floor inherited from coved:
+ * EACCES, and the guest keeps coved's score as before; not a reason to refuse the sandbox. */
+static int protect_from_oom(pid_t pid, struct cove_err *err)
+{
+        if (write_proc(pid, "oom_score_adj", "0\n", err) < 0)
+                return -1;
+        struct cove_err e;
+        if (write_proc(pid, "oom_adj", "-17\n", &e) < 0 && e.errnum != EACCES) {
+                if (err)
+                        *err = e;
+                return -1;
+        }
+        return 0;
+}
+
 static void reap(pid_t pid)
 {
         while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
@@ -372,7 +425,7 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         a.id = priv->id;
         a.sync_fd = a.chan_fd = a.guest_fd = -1;
         int chan[2] = {-1, -1}, sync[2] = {-1, -1}, tree = -1, userns = -1;
-        int layer_created = 0, cg_created = 0;
+        int layer_created = 0, layer_mounted = 0, cg_created = 0;
         pid_t pid = -1;
 
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
@@ -385,6 +438,7 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         if (lc < 0)
                 goto fail;
         layer_created = lc;
+        layer_mounted = 1;
         snprintf(a.layer, sizeof(a.layer), "%s/%s", cove_layers_path(rt->layers), id);
         a.guest_fd = open(spec->guest_binary, O_PATH | O_CLOEXEC);
         struct stat st;
@@ -420,6 +474,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
             write_map(pid, "gid_map", spec->uid_base, spec->uid_count, err) < 0)
                 goto fail;
         if (cove_cgroup_attach(rt->cg, id, pid, err) < 0)
+                goto fail;
+        if (protect_from_oom(pid, err) < 0)
                 goto fail;
         char p[64];
         snprintf(p, sizeof(p), "/proc/%d/ns/user", (int)pid);
@@ -492,6 +548,8 @@ fail:
         }
         if (layer_created)
                 cove_layer_remove(rt->layers, id, NULL);
+        else if (layer_mounted)
+                cove_layer_release(rt->layers, id, NULL); /* a kept layer stays, unmounted */
         free(priv);
         return cove_err_wrap(err, "ns: start %s", id);
 }
@@ -618,7 +676,21 @@ static struct cove_runtime *ns_open(const char *data_dir, struct cove_err *err)
                 goto fail;
         if (cove_seccomp_build(&rt->filter, err) < 0)
                 goto fail;
-        if (!(rt->layers = cove_layers_open(rt->ns_dir, err)))
+        unsigned pool_n = NS_POOL_DEFAULT;
+        const char *env = getenv("COVE_NS_LAYER_POOL");
+        if (env && *env) {
+                char *end;
+                errno = 0;
+                unsigned long v = strtoul(env, &end, 10);
+                if (errno || *end || env[0] == '-' || v > NS_POOL_MAX) {
+                        cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
+                                      "COVE_NS_LAYER_POOL=%s: want 0 (off) to %d", env,
+                                      NS_POOL_MAX);
+                        goto fail;
+                }
+                pool_n = (unsigned)v;
+        }
+        if (!(rt->layers = cove_layers_open(rt->ns_dir, pool_n, err)))
                 goto fail;
         return rt;
 fail:
