@@ -277,6 +277,29 @@ describe('files', () => {
     await assert.rejects(sbx.files.watchDir('/tmp/nowhere', () => {}), NotFoundError)
   })
 
+  test('watchDir recursive with entries', async () => {
+    await sbx.files.makeDir('/tmp/wr/sub')
+    const events = []
+    const h = await sbx.files.watchDir('/tmp/wr', (e) => events.push(e), {
+      recursive: true,
+      includeEntry: true,
+    })
+    await sbx.files.write('/tmp/wr/sub/deep.txt', 'abc')
+    const ev = await until('create event with entry', () =>
+      events.find((e) => e.name === 'sub/deep.txt' && e.type === 'create' && e.entry),
+    )
+    assert.equal(ev.entry.path, '/tmp/wr/sub/deep.txt')
+    await h.stop()
+  })
+
+  test('read as a stream', async () => {
+    await sbx.files.write('/tmp/stream.txt', 'x'.repeat(100_000))
+    const stream = await sbx.files.read('/tmp/stream.txt', { format: 'stream' })
+    let n = 0
+    for await (const chunk of stream) n += chunk.length
+    assert.equal(n, 100_000)
+  })
+
   test('signed download and upload URLs', async () => {
     const data = Buffer.from([0, 1, 2, 250, 251, 252, 10, 13])
     const up = await sbx.uploadUrl('/tmp/signed.bin')
@@ -315,6 +338,16 @@ describe('pty', () => {
     await sbx.pty.resize(term.pid, { cols: 100, rows: 30 })
     await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size\n'))
     await until('new size', () => out.includes('30 100'))
+    // a second client attaches to the same terminal
+    let out2 = ''
+    const again = await sbx.pty.connect(term.pid, {
+      onData: (d) => {
+        out2 += new TextDecoder().decode(d)
+      },
+    })
+    await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo second-$((2+3))\n'))
+    await until('output on the second handle', () => out2.includes('second-5'))
+    await again.disconnect()
     assert.equal(await sbx.pty.kill(term.pid), true)
     const e = await term.wait().catch((x) => x)
     assert.ok(e instanceof CommandExitError)
