@@ -22,7 +22,14 @@ struct cove_instance_spec {
         unsigned pids_max;        /* process limit (0 = driver default) */
         uint32_t uid_base;        /* first host uid/gid of this sandbox's private range */
         uint32_t uid_count;       /* size of the range (65536) */
+        /* Restore (resume, rewind, fork): a layer image made by layer_snapshot() or
+         * layer_new(); start() uses it as the writable layer (taking it over: the file is
+         * moved or cloned, the caller must not use the path afterwards). NULL: empty layer. */
+        const char *layer_image;
 };
+
+/* A writable layer opened outside any instance, to read it (capture) or fill it (restore). */
+struct cove_layer_handle;
 
 /* A running instance. The driver fills it in start() and owns priv. */
 struct cove_instance {
@@ -58,6 +65,26 @@ struct cove_runtime_ops {
         /* Usage read from the host side (cgroup): memory bytes, cpu usec. Optional. */
         int (*usage)(struct cove_runtime *rt, struct cove_instance *inst, uint64_t *mem_bytes,
                      uint64_t *cpu_usec, struct cove_err *err);
+
+        /* ---- time machine (files snapshots; see docs/storage.md) ------------------------
+         * Capture the instance's writable layer, consistently, as an image file at dest (on
+         * the driver's layer filesystem, e.g. a reflink clone taken while the layer's
+         * filesystem is frozen). The instance's processes are held only for that moment:
+         * *pause_ns says how long. Optional (NULL: the runtime cannot snapshot). */
+        int (*layer_snapshot)(struct cove_runtime *rt, struct cove_instance *inst,
+                              const char *sandbox_id, const char *dest_image, uint64_t *pause_ns,
+                              struct cove_err *err);
+        /* Where layer images live (dest_image paths must be under it). */
+        const char *(*layer_dir)(struct cove_runtime *rt);
+        /* Open an image read-only (capture: *tree_fd is a directory fd of the layer's upper
+         * tree, the files the sandbox changed, overlay whiteouts included), or create an
+         * empty one of disk_mb at path and open it read-write (restore: fill *tree_fd, then
+         * close; the image can then be a spec->layer_image). layer_close releases mounts and
+         * loop devices; the image file stays. */
+        int (*layer_open)(struct cove_runtime *rt, const char *image, int create,
+                          unsigned disk_mb, int *tree_fd, struct cove_layer_handle **h,
+                          struct cove_err *err);
+        void (*layer_close)(struct cove_runtime *rt, struct cove_layer_handle *h);
 };
 
 extern const struct cove_runtime_ops cove_runtime_ns;
