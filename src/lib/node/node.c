@@ -24,6 +24,7 @@ struct inst {
         uint32_t uid_base;
         int stopping;      /* cove_node_stop owns it now: no on_dead callback */
         struct pool *pool; /* non-NULL while it waits, idle, in a warm pool */
+        int busy;          /* layer snapshots in progress: stop waits for them */
 };
 
 /* A warm pool: instances started ahead of time for one template and shape, so a create
@@ -514,6 +515,52 @@ int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus,
         return r;
 }
 
+int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,
+                             uint64_t *pause_ns, struct cove_err *err)
+{
+        if (!n->cfg.rt_ops->layer_snapshot)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "runtime %s cannot snapshot sandboxes",
+                                     n->cfg.rt_ops->name);
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        /* stopping excludes it: a stop may free it once mu is released; while stopping is 0
+         * and we hold a snapshot mark, cove_node_stop waits (snapshotting flag) */
+        if (!in || in->stopping || in->pool) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                                     sandbox_id);
+        }
+        in->busy++;
+        pthread_mutex_unlock(&n->mu);
+        int r = n->cfg.rt_ops->layer_snapshot(n->rt, &in->ri, sandbox_id, dest_image, pause_ns, err);
+        pthread_mutex_lock(&n->mu);
+        in->busy--;
+        pthread_cond_broadcast(&n->stop_cv);
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
+const char *cove_node_layer_dir(struct cove_node *n)
+{
+        return n->cfg.rt_ops->layer_dir ? n->cfg.rt_ops->layer_dir(n->rt) : NULL;
+}
+
+int cove_node_layer_open(struct cove_node *n, const char *image, int create, unsigned disk_mb,
+                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err)
+{
+        if (!n->cfg.rt_ops->layer_open)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "runtime %s has no layer images",
+                                     n->cfg.rt_ops->name);
+        return n->cfg.rt_ops->layer_open(n->rt, image, create, disk_mb, tree_fd, h, err);
+}
+
+void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h)
+{
+        if (h && n->cfg.rt_ops->layer_close)
+                n->cfg.rt_ops->layer_close(n->rt, h);
+}
+
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed)
 {
         *ready = 0;
@@ -582,8 +629,11 @@ int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struc
         struct inst *in;
         while ((in = find_locked(n, sandbox_id)) && in->stopping)
                 pthread_cond_wait(&n->stop_cv, &n->mu);
-        if (in)
+        if (in) {
                 in->stopping = 1;
+                while (in->busy) /* a layer snapshot holds the instance */
+                        pthread_cond_wait(&n->stop_cv, &n->mu);
+        }
         pthread_mutex_unlock(&n->mu);
         int r;
         if (!in) {

@@ -62,6 +62,15 @@ int cove_node_pool_add(struct cove_node *n, const char *rootfs, unsigned cpus, u
 int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus,
                         unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
                         uint32_t *uid_base);
+/* Time machine passthroughs to the runtime (runtime.h documents them). snapshot: -1 with
+ * UNAVAILABLE when the runtime cannot, CONFLICT when the sandbox has no instance. */
+int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,
+                             uint64_t *pause_ns, struct cove_err *err);
+const char *cove_node_layer_dir(struct cove_node *n); /* NULL when unsupported */
+int cove_node_layer_open(struct cove_node *n, const char *image, int create, unsigned disk_mb,
+                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
+void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h);
+
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,
                     struct cove_err *err);
