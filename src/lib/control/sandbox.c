@@ -273,10 +273,17 @@ int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struc
 {
         if (cove_sandbox_load(d, tenant, id, row, err) < 0)
                 return -1;
-        *chan = strcmp(row->state, "running") == 0 ? cove_node_chan(d->node, id) : NULL;
+        int running = strcmp(row->state, "running") == 0;
+        *chan = running ? cove_node_chan(d->node, id) : NULL;
         if (!*chan) {
-                cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running", id,
-                              row->state);
+                /* a row still "running" without a channel: its guest just died and the row
+                 * is about to say so (on_dead) — the sandbox is unavailable, not in conflict */
+                if (running)
+                        cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                      "sandbox %s: guest channel closed (instance stopping)", id);
+                else
+                        cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running",
+                                      id, row->state);
                 cove_sandbox_row_clear(row);
                 return -1;
         }
