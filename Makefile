@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench asan fuzz format lint clean
+.PHONY: all test unit bench bench-store asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -16,8 +16,12 @@ unit: all
 test: all
 	BUILD=$(BUILD) tests/run
 
-bench: all
+bench: bench-store
 	BUILD=$(BUILD) bench/run
+
+# chunk store capture/restore/dedup figures (bench/chunkstore_bench.c); BENCH_STORE_ARGS e.g. --mb 256
+bench-store: all
+	$(BUILD)/bench/chunkstore_bench $(BENCH_STORE_ARGS)
 
 asan:
 	$(MAKE) BUILD=build-asan MESON_OPTS="-Db_sanitize=address,undefined -Db_lundef=false" test

@@ -1,0 +1,185 @@
+/* Chunk store benchmark (issue 3): capture throughput of changed data with time per stage,
+ * the dedup path (same data again), restore throughput, and bytes stored per snapshot of
+ * an unchanged tree. Prints a markdown table.
+ * usage: chunkstore_bench [--dir DIR] [--mb N (1024)] [--idle-mb N (200)] [--threads N] */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store/snapshot.h"
+#include "util/util.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+static uint64_t xr(void)
+{
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        return rng;
+}
+
+/* mb MiB in 8 MiB files, alternating random and compressible (text-like) content. */
+static void gen_tree(const char *dir, size_t mb, uint64_t seed)
+{
+        mkdir(dir, 0755);
+        rng = seed | 1;
+        size_t fsz = 8u << 20;
+        uint8_t *b = malloc(fsz);
+        for (size_t i = 0; i * 8 < mb; i++) {
+                int text = i % 2;
+                for (size_t k = 0; k < fsz; k += 8) {
+                        uint64_t v = xr();
+                        if (text)
+                                v = 0x6161616161616161ULL | (v & 0x0707070707070707ULL);
+                        memcpy(b + k, &v, 8);
+                }
+                char p[512];
+                snprintf(p, sizeof(p), "%s/f%04zu.%s", dir, i, text ? "txt" : "bin");
+                int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                if (fd < 0 || write(fd, b, fsz) != (ssize_t)fsz) {
+                        perror(p);
+                        exit(1);
+                }
+                close(fd);
+        }
+        free(b);
+        sync(); /* measure with the source data on disk, not in writeback */
+}
+
+static double mbps(uint64_t bytes, uint64_t ns)
+{
+        return ns ? (double)bytes / 1e6 / ((double)ns / 1e9) : 0;
+}
+
+static void drop_caches(void)
+{
+        sync();
+        int fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
+        if (fd >= 0) {
+                if (write(fd, "3", 1) < 0) {
+                }
+                close(fd);
+        }
+}
+
+static void row_capture(const char *what, const struct cove_snapshot_stats *s)
+{
+        uint64_t b = s->size_bytes;
+        printf("| %-26s | %8.0f | %7.0f | %7.0f | %7.0f | %7.0f | %7.0f | %9.1f | %9.1f |\n", what,
+               mbps(b, s->ns_total), mbps(b, s->ns_chunk), mbps(b, s->ns_hash),
+               mbps(b, s->ns_compress), mbps(b, s->ns_encrypt), mbps(b, s->ns_write),
+               (double)s->new_bytes / 1e6, (double)s->stored_bytes / 1e6);
+}
+
+int main(int argc, char **argv)
+{
+        const char *base = "/var/tmp";
+        size_t mb = 1024, idle_mb = 200;
+        int threads = 0;
+        for (int i = 1; i < argc; i++) {
+                if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+                        base = argv[++i];
+                else if (!strcmp(argv[i], "--mb") && i + 1 < argc)
+                        mb = (size_t)atol(argv[++i]);
+                else if (!strcmp(argv[i], "--idle-mb") && i + 1 < argc)
+                        idle_mb = (size_t)atol(argv[++i]);
+                else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+                        threads = atoi(argv[++i]);
+                else {
+                        fprintf(stderr,
+                                "usage: %s [--dir DIR] [--mb N] [--idle-mb N] [--threads N]\n",
+                                argv[0]);
+                        return 2;
+                }
+        }
+        char dir[512], root[600], keys[600], src[600], dst[600], idle[600];
+        snprintf(dir, sizeof(dir), "%s/cove-csbench-XXXXXX", base);
+        if (!mkdtemp(dir)) {
+                perror("mkdtemp");
+                return 1;
+        }
+        snprintf(root, sizeof(root), "%s/store", dir);
+        snprintf(keys, sizeof(keys), "%s/keys", dir);
+        snprintf(src, sizeof(src), "%s/src", dir);
+        snprintf(dst, sizeof(dst), "%s/dst", dir);
+        snprintf(idle, sizeof(idle), "%s/idle", dir);
+        fprintf(stderr, "generating %zu MiB in %s …\n", mb, src);
+        gen_tree(src, mb, 1);
+        struct cove_store_opts o = {.root = root, .keys_dir = keys, .threads = threads};
+        struct cove_store *st;
+        struct cove_err err = {0};
+        if (cove_store_open(&o, &st, &err) < 0) {
+                fprintf(stderr, "open: %s\n", err.msg);
+                return 1;
+        }
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        printf("chunk store: %zu MiB (half random, half compressible), %d worker threads, "
+               "%ld CPUs, fdatasync'ed objects\n\n",
+               mb, threads ? threads : (int)(ncpu > 8 ? 8 : ncpu), ncpu);
+        printf("| %-26s | %8s | %7s | %7s | %7s | %7s | %7s | %9s | %9s |\n", "capture", "MB/s",
+               "chunk", "hash", "zstd", "encrypt", "write", "new MB", "stored MB");
+        printf("|%s|\n", "----------------------------|----------|---------|---------|---------|---"
+                         "------|---------|-----------|-----------");
+        int fd = open(src, O_RDONLY | O_DIRECTORY);
+        struct cove_snapshot_stats s1 = {0}, s2 = {0}, r = {0};
+        if (cove_snapshot_capture_tree(st, "bench", "s1", NULL, fd, &s1, &err) < 0) {
+                fprintf(stderr, "capture: %s\n", err.msg);
+                return 1;
+        }
+        row_capture("changed data", &s1);
+        if (cove_snapshot_capture_tree(st, "bench", "s2", "s1", fd, &s2, &err) < 0) {
+                fprintf(stderr, "capture: %s\n", err.msg);
+                return 1;
+        }
+        row_capture("unchanged (dedup path)", &s2);
+        close(fd);
+        printf("\n(stage columns: MB/s of one thread while in that stage, summed over workers; "
+               "write = object create + write + fdatasync + rename + dir fsync)\n\n");
+        drop_caches();
+        mkdir(dst, 0700);
+        fd = open(dst, O_RDONLY | O_DIRECTORY);
+        if (cove_snapshot_restore_tree(st, "bench", "s1", fd, &r, &err) < 0) {
+                fprintf(stderr, "restore: %s\n", err.msg);
+                return 1;
+        }
+        close(fd);
+        int64_t t0 = cove_mono_ns();
+        sync();
+        uint64_t sync_ns = (uint64_t)(cove_mono_ns() - t0);
+        printf("| restore (cold store cache)  | MB/s | read | verify (HMAC) | decrypt | zstd -d | "
+               "write |\n");
+        printf("|-----------------------------|------|------|---------------|---------|---------|--"
+               "-----|\n");
+        printf("| verified, not fsynced       | %4.0f | %4.0f | %13.0f | %7.0f | %7.0f | %5.0f |\n",
+               mbps(r.size_bytes, r.ns_total), mbps(r.size_bytes, r.ns_read),
+               mbps(r.size_bytes, r.ns_hash), mbps(r.size_bytes, r.ns_encrypt),
+               mbps(r.size_bytes, r.ns_compress), mbps(r.size_bytes, r.ns_write));
+        printf("| + sync of the restored tree | %4.0f |      |               |         |         | "
+               "      |\n\n",
+               mbps(r.size_bytes, r.ns_total + sync_ns));
+        /* idle sandbox: a footprint, snapshotted twice without changes */
+        gen_tree(idle, idle_mb, 7);
+        fd = open(idle, O_RDONLY | O_DIRECTORY);
+        struct cove_snapshot_stats i1 = {0}, i2 = {0};
+        if (cove_snapshot_capture_tree(st, "bench", "i1", NULL, fd, &i1, &err) < 0 ||
+            cove_snapshot_capture_tree(st, "bench", "i2", "i1", fd, &i2, &err) < 0) {
+                fprintf(stderr, "capture: %s\n", err.msg);
+                return 1;
+        }
+        close(fd);
+        printf("| idle tree | footprint MB | 1st snapshot stored MB | next snapshot stored bytes | "
+               "%% of footprint | capture ms |\n");
+        printf("|-----------|--------------|------------------------|----------------------------|-"
+               "---------------|------------|\n");
+        printf("| %zu MiB   | %12.1f | %22.1f | %26llu | %13.3f%% | %10.1f |\n", idle_mb,
+               (double)i1.size_bytes / 1e6, (double)i1.stored_bytes / 1e6,
+               (unsigned long long)i2.stored_bytes,
+               100.0 * (double)i2.stored_bytes / (double)i1.size_bytes, (double)i2.ns_total / 1e6);
+        cove_store_close(st);
+        cove_rm_rf(dir, NULL);
+        return 0;
+}

@@ -1,0 +1,298 @@
+/* Unit tests for the chunk store pieces below snapshots: the fs backend (put/get/has/touch/
+ * del/list, batches, recover), content-defined chunking, tenant keys, and the manifest
+ * parser's refusals of hostile input. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "crypto/keys.h"
+#include "store/cdc.h"
+#include "store/chunkstore.h"
+#include "store/manifest.h"
+#include "util/util.h"
+
+struct fx {
+        char dir[64];
+        char root[128];
+        struct cove_chunkstore *cs;
+};
+
+static int setup(void **state)
+{
+        struct fx *f = calloc(1, sizeof(*f));
+        strcpy(f->dir, "/tmp/cove-test-cs-XXXXXX");
+        if (!mkdtemp(f->dir))
+                return -1;
+        snprintf(f->root, sizeof(f->root), "%s/store", f->dir);
+        struct cove_err err = {0};
+        f->cs = cove_chunkstore_fs_open(f->root, NULL, &err);
+        if (!f->cs)
+                return -1;
+        *state = f;
+        return 0;
+}
+
+static int teardown(void **state)
+{
+        struct fx *f = *state;
+        f->cs->ops->close(f->cs);
+        cove_rm_rf(f->dir, NULL);
+        free(f);
+        return 0;
+}
+
+static int count_cb(const char *name, uint64_t size, int64_t mtime, void *arg)
+{
+        (void)name;
+        (void)size;
+        (void)mtime;
+        (*(int *)arg)++;
+        return 0;
+}
+
+static void fs_objects(void **state)
+{
+        struct fx *f = *state;
+        const struct cove_chunkstore_ops *o = f->cs->ops;
+        struct cove_err err = {0};
+        assert_int_equal(o->put(f->cs, NULL, "t/chunks/ab/cdef", "hello", 5, &err), 0);
+        assert_int_equal(o->put(f->cs, NULL, "t/chunks/ab/cdef", "other", 5, &err), 1); /* kept */
+        void *d;
+        size_t n;
+        assert_int_equal(o->get(f->cs, "t/chunks/ab/cdef", 100, &d, &n, &err), 0);
+        assert_int_equal(n, 5);
+        assert_memory_equal(d, "hello", 5);
+        free(d);
+        assert_int_equal(o->get(f->cs, "t/chunks/ab/cdef", 4, &d, &n, &err), -1); /* bounded */
+        assert_int_equal(err.kind, COVE_E_LIMIT);
+        assert_int_equal(o->get(f->cs, "t/chunks/ab/none", 100, &d, &n, &err), -1);
+        assert_int_equal(err.kind, COVE_E_NOT_FOUND);
+        assert_int_equal(o->has(f->cs, "t/chunks/ab/cdef", &err), 1);
+        assert_int_equal(o->has(f->cs, "t/chunks/ab/none", &err), 0);
+        assert_int_equal(o->touch(f->cs, "t/chunks/ab/none", &err), 0);
+        /* bad names never reach the file system */
+        const char *bad[] = {"", "/abs", "a//b", "../x", "a/../b", "a/.hidden", "a/b/", "a b"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
+                assert_int_equal(o->put(f->cs, NULL, bad[i], "x", 1, &err), -1);
+        /* del with a cutoff: a recent object stays, an old one goes */
+        int64_t now = cove_now_ms();
+        assert_int_equal(o->del(f->cs, "t/chunks/ab/cdef", now - 60000, &err), 0);
+        assert_int_equal(o->touch(f->cs, "t/chunks/ab/cdef", &err), 1);
+        assert_int_equal(o->del(f->cs, "t/chunks/ab/cdef", now + 60000, &err), 1);
+        assert_int_equal(o->has(f->cs, "t/chunks/ab/cdef", &err), 0);
+        /* batches: invisible until commit; free drops temps */
+        struct cove_cs_batch *b = o->batch_new(f->cs, &err);
+        char name[64];
+        for (int i = 0; i < 300; i++) { /* crosses the auto-flush at 256 */
+                snprintf(name, sizeof(name), "t/chunks/%02x/obj%d", i % 7, i);
+                assert_int_equal(o->put(f->cs, b, name, name, strlen(name), &err), 0);
+        }
+        assert_int_equal(o->batch_commit(f->cs, b, &err), 0);
+        o->batch_free(f->cs, b);
+        int cnt = 0;
+        assert_int_equal(o->list(f->cs, "t/chunks/", count_cb, &cnt, &err), 0);
+        assert_int_equal(cnt, 300);
+        b = o->batch_new(f->cs, &err);
+        assert_int_equal(o->put(f->cs, b, "t/chunks/zz/never", "x", 1, &err), 0);
+        assert_int_equal(o->has(f->cs, "t/chunks/zz/never", &err), 0);
+        o->batch_free(f->cs, b);
+        assert_int_equal(o->has(f->cs, "t/chunks/zz/never", &err), 0);
+        /* recover: temp files go, an object moved aside by an interrupted GC comes back */
+        char p[512], q[512];
+        snprintf(p, sizeof(p), "%s/t/chunks/00/.tmp.1234.obj0", f->root);
+        assert_int_equal(cove_write_file_atomic(f->root, "x", "y", 1, 0600, &err), 0);
+        FILE *fp = fopen(p, "w");
+        fputs("partial", fp);
+        fclose(fp);
+        snprintf(p, sizeof(p), "%s/t/chunks/00/obj0", f->root);
+        snprintf(q, sizeof(q), "%s/t/chunks/00/.gc.obj0", f->root);
+        assert_int_equal(rename(p, q), 0);
+        assert_int_equal(o->recover(f->cs, &err), 0);
+        assert_int_equal(access(p, F_OK), 0);
+        assert_int_equal(access(q, F_OK), -1);
+        snprintf(p, sizeof(p), "%s/t/chunks/00/.tmp.1234.obj0", f->root);
+        assert_int_equal(access(p, F_OK), -1);
+}
+
+static void cdc(void **state)
+{
+        (void)state;
+        struct cove_cdc c;
+        assert_int_equal(cove_cdc_init(&c, 100, 50, 1000, 1), -1);
+        assert_int_equal(cove_cdc_init(&c, COVE_CDC_MIN, COVE_CDC_AVG, COVE_CDC_MAX, 42), 0);
+        size_t len = 32u << 20;
+        uint8_t *buf = malloc(len + 1);
+        uint64_t s = 1;
+        for (size_t i = 0; i < len; i++) {
+                s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+                buf[i + 1] = (uint8_t)(s >> 56);
+        }
+        /* cut a; then the same data with one byte inserted at the front */
+        size_t cuts_a[1024], na = 0, off = 0;
+        while (off < len) {
+                size_t n = cove_cdc_cut(&c, buf + 1 + off, len - off);
+                assert_true(n >= 1);
+                if (off + n < len) {
+                        assert_true(n >= COVE_CDC_MIN && n <= COVE_CDC_MAX);
+                }
+                off += n;
+                if (na < 1024)
+                        cuts_a[na++] = off;
+        }
+        double avg = (double)len / (double)na;
+        print_message("cdc: %zu chunks, average %.0f bytes\n", na, avg);
+        assert_true(avg > 40000 && avg < 100000);
+        buf[0] = 0x5a;
+        size_t same = 0, ib = 0;
+        off = 0;
+        while (off < len + 1) {
+                off += cove_cdc_cut(&c, buf + off, len + 1 - off);
+                while (ib < na && cuts_a[ib] + 1 < off)
+                        ib++;
+                if (ib < na && cuts_a[ib] + 1 == off)
+                        same++;
+        }
+        print_message("cdc: %zu of %zu boundaries survive a 1-byte insert\n", same, na);
+        assert_true(same + 3 >= na);
+        /* another seed cuts elsewhere */
+        struct cove_cdc c2;
+        cove_cdc_init(&c2, COVE_CDC_MIN, COVE_CDC_AVG, COVE_CDC_MAX, 43);
+        assert_true(cove_cdc_cut(&c2, buf + 1, len) != cuts_a[0] ||
+                    cove_cdc_cut(&c2, buf + 1 + cuts_a[0], len - cuts_a[0]) !=
+                        cuts_a[1] - cuts_a[0]);
+        assert_true(cove_is_zero(buf + len, 0));
+        memset(buf, 0, 4096);
+        assert_true(cove_is_zero(buf + 3, 4000));
+        buf[3000] = 1;
+        assert_false(cove_is_zero(buf + 3, 4000));
+        free(buf);
+}
+
+static void keys(void **state)
+{
+        struct fx *f = *state;
+        char kd[256], p[300];
+        snprintf(kd, sizeof(kd), "%s/keys", f->dir);
+        struct cove_err err = {0};
+        uint8_t a[32], b[32], c[32];
+        assert_int_equal(cove_dek_load(kd, "alice", 0, a, &err), -1);
+        assert_int_equal(err.kind, COVE_E_NOT_FOUND);
+        assert_int_equal(cove_dek_load(kd, "alice", 1, a, &err), 0);
+        assert_int_equal(cove_dek_load(kd, "alice", 1, b, &err), 0);
+        assert_memory_equal(a, b, 32);
+        assert_int_equal(cove_dek_load(kd, "bob", 1, c, &err), 0);
+        assert_memory_not_equal(a, c, 32);
+        snprintf(p, sizeof(p), "%s/alice.dek", kd);
+        struct stat st;
+        assert_int_equal(stat(p, &st), 0);
+        assert_int_equal(st.st_mode & 0777, 0600);
+        assert_int_equal(cove_dek_load(kd, "../etc", 1, a, &err), -1);
+        assert_int_equal(cove_dek_load(kd, "", 1, a, &err), -1);
+        /* a key file readable by others or of the wrong size is refused */
+        chmod(p, 0644);
+        assert_int_equal(cove_dek_load(kd, "alice", 1, a, &err), -1);
+        chmod(p, 0600);
+        assert_int_equal(truncate(p, 31), 0);
+        assert_int_equal(cove_dek_load(kd, "alice", 1, a, &err), -1);
+        struct cove_tenant_keys *k1, *k2;
+        assert_int_equal(cove_tenant_keys_open(kd, "bob", &k1, &err), 0);
+        assert_int_equal(cove_tenant_keys_open(kd, "carol", &k2, &err), 0);
+        assert_memory_not_equal(k1->chunk_name, k1->chunk_enc, 32);
+        assert_memory_not_equal(k1->chunk_enc, k1->manifest_enc, 32);
+        assert_memory_not_equal(k1->chunk_name, k2->chunk_name, 32);
+        /* HKDF-SHA256 RFC 5869 test case 3 (empty salt and info) */
+        uint8_t ikm[22], okm[42];
+        memset(ikm, 0x0b, sizeof(ikm));
+        assert_int_equal(cove_hkdf_sha256(ikm, sizeof(ikm), "", okm, sizeof(okm), &err), 0);
+        const uint8_t want[8] = {0x8d, 0xa4, 0xe7, 0x75, 0xa5, 0x63, 0xc1, 0x8f};
+        assert_memory_equal(okm, want, 8);
+        cove_tenant_keys_free(k1);
+        cove_tenant_keys_free(k2);
+}
+
+static int parses(const char *entries)
+{
+        char buf[8192];
+        snprintf(
+            buf, sizeof(buf),
+            "{\"format\":1,\"snapshot\":\"s1\",\"tenant\":\"t\",\"parent\":null,\"kind\":\"files\","
+            "\"created_at\":1,\"size_bytes\":0,\"new_bytes\":0,\"entries\":[%s]}",
+            entries);
+        struct cove_manifest m;
+        struct cove_err err = {0};
+        int rc = cove_manifest_parse(buf, strlen(buf), &m, &err);
+        cove_manifest_clear(&m);
+        return rc;
+}
+
+#define ROOT "{\"path\":\".\",\"type\":\"dir\",\"mode\":493,\"uid\":0,\"gid\":0,\"mtime_ns\":0}"
+#define ENT(p, t)                                                                                  \
+        "{\"path\":\"" p "\",\"type\":\"" t "\",\"mode\":420,\"uid\":0,\"gid\":0,\"mtime_ns\":0"
+#define ID "\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\""
+
+static void manifest_parser(void **state)
+{
+        (void)state;
+        assert_int_equal(parses(ROOT), 0);
+        assert_int_equal(parses(ROOT "," ENT("d", "dir") "}," ENT(
+                             "d/f", "file") ",\"size\":5,\"chunks\":[[" ID ",3],[null,2]]}"),
+                         0);
+        assert_int_equal(parses(ROOT
+                                "," ENT("f", "file") ",\"size\":1,\"chunks\":[[" ID
+                                                     ",1]]}," ENT("g", "file") ",\"link\":\"f\"}"),
+                         0);
+        /* refusals */
+        assert_int_equal(parses(""), -1);                              /* no root */
+        assert_int_equal(parses(ENT("x", "dir") "}"), -1);             /* root first */
+        assert_int_equal(parses(ROOT "," ENT("../x", "dir") "}"), -1); /* traversal */
+        assert_int_equal(parses(ROOT "," ENT("/x", "dir") "}"), -1);   /* absolute */
+        assert_int_equal(parses(ROOT "," ENT("a//b", "dir") "}"), -1); /* empty comp */
+        assert_int_equal(parses(ROOT "," ENT("a/./b", "dir") "}"), -1);
+        assert_int_equal(parses(ROOT "," ENT("a/b", "dir") "}"), -1); /* no parent */
+        assert_int_equal(parses(ROOT "," ENT("l", "symlink") ",\"target\":\"/\"}," ENT(
+                             "l/x", "file") ",\"size\":0,\"chunks\":[]}"),
+                         -1); /* through a symlink */
+        assert_int_equal(parses(ROOT "," ENT("d", "dir") "}," ENT("d", "dir") "}"),
+                         -1); /* duplicate */
+        assert_int_equal(parses(ROOT "," ENT("f", "file") ",\"size\":5,\"chunks\":[[" ID ",3]]}"),
+                         -1); /* sum */
+        assert_int_equal(
+            parses(ROOT "," ENT("f", "file") ",\"size\":3000000,\"chunks\":[[" ID ",3000000]]}"),
+            -1); /* too long */
+        assert_int_equal(parses(ROOT "," ENT("f", "file") ",\"size\":1,\"chunks\":[[\"zz\",1]]}"),
+                         -1);
+        assert_int_equal(parses(ROOT "," ENT("g", "file") ",\"link\":\"f\"}"),
+                         -1); /* link forward */
+        assert_int_equal(parses(ROOT "," ENT("f", "weird") "}"), -1);
+        assert_int_equal(parses(ROOT "," ENT("f", "file") ",\"size\":-1,\"chunks\":[]}"), -1);
+        assert_int_equal(parses(ROOT "," ENT("s", "symlink") "}"), -1); /* no target */
+        assert_int_equal(parses(ROOT "," ENT("f", "fifo") ",\"xattrs\":[[\"user.a\",\"abc\"]]}"),
+                         -1);                                               /* odd hex */
+        assert_int_equal(parses(ROOT "," ENT("a\\u0000b", "dir") "}"), -1); /* NUL in path */
+        const char *junk = "{\"format\":2}";
+        struct cove_manifest m;
+        assert_int_equal(cove_manifest_parse(junk, strlen(junk), &m, NULL), -1);
+        cove_manifest_clear(&m);
+        assert_int_equal(cove_manifest_parse("[", 1, &m, NULL), -1);
+        cove_manifest_clear(&m);
+}
+
+int main(void)
+{
+        const struct CMUnitTest tests[] = {
+            cmocka_unit_test_setup_teardown(fs_objects, setup, teardown),
+            cmocka_unit_test(cdc),
+            cmocka_unit_test_setup_teardown(keys, setup, teardown),
+            cmocka_unit_test(manifest_parser),
+        };
+        return cmocka_run_group_tests(tests, NULL, NULL);
+}
