@@ -15,6 +15,8 @@ void cove_sandbox_row_clear(struct cove_sandbox_row *row)
         free(row->metadata_json);
         free(row->env_json);
         free(row->error);
+        free(row->retention_json);
+        row->retention_json = NULL;
         row->metadata_json = NULL;
         row->env_json = NULL;
         row->error = NULL;

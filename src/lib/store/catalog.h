@@ -45,9 +45,11 @@ struct cove_sandbox_row {
         uint32_t uid_base;  /* host uid range start (0 = none allocated) */
         char node[64];
         char last_snapshot_id[64];
-        char *metadata_json; /* JSON object text, owned; never NULL after a get */
-        char *env_json;      /* JSON object text, owned; default env of execs */
-        char *error;         /* last error message, owned, may be NULL */
+        char *metadata_json;     /* JSON object text, owned; never NULL after a get */
+        char *env_json;          /* JSON object text, owned; default env of execs */
+        char *error;             /* last error message, owned, may be NULL */
+        int snapshot_interval_s; /* rolling snapshots every N s while running; 0 = off */
+        char *retention_json;    /* retention policy (JSON array), owned, NULL = default */
 };
 
 void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned strings */
@@ -55,6 +57,23 @@ void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned st
 int cove_sandbox_state_valid(const char *state, size_t len);
 
 typedef int (*cove_sandbox_cb)(const struct cove_sandbox_row *row, void *arg); /* <0 stops */
+
+/* A complete snapshot (the row is written only once its manifest is durable). Snapshots
+ * outlive their sandbox (sandbox_id is not a foreign key). */
+struct cove_snapshot_row {
+        char id[64]; /* "snap_…" */
+        char tenant[64];
+        char sandbox_id[64];
+        char parent_id[64]; /* "" for none; may name a snapshot since deleted */
+        char kind[16];      /* "files" or "full" */
+        int64_t created_at; /* unix ms */
+        char label[128];
+        uint64_t size_bytes; /* logical bytes captured */
+        uint64_t new_bytes;  /* bytes of chunks this snapshot added to the store */
+        int64_t pause_us;    /* how long the sandbox was held for the capture */
+        int rolling;         /* 1: taken by the schedule (thinned by retention) */
+};
+typedef int (*cove_snapshot_cb)(const struct cove_snapshot_row *row, void *arg); /* <0 stops */
 
 struct cove_catalog_ops {
         const char *name;
@@ -102,6 +121,20 @@ struct cove_catalog_ops {
                             cove_sandbox_cb cb, void *arg, struct cove_err *err);
         /* 0 deleted, 1 not found, -1 error. */
         int (*sandbox_delete)(struct cove_catalog *c, const char *id, struct cove_err *err);
+
+        /* Snapshots (schema 2). insert is committed with a full fsync; id exists →
+         * COVE_E_CONFLICT, tenant missing → COVE_E_NOT_FOUND. */
+        int (*snapshot_insert)(struct cove_catalog *c, const struct cove_snapshot_row *s,
+                               struct cove_err *err);
+        /* tenant NULL = any. 0 found, 1 not found, -1 error. */
+        int (*snapshot_get)(struct cove_catalog *c, const char *tenant, const char *id,
+                            struct cove_snapshot_row *out, struct cove_err *err);
+        /* Newest first (created_at, then insertion order). tenant / sandbox_id NULL = any.
+         * cb runs after the catalog lock is released. */
+        int (*snapshot_list)(struct cove_catalog *c, const char *tenant, const char *sandbox_id,
+                             cove_snapshot_cb cb, void *arg, struct cove_err *err);
+        /* 0 deleted, 1 not found, -1 error. */
+        int (*snapshot_delete)(struct cove_catalog *c, const char *id, struct cove_err *err);
 };
 
 extern const struct cove_catalog_ops cove_catalog_sqlite;

@@ -60,13 +60,36 @@ static const char *const migrations[] = {
     /* Tenants never share host uids (DESIGN.md §2.4): two live rows with the same
      * allocated range is a bug the catalog refuses rather than records. */
     "CREATE UNIQUE INDEX sandboxes_uid_base ON sandboxes(uid_base) WHERE uid_base <> 0;",
+    /* 2: the time machine: snapshot schedule per sandbox, complete snapshots. A snapshot
+     * row outlives its sandbox (no foreign key to sandboxes). */
+    "ALTER TABLE sandboxes ADD COLUMN snapshot_interval_s INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE sandboxes ADD COLUMN retention_json TEXT"
+    "  CHECK (retention_json IS NULL OR json_valid(retention_json));"
+    "CREATE TABLE snapshots ("
+    "  id TEXT PRIMARY KEY,"
+    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
+    "  sandbox_id TEXT NOT NULL,"
+    "  parent_id TEXT NOT NULL DEFAULT '',"
+    "  kind TEXT NOT NULL CHECK (kind IN ('files', 'full')),"
+    "  created_at INTEGER NOT NULL,"
+    "  label TEXT NOT NULL DEFAULT '',"
+    "  size_bytes INTEGER NOT NULL DEFAULT 0,"
+    "  new_bytes INTEGER NOT NULL DEFAULT 0,"
+    "  pause_us INTEGER NOT NULL DEFAULT 0,"
+    "  rolling INTEGER NOT NULL DEFAULT 0"
+    ");"
+    "CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, created_at);"
+    "CREATE INDEX snapshots_tenant ON snapshots(tenant, created_at);",
 };
 #define SCHEMA_VERSION ((int)COVE_ARRAY_SIZE(migrations))
 
 #define SBX_COLS                                                                                   \
         "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
         " disk_mb, timeout_s, on_timeout, uid_base, node, last_snapshot_id, metadata_json,"        \
-        " env_json, error"
+        " env_json, error, snapshot_interval_s, retention_json"
+#define SNAP_COLS                                                                                  \
+        "id, tenant, sandbox_id, parent_id, kind, created_at, label, size_bytes, new_bytes,"       \
+        " pause_us, rolling"
 
 enum stmt_id {
         ST_VERSION,
@@ -82,6 +105,11 @@ enum stmt_id {
         ST_SBX_LIST,
         ST_SBX_LIST_T,
         ST_SBX_DELETE,
+        ST_SNAP_INSERT,
+        ST_SNAP_GET,
+        ST_SNAP_GET_T,
+        ST_SNAP_LIST,
+        ST_SNAP_DELETE,
         ST_SYNC_FULL,
         ST_SYNC_NORMAL,
         ST__COUNT
@@ -104,12 +132,13 @@ static const char *const stmt_sql[ST__COUNT] = {
                    " FROM api_keys WHERE id = ?1",
     [ST_KEY_COUNT] = "SELECT count(*) FROM api_keys",
     [ST_SBX_INSERT] = "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
-                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
     [ST_SBX_UPDATE] = "UPDATE sandboxes SET state = ?3, template_name = ?4, runtime = ?5,"
                       " created_at = ?6, expires_at = ?7, cpus = ?8, memory_mb = ?9,"
                       " disk_mb = ?10, timeout_s = ?11, on_timeout = ?12, uid_base = ?13,"
                       " node = ?14, last_snapshot_id = ?15, metadata_json = ?16,"
-                      " env_json = ?17, error = ?18 WHERE id = ?1 AND tenant = ?2",
+                      " env_json = ?17, error = ?18, snapshot_interval_s = ?19,"
+                      " retention_json = ?20 WHERE id = ?1 AND tenant = ?2",
     [ST_SBX_GET] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1",
     [ST_SBX_GET_T] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1 AND tenant = ?2",
     /* ?1 is NULL (any state) or ",s1,s2," built only from known state names. */
@@ -120,6 +149,14 @@ static const char *const stmt_sql[ST__COUNT] = {
                       " AND (?1 IS NULL OR instr(?1, ',' || state || ',') > 0)"
                       " ORDER BY created_at, rowid",
     [ST_SBX_DELETE] = "DELETE FROM sandboxes WHERE id = ?1",
+    [ST_SNAP_INSERT] = "INSERT INTO snapshots(" SNAP_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,"
+                       " ?8, ?9, ?10, ?11)",
+    [ST_SNAP_GET] = "SELECT " SNAP_COLS " FROM snapshots WHERE id = ?1",
+    [ST_SNAP_GET_T] = "SELECT " SNAP_COLS " FROM snapshots WHERE id = ?1 AND tenant = ?2",
+    [ST_SNAP_LIST] = "SELECT " SNAP_COLS " FROM snapshots"
+                     " WHERE (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR sandbox_id = ?2)"
+                     " ORDER BY created_at DESC, rowid DESC",
+    [ST_SNAP_DELETE] = "DELETE FROM snapshots WHERE id = ?1",
     [ST_SYNC_FULL] = "PRAGMA synchronous = FULL",
     [ST_SYNC_NORMAL] = "PRAGMA synchronous = NORMAL",
 };
@@ -601,6 +638,8 @@ static void sbx_bind(sqlite3_stmt *st, const struct cove_sandbox_row *s)
         bind_text(st, 16, s->metadata_json ? s->metadata_json : "{}");
         bind_text(st, 17, s->env_json ? s->env_json : "{}");
         bind_text(st, 18, s->error);
+        sqlite3_bind_int(st, 19, s->snapshot_interval_s);
+        bind_text(st, 20, s->retention_json);
 }
 
 /* Fill out from the current row of st (columns SBX_COLS); out owns its strings. */
@@ -626,8 +665,11 @@ static int sbx_read(sqlite3_stmt *st, struct cove_sandbox_row *out)
         out->metadata_json = col_dup(st, 15, "{}");
         out->env_json = col_dup(st, 16, "{}");
         out->error = col_dup(st, 17, NULL);
+        out->snapshot_interval_s = sqlite3_column_int(st, 18);
+        out->retention_json = col_dup(st, 19, NULL);
         if (!out->metadata_json || !out->env_json ||
-            (!out->error && sqlite3_column_type(st, 17) != SQLITE_NULL)) {
+            (!out->error && sqlite3_column_type(st, 17) != SQLITE_NULL) ||
+            (!out->retention_json && sqlite3_column_type(st, 19) != SQLITE_NULL)) {
                 cove_sandbox_row_clear(out);
                 return -ENOMEM;
         }
@@ -810,6 +852,135 @@ static int sqlite_sandbox_delete(struct cove_catalog *c, const char *id, struct 
         return r;
 }
 
+/* ---- snapshots ---- */
+
+static int sqlite_snapshot_insert(struct cove_catalog *c, const struct cove_snapshot_row *s,
+                                  struct cove_err *err)
+{
+        if (!field_ok(s->id, sizeof(s->id)) || !s->id[0] ||
+            !field_ok(s->tenant, sizeof(s->tenant)) || !s->tenant[0] ||
+            !field_ok(s->sandbox_id, sizeof(s->sandbox_id)) ||
+            !field_ok(s->parent_id, sizeof(s->parent_id)) || !field_ok(s->kind, sizeof(s->kind)) ||
+            !field_ok(s->label, sizeof(s->label)) || s->size_bytes > INT64_MAX ||
+            s->new_bytes > INT64_MAX)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: insert snapshot: a field is missing or too long");
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_SNAP_INSERT];
+        bind_text(st, 1, s->id);
+        bind_text(st, 2, s->tenant);
+        bind_text(st, 3, s->sandbox_id);
+        bind_text(st, 4, s->parent_id);
+        bind_text(st, 5, s->kind);
+        sqlite3_bind_int64(st, 6, s->created_at);
+        bind_text(st, 7, s->label);
+        sqlite3_bind_int64(st, 8, (sqlite3_int64)s->size_bytes);
+        sqlite3_bind_int64(st, 9, (sqlite3_int64)s->new_bytes);
+        sqlite3_bind_int64(st, 10, s->pause_us);
+        sqlite3_bind_int(st, 11, s->rolling ? 1 : 0);
+        int rc = step_durable(c, st);
+        int r = rc == SQLITE_OK ? 0
+                                : db_err(c->db, rc, err, "insert snapshot %s (sandbox %s)", s->id,
+                                         s->sandbox_id);
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int snap_read(sqlite3_stmt *st, struct cove_snapshot_row *out)
+{
+        memset(out, 0, sizeof(*out));
+        if (col_copy(st, 0, out->id, sizeof(out->id)) < 0 ||
+            col_copy(st, 1, out->tenant, sizeof(out->tenant)) < 0 ||
+            col_copy(st, 2, out->sandbox_id, sizeof(out->sandbox_id)) < 0 ||
+            col_copy(st, 3, out->parent_id, sizeof(out->parent_id)) < 0 ||
+            col_copy(st, 4, out->kind, sizeof(out->kind)) < 0 ||
+            col_copy(st, 6, out->label, sizeof(out->label)) < 0)
+                return -1;
+        out->created_at = sqlite3_column_int64(st, 5);
+        out->size_bytes = (uint64_t)sqlite3_column_int64(st, 7);
+        out->new_bytes = (uint64_t)sqlite3_column_int64(st, 8);
+        out->pause_us = sqlite3_column_int64(st, 9);
+        out->rolling = sqlite3_column_int(st, 10);
+        return 0;
+}
+
+static int sqlite_snapshot_get(struct cove_catalog *c, const char *tenant, const char *id,
+                               struct cove_snapshot_row *out, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[tenant ? ST_SNAP_GET_T : ST_SNAP_GET];
+        bind_text(st, 1, id);
+        if (tenant)
+                bind_text(st, 2, tenant);
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW)
+                r = snap_read(st, out) < 0
+                        ? cove_err_set(err, 0, "catalog: get snapshot %s: stored field too long",
+                                       id)
+                        : 0;
+        else if (rc == SQLITE_DONE)
+                r = 1;
+        else
+                r = db_err(c->db, rc, err, "get snapshot %s", id);
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_snapshot_list(struct cove_catalog *c, const char *tenant, const char *sandbox_id,
+                                cove_snapshot_cb cb, void *arg, struct cove_err *err)
+{
+        struct cove_snapshot_row *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0, rc;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_SNAP_LIST];
+        bind_text(st, 1, tenant);
+        bind_text(st, 2, sandbox_id);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                if (n == cap) {
+                        size_t ncap = cap ? cap * 2 : 16;
+                        struct cove_snapshot_row *nr = realloc(rows, ncap * sizeof(*rows));
+                        if (!nr) {
+                                r = cove_err_set(err, ENOMEM, "catalog: list snapshots");
+                                break;
+                        }
+                        rows = nr;
+                        cap = ncap;
+                }
+                if (snap_read(st, &rows[n]) < 0) {
+                        r = cove_err_set(err, 0, "catalog: list snapshots: stored field too long");
+                        break;
+                }
+                n++;
+        }
+        if (r == 0 && rc != SQLITE_DONE)
+                r = db_err(c->db, rc, err, "list snapshots");
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (cb(&rows[i], arg) < 0)
+                        break;
+        free(rows);
+        return r;
+}
+
+static int sqlite_snapshot_delete(struct cove_catalog *c, const char *id, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_SNAP_DELETE];
+        bind_text(st, 1, id);
+        int r, rc = step_done(st);
+        if (rc != SQLITE_OK)
+                r = db_err(c->db, rc, err, "delete snapshot %s", id);
+        else
+                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
 const struct cove_catalog_ops cove_catalog_sqlite = {
     .name = "sqlite",
     .open = sqlite_open,
@@ -825,4 +996,8 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .sandbox_get = sqlite_sandbox_get,
     .sandbox_list = sqlite_sandbox_list,
     .sandbox_delete = sqlite_sandbox_delete,
+    .snapshot_insert = sqlite_snapshot_insert,
+    .snapshot_get = sqlite_snapshot_get,
+    .snapshot_list = sqlite_snapshot_list,
+    .snapshot_delete = sqlite_snapshot_delete,
 };
