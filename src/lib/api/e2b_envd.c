@@ -724,36 +724,6 @@ static int exec_start(struct ctx *x, json_t *body, uint32_t *pid, struct cove_er
         return rc;
 }
 
-/* Run argv as root and wait for it (small helper commands such as chown). */
-static int run_wait(struct ctx *x, json_t *argv, struct cove_err *err)
-{
-        json_t *body = json_pack("{s:O, s:s, s:i}", "cmd", argv, "user", "root", "timeout_s", 30);
-        uint32_t pid;
-        int rc = exec_start(x, body, &pid, err);
-        json_decref(body);
-        if (rc < 0)
-                return -1;
-        uint64_t after = 0;
-        for (;;) {
-                struct cove_ev *ev = NULL;
-                uint64_t lost;
-                int r = cove_chan_proc_next(x->c, pid, after, &ev, &lost, 1000, err);
-                if (r == 0 || r == 2) {
-                        after = r == 2 ? lost : after;
-                        continue;
-                }
-                if (r != 1)
-                        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "sandbox went away");
-                after = ev->seq;
-                int type = ev->type;
-                free(ev);
-                if (type == COVE_EV_EXIT)
-                        return 0;
-                if (type == COVE_EV_ERROR)
-                        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "sandbox went away");
-        }
-}
-
 static int h_process_start(struct cove_e2b *e, struct cove_req *r, struct ctx *x, json_t *b)
 {
         json_t *proc = json_object_get(b, "process");
@@ -1417,7 +1387,7 @@ static int file_open(struct upctx *u, const char *target)
                         return up_fail(u, &err), -1;
                 json_decref(resp);
         }
-        if (cove_chan_write_begin(u->x.c, u->cur, 0644, &u->xf, &err) < 0)
+        if (cove_chan_write_begin(u->x.c, u->cur, 0644, u->x.user, &u->xf, &err) < 0)
                 return up_fail(u, &err), -1;
         return 0;
 }
@@ -1434,16 +1404,6 @@ static int file_close(struct upctx *u)
         json_decref(entry);
         if (rc < 0)
                 return up_fail(u, &err), -1;
-        if (strcmp(u->x.user, "root") != 0) {
-                /* the guest's write creates root's file; envd writes as the user */
-                char own[80];
-                snprintf(own, sizeof(own), "%s:", u->x.user);
-                json_t *argv = json_pack("[s, s, s]", "chown", own, u->cur);
-                rc = run_wait(&u->x, argv, &err);
-                json_decref(argv);
-                if (rc < 0)
-                        return up_fail(u, &err), -1;
-        }
         const char *base = strrchr(u->cur, '/');
         json_array_append_new(u->results,
                               json_pack("{s:s, s:s, s:s}", "name", base ? base + 1 : u->cur, "type",

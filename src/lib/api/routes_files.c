@@ -166,7 +166,7 @@ static int put_begin(struct coved *d, struct cove_req *r)
                 return -1;
         }
         cove_sandbox_row_clear(&row);
-        if (cove_chan_write_begin(p->c, path, mode, &p->x, &p->err) < 0) {
+        if (cove_chan_write_begin(p->c, path, mode, NULL, &p->x, &p->err) < 0) {
                 p->failed = 1;
                 return -1;
         }

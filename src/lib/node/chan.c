@@ -996,7 +996,7 @@ long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout
         return r;
 }
 
-int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode,
+int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode, const char *user,
                           struct cove_xfer **x, struct cove_err *err)
 {
         pthread_mutex_lock(&c->mu);
@@ -1016,6 +1016,8 @@ int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode,
         xf->p = pd;
         json_t *req = json_pack("{s:s, s:s, s:i}", "op", "write", "path", path, "mode",
                                 (json_int_t)(mode & 07777));
+        if (user)
+                json_object_set_new(req, "user", json_string(user));
         int r = send_json(c, COVE_F_REQ, pd->id, req, err);
         json_decref(req);
         if (r < 0) {

@@ -71,7 +71,8 @@ int cove_chan_read_begin(struct cove_chan *c, const char *path, struct cove_xfer
 long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout_ms,
                          struct cove_err *err);
 /* File write: begin, feed bytes, finish (gets the guest's {entry}). */
-int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode,
+/* user (NULL: root) owns what the write creates. */
+int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode, const char *user,
                           struct cove_xfer **x, struct cove_err *err);
 int cove_chan_xfer_write(struct cove_xfer *x, const void *data, size_t len, struct cove_err *err);
 int cove_chan_write_finish(struct cove_xfer *x, json_t **entry, struct cove_err *err);
