@@ -19,6 +19,14 @@ int cove_h_fs_mkdir(void *app, struct cove_req *r);
 int cove_h_fs_move(void *app, struct cove_req *r);
 int cove_h_fs_remove(void *app, struct cove_req *r);
 int cove_h_fs_watch(void *app, struct cove_req *r);
+int cove_h_snapshot_create(void *app, struct cove_req *r);
+int cove_h_snapshot_list(void *app, struct cove_req *r);
+int cove_h_snapshot_get(void *app, struct cove_req *r);
+int cove_h_snapshot_delete(void *app, struct cove_req *r);
+int cove_h_pause(void *app, struct cove_req *r);
+int cove_h_resume(void *app, struct cove_req *r);
+int cove_h_rewind(void *app, struct cove_req *r);
+int cove_h_fork(void *app, struct cove_req *r);
 
 int cove_exec_request_build(json_t *body, const char *env_json, json_t **req, json_t **cmd,
                             char *why, size_t cap);

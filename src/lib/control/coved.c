@@ -13,6 +13,7 @@
 
 #include "api/e2b.h"
 #include "control/apikey.h"
+#include "control/snapshot.h"
 #include "control/template.h"
 #include "util/cleanup.h"
 #include "util/util.h"
@@ -162,6 +163,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (!d->node)
                 goto fail;
         coved_reconcile(d);
+        if (cove_tm_open(d, err) < 0)
+                goto fail;
         if (start_pools(d, o->templates ? o->templates : "busybox",
                         o->pool_size < 0 ? 4 : o->pool_size, err) < 0)
                 goto fail;
@@ -216,6 +219,7 @@ void coved_close(struct coved *d)
         if (d->timer_started)
                 pthread_join(d->timer, NULL);
         d->timer_started = 0;
+        cove_tm_close(d); /* before the node: its thread snapshots instances */
         if (d->node) {
                 /* the instances end with coved; say so in the catalog */
                 json_t *ids = json_array();
@@ -231,9 +235,17 @@ void coved_close(struct coved *d)
                         memset(&row, 0, sizeof(row));
                         if (d->cat_ops->sandbox_get(d->cat, NULL, json_string_value(v), &row,
                                                     &err) == 0) {
-                                snprintf(row.state, sizeof(row.state), "stopped");
+                                /* with a snapshot it resumes from there, as after a crash */
+                                int snap = row.last_snapshot_id[0] != '\0';
+                                snprintf(row.state, sizeof(row.state), snap ? "paused" : "stopped");
+                                if (snap) {
+                                        row.uid_base = 0;
+                                        row.expires_at = 0;
+                                }
                                 free(row.error);
-                                row.error = strdup("coved was stopped");
+                                row.error = strdup(snap ? "coved was stopped: paused at the last "
+                                                          "snapshot"
+                                                        : "coved was stopped");
                                 d->cat_ops->sandbox_update(d->cat, &row, &err);
                         }
                         cove_sandbox_row_clear(&row);

@@ -25,15 +25,17 @@ struct coved_options {
         int default_timeout_s;          /* 300 */
         const char *e2b_api_listen;     /* E2B control plane "HOST:PORT"; NULL for none */
         const char *e2b_sandbox_listen; /* E2B in-sandbox (envd) surface; NULL for none */
-        int pool_size; /* warm instances per template (-1: default 4, 0: none) */
+        int pool_size;                  /* warm instances per template (-1: default 4, 0: none) */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
 #define COVE_DEFAULT_CPUS 1
 #define COVE_DEFAULT_MEMORY_MB 512
 #define COVE_DEFAULT_DISK_MB 1024
+#define COVE_DEFAULT_SNAPSHOT_INTERVAL_S 60 /* rolling snapshots while running; 0 = off */
 
 struct cove_e2b;
+struct cove_tm;
 
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
@@ -51,6 +53,7 @@ struct coved {
         struct cove_node *node;
         struct cove_http *http;
         struct cove_e2b *e2b; /* E2B-compatible listeners (api/e2b.h), NULL when off */
+        struct cove_tm *tm;   /* snapshots: chunk store, rolling/retention thread (snapshot.h) */
         int quitting;
         pthread_mutex_t mu; /* metrics, timer wake-up */
         pthread_cond_t cv;

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "control/coved.h"
+#include "control/retention.h"
+#include "control/snapshot.h"
 #include "control/template.h"
 #include "util/cleanup.h"
 #include "util/util.h"
@@ -36,6 +38,17 @@ json_t *cove_sandbox_json(const struct cove_sandbox_row *s)
             s->last_snapshot_id[0] ? json_string(s->last_snapshot_id) : json_null());
         if (o && s->error && s->error[0])
                 json_object_set_new(o, "error", json_string(s->error));
+        struct cove_retention pol;
+        if (o && cove_retention_parse(s->retention_json, &pol, NULL) == 0) {
+                char *txt = cove_retention_dump(&pol);
+                json_error_t je2;
+                json_t *rv = txt ? json_loads(txt, 0, &je2) : NULL;
+                free(txt);
+                if (rv)
+                        json_object_set_new(o, "retention", rv);
+        }
+        if (o)
+                json_object_set_new(o, "snapshot_interval_s", json_integer(s->snapshot_interval_s));
         return o;
 }
 
@@ -132,6 +145,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         s.memory_mb = COVE_DEFAULT_MEMORY_MB;
         s.disk_mb = COVE_DEFAULT_DISK_MB;
         s.timeout_s = d->default_timeout_s;
+        s.snapshot_interval_s = COVE_DEFAULT_SNAPSHOT_INTERVAL_S;
         char runtime[16] = "";
         if (string_field(body, "template", s.template_name, sizeof(s.template_name), 1, err) < 0 ||
             string_field(body, "runtime", runtime, sizeof(runtime), 0, err) < 0 ||
@@ -139,7 +153,9 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
             int_field(body, "cpus", 1, ncpu > 0 ? ncpu : 1, &s.cpus, err) < 0 ||
             int_field(body, "memory_mb", 32, 65536, &s.memory_mb, err) < 0 ||
             int_field(body, "disk_mb", 16, 1024 * 1024, &s.disk_mb, err) < 0 ||
-            int_field(body, "timeout_s", 1, MAX_TIMEOUT_S, &s.timeout_s, err) < 0)
+            int_field(body, "timeout_s", 1, MAX_TIMEOUT_S, &s.timeout_s, err) < 0 ||
+            int_field(body, "snapshot_interval_s", 0, 7 * 24 * 3600, &s.snapshot_interval_s, err) <
+                0)
                 return -1;
         if (runtime[0] && strcmp(runtime, s.runtime) != 0)
                 return cove_err_setk(
@@ -147,11 +163,21 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                     "runtime \"%s\" is not available on this node (available: "
                     "%s)",
                     runtime, s.runtime);
-        if (strcmp(s.on_timeout, "kill") != 0)
+        if (strcmp(s.on_timeout, "kill") != 0 && strcmp(s.on_timeout, "pause") != 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "on_timeout \"%s\" is not supported: only \"kill\" until "
-                                     "snapshots land",
+                                     "on_timeout must be \"kill\" or \"pause\" (got \"%s\")",
                                      s.on_timeout);
+        json_t *ret = json_object_get(body, "retention");
+        if (ret && !json_is_null(ret)) {
+                struct cove_retention pol;
+                char *txt = json_dumps(ret, JSON_COMPACT | JSON_ENCODE_ANY);
+                if (!txt || cove_retention_parse(txt, &pol, err) < 0) {
+                        free(txt);
+                        return -1;
+                }
+                free(txt);
+                s.retention_json = cove_retention_dump(&pol);
+        }
         json_t *eg = json_object_get(body, "egress");
         if (eg && !json_is_null(eg))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
@@ -193,8 +219,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         /* a warm instance of this template and shape, if one is ready: it already has its
          * id, uid range, limits and a guest that answered the handshake */
         int pooled = cove_node_pool_take(d->node, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
-                                         (unsigned)s.disk_mb, s.id, sizeof(s.id),
-                                         &s.uid_base) == 0;
+                                         (unsigned)s.disk_mb, s.id, sizeof(s.id), &s.uid_base) == 0;
         if (!pooled && (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
                         cove_node_uid_reserve(d->node, &s.uid_base, err) < 0)) {
                 cove_sandbox_row_clear(&s);
@@ -282,8 +307,8 @@ int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struc
                         cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                       "sandbox %s: guest channel closed (instance stopping)", id);
                 else
-                        cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running",
-                                      id, row->state);
+                        cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running", id,
+                                      row->state);
                 cove_sandbox_row_clear(row);
                 return -1;
         }
@@ -297,8 +322,8 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
         if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
                 return -1;
         cove_sandbox_row_clear(&row);
-        /* snapshots do not exist yet, so nothing outlives the sandbox: purge its state */
-        (void)purge;
+        /* the instance and its state go; snapshots stay (retention thins the rolling ones)
+         * unless purge */
         if (cove_node_stop(d->node, id, 1, err) < 0)
                 return -1;
         int r = d->cat_ops->sandbox_delete(d->cat, id, err);
@@ -306,6 +331,8 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
                 return -1;
         if (r == 1) /* a concurrent DELETE removed it first */
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
+        if (purge && cove_snapshot_purge_sandbox(d, tenant, id, err) < 0)
+                return cove_err_wrap(err, "sandbox %s deleted, but purging its snapshots", id);
         pthread_mutex_lock(&d->mu);
         d->m.deletes++;
         pthread_mutex_unlock(&d->mu);
@@ -413,6 +440,26 @@ void *coved_timer_main(void *arg)
                     0)
                         cove_warn(&d->log, "timer", "%s", err.msg);
                 for (size_t i = 0; i < x.n; i++) {
+                        struct cove_sandbox_row row;
+                        memset(&row, 0, sizeof(row));
+                        int pause =
+                            d->cat_ops->sandbox_get(d->cat, NULL, x.ids[i], &row, &err) == 0 &&
+                            !strcmp(row.on_timeout, "pause");
+                        cove_sandbox_row_clear(&row);
+                        if (pause) {
+                                json_t *out = NULL;
+                                if (cove_sandbox_pause(d, NULL, x.ids[i], &out, &err) == 0) {
+                                        cove_info(&d->log, "sandbox.timeout",
+                                                  "sandbox %s timed out: paused", x.ids[i]);
+                                        json_decref(out);
+                                        continue;
+                                }
+                                if (err.kind == COVE_E_CONFLICT || err.kind == COVE_E_NOT_FOUND)
+                                        continue; /* paused, deleted or busy meanwhile */
+                                cove_warn(&d->log, "sandbox.timeout",
+                                          "sandbox %s timed out; pause failed, stopping: %s",
+                                          x.ids[i], err.msg);
+                        }
                         cove_info(&d->log, "sandbox.timeout", "sandbox %s timed out: stopping",
                                   x.ids[i]);
                         if (cove_node_stop(d->node, x.ids[i], 0, &err) < 0)
@@ -465,7 +512,8 @@ static int collect_live(const struct cove_sandbox_row *row, void *arg)
 
 /* After a crash (or any restart): no instance survives coved (the guest exits when its
  * channel closes), so every sandbox the catalog still calls live is cleaned on the host and
- * marked stopped; state dirs that no row owns are removed. */
+ * marked paused when it has a snapshot to resume from (its last one), else stopped; state
+ * dirs that no row owns are removed. */
 void coved_reconcile(struct coved *d)
 {
         struct reconcile_ctx x = {0};
@@ -474,12 +522,30 @@ void coved_reconcile(struct coved *d)
                                      collect_live, &x, &err) < 0)
                 cove_warn(&d->log, "reconcile", "%s", err.msg);
         for (size_t i = 0; i < x.n; i++) {
-                if (cove_node_stop(d->node, x.ids[i], 0, &err) < 0)
+                struct cove_sandbox_row row;
+                memset(&row, 0, sizeof(row));
+                int snap = d->cat_ops->sandbox_get(d->cat, NULL, x.ids[i], &row, &err) == 0 &&
+                           row.last_snapshot_id[0];
+                /* a paused sandbox owns no instance, layer or uid range */
+                if (cove_node_stop(d->node, x.ids[i], snap, &err) < 0)
                         cove_warn(&d->log, "reconcile", "%s", err.msg);
-                mark(d, x.ids[i], "stopped",
-                     "coved restarted: the running instance was lost (no snapshot to resume "
-                     "from)");
-                cove_info(&d->log, "reconcile", "sandbox %s marked stopped", x.ids[i]);
+                if (snap) {
+                        snprintf(row.state, sizeof(row.state), "paused");
+                        row.uid_base = 0;
+                        row.expires_at = 0;
+                        free(row.error);
+                        row.error = strdup("coved restarted: paused at the last snapshot");
+                        if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
+                                cove_warn(&d->log, "reconcile", "%s", err.msg);
+                        cove_info(&d->log, "reconcile", "sandbox %s paused at snapshot %s",
+                                  x.ids[i], row.last_snapshot_id);
+                } else {
+                        mark(d, x.ids[i], "stopped",
+                             "coved restarted: the running instance was lost (no snapshot to "
+                             "resume from)");
+                        cove_info(&d->log, "reconcile", "sandbox %s marked stopped", x.ids[i]);
+                }
+                cove_sandbox_row_clear(&row);
         }
         free(x.ids);
         char dir[PATH_MAX];

@@ -1,0 +1,1131 @@
+/* The time machine in the control plane (control/snapshot.h): capture and restore through
+ * the node's layer images and the chunk store, the operations built on them, and the
+ * background thread for rolling snapshots, retention thinning and GC. */
+#include "control/snapshot.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "control/retention.h"
+#include "control/template.h"
+#include "crypto/keys.h"
+#include "store/snapshot.h"
+#include "util/cleanup.h"
+#include "util/util.h"
+
+#define FORK_MAX 20
+#define LABEL_MAX 127
+#define THIN_EVERY_MS 30000
+#define IMG_SNAP "tm-snap-"
+#define IMG_RESTORE "tm-restore-"
+
+struct cove_tm {
+        struct cove_store *store;
+        char layer_dir[PATH_MAX]; /* "" when the runtime has no layer images */
+        pthread_mutex_t mu;       /* busy, quit, kicked */
+        pthread_cond_t cv;
+        char (*busy)[64]; /* sandboxes with an operation in progress */
+        size_t nbusy, capbusy;
+        pthread_mutex_t io_mu; /* one capture (or GC) at a time: bounded background I/O */
+        pthread_t thr;
+        int thr_started, quit, kicked;
+        int rolling_off; /* the runtime cannot snapshot: rolling snapshots stopped */
+        int gc_wanted;   /* snapshots were deleted since the last GC */
+        int64_t last_thin_ms;
+};
+
+/* ---- per-sandbox serialisation ---- */
+
+static int busy_find(struct cove_tm *tm, const char *id)
+{
+        for (size_t i = 0; i < tm->nbusy; i++)
+                if (!strcmp(tm->busy[i], id))
+                        return (int)i;
+        return -1;
+}
+
+/* Mark id busy; with wait, wait for a current holder, else return 1 when it is held. */
+static int sbx_lock(struct cove_tm *tm, const char *id, int wait)
+{
+        pthread_mutex_lock(&tm->mu);
+        while (busy_find(tm, id) >= 0) {
+                if (!wait) {
+                        pthread_mutex_unlock(&tm->mu);
+                        return 1;
+                }
+                pthread_cond_wait(&tm->cv, &tm->mu);
+        }
+        if (tm->nbusy == tm->capbusy) {
+                size_t nc = tm->capbusy ? tm->capbusy * 2 : 16;
+                void *nb = realloc(tm->busy, nc * sizeof(*tm->busy));
+                if (!nb)
+                        abort(); /* cannot serialise: continuing would race */
+                tm->busy = nb;
+                tm->capbusy = nc;
+        }
+        snprintf(tm->busy[tm->nbusy++], 64, "%s", id);
+        pthread_mutex_unlock(&tm->mu);
+        return 0;
+}
+
+static void sbx_unlock(struct cove_tm *tm, const char *id)
+{
+        pthread_mutex_lock(&tm->mu);
+        int i = busy_find(tm, id);
+        if (i >= 0)
+                memcpy(tm->busy[i], tm->busy[--tm->nbusy], 64);
+        pthread_cond_broadcast(&tm->cv);
+        pthread_mutex_unlock(&tm->mu);
+}
+
+/* ---- JSON ---- */
+
+json_t *cove_snapshot_json(const struct cove_snapshot_row *s)
+{
+        char created[40];
+        cove_rfc3339(s->created_at, created, sizeof(created));
+        return json_pack("{s:s, s:s, s:o, s:s, s:s, s:o, s:I, s:I, s:f, s:b}", "id", s->id,
+                         "sandbox_id", s->sandbox_id, "parent_id",
+                         s->parent_id[0] ? json_string(s->parent_id) : json_null(), "kind", s->kind,
+                         "created_at", created, "label",
+                         s->label[0] ? json_string(s->label) : json_null(), "size_bytes",
+                         (json_int_t)s->size_bytes, "new_bytes", (json_int_t)s->new_bytes,
+                         "pause_ms", (double)s->pause_us / 1000.0, "rolling", s->rolling);
+}
+
+/* ---- rows ---- */
+
+static int reload(struct coved *d, const char *id, struct cove_sandbox_row *row,
+                  struct cove_err *err)
+{
+        cove_sandbox_row_clear(row);
+        return cove_sandbox_load(d, NULL, id, row, err);
+}
+
+static int row_write(struct coved *d, struct cove_sandbox_row *row, struct cove_err *err)
+{
+        int r = d->cat_ops->sandbox_update(d->cat, row, err);
+        if (r == 1)
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %s not found", row->id);
+        return r;
+}
+
+static void row_set_error(struct cove_sandbox_row *row, const char *msg)
+{
+        free(row->error);
+        row->error = msg ? strdup(msg) : NULL;
+}
+
+/* Storage failures are a dependency that is not usable now, not a bug of the request. */
+static int store_err(struct cove_err *err)
+{
+        if (err->kind == COVE_E_INTERNAL)
+                err->kind = COVE_E_UNAVAILABLE;
+        return -1;
+}
+
+static int need_store(struct coved *d, struct cove_err *err)
+{
+        if (!d->tm || !d->tm->store || !d->tm->layer_dir[0])
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "runtime %s cannot snapshot sandboxes on this node",
+                                     cove_node_runtime_name(d->node));
+        return 0;
+}
+
+/* ---- capture ---- */
+
+/* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
+ * is in the catalog and the sandbox's last_snapshot_id names it (row is reloaded). */
+static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const char *label,
+                          int rolling, struct cove_snapshot_row *out, struct cove_err *err)
+{
+        struct cove_tm *tm = d->tm;
+        if (need_store(d, err) < 0)
+                return -1;
+        if (strcmp(row->state, "running") && strcmp(row->state, "pausing"))
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running",
+                                     row->id, row->state);
+        struct cove_snapshot_row s;
+        memset(&s, 0, sizeof(s));
+        if (cove_id_new("snap_", s.id, sizeof(s.id), err) < 0)
+                return -1;
+        snprintf(s.tenant, sizeof(s.tenant), "%s", row->tenant);
+        snprintf(s.sandbox_id, sizeof(s.sandbox_id), "%s", row->id);
+        snprintf(s.parent_id, sizeof(s.parent_id), "%s", row->last_snapshot_id);
+        snprintf(s.kind, sizeof(s.kind), "files");
+        snprintf(s.label, sizeof(s.label), "%s", label ? label : "");
+        s.rolling = rolling;
+
+        char img[PATH_MAX];
+        snprintf(img, sizeof(img), "%s/" IMG_SNAP "%s.img", tm->layer_dir, s.id);
+        uint64_t pause_ns = 0;
+        int64_t t0 = cove_mono_ns();
+        s.created_at = cove_now_ms();
+        if (cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
+                unlink(img);
+                return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
+        }
+        s.pause_us = (int64_t)(pause_ns / 1000);
+
+        /* the sandbox runs on; the rest is background work, one capture at a time */
+        struct cove_snapshot_stats st;
+        memset(&st, 0, sizeof(st));
+        pthread_mutex_lock(&tm->io_mu);
+        int tree_fd = -1;
+        struct cove_layer_handle *h = NULL;
+        int r = cove_node_layer_open(d->node, img, 0, 0, &tree_fd, &h, err);
+        if (r == 0) {
+                r = cove_snapshot_capture_tree(tm->store, s.tenant, s.id,
+                                               s.parent_id[0] ? s.parent_id : NULL, tree_fd, &st,
+                                               err);
+                if (tree_fd >= 0)
+                        close(tree_fd);
+                cove_node_layer_close(d->node, h);
+        }
+        pthread_mutex_unlock(&tm->io_mu);
+        unlink(img);
+        if (r < 0) {
+                store_err(err);
+                return cove_err_wrap(err, "snapshot of sandbox %s (previous snapshots intact)",
+                                     row->id);
+        }
+        s.size_bytes = st.size_bytes;
+        s.new_bytes = st.new_bytes;
+        if (d->cat_ops->snapshot_insert(d->cat, &s, err) < 0) {
+                struct cove_err e2;
+                cove_snapshot_delete(tm->store, s.tenant, s.id, &e2);
+                return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
+        }
+        if (reload(d, row->id, row, err) == 0) {
+                snprintf(row->last_snapshot_id, sizeof(row->last_snapshot_id), "%s", s.id);
+                row_write(d, row, err);
+        }
+        cove_info(&d->log, "snapshot.take",
+                  "sandbox %s snapshot %s%s: %llu bytes (%llu new), paused %.2f ms, %.1f ms total",
+                  s.sandbox_id, s.id, rolling ? " (rolling)" : "", (unsigned long long)s.size_bytes,
+                  (unsigned long long)s.new_bytes, (double)s.pause_us / 1000.0,
+                  (double)(cove_mono_ns() - t0) / 1e6);
+        if (out)
+                *out = s;
+        return 0;
+}
+
+int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_id,
+                       const char *label, int rolling, struct cove_snapshot_row *out,
+                       struct cove_err *err)
+{
+        if (label && strlen(label) > LABEL_MAX)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "label must be at most %d bytes",
+                                     LABEL_MAX);
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, sandbox_id, &row, err) < 0)
+                return -1;
+        cove_sandbox_row_clear(&row);
+        if (need_store(d, err) < 0)
+                return -1;
+        sbx_lock(d->tm, sandbox_id, 1);
+        int r = reload(d, sandbox_id, &row, err);
+        if (r == 0)
+                r = capture_locked(d, &row, label, rolling, out, err);
+        sbx_unlock(d->tm, sandbox_id);
+        cove_sandbox_row_clear(&row);
+        return r;
+}
+
+/* ---- restore ---- */
+
+/* Fill a fresh layer image from snapshot snap (of tenant) into img. On failure nothing is
+ * left; the error names the snapshot. */
+static int restore_image(struct coved *d, const char *tenant, const char *snap, unsigned disk_mb,
+                         char *img, size_t cap, struct cove_err *err)
+{
+        struct cove_tm *tm = d->tm;
+        char rnd[32];
+        if (need_store(d, err) < 0 || cove_id_new("", rnd, sizeof(rnd), err) < 0)
+                return -1;
+        snprintf(img, cap, "%s/" IMG_RESTORE "%s-%s.img", tm->layer_dir, snap, rnd);
+        int tree_fd = -1;
+        struct cove_layer_handle *h = NULL;
+        struct cove_snapshot_stats st;
+        int r = cove_node_layer_open(d->node, img, 1, disk_mb, &tree_fd, &h, err);
+        if (r == 0) {
+                r = cove_snapshot_restore_tree(tm->store, tenant, snap, tree_fd, &st, err);
+                if (tree_fd >= 0)
+                        close(tree_fd);
+                cove_node_layer_close(d->node, h);
+        }
+        if (r < 0) {
+                unlink(img);
+                store_err(err);
+                return cove_err_wrap(err, "restore of snapshot %s failed", snap);
+        }
+        return 0;
+}
+
+/* Start row's sandbox on img (which the runtime takes over) with a new uid range. */
+static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const char *img,
+                            struct cove_err *err)
+{
+        char rootfs[PATH_MAX];
+        int r =
+            cove_template_lookup(d->templates_dir, row->template_name, rootfs, sizeof(rootfs), err);
+        if (r == 1)
+                r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                  "template %s is not built on this node", row->template_name);
+        uint32_t base = 0;
+        if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
+                unlink(img);
+                return -1;
+        }
+        struct cove_instance_spec spec = {
+            .sandbox_id = row->id,
+            .rootfs = rootfs,
+            .cpus = (unsigned)row->cpus,
+            .memory_mb = (unsigned)row->memory_mb,
+            .disk_mb = (unsigned)row->disk_mb,
+            .uid_base = base,
+            .uid_count = COVE_UID_RANGE,
+            .layer_image = img,
+        };
+        if (cove_node_start(d->node, &spec, err) < 0) {
+                struct cove_err e2;
+                cove_node_stop(d->node, row->id, 1, &e2);
+                cove_node_uid_release(d->node, base);
+                unlink(img);
+                if (err->kind == COVE_E_INTERNAL)
+                        err->kind = COVE_E_UNAVAILABLE;
+                return -1;
+        }
+        row->uid_base = base;
+        return 0;
+}
+
+static void wake_timer(struct coved *d)
+{
+        pthread_mutex_lock(&d->mu);
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+}
+
+static void set_running(struct coved *d, struct cove_sandbox_row *row, const char *snap)
+{
+        snprintf(row->state, sizeof(row->state), "running");
+        row->expires_at = cove_now_ms() + (int64_t)row->timeout_s * 1000;
+        snprintf(row->last_snapshot_id, sizeof(row->last_snapshot_id), "%s", snap);
+        row_set_error(row, NULL);
+        (void)d;
+}
+
+/* ---- operations ---- */
+
+int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
+                       struct cove_err *err)
+{
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        if (need_store(d, err) < 0) {
+                cove_sandbox_row_clear(&row);
+                return -1;
+        }
+        sbx_lock(d->tm, id, 1);
+        int r = reload(d, id, &row, err);
+        if (r == 0 && strcmp(row.state, "running") != 0)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running", id,
+                                  row.state);
+        if (r < 0)
+                goto out;
+        int64_t t0 = cove_mono_ns();
+        snprintf(row.state, sizeof(row.state), "pausing");
+        if ((r = row_write(d, &row, err)) < 0)
+                goto out;
+        struct cove_snapshot_row snap;
+        struct cove_err e2;
+        if ((r = capture_locked(d, &row, "pause", 0, &snap, err)) < 0) {
+                cove_err_wrap(err, "pause");
+                if (reload(d, id, &row, &e2) == 0 && !strcmp(row.state, "pausing")) {
+                        snprintf(row.state, sizeof(row.state), "running");
+                        row_write(d, &row, &e2);
+                }
+                goto out;
+        }
+        /* the snapshot holds everything: free the instance, its layer and uid range */
+        if (cove_node_stop(d->node, id, 1, &e2) < 0)
+                cove_warn(&d->log, "sandbox.pause", "%s", e2.msg);
+        if ((r = reload(d, id, &row, err)) < 0)
+                goto out;
+        snprintf(row.state, sizeof(row.state), "paused");
+        row.uid_base = 0;
+        row.expires_at = 0;
+        row_set_error(&row, NULL);
+        if ((r = row_write(d, &row, err)) < 0)
+                goto out;
+        cove_info(&d->log, "sandbox.pause", "sandbox %s paused at snapshot %s in %.1f ms", id,
+                  snap.id, (double)(cove_mono_ns() - t0) / 1e6);
+        *out = json_pack("{s:o, s:o}", "sandbox", cove_sandbox_json(&row), "snapshot",
+                         cove_snapshot_json(&snap));
+out:
+        sbx_unlock(d->tm, id);
+        cove_sandbox_row_clear(&row);
+        return r;
+}
+
+/* The snapshot a body names ("snapshot_id"), or dflt; must be the tenant's. */
+static int pick_snapshot(struct coved *d, const char *tenant, json_t *body, const char *dflt,
+                         int required, struct cove_snapshot_row *snap, struct cove_err *err)
+{
+        json_t *v = body ? json_object_get(body, "snapshot_id") : NULL;
+        const char *sid = dflt;
+        if (v && !json_is_null(v)) {
+                if (!json_is_string(v) || json_string_length(v) == 0 ||
+                    json_string_length(v) >= sizeof(snap->id))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "snapshot_id must be a snapshot id (snap_…)");
+                sid = json_string_value(v);
+        } else if (required) {
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "snapshot_id is required");
+        }
+        if (!sid || !*sid)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "the sandbox has no snapshot to restore from");
+        return cove_snapshot_load(d, tenant, sid, snap, err);
+}
+
+int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, json_t *body,
+                        json_t **out, struct cove_err *err)
+{
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        if (need_store(d, err) < 0) {
+                cove_sandbox_row_clear(&row);
+                return -1;
+        }
+        sbx_lock(d->tm, id, 1);
+        char prev[16] = "";
+        struct cove_snapshot_row snap;
+        int r = reload(d, id, &row, err);
+        if (r == 0 && strcmp(row.state, "paused") && strcmp(row.state, "stopped") &&
+            strcmp(row.state, "error"))
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "sandbox %s is %s: only a paused or stopped sandbox resumes", id,
+                                  row.state);
+        if (r == 0)
+                r = pick_snapshot(d, row.tenant, body, row.last_snapshot_id, 0, &snap, err);
+        if (r < 0)
+                goto out;
+        int64_t t0 = cove_mono_ns();
+        snprintf(prev, sizeof(prev), "%s", row.state);
+        snprintf(row.state, sizeof(row.state), "resuming");
+        if ((r = row_write(d, &row, err)) < 0)
+                goto out;
+        /* a stopped sandbox may have left state behind (a crash): start from a clean slate */
+        struct cove_err e2;
+        cove_node_stop(d->node, id, 1, &e2);
+        char img[PATH_MAX];
+        r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img), err);
+        if (r == 0)
+                r = start_from_image(d, &row, img, err);
+        if (r < 0) {
+                cove_err_wrap(err, "resume of sandbox %s", id);
+                if (reload(d, id, &row, &e2) == 0) {
+                        snprintf(row.state, sizeof(row.state), "%s", prev);
+                        row_set_error(&row, err->msg);
+                        row_write(d, &row, &e2);
+                }
+                goto out;
+        }
+        uint32_t base = row.uid_base;
+        if ((r = reload(d, id, &row, err)) < 0) {
+                cove_node_stop(d->node, id, 1, &e2); /* deleted meanwhile */
+                goto out;
+        }
+        row.uid_base = base;
+        set_running(d, &row, snap.id);
+        if ((r = row_write(d, &row, err)) < 0) {
+                cove_node_stop(d->node, id, 1, &e2);
+                goto out;
+        }
+        wake_timer(d);
+        cove_tm_kick(d);
+        cove_info(&d->log, "sandbox.resume", "sandbox %s resumed from snapshot %s in %.1f ms", id,
+                  snap.id, (double)(cove_mono_ns() - t0) / 1e6);
+        *out = cove_sandbox_json(&row);
+out:
+        sbx_unlock(d->tm, id);
+        cove_sandbox_row_clear(&row);
+        return r;
+}
+
+int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, json_t *body,
+                        json_t **out, struct cove_err *err)
+{
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        if (need_store(d, err) < 0) {
+                cove_sandbox_row_clear(&row);
+                return -1;
+        }
+        sbx_lock(d->tm, id, 1);
+        struct cove_snapshot_row snap, undo;
+        memset(&undo, 0, sizeof(undo));
+        int running = 0;
+        int r = reload(d, id, &row, err);
+        if (r == 0)
+                r = pick_snapshot(d, row.tenant, body, NULL, 1, &snap, err);
+        if (r < 0)
+                goto out;
+        running = !strcmp(row.state, "running");
+        if (!running && strcmp(row.state, "paused") && strcmp(row.state, "stopped")) {
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s", id, row.state);
+                goto out;
+        }
+        /* the state being replaced first, so the rewind can be undone */
+        if (running) {
+                char label[LABEL_MAX + 1];
+                snprintf(label, sizeof(label), "before rewind to %s", snap.id);
+                if ((r = capture_locked(d, &row, label, 0, &undo, err)) < 0) {
+                        cove_err_wrap(err, "rewind of sandbox %s: no undo point, nothing changed",
+                                      id);
+                        goto out;
+                }
+        } else {
+                snprintf(undo.id, sizeof(undo.id), "%s", row.last_snapshot_id);
+        }
+        char img[PATH_MAX];
+        if ((r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img),
+                               err)) < 0) {
+                cove_err_wrap(err, "rewind of sandbox %s: the sandbox was left as it was", id);
+                goto out;
+        }
+        struct cove_err e2;
+        cove_node_stop(d->node, id, 1, &e2); /* switch only now that the new layer is complete */
+        if ((r = reload(d, id, &row, err)) < 0) {
+                unlink(img);
+                goto out;
+        }
+        if ((r = start_from_image(d, &row, img, err)) < 0) {
+                cove_err_wrap(err, "rewind of sandbox %s: start from snapshot %s (undo with %s)",
+                              id, snap.id, undo.id[0] ? undo.id : "-");
+                snprintf(row.state, sizeof(row.state), "error");
+                row.uid_base = 0;
+                row_set_error(&row, err->msg);
+                if (undo.id[0])
+                        snprintf(row.last_snapshot_id, sizeof(row.last_snapshot_id), "%s", undo.id);
+                row_write(d, &row, &e2);
+                goto out;
+        }
+        set_running(d, &row, snap.id);
+        if ((r = row_write(d, &row, err)) < 0)
+                goto out;
+        wake_timer(d);
+        cove_tm_kick(d);
+        cove_info(&d->log, "sandbox.rewind", "sandbox %s rewound to %s (undo: %s)", id, snap.id,
+                  undo.id[0] ? undo.id : "none");
+        *out = json_pack("{s:o, s:o}", "sandbox", cove_sandbox_json(&row), "undo_snapshot_id",
+                         undo.id[0] ? json_string(undo.id) : json_null());
+out:
+        sbx_unlock(d->tm, id);
+        cove_sandbox_row_clear(&row);
+        return r;
+}
+
+int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_t *body,
+                      json_t **out, struct cove_err *err)
+{
+        int count = 1;
+        json_t *cv = json_object_get(body, "count");
+        if (cv && !json_is_null(cv)) {
+                if (!json_is_integer(cv) || json_integer_value(cv) < 1 ||
+                    json_integer_value(cv) > FORK_MAX)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "count must be an integer from 1 to %d", FORK_MAX);
+                count = (int)json_integer_value(cv);
+        }
+        struct cove_sandbox_row src;
+        if (cove_sandbox_load(d, tenant, id, &src, err) < 0)
+                return -1;
+        if (need_store(d, err) < 0) {
+                cove_sandbox_row_clear(&src);
+                return -1;
+        }
+        struct cove_snapshot_row snap;
+        json_t *sv = json_object_get(body, "snapshot_id");
+        int r;
+        if ((!sv || json_is_null(sv)) && !strcmp(src.state, "running")) {
+                /* fork "now": a snapshot of the current state */
+                sbx_lock(d->tm, id, 1);
+                r = reload(d, id, &src, err);
+                if (r == 0)
+                        r = capture_locked(d, &src, "fork", 0, &snap, err);
+                sbx_unlock(d->tm, id);
+        } else {
+                r = pick_snapshot(d, src.tenant, body, src.last_snapshot_id, 0, &snap, err);
+        }
+        if (r < 0) {
+                cove_sandbox_row_clear(&src);
+                return -1;
+        }
+        int64_t t0 = cove_mono_ns();
+        json_t *list = json_array();
+        char(*made)[64] = calloc((size_t)count, 64);
+        int nmade = 0;
+        for (int i = 0; made && i < count; i++) {
+                struct cove_sandbox_row s;
+                memset(&s, 0, sizeof(s));
+                snprintf(s.tenant, sizeof(s.tenant), "%s", src.tenant);
+                snprintf(s.template_name, sizeof(s.template_name), "%s", src.template_name);
+                snprintf(s.runtime, sizeof(s.runtime), "%s", src.runtime);
+                snprintf(s.on_timeout, sizeof(s.on_timeout), "%s", src.on_timeout);
+                snprintf(s.node, sizeof(s.node), "%s", src.node);
+                s.cpus = src.cpus;
+                s.memory_mb = src.memory_mb;
+                s.disk_mb = src.disk_mb;
+                s.timeout_s = src.timeout_s;
+                s.snapshot_interval_s = src.snapshot_interval_s;
+                s.metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
+                s.env_json = strdup(src.env_json ? src.env_json : "{}");
+                s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
+                /* a fork's first snapshot has the forked snapshot as parent */
+                snprintf(s.last_snapshot_id, sizeof(s.last_snapshot_id), "%s", snap.id);
+                s.created_at = cove_now_ms();
+                snprintf(s.state, sizeof(s.state), "starting");
+                char img[PATH_MAX];
+                r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
+                if (r == 0)
+                        r = d->cat_ops->sandbox_insert(d->cat, &s, err);
+                if (r == 0) {
+                        snprintf(made[nmade++], 64, "%s", s.id);
+                        r = restore_image(d, snap.tenant, snap.id, (unsigned)s.disk_mb, img,
+                                          sizeof(img), err);
+                }
+                if (r == 0)
+                        r = start_from_image(d, &s, img, err);
+                if (r == 0) {
+                        set_running(d, &s, snap.id);
+                        r = row_write(d, &s, err);
+                }
+                if (r == 0)
+                        json_array_append_new(list, cove_sandbox_json(&s));
+                cove_sandbox_row_clear(&s);
+                if (r < 0)
+                        break;
+        }
+        if (!made)
+                r = cove_err_set(err, ENOMEM, "fork");
+        if (r < 0) {
+                /* all or nothing */
+                cove_err_wrap(err, "fork of sandbox %s from snapshot %s", id, snap.id);
+                for (int i = 0; i < nmade; i++) {
+                        struct cove_err e2;
+                        cove_node_stop(d->node, made[i], 1, &e2);
+                        d->cat_ops->sandbox_delete(d->cat, made[i], &e2);
+                }
+                json_decref(list);
+        } else {
+                wake_timer(d);
+                cove_tm_kick(d);
+                cove_info(&d->log, "sandbox.fork", "sandbox %s forked %d times from %s in %.1f ms",
+                          id, count, snap.id, (double)(cove_mono_ns() - t0) / 1e6);
+                *out = json_pack("{s:o}", "sandboxes", list);
+        }
+        free(made);
+        cove_sandbox_row_clear(&src);
+        return r;
+}
+
+/* ---- listing and deleting ---- */
+
+int cove_snapshot_load(struct coved *d, const char *tenant, const char *snap_id,
+                       struct cove_snapshot_row *out, struct cove_err *err)
+{
+        int r = d->cat_ops->snapshot_get(d->cat, tenant, snap_id, out, err);
+        if (r == 1)
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "snapshot %.64s not found", snap_id);
+        return r;
+}
+
+static int add_json(const struct cove_snapshot_row *s, void *arg)
+{
+        json_array_append_new(arg, cove_snapshot_json(s));
+        return 0;
+}
+
+int cove_snapshot_list_json(struct coved *d, const char *tenant, const char *sandbox_id,
+                            json_t **out, struct cove_err *err)
+{
+        json_t *arr = json_array();
+        if (d->cat_ops->snapshot_list(d->cat, tenant, sandbox_id, add_json, arr, err) < 0) {
+                json_decref(arr);
+                return -1;
+        }
+        if (json_array_size(arr) == 0) {
+                struct cove_sandbox_row row;
+                if (cove_sandbox_load(d, tenant, sandbox_id, &row, err) < 0) {
+                        json_decref(arr);
+                        return -1;
+                }
+                cove_sandbox_row_clear(&row);
+        }
+        *out = json_pack("{s:o}", "snapshots", arr);
+        return 0;
+}
+
+int cove_snapshot_remove(struct coved *d, const char *tenant, const char *snap_id,
+                         struct cove_err *err)
+{
+        struct cove_snapshot_row s;
+        if (cove_snapshot_load(d, tenant, snap_id, &s, err) < 0)
+                return -1;
+        struct cove_sandbox_row row;
+        struct cove_err e2;
+        if (cove_sandbox_load(d, s.tenant, s.sandbox_id, &row, &e2) == 0) {
+                int needed = !strcmp(row.state, "paused") && !strcmp(row.last_snapshot_id, s.id);
+                cove_sandbox_row_clear(&row);
+                if (needed)
+                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                             "snapshot %s is what paused sandbox %s resumes "
+                                             "from: resume or delete the sandbox first",
+                                             s.id, s.sandbox_id);
+        }
+        int r = d->cat_ops->snapshot_delete(d->cat, s.id, err);
+        if (r == 1)
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "snapshot %.64s not found", snap_id);
+        if (r < 0)
+                return -1;
+        /* the row is gone, so it is no longer listed; a manifest left by a failure here is
+         * an orphan that the next start removes */
+        if (d->tm && d->tm->store && cove_snapshot_delete(d->tm->store, s.tenant, s.id, &e2) < 0 &&
+            e2.kind != COVE_E_NOT_FOUND)
+                cove_warn(&d->log, "snapshot.delete", "%s", e2.msg);
+        if (d->tm) {
+                pthread_mutex_lock(&d->tm->mu);
+                d->tm->gc_wanted = 1;
+                pthread_mutex_unlock(&d->tm->mu);
+        }
+        cove_info(&d->log, "snapshot.delete", "snapshot %s of sandbox %s deleted", s.id,
+                  s.sandbox_id);
+        return 0;
+}
+
+struct idlist {
+        char (*ids)[64];
+        size_t n, cap;
+};
+
+static int idlist_add(struct idlist *l, const char *id)
+{
+        if (l->n == l->cap) {
+                size_t nc = l->cap ? l->cap * 2 : 16;
+                void *nb = realloc(l->ids, nc * sizeof(*l->ids));
+                if (!nb)
+                        return -1;
+                l->ids = nb;
+                l->cap = nc;
+        }
+        snprintf(l->ids[l->n++], 64, "%s", id);
+        return 0;
+}
+
+static int collect_snap_id(const struct cove_snapshot_row *s, void *arg)
+{
+        return idlist_add(arg, s->id);
+}
+
+int cove_snapshot_purge_sandbox(struct coved *d, const char *tenant, const char *sandbox_id,
+                                struct cove_err *err)
+{
+        if (d->tm)
+                sbx_lock(d->tm, sandbox_id, 1); /* a capture in flight finishes first */
+        struct idlist l = {0};
+        int r = d->cat_ops->snapshot_list(d->cat, tenant, sandbox_id, collect_snap_id, &l, err);
+        for (size_t i = 0; r == 0 && i < l.n; i++) {
+                struct cove_err e2;
+                if (cove_snapshot_remove(d, tenant, l.ids[i], &e2) < 0 &&
+                    e2.kind != COVE_E_NOT_FOUND) {
+                        *err = e2;
+                        r = -1;
+                }
+        }
+        free(l.ids);
+        if (d->tm)
+                sbx_unlock(d->tm, sandbox_id);
+        return r;
+}
+
+/* ---- background: rolling snapshots, retention, GC ---- */
+
+struct due {
+        char id[64];
+        char tenant[64];
+        int interval_s;
+        int64_t since; /* created_at of the sandbox */
+};
+
+struct due_list {
+        struct due *v;
+        size_t n, cap;
+};
+
+static int collect_rolling(const struct cove_sandbox_row *row, void *arg)
+{
+        struct due_list *l = arg;
+        if (row->snapshot_interval_s <= 0)
+                return 0;
+        if (l->n == l->cap) {
+                size_t nc = l->cap ? l->cap * 2 : 16;
+                void *nb = realloc(l->v, nc * sizeof(*l->v));
+                if (!nb)
+                        return -1;
+                l->v = nb;
+                l->cap = nc;
+        }
+        struct due *x = &l->v[l->n++];
+        snprintf(x->id, sizeof(x->id), "%s", row->id);
+        snprintf(x->tenant, sizeof(x->tenant), "%s", row->tenant);
+        x->interval_s = row->snapshot_interval_s;
+        x->since = row->created_at;
+        return 0;
+}
+
+static int newest_cb(const struct cove_snapshot_row *s, void *arg)
+{
+        *(int64_t *)arg = s->created_at;
+        return -1; /* newest first: one is enough */
+}
+
+/* Take the rolling snapshots that are due; returns ms until the next one is. */
+static int64_t roll(struct coved *d)
+{
+        struct cove_tm *tm = d->tm;
+        struct due_list l = {0};
+        struct cove_err err;
+        int64_t next = 5000;
+        if (d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_rolling, &l, &err) < 0)
+                cove_warn(&d->log, "snapshot.rolling", "%s", err.msg);
+        for (size_t i = 0; i < l.n; i++) {
+                pthread_mutex_lock(&tm->mu);
+                int quit = tm->quit || tm->rolling_off;
+                pthread_mutex_unlock(&tm->mu);
+                if (quit)
+                        break;
+                int64_t last = l.v[i].since;
+                d->cat_ops->snapshot_list(d->cat, l.v[i].tenant, l.v[i].id, newest_cb, &last, &err);
+                int64_t wait = last + (int64_t)l.v[i].interval_s * 1000 - cove_now_ms();
+                if (wait <= 0) {
+                        if (sbx_lock(tm, l.v[i].id, 0) != 0) {
+                                next = next > 200 ? 200 : next; /* busy: try again soon */
+                                continue;
+                        }
+                        struct cove_sandbox_row row;
+                        memset(&row, 0, sizeof(row));
+                        int r = reload(d, l.v[i].id, &row, &err);
+                        if (r == 0 && !strcmp(row.state, "running"))
+                                r = capture_locked(d, &row, NULL, 1, NULL, &err);
+                        sbx_unlock(tm, l.v[i].id);
+                        cove_sandbox_row_clear(&row);
+                        if (r < 0 && err.kind == COVE_E_UNAVAILABLE &&
+                            strstr(err.msg, "cannot snapshot")) {
+                                cove_warn(&d->log, "snapshot.rolling", "rolling snapshots off: %s",
+                                          err.msg);
+                                pthread_mutex_lock(&tm->mu);
+                                tm->rolling_off = 1;
+                                pthread_mutex_unlock(&tm->mu);
+                        } else if (r < 0 && err.kind != COVE_E_CONFLICT &&
+                                   err.kind != COVE_E_NOT_FOUND) {
+                                cove_warn(&d->log, "snapshot.rolling", "%s", err.msg);
+                        }
+                        wait = (int64_t)l.v[i].interval_s * 1000;
+                }
+                if (wait < next)
+                        next = wait;
+        }
+        free(l.v);
+        return next;
+}
+
+struct snaps {
+        struct cove_snapshot_row *v;
+        size_t n, cap;
+};
+
+static int collect_snap(const struct cove_snapshot_row *s, void *arg)
+{
+        struct snaps *l = arg;
+        if (l->n == l->cap) {
+                size_t nc = l->cap ? l->cap * 2 : 64;
+                void *nb = realloc(l->v, nc * sizeof(*l->v));
+                if (!nb)
+                        return -1;
+                l->v = nb;
+                l->cap = nc;
+        }
+        l->v[l->n++] = *s;
+        return 0;
+}
+
+static int by_sandbox(const void *a, const void *b)
+{
+        const struct cove_snapshot_row *x = a, *y = b;
+        int c = strcmp(x->sandbox_id, y->sandbox_id);
+        return c ? c : (x->created_at > y->created_at) - (x->created_at < y->created_at);
+}
+
+/* Apply every sandbox's retention to its rolling snapshots (the one a sandbox would resume
+ * from is always kept), then GC each tenant whose snapshots changed. */
+static void thin(struct coved *d, int64_t now)
+{
+        struct cove_tm *tm = d->tm;
+        struct snaps l = {0};
+        struct cove_err err;
+        if (d->cat_ops->snapshot_list(d->cat, NULL, NULL, collect_snap, &l, &err) < 0) {
+                cove_warn(&d->log, "snapshot.retention", "%s", err.msg);
+                free(l.v);
+                return;
+        }
+        qsort(l.v, l.n, sizeof(*l.v), by_sandbox);
+        int64_t *times = calloc(l.n ? l.n : 1, sizeof(*times));
+        int *keep = calloc(l.n ? l.n : 1, sizeof(*keep));
+        size_t *idx = calloc(l.n ? l.n : 1, sizeof(*idx));
+        size_t deleted = 0;
+        for (size_t i = 0; times && keep && idx && i < l.n;) {
+                size_t j = i;
+                while (j < l.n && !strcmp(l.v[j].sandbox_id, l.v[i].sandbox_id))
+                        j++;
+                struct cove_sandbox_row row;
+                struct cove_retention pol;
+                cove_retention_default(&pol);
+                char last[64] = "";
+                if (cove_sandbox_load(d, NULL, l.v[i].sandbox_id, &row, &err) == 0) {
+                        if (cove_retention_parse(row.retention_json, &pol, &err) < 0)
+                                cove_retention_default(&pol);
+                        snprintf(last, sizeof(last), "%s", row.last_snapshot_id);
+                        cove_sandbox_row_clear(&row);
+                }
+                size_t m = 0;
+                for (size_t k = i; k < j; k++)
+                        if (l.v[k].rolling && strcmp(l.v[k].id, last)) {
+                                idx[m] = k;
+                                times[m++] = l.v[k].created_at;
+                        }
+                cove_retention_thin(&pol, now, times, m, keep);
+                for (size_t k = 0; k < m; k++) {
+                        if (keep[k])
+                                continue;
+                        const struct cove_snapshot_row *s = &l.v[idx[k]];
+                        if (cove_snapshot_remove(d, s->tenant, s->id, &err) < 0)
+                                cove_warn(&d->log, "snapshot.retention", "%s", err.msg);
+                        else
+                                deleted++;
+                }
+                i = j;
+        }
+        free(times);
+        free(keep);
+        free(idx);
+        free(l.v);
+        if (deleted)
+                cove_info(&d->log, "snapshot.retention", "%zu rolling snapshots thinned", deleted);
+
+        pthread_mutex_lock(&tm->mu);
+        int gc = tm->gc_wanted;
+        tm->gc_wanted = 0;
+        pthread_mutex_unlock(&tm->mu);
+        if (!gc)
+                return;
+        /* GC per tenant from the snapshots the catalog keeps; captures wait (io_mu), and the
+         * store's grace period protects chunks of a capture whose row is not written yet */
+        struct snaps all = {0};
+        if (d->cat_ops->snapshot_list(d->cat, NULL, NULL, collect_snap, &all, &err) < 0) {
+                free(all.v);
+                return;
+        }
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s/store", d->data_dir);
+        cleanup_dir DIR *dh = opendir(dir);
+        struct dirent *de;
+        while (dh && (de = readdir(dh))) {
+                if (!cove_tenant_name_valid(de->d_name))
+                        continue;
+                const char **keep_ids = calloc(all.n ? all.n : 1, sizeof(*keep_ids));
+                size_t n = 0;
+                for (size_t i = 0; keep_ids && i < all.n; i++)
+                        if (!strcmp(all.v[i].tenant, de->d_name))
+                                keep_ids[n++] = all.v[i].id;
+                struct cove_gc_stats gs;
+                memset(&gs, 0, sizeof(gs));
+                pthread_mutex_lock(&tm->io_mu);
+                int r =
+                    keep_ids ? cove_store_gc(tm->store, de->d_name, keep_ids, n, &gs, &err) : -1;
+                pthread_mutex_unlock(&tm->io_mu);
+                free(keep_ids);
+                if (r < 0)
+                        cove_warn(&d->log, "snapshot.gc", "tenant %s: %s", de->d_name, err.msg);
+                else if (gs.swept)
+                        cove_info(&d->log, "snapshot.gc",
+                                  "tenant %s: %llu chunks (%llu bytes) swept, %llu kept",
+                                  de->d_name, (unsigned long long)gs.swept,
+                                  (unsigned long long)gs.swept_bytes,
+                                  (unsigned long long)gs.marked);
+        }
+        free(all.v);
+}
+
+static void *tm_main(void *arg)
+{
+        struct coved *d = arg;
+        struct cove_tm *tm = d->tm;
+        pthread_mutex_lock(&tm->mu);
+        while (!tm->quit) {
+                int off = tm->rolling_off;
+                pthread_mutex_unlock(&tm->mu);
+                int64_t wait = off ? 5000 : roll(d);
+                int64_t now = cove_now_ms();
+                pthread_mutex_lock(&tm->mu);
+                int gc = tm->gc_wanted;
+                pthread_mutex_unlock(&tm->mu);
+                if (now - tm->last_thin_ms >= THIN_EVERY_MS || gc) {
+                        tm->last_thin_ms = now;
+                        thin(d, now);
+                }
+                if (wait > 5000)
+                        wait = 5000;
+                if (wait < 50)
+                        wait = 50;
+                pthread_mutex_lock(&tm->mu);
+                if (tm->quit)
+                        break;
+                if (!tm->kicked) {
+                        struct timespec ts;
+                        clock_gettime(CLOCK_REALTIME, &ts);
+                        ts.tv_sec += wait / 1000;
+                        ts.tv_nsec += (wait % 1000) * 1000000L;
+                        if (ts.tv_nsec >= 1000000000L) {
+                                ts.tv_sec++;
+                                ts.tv_nsec -= 1000000000L;
+                        }
+                        pthread_cond_timedwait(&tm->cv, &tm->mu, &ts);
+                }
+                tm->kicked = 0;
+        }
+        pthread_mutex_unlock(&tm->mu);
+        return NULL;
+}
+
+void cove_tm_kick(struct coved *d)
+{
+        if (!d->tm)
+                return;
+        pthread_mutex_lock(&d->tm->mu);
+        d->tm->kicked = 1;
+        pthread_cond_broadcast(&d->tm->cv);
+        pthread_mutex_unlock(&d->tm->mu);
+}
+
+/* ---- start-up and shutdown ---- */
+
+/* What a crash may have left: temporary layer images (captures and restores in flight), and
+ * manifests whose catalog row was never written (the snapshot was never reported). */
+static void cleanup_crash(struct coved *d)
+{
+        struct cove_tm *tm = d->tm;
+        if (tm->layer_dir[0]) {
+                cleanup_dir DIR *dh = opendir(tm->layer_dir);
+                struct dirent *de;
+                while (dh && (de = readdir(dh))) {
+                        if (strncmp(de->d_name, IMG_SNAP, strlen(IMG_SNAP)) &&
+                            strncmp(de->d_name, IMG_RESTORE, strlen(IMG_RESTORE)))
+                                continue;
+                        if (unlinkat(dirfd(dh), de->d_name, 0) == 0)
+                                cove_info(&d->log, "snapshot.recover", "removed temporary image %s",
+                                          de->d_name);
+                }
+        }
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s/store", d->data_dir);
+        cleanup_dir DIR *dh = opendir(dir);
+        struct dirent *de;
+        while (dh && (de = readdir(dh))) {
+                if (!cove_tenant_name_valid(de->d_name))
+                        continue;
+                char **ids = NULL;
+                size_t n = 0;
+                struct cove_err err;
+                if (cove_snapshot_list(tm->store, de->d_name, &ids, &n, &err) < 0) {
+                        cove_warn(&d->log, "snapshot.recover", "tenant %s: %s", de->d_name,
+                                  err.msg);
+                        continue;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        struct cove_snapshot_row s;
+                        if (d->cat_ops->snapshot_get(d->cat, NULL, ids[i], &s, &err) != 1)
+                                continue;
+                        if (cove_snapshot_delete(tm->store, de->d_name, ids[i], &err) == 0)
+                                cove_info(&d->log, "snapshot.recover",
+                                          "removed incomplete snapshot %s (never reported)",
+                                          ids[i]);
+                        tm->gc_wanted = 1;
+                }
+                cove_snapshot_list_free(ids, n);
+        }
+}
+
+int cove_tm_open(struct coved *d, struct cove_err *err)
+{
+        struct cove_tm *tm = calloc(1, sizeof(*tm));
+        if (!tm)
+                return cove_err_set(err, ENOMEM, "time machine");
+        pthread_mutex_init(&tm->mu, NULL);
+        pthread_cond_init(&tm->cv, NULL);
+        pthread_mutex_init(&tm->io_mu, NULL);
+        d->tm = tm;
+        const char *ld = cove_node_layer_dir(d->node);
+        snprintf(tm->layer_dir, sizeof(tm->layer_dir), "%s", ld ? ld : "");
+        char root[PATH_MAX], keys[PATH_MAX];
+        snprintf(root, sizeof(root), "%s/store", d->data_dir);
+        snprintf(keys, sizeof(keys), "%s/keys", d->data_dir);
+        if (cove_mkdir_p(keys, 0700, err) < 0)
+                return cove_err_wrap(err, "snapshot keys %s", keys);
+        struct cove_store_opts so = {.root = root, .keys_dir = keys};
+        if (cove_store_open(&so, &tm->store, err) < 0)
+                return cove_err_wrap(err, "snapshot store %s", root);
+        cleanup_crash(d);
+        tm->last_thin_ms = 0;
+        tm->rolling_off = !tm->layer_dir[0];
+        int e = pthread_create(&tm->thr, NULL, tm_main, d);
+        if (e)
+                return cove_err_set(err, e, "snapshot thread");
+        tm->thr_started = 1;
+        if (!tm->layer_dir[0])
+                cove_info(&d->log, "snapshot.start",
+                          "runtime %s has no layer images: snapshots unavailable",
+                          cove_node_runtime_name(d->node));
+        return 0;
+}
+
+void cove_tm_close(struct coved *d)
+{
+        struct cove_tm *tm = d->tm;
+        if (!tm)
+                return;
+        if (tm->thr_started) {
+                pthread_mutex_lock(&tm->mu);
+                tm->quit = 1;
+                pthread_cond_broadcast(&tm->cv);
+                pthread_mutex_unlock(&tm->mu);
+                pthread_join(tm->thr, NULL);
+        }
+        cove_store_close(tm->store);
+        free(tm->busy);
+        pthread_mutex_destroy(&tm->io_mu);
+        pthread_cond_destroy(&tm->cv);
+        pthread_mutex_destroy(&tm->mu);
+        free(tm);
+        d->tm = NULL;
+}

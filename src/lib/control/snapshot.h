@@ -1,0 +1,67 @@
+/* The time machine in the control plane (DESIGN.md §2.6, §3): snapshots of sandboxes into
+ * the chunk store, and the operations built on them: pause, resume, rewind, fork, rolling
+ * snapshots with retention, and what a restart does with sandboxes that have snapshots.
+ *
+ * Capture order: the runtime copies the writable layer into a temporary image while the
+ * sandbox is held (layer_snapshot, the only pause), then, one capture at a time per coved
+ * (bounded I/O), the image is opened read-only and captured into the store (chunks, then
+ * manifest, durable), then the catalog row is written, then the image is removed. A
+ * snapshot is listed only once its row exists, so a crash at any point leaves either no
+ * snapshot or a complete one; orphan manifests and temporary images are removed at start.
+ *
+ * Restore order: a fresh image is created and filled from the store (every chunk verified);
+ * only when that is complete does the sandbox switch to it, so a missing or tampered chunk
+ * leaves the sandbox as it was.
+ *
+ * Operations on one sandbox are serialised (a pause waits for a rolling snapshot of it).
+ * Errors carry kinds the API maps to statuses; messages name the sandbox and snapshot. */
+#ifndef COVE_CONTROL_SNAPSHOT_H
+#define COVE_CONTROL_SNAPSHOT_H
+
+#include <jansson.h>
+
+#include "control/coved.h"
+#include "store/catalog.h"
+
+/* Open the chunk store (data_dir/store, tenant keys in data_dir/keys), remove what a crash
+ * left (temporary images, manifests without a catalog row), and start the background thread
+ * (rolling snapshots, retention thinning, GC). Needs d->cat and d->node. */
+int cove_tm_open(struct coved *d, struct cove_err *err);
+/* Stop the background thread and close the store. Safe on a never-opened d. */
+void cove_tm_close(struct coved *d);
+/* Wake the background thread (a sandbox was created or resumed). */
+void cove_tm_kick(struct coved *d);
+
+json_t *cove_snapshot_json(const struct cove_snapshot_row *s);
+
+/* Take a snapshot of a running sandbox and wait until it is complete. label may be NULL.
+ * Errors: NOT_FOUND, CONFLICT (not running), UNAVAILABLE (runtime cannot snapshot, store
+ * full or failing: the previous snapshots are intact). out may be NULL. */
+int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_id,
+                       const char *label, int rolling, struct cove_snapshot_row *out,
+                       struct cove_err *err);
+/* {"snapshots":[…]} of one sandbox, newest first. The sandbox may be deleted (its
+ * snapshots outlive it); NOT_FOUND only when neither it nor any snapshot of it exists. */
+int cove_snapshot_list_json(struct coved *d, const char *tenant, const char *sandbox_id,
+                            json_t **out, struct cove_err *err);
+int cove_snapshot_load(struct coved *d, const char *tenant, const char *snap_id,
+                       struct cove_snapshot_row *out, struct cove_err *err);
+/* Remove the row, then the manifest (chunks go at the next GC). */
+int cove_snapshot_remove(struct coved *d, const char *tenant, const char *snap_id,
+                         struct cove_err *err);
+/* Remove every snapshot of a sandbox (DELETE …?purge=true). */
+int cove_snapshot_purge_sandbox(struct coved *d, const char *tenant, const char *sandbox_id,
+                                struct cove_err *err);
+
+/* Operations of shared/API.md. Answers are new references. tenant NULL = internal caller
+ * (timer), any tenant. */
+int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
+                       struct cove_err *err);
+int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, json_t *body,
+                        json_t **out, struct cove_err *err);
+int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, json_t *body,
+                        json_t **out, struct cove_err *err);
+int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_t *body,
+                      json_t **out, struct cove_err *err);
+
+#endif
