@@ -45,6 +45,12 @@ int cmd_exec(struct cli *c, int argc, char **argv);
 int cmd_cp(struct cli *c, int argc, char **argv);
 int cmd_rm(struct cli *c, int argc, char **argv);
 int cmd_timeout(struct cli *c, int argc, char **argv);
+int cmd_snapshot(struct cli *c, int argc, char **argv); /* snapshot.c: the time machine verbs */
+int cmd_snapshots(struct cli *c, int argc, char **argv);
+int cmd_pause(struct cli *c, int argc, char **argv);
+int cmd_resume(struct cli *c, int argc, char **argv);
+int cmd_rewind(struct cli *c, int argc, char **argv);
+int cmd_fork(struct cli *c, int argc, char **argv);
 
 /* Options every verb accepts besides its own, for getopt_long tables:
  * `struct option opts[] = { {...verb options...}, CLI_GLOBAL_OPTIONS, {0} };` */

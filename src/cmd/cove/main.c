@@ -21,7 +21,6 @@ struct verb {
         const char *summary;
 };
 
-/* The snapshot verbs (snapshot, snapshots, pause, resume, fork, rewind) slot in here. */
 static const struct verb verbs[] = {
     {"up", cmd_up, "run coved in the foreground"},
     {"create", cmd_create, "create a sandbox and print its id"},
@@ -31,6 +30,12 @@ static const struct verb verbs[] = {
     {"cp", cmd_cp, "copy a file into or out of a sandbox"},
     {"rm", cmd_rm, "destroy sandboxes"},
     {"timeout", cmd_timeout, "set a sandbox's remaining lifetime"},
+    {"snapshot", cmd_snapshot, "take a snapshot of a sandbox"},
+    {"snapshots", cmd_snapshots, "show a sandbox's snapshot timeline"},
+    {"pause", cmd_pause, "snapshot a sandbox, then stop it"},
+    {"resume", cmd_resume, "start a paused sandbox from a snapshot"},
+    {"rewind", cmd_rewind, "put a sandbox back to a snapshot (undoable)"},
+    {"fork", cmd_fork, "new sandboxes from a snapshot"},
 };
 
 static void usage(FILE *f)
