@@ -102,8 +102,10 @@ json_t *cove_snapshot_json(const struct cove_snapshot_row *s)
 static int reload(struct coved *d, const char *id, struct cove_sandbox_row *row,
                   struct cove_err *err)
 {
+        char copy[64]; /* id may point into row, which the load clears */
+        snprintf(copy, sizeof(copy), "%s", id);
         cove_sandbox_row_clear(row);
-        return cove_sandbox_load(d, NULL, id, row, err);
+        return cove_sandbox_load(d, NULL, copy, row, err);
 }
 
 static int row_write(struct coved *d, struct cove_sandbox_row *row, struct cove_err *err)
@@ -120,10 +122,11 @@ static void row_set_error(struct cove_sandbox_row *row, const char *msg)
         row->error = msg ? strdup(msg) : NULL;
 }
 
-/* Storage failures are a dependency that is not usable now, not a bug of the request. */
+/* A store failure (full, I/O error, missing or tampered chunk) is not the request's fault
+ * and not a missing API object: the snapshot named in the message cannot be used now. */
 static int store_err(struct cove_err *err)
 {
-        if (err->kind == COVE_E_INTERNAL)
+        if (err->kind != COVE_E_KEY_REVOKED)
                 err->kind = COVE_E_UNAVAILABLE;
         return -1;
 }
