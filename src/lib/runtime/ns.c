@@ -243,7 +243,8 @@ static _Noreturn void child_main(struct child_args *a)
         if (lfd < 0)
                 child_fail(sfd, errno, "open layer dir");
         int tree = recv_fd(sfd); /* also waits until the uid map and cgroups are in place */
-        if (tree < 0)
+        int ltree = tree < 0 ? -1 : recv_fd(sfd);
+        if (tree < 0 || ltree < 0)
                 _exit(127); /* the parent gave up */
         /* raw syscalls: glibc's wrappers broadcast the change to every thread of coved they
          * know of, threads that do not exist in this child; one caught mid-creation at clone
@@ -258,9 +259,12 @@ static _Noreturn void child_main(struct child_args *a)
                 child_fail(sfd, errno, "unshare cgroup namespace");
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
                 child_fail(sfd, errno, "make mounts private");
-        int upper = openat(lfd, "upper", O_PATH | O_DIRECTORY | O_CLOEXEC);
-        int work = openat(lfd, "work", O_PATH | O_DIRECTORY | O_CLOEXEC);
-        int mnt = openat(lfd, "mnt", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        /* the layer as this sandbox sees it (idmapped when it is an image): over the host's */
+        if (move_mount(ltree, "", lfd, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
+                child_fail(sfd, errno, "attach layer");
+        int upper = openat(ltree, "upper", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        int work = openat(ltree, "work", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        int mnt = openat(ltree, "mnt", O_PATH | O_DIRECTORY | O_CLOEXEC);
         if (upper < 0 || work < 0 || mnt < 0)
                 child_fail(sfd, errno, "open layer");
         if (move_mount(tree, "", mnt, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
@@ -289,6 +293,7 @@ static _Noreturn void child_main(struct child_args *a)
         close(fs);
         close(upper);
         close(work);
+        close(ltree);
         close(lfd);
         umask(022);
 
@@ -424,7 +429,7 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         a.rt = rt;
         a.id = priv->id;
         a.sync_fd = a.chan_fd = a.guest_fd = -1;
-        int chan[2] = {-1, -1}, sync[2] = {-1, -1}, tree = -1, userns = -1;
+        int chan[2] = {-1, -1}, sync[2] = {-1, -1}, tree = -1, ltree = -1, userns = -1;
         int layer_created = 0, layer_mounted = 0, cg_created = 0;
         pid_t pid = -1;
 
@@ -433,8 +438,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
-        int lc =
-            cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base, err);
+        int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
+                                    spec->layer_image, err);
         if (lc < 0)
                 goto fail;
         layer_created = lc;
@@ -497,12 +502,28 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 cove_err_set(err, errno, "idmap %s", spec->rootfs);
                 goto fail;
         }
-        if (send_fd(sync[0], tree) < 0) {
-                cove_err_set(err, errno, "pass template to the sandbox");
+        /* the layer: an image stores sandbox ids, so the sandbox gets it idmapped like the
+         * template (disk k <-> host uid_base + k); a plain directory holds host ids already */
+        ltree = open_tree(AT_FDCWD, a.layer, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (ltree < 0) {
+                cove_err_set(err, errno, "open_tree %s", a.layer);
+                goto fail;
+        }
+        if (cove_layer_has_image(rt->layers, id)) {
+                attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+                if (mount_setattr(ltree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+                        cove_err_set(err, errno, "idmap layer %s", a.layer);
+                        goto fail;
+                }
+        }
+        if (send_fd(sync[0], tree) < 0 || send_fd(sync[0], ltree) < 0) {
+                cove_err_set(err, errno, "pass template and layer to the sandbox");
                 goto fail;
         }
         close(tree);
         tree = -1;
+        close(ltree);
+        ltree = -1;
         close(userns);
         userns = -1;
         struct child_msg m;
@@ -538,6 +559,8 @@ fail:
         }
         if (tree >= 0)
                 close(tree);
+        if (ltree >= 0)
+                close(ltree);
         if (userns >= 0)
                 close(userns);
         if (a.guest_fd >= 0)
@@ -644,6 +667,58 @@ static int ns_usage(struct cove_runtime *rt, struct cove_instance *inst, uint64_
         return 0;
 }
 
+/* ---- time machine ---- */
+
+struct cove_layer_handle {
+        int mfd; /* detached mount of the image */
+        int rw;  /* opened to be filled (restore) */
+};
+
+static int ns_layer_snapshot(struct cove_runtime *rt, struct cove_instance *inst,
+                             const char *sandbox_id, const char *dest_image, uint64_t *pause_ns,
+                             struct cove_err *err)
+{
+        struct ns_inst *priv = inst->priv;
+        const char *id = priv ? priv->id : sandbox_id;
+        if (!priv || !id)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "ns: snapshot: instance not running");
+        if (cove_layer_snapshot(rt->layers, id, dest_image, pause_ns, err) < 0)
+                return cove_err_wrap(err, "ns: snapshot %s", id);
+        return 0;
+}
+
+static const char *ns_layer_dir(struct cove_runtime *rt)
+{
+        return cove_layers_image_dir(rt->layers);
+}
+
+static int ns_layer_open(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
+                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err)
+{
+        struct cove_layer_handle *lh = calloc(1, sizeof(*lh));
+        if (!lh)
+                return cove_err_set(err, ENOMEM, "ns: layer open");
+        lh->rw = create;
+        lh->mfd = cove_layer_image_open(rt->layers, image, create, disk_mb, tree_fd, err);
+        if (lh->mfd < 0) {
+                free(lh);
+                return cove_err_wrap(err, "ns");
+        }
+        *h = lh;
+        return 0;
+}
+
+static void ns_layer_close(struct cove_runtime *rt, struct cove_layer_handle *h)
+{
+        (void)rt;
+        if (!h)
+                return;
+        if (h->rw)
+                syncfs(h->mfd); /* the restored files reach the image before anyone adopts it */
+        close(h->mfd);
+        free(h);
+}
+
 static void ns_close(struct cove_runtime *rt)
 {
         if (!rt)
@@ -709,4 +784,8 @@ const struct cove_runtime_ops cove_runtime_ns = {
     .stop = ns_stop,
     .cleanup_stale = ns_cleanup_stale,
     .usage = ns_usage,
+    .layer_snapshot = ns_layer_snapshot,
+    .layer_dir = ns_layer_dir,
+    .layer_open = ns_layer_open,
+    .layer_close = ns_layer_close,
 };

@@ -1,4 +1,5 @@
-/* Per-sandbox ext4 layer images of the ns runtime (see quota.h). */
+/* Per-sandbox ext4 layer images of the ns runtime on a reflink-capable layer filesystem, warm
+ * pool, snapshots and images opened outside an instance (see quota.h). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -11,8 +12,12 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+#include <linux/fs.h>
 #include <linux/loop.h>
 
 #include "runtime/quota.h"
@@ -21,7 +26,12 @@
 
 extern char **environ;
 
-#define POOL_SIZES 8 /* distinct disk sizes kept warm; further sizes pay the full cost */
+#define POOL_SIZES 8    /* distinct disk sizes kept warm; further sizes pay the full cost */
+#define LFS_MAX_GB 1024 /* the layer filesystem's (sparse) size is capped at 1 TiB */
+#define LFS_MIN_GB 4
+#ifndef EXT4_IOC_CHECKPOINT
+#define EXT4_IOC_CHECKPOINT _IOW('f', 43, uint32_t)
+#endif
 
 /* A warm layer: an image in pool/ on a loop device, its ext4 mounted but not attached. */
 struct pool_entry {
@@ -37,11 +47,16 @@ struct pool_size {
 };
 
 struct cove_layers {
-        char dir[PATH_MAX];        /* <ns_dir>/layers: <id>.img and mount points <id>/ */
-        char golden[PATH_MAX];     /* <ns_dir>/golden: <mb>.img, formatted, never mounted */
-        char pool[PATH_MAX];       /* <ns_dir>/pool: images of warm layers */
+        char dir[PATH_MAX];        /* <ns_dir>/layers: mount points <id>/ */
+        char lfs[PATH_MAX];        /* <ns_dir>/lfs: mount point of the layer filesystem */
+        char images[PATH_MAX];     /* <lfs>/layers: <id>.img */
+        char golden[PATH_MAX];     /* <lfs>/golden: <mb>.img, formatted, never mounted */
+        char pool[PATH_MAX];       /* <lfs>/pool: images of warm layers */
+        char snap[PATH_MAX];       /* <lfs>/snap: the caller's images (layer_dir) */
         int fd;                    /* open on dir */
+        int img_fd;                /* open on images */
         int pool_fd;               /* open on pool */
+        int reflink;               /* lfs is the XFS with reflinks (else a plain directory) */
         pthread_mutex_t lock;      /* serialises golden image creation */
         unsigned pool_n;           /* warm layers per size (0: no pool, no thread) */
         pthread_mutex_t pool_lock; /* guards everything below */
@@ -59,10 +74,36 @@ const char *cove_layers_path(const struct cove_layers *l)
         return l->dir;
 }
 
+const char *cove_layers_image_dir(const struct cove_layers *l)
+{
+        return l->snap;
+}
+
 static int check_id(const char *id, struct cove_err *err)
 {
         if (!id || !*id || strchr(id, '/') || id[0] == '.' || strlen(id) > 200)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "layer: bad id");
+        return 0;
+}
+
+/* Run argv (a mkfs) with stdout on /dev/null and wait for it. */
+static int run_prog(char *const argv[], const char *package, struct cove_err *err)
+{
+        pid_t pid;
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+        int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
+        posix_spawn_file_actions_destroy(&fa);
+        if (rc != 0)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, rc,
+                                     "run %s (install the Debian package %s)", argv[0], package);
+        int st;
+        while (waitpid(pid, &st, 0) < 0)
+                if (errno != EINTR)
+                        return cove_err_set(err, errno, "wait %s", argv[0]);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+                return cove_err_set(err, 0, "%s failed (status %d)", argv[0], st);
         return 0;
 }
 
@@ -79,21 +120,8 @@ static int run_mkfs(const char *image, struct cove_err *err)
                         "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
                         (char *)image,
                         NULL};
-        pid_t pid;
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-        int rc = posix_spawnp(&pid, "mkfs.ext4", &fa, NULL, argv, environ);
-        posix_spawn_file_actions_destroy(&fa);
-        if (rc != 0)
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, rc,
-                                     "run mkfs.ext4 (install the Debian package e2fsprogs)");
-        int st;
-        while (waitpid(pid, &st, 0) < 0)
-                if (errno != EINTR)
-                        return cove_err_set(err, errno, "wait mkfs.ext4");
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-                return cove_err_set(err, 0, "mkfs.ext4 %s failed (status %d)", image, st);
+        if (run_prog(argv, "e2fsprogs", err) < 0)
+                return cove_err_wrap(err, "format %s", image);
         return 0;
 }
 
@@ -128,35 +156,34 @@ static int golden_for(struct cove_layers *l, uint64_t mb, char *out, size_t cap,
         return rc;
 }
 
-/* Copy src to dst keeping holes (the golden image is mostly holes). */
-static int sparse_copy(const char *src, int dfd, const char *dst, struct cove_err *err)
+/* Copy in to out: a reflink clone when both lie on the layer filesystem (instant, shares
+ * every block), else a copy of the allocated extents only (holes kept). */
+static int copy_fd(int in, int out, struct cove_err *err)
 {
-        cleanup_close int in = open(src, O_RDONLY | O_CLOEXEC);
-        cleanup_close int out = openat(dfd, dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (ioctl(out, FICLONE, in) == 0)
+                return 0;
+        if (errno != EOPNOTSUPP && errno != EXDEV && errno != EINVAL && errno != ENOTTY)
+                return cove_err_set(err, errno, "reflink clone");
         struct stat st;
-        if (in < 0 || fstat(in, &st) < 0)
-                return cove_err_set(err, errno, "open %s", src);
-        if (out < 0)
-                return cove_err_set(err, errno, "create layer image %s", dst);
-        if (ftruncate(out, st.st_size) < 0)
-                return cove_err_set(err, errno, "size layer image %s", dst);
+        if (fstat(in, &st) < 0 || ftruncate(out, st.st_size) < 0)
+                return cove_err_set(err, errno, "size copy");
         off_t pos = 0;
         while (pos < st.st_size) {
                 off_t data = lseek(in, pos, SEEK_DATA);
                 if (data < 0) {
                         if (errno == ENXIO)
                                 break; /* only holes left */
-                        return cove_err_set(err, errno, "seek %s", src);
+                        return cove_err_set(err, errno, "seek");
                 }
                 off_t hole = lseek(in, data, SEEK_HOLE);
                 if (hole < 0)
-                        return cove_err_set(err, errno, "seek %s", src);
+                        return cove_err_set(err, errno, "seek");
                 loff_t a = data, b = data;
                 size_t left = (size_t)(hole - data);
                 while (left > 0) {
                         ssize_t n = copy_file_range(in, &a, out, &b, left, 0);
                         if (n <= 0)
-                                return cove_err_set(err, n < 0 ? errno : EIO, "copy %s", src);
+                                return cove_err_set(err, n < 0 ? errno : EIO, "copy");
                         left -= (size_t)n;
                 }
                 pos = hole;
@@ -164,18 +191,32 @@ static int sparse_copy(const char *src, int dfd, const char *dst, struct cove_er
         return 0;
 }
 
-/* Attach image (relative to dfd) to a free loop device and mount its ext4 without attaching
- * it anywhere: returns the fsmount() fd. The loop device has autoclear, so it goes away as
- * soon as the filesystem is gone: when the detached mount's last fd is closed (also by the
- * kernel when coved dies), or when an attached mount is unmounted. */
-static int loop_fsmount(int dfd, const char *image, struct cove_err *err)
+/* New file dst (relative to dfd, must not exist) with the content of src. */
+static int sparse_copy(const char *src, int dfd, const char *dst, struct cove_err *err)
 {
-        cleanup_close int img = openat(dfd, image, O_RDWR | O_CLOEXEC);
-        if (img < 0)
-                return cove_err_set(err, errno, "open %s", image);
+        cleanup_close int in = open(src, O_RDONLY | O_CLOEXEC);
+        if (in < 0)
+                return cove_err_set(err, errno, "open %s", src);
+        cleanup_close int out = openat(dfd, dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (out < 0)
+                return cove_err_set(err, errno, "create layer image %s", dst);
+        if (copy_fd(in, out, err) < 0)
+                return cove_err_wrap(err, "copy %s to %s", src, dst);
+        return 0;
+}
+
+/* Attach the image file img to a free loop device and mount its filesystem (fstype) without
+ * attaching it anywhere: returns the fsmount() fd. The loop device has autoclear, so it goes
+ * away as soon as the filesystem is gone: when the detached mount's last fd is closed (also by
+ * the kernel when coved dies), or when an attached mount is unmounted. ro: read-only device
+ * and mount. */
+static int loop_fsmount_fd(int img, const char *name, const char *fstype, int ro,
+                           struct cove_err *err)
+{
         cleanup_close int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
         if (ctl < 0)
                 return cove_err_set(err, errno, "open /dev/loop-control");
+        int ext4 = !strcmp(fstype, "ext4");
         for (int tries = 0; tries < 50; tries++) {
                 int n = ioctl(ctl, LOOP_CTL_GET_FREE);
                 if (n < 0)
@@ -188,26 +229,38 @@ static int loop_fsmount(int dfd, const char *image, struct cove_err *err)
                 struct loop_config cfg;
                 memset(&cfg, 0, sizeof(cfg));
                 cfg.fd = (unsigned)img;
-                cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+                cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR | (ro ? LO_FLAGS_READ_ONLY : 0);
                 if (ioctl(lfd, LOOP_CONFIGURE, &cfg) < 0) {
                         if (errno == EBUSY)
                                 continue; /* raced with another user of loop devices */
                         return cove_err_set(err, errno, "LOOP_CONFIGURE %s", dev);
                 }
-                cleanup_close int fs = fsopen("ext4", FSOPEN_CLOEXEC);
+                cleanup_close int fs = fsopen(fstype, FSOPEN_CLOEXEC);
                 if (fs < 0)
-                        return cove_err_set(err, errno, "fsopen ext4");
+                        return cove_err_set(err, errno, "fsopen %s", fstype);
                 if (fsconfig(fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
-                    fsconfig(fs, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0 ||
+                    (ext4 && !ro &&
+                     fsconfig(fs, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0) ||
+                    (ro && fsconfig(fs, FSCONFIG_SET_FLAG, "ro", NULL, 0) < 0) ||
                     fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
-                        return cove_err_set(err, errno, "mount ext4 of %s on %s", image, dev);
+                        return cove_err_set(err, errno, "mount %s of %s on %s", fstype, name, dev);
                 int m = fsmount(fs, FSMOUNT_CLOEXEC,
-                                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME);
+                                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME |
+                                    (ro ? MOUNT_ATTR_RDONLY : 0));
                 if (m < 0)
                         return cove_err_set(err, errno, "fsmount %s", dev);
                 return m;
         }
         return cove_err_set(err, EBUSY, "no free loop device");
+}
+
+/* loop_fsmount_fd() of the ext4 image <image> under dfd, read-write. */
+static int loop_fsmount(int dfd, const char *image, struct cove_err *err)
+{
+        cleanup_close int img = openat(dfd, image, O_RDWR | O_CLOEXEC);
+        if (img < 0)
+                return cove_err_set(err, errno, "open %s", image);
+        return loop_fsmount_fd(img, image, "ext4", 0, err);
 }
 
 /* Attach a detached mount (fsmount fd) at dir <name> under dfd. */
@@ -254,11 +307,11 @@ static int pool_make(struct cove_layers *l, uint64_t mb, unsigned seq, struct po
         if ((e->mfd = loop_fsmount(l->pool_fd, e->name, err)) < 0)
                 goto fail;
         root = openat(e->mfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (root < 0 || fchmod(root, 0711) < 0) {
+        if (root < 0 || fchmod(root, 0700) < 0) {
                 cove_err_set(err, errno, "open warm layer %s", e->name);
                 goto fail;
         }
-        /* owners are set at take time: the uid range is not known yet */
+        /* root-owned on disk = owned by the sandbox's root through its idmapped mount */
         if (mkdirat(root, "upper", 0755) < 0 || mkdirat(root, "work", 0700) < 0 ||
             mkdirat(root, "mnt", 0755) < 0) {
                 cove_err_set(err, errno, "mkdir in warm layer %s", e->name);
@@ -374,6 +427,67 @@ static int pool_reclaim(struct cove_layers *l, struct cove_err *err)
         return 0;
 }
 
+/* The layer filesystem: one sparse XFS image with reflinks (<ns_dir>/layerfs.img), formatted
+ * once and loop-mounted at <ns_dir>/lfs; a mount that outlived a crashed coved is reused as it
+ * is (XFS also refuses a second mount of the same filesystem, so two coveds cannot both mount
+ * it). Its size is the free space of ns_dir's filesystem at creation (capped at 1 TiB): it is
+ * sparse, the host only pays for what is written. Without mkfs.xfs lfs stays a plain directory
+ * and every clone becomes a copy of allocated extents (slower snapshots, same results). */
+static int layerfs_setup(struct cove_layers *l, const char *ns_dir, struct cove_err *err)
+{
+        char img[PATH_MAX + 32];
+        snprintf(img, sizeof(img), "%s/layerfs.img", ns_dir);
+        if (mkdir(l->lfs, 0700) < 0 && errno != EEXIST)
+                return cove_err_set(err, errno, "mkdir %s", l->lfs);
+        struct stat a, b;
+        struct statfs sf;
+        if (stat(l->lfs, &a) < 0 || stat(ns_dir, &b) < 0)
+                return cove_err_set(err, errno, "stat %s", l->lfs);
+        if (a.st_dev != b.st_dev) { /* mounted by a previous run */
+                l->reflink = statfs(l->lfs, &sf) == 0 && sf.f_type == 0x58465342; /* XFS */
+                return 0;
+        }
+        if (access(img, F_OK) < 0) {
+                struct statvfs vf;
+                if (statvfs(ns_dir, &vf) < 0)
+                        return cove_err_set(err, errno, "statvfs %s", ns_dir);
+                uint64_t gb = (uint64_t)vf.f_bavail * vf.f_frsize / 10 * 9 >> 30;
+                if (gb > LFS_MAX_GB)
+                        gb = LFS_MAX_GB;
+                if (gb < LFS_MIN_GB)
+                        gb = LFS_MIN_GB;
+                char tmp[PATH_MAX + 48];
+                snprintf(tmp, sizeof(tmp), "%s.tmp", img);
+                cleanup_close int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+                if (fd < 0 || ftruncate(fd, (off_t)(gb << 30)) < 0)
+                        return cove_err_set(err, errno, "create %s", tmp);
+                /* -K: no discard of a sparse file; a small log: mkfs allocates it whole */
+                char *argv[] = {"mkfs.xfs", "-q", "-f",       "-m", "reflink=1",
+                                "-K",       "-l", "size=64m", tmp,  NULL};
+                struct cove_err e;
+                if (run_prog(argv, "xfsprogs", &e) < 0) {
+                        unlink(tmp);
+                        if (e.kind == COVE_E_UNAVAILABLE)
+                                return 0; /* no xfsprogs: plain directory, copies */
+                        if (err)
+                                *err = e;
+                        return cove_err_wrap(err, "format %s", tmp);
+                }
+                if (rename(tmp, img) < 0)
+                        return cove_err_set(err, errno, "rename %s", tmp);
+        }
+        cleanup_close int fd = open(img, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+                return cove_err_set(err, errno, "open %s", img);
+        cleanup_close int m = loop_fsmount_fd(fd, img, "xfs", 0, err);
+        if (m < 0)
+                return cove_err_wrap(err, "layer filesystem");
+        if (move_mount(m, "", AT_FDCWD, l->lfs, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                return cove_err_set(err, errno, "attach layer filesystem at %s", l->lfs);
+        l->reflink = 1;
+        return 0;
+}
+
 struct cove_layers *cove_layers_open(const char *ns_dir, unsigned pool_n, struct cove_err *err)
 {
         struct cove_layers *l = calloc(1, sizeof(*l));
@@ -381,18 +495,23 @@ struct cove_layers *cove_layers_open(const char *ns_dir, unsigned pool_n, struct
                 cove_err_set(err, ENOMEM, "layers");
                 return NULL;
         }
-        l->fd = l->pool_fd = -1;
+        l->fd = l->img_fd = l->pool_fd = -1;
         pthread_mutex_init(&l->lock, NULL);
         pthread_mutex_init(&l->pool_lock, NULL);
         pthread_cond_init(&l->pool_cond, NULL);
         if (snprintf(l->dir, sizeof(l->dir), "%s/layers", ns_dir) >= (int)sizeof(l->dir) ||
-            snprintf(l->golden, sizeof(l->golden), "%s/golden", ns_dir) >= (int)sizeof(l->golden) ||
-            snprintf(l->pool, sizeof(l->pool), "%s/pool", ns_dir) >= (int)sizeof(l->pool)) {
+            snprintf(l->lfs, sizeof(l->lfs), "%s/lfs", ns_dir) >= (int)sizeof(l->lfs) - 16) {
                 cove_err_set(err, ENAMETOOLONG, "layers under %s", ns_dir);
                 goto fail;
         }
-        if (cove_mkdir_p(l->dir, 0700, err) < 0 || cove_mkdir_p(l->golden, 0700, err) < 0 ||
-            cove_mkdir_p(l->pool, 0700, err) < 0)
+        snprintf(l->images, sizeof(l->images), "%s/layers", l->lfs);
+        snprintf(l->golden, sizeof(l->golden), "%s/golden", l->lfs);
+        snprintf(l->pool, sizeof(l->pool), "%s/pool", l->lfs);
+        snprintf(l->snap, sizeof(l->snap), "%s/snap", l->lfs);
+        if (cove_mkdir_p(l->dir, 0700, err) < 0 || layerfs_setup(l, ns_dir, err) < 0)
+                goto fail;
+        if (cove_mkdir_p(l->images, 0700, err) < 0 || cove_mkdir_p(l->golden, 0700, err) < 0 ||
+            cove_mkdir_p(l->pool, 0700, err) < 0 || cove_mkdir_p(l->snap, 0700, err) < 0)
                 goto fail;
         /* sandbox roots (unprivileged host uids) traverse it to reach their own layer */
         if (chmod(l->dir, 0711) < 0) {
@@ -400,8 +519,9 @@ struct cove_layers *cove_layers_open(const char *ns_dir, unsigned pool_n, struct
                 goto fail;
         }
         l->fd = open(l->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (l->fd < 0) {
-                cove_err_set(err, errno, "open %s", l->dir);
+        l->img_fd = open(l->images, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (l->fd < 0 || l->img_fd < 0) {
+                cove_err_set(err, errno, "open %s", l->fd < 0 ? l->dir : l->images);
                 goto fail;
         }
         /* also with the pool off: a previous run may have had one */
@@ -446,8 +566,21 @@ void cove_layers_close(struct cove_layers *l)
         }
         if (l->fd >= 0)
                 close(l->fd);
+        if (l->img_fd >= 0)
+                close(l->img_fd);
         if (l->pool_fd >= 0)
                 close(l->pool_fd);
+        /* Unmount the layer filesystem unless a layer still uses it (a sandbox left running,
+         * an open image): then it stays for the next open(). The loop devices of the warm
+         * layers just closed let go asynchronously, hence the short bounded retry. */
+        if (l->reflink) {
+                for (int i = 0; i < 100; i++) {
+                        if (umount2(l->lfs, 0) == 0 || errno != EBUSY)
+                                break;
+                        struct timespec ts = {0, 2000000};
+                        nanosleep(&ts, NULL);
+                }
+        }
         pthread_cond_destroy(&l->pool_cond);
         pthread_mutex_destroy(&l->pool_lock);
         pthread_mutex_destroy(&l->lock);
@@ -462,7 +595,7 @@ static int layer_create_mounted(struct cove_layers *l, const char *id, const cha
         if (pool_take(l, mb, &e)) {
                 /* an image with a loop device stays attached across a rename */
                 int rc = 0;
-                if (renameat(l->pool_fd, e.name, l->fd, img) < 0)
+                if (renameat(l->pool_fd, e.name, l->img_fd, img) < 0)
                         rc = cove_err_set(err, errno, "move warm layer %s to %s", e.name, img);
                 else
                         rc = attach(e.mfd, l->fd, id, err);
@@ -474,16 +607,90 @@ static int layer_create_mounted(struct cove_layers *l, const char *id, const cha
         }
         char golden[PATH_MAX + 32];
         if (golden_for(l, mb, golden, sizeof(golden), err) < 0 ||
-            sparse_copy(golden, l->fd, img, err) < 0)
+            sparse_copy(golden, l->img_fd, img, err) < 0)
                 return -1;
-        cleanup_close int m = loop_fsmount(l->fd, img, err);
+        cleanup_close int m = loop_fsmount(l->img_fd, img, err);
         if (m < 0)
                 return -1;
         return attach(m, l->fd, id, err);
 }
 
+/* Is a loop device bound to the file open as fd (a mount of it still alive)? */
+static int image_in_use(int fd)
+{
+        struct stat want;
+        if (fstat(fd, &want) < 0)
+                return 0;
+        cleanup_dir DIR *d = opendir("/sys/block");
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+                if (strncmp(de->d_name, "loop", 4) != 0)
+                        continue;
+                char p[300], back[PATH_MAX];
+                snprintf(p, sizeof(p), "/sys/block/%s/loop/backing_file", de->d_name);
+                cleanup_close int bf = open(p, O_RDONLY | O_CLOEXEC);
+                ssize_t len = bf < 0 ? -1 : read(bf, back, sizeof(back) - 1);
+                if (len <= 0)
+                        continue;
+                back[len] = 0;
+                back[strcspn(back, "\n")] = 0;
+                struct stat st;
+                if (stat(back, &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino)
+                        return 1;
+        }
+        return 0;
+}
+
+/* Make the caller's image file `from` layers/<img> (replacing an old one): a rename on the
+ * layer filesystem, a copy (then unlink) from elsewhere. An image some mount still uses
+ * (an unclosed layer_open() tree, or its autoclear loop device still letting go) is refused:
+ * two ext4 mounts of one image would corrupt it. */
+static int layer_adopt(struct cove_layers *l, const char *img, const char *from,
+                       struct cove_err *err)
+{
+        cleanup_close int in = open(from, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (in < 0 || fstat(in, &st) < 0)
+                return cove_err_setk(err, errno == ENOENT ? COVE_E_NOT_FOUND : COVE_E_INTERNAL,
+                                     errno, "layer image %s", from);
+        if (!S_ISREG(st.st_mode))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "layer image %s: not a file",
+                                     from);
+        for (int i = 0; image_in_use(in); i++) {
+                if (i == 500)
+                        return cove_err_setk(err, COVE_E_CONFLICT, EBUSY,
+                                             "layer image %s is still mounted (close the tree "
+                                             "fd and the layer handle first)",
+                                             from);
+                struct timespec ts = {0, 2000000};
+                nanosleep(&ts, NULL);
+        }
+        if (renameat(AT_FDCWD, from, l->img_fd, img) == 0)
+                return 0;
+        if (errno != EXDEV)
+                return cove_err_set(err, errno, "move %s to %s/%s", from, l->images, img);
+        char tmp[300];
+        snprintf(tmp, sizeof(tmp), "%s.in", img);
+        unlinkat(l->img_fd, tmp, 0);
+        cleanup_close int out =
+            openat(l->img_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (out < 0)
+                return cove_err_set(err, errno, "create %s/%s", l->images, tmp);
+        if (copy_fd(in, out, err) < 0) {
+                unlinkat(l->img_fd, tmp, 0);
+                return cove_err_wrap(err, "copy %s to %s", from, l->images);
+        }
+        if (renameat(l->img_fd, tmp, l->img_fd, img) < 0) {
+                int e = errno;
+                unlinkat(l->img_fd, tmp, 0);
+                return cove_err_set(err, e, "rename %s/%s", l->images, tmp);
+        }
+        unlink(from);
+        return 0;
+}
+
 int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb, uid_t owner,
-                       gid_t group, struct cove_err *err)
+                       gid_t group, const char *from_image, struct cove_err *err)
 {
         if (check_id(id, err) < 0)
                 return -1;
@@ -495,21 +702,30 @@ int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb,
                 created = 1;
         else if (errno != EEXIST)
                 return cove_err_set(err, errno, "layer: mkdir %s/%s", l->dir, id);
+        if (from_image) {
+                /* the old layer of this id (a rewind) is replaced; its mount must go first */
+                if (cove_layer_release(l, id, err) < 0 || layer_adopt(l, img, from_image, err) < 0)
+                        goto fail;
+                limit_mb = 1; /* the image's own size is the limit */
+        } else if (limit_mb && limit_mb < 16) {
+                limit_mb = 16; /* ext4 needs room for its own metadata */
+        }
         if (limit_mb) {
-                if (limit_mb < 16)
-                        limit_mb = 16; /* ext4 needs room for its own metadata */
-                if (faccessat(l->fd, img, F_OK, 0) < 0) {
+                if (faccessat(l->img_fd, img, F_OK, 0) < 0) {
                         created = 1;
                         if (layer_create_mounted(l, id, img, limit_mb, err) < 0)
                                 goto fail;
                 } else if (!is_mountpoint(l->fd, id)) {
-                        cleanup_close int m = loop_fsmount(l->fd, img, err);
+                        cleanup_close int m = loop_fsmount(l->img_fd, img, err);
                         if (m < 0 || attach(m, l->fd, id, err) < 0)
                                 goto fail;
                 }
+                /* an image stores sandbox ids (idmapped in the sandbox, see quota.h) */
+                owner = 0;
+                group = 0;
         }
         fd = openat(l->fd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0 || fchmod(fd, 0711) < 0) {
+        if (fd < 0 || fchmod(fd, limit_mb ? 0700 : 0711) < 0) {
                 cove_err_set(err, errno, "layer: open %s/%s", l->dir, id);
                 goto fail;
         }
@@ -536,12 +752,22 @@ fail:
         return cove_err_wrap(err, "layer %s", id);
 }
 
+int cove_layer_has_image(struct cove_layers *l, const char *id)
+{
+        return check_id(id, NULL) == 0 && is_mountpoint(l->fd, id);
+}
+
 int cove_layer_release(struct cove_layers *l, const char *id, struct cove_err *err)
 {
         if (check_id(id, err) < 0)
                 return -1;
         if (!is_mountpoint(l->fd, id))
                 return 0;
+        /* a coved killed between FIFREEZE and FITHAW left it frozen: its writers would hang
+         * in D state forever, unkillable; EINVAL when not frozen */
+        cleanup_close int mfd = openat(l->fd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (mfd >= 0)
+                ioctl(mfd, FITHAW, 0);
         char mp[PATH_MAX + 256];
         snprintf(mp, sizeof(mp), "%s/%s", l->dir, id);
         if (umount2(mp, MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
@@ -558,7 +784,108 @@ int cove_layer_remove(struct cove_layers *l, const char *id, struct cove_err *er
         if (cove_rm_rf(p, err) < 0)
                 return cove_err_wrap(err, "layer: remove");
         snprintf(p, sizeof(p), "%s.img", id);
-        if (unlinkat(l->fd, p, 0) < 0 && errno != ENOENT)
-                return cove_err_set(err, errno, "layer: remove %s/%s", l->dir, p);
+        if (unlinkat(l->img_fd, p, 0) < 0 && errno != ENOENT)
+                return cove_err_set(err, errno, "layer: remove %s/%s", l->images, p);
         return 0;
+}
+
+int cove_layer_snapshot(struct cove_layers *l, const char *id, const char *dest, uint64_t *pause_ns,
+                        struct cove_err *err)
+{
+        if (check_id(id, err) < 0)
+                return -1;
+        if (!is_mountpoint(l->fd, id))
+                return cove_err_setk(err, COVE_E_CONFLICT, EOPNOTSUPP,
+                                     "layer %s: no layer image (a sandbox without disk_mb) or "
+                                     "not running",
+                                     id);
+        char img[256];
+        snprintf(img, sizeof(img), "%s.img", id);
+        cleanup_close int mfd = openat(l->fd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        cleanup_close int in = openat(l->img_fd, img, O_RDONLY | O_CLOEXEC);
+        if (mfd < 0 || in < 0)
+                return cove_err_set(err, errno, "layer %s: open", id);
+        cleanup_close int out = open(dest, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (out < 0)
+                return cove_err_set(err, errno, "layer %s: create %s", id, dest);
+        /* While the sandbox runs: write its dirty data and commit (syncfs), checkpoint the
+         * journal into place and push the image's dirty pages on the layer filesystem, so the
+         * freeze has next to nothing left to write and the clone nothing to flush. */
+        int rc = 0;
+        if (syncfs(mfd) < 0)
+                rc = cove_err_set(err, errno, "layer %s: syncfs", id);
+        uint32_t ck = 0;
+        if (rc == 0)
+                ioctl(mfd, EXT4_IOC_CHECKPOINT, &ck); /* best effort (>= 5.13) */
+        if (rc == 0)
+                sync_file_range(in, 0, 0,
+                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                    SYNC_FILE_RANGE_WAIT_AFTER);
+        /* The pause: writers to the layer block from the freeze to the thaw. The freeze itself
+         * is dominated by RCU grace periods (the superblock's percpu write locks), not I/O. */
+        int64_t t0 = cove_mono_ns();
+        if (rc == 0 && ioctl(mfd, FIFREEZE, 0) < 0)
+                rc = cove_err_setk(err, errno == EBUSY ? COVE_E_CONFLICT : COVE_E_INTERNAL, errno,
+                                   "layer %s: freeze", id);
+        if (rc == 0) {
+                if (copy_fd(in, out, err) < 0)
+                        rc = cove_err_wrap(err, "layer %s: clone to %s", id, dest);
+                if (ioctl(mfd, FITHAW, 0) < 0 && rc == 0)
+                        rc = cove_err_set(err, errno, "layer %s: thaw", id);
+        }
+        if (pause_ns)
+                *pause_ns = (uint64_t)(cove_mono_ns() - t0);
+        if (rc < 0)
+                unlink(dest);
+        return rc;
+}
+
+int cove_layer_image_open(struct cove_layers *l, const char *image, int create, unsigned disk_mb,
+                          int *tree_fd, struct cove_err *err)
+{
+        if (!image || image[0] != '/')
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
+                                     "layer image: want an absolute path");
+        cleanup_close int img = -1, m = -1, root = -1;
+        if (create) {
+                if (disk_mb == 0)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
+                                             "layer image %s: disk_mb 0", image);
+                char golden[PATH_MAX + 32];
+                if (golden_for(l, disk_mb < 16 ? 16 : disk_mb, golden, sizeof(golden), err) < 0)
+                        return cove_err_wrap(err, "layer image %s", image);
+                cleanup_close int in = open(golden, O_RDONLY | O_CLOEXEC);
+                img = open(image, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+                if (in < 0 || img < 0)
+                        return cove_err_set(err, errno, "layer image: create %s", image);
+                if (copy_fd(in, img, err) < 0 ||
+                    (m = loop_fsmount_fd(img, image, "ext4", 0, err)) < 0)
+                        goto fail;
+                root = openat(m, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (root < 0 || fchmod(root, 0700) < 0 || mkdirat(root, "upper", 0755) < 0 ||
+                    mkdirat(root, "work", 0700) < 0 || mkdirat(root, "mnt", 0755) < 0) {
+                        cove_err_set(err, errno, "layer image %s: make layer dirs", image);
+                        goto fail;
+                }
+        } else {
+                img = open(image, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+                if (img < 0)
+                        return cove_err_setk(err,
+                                             errno == ENOENT ? COVE_E_NOT_FOUND : COVE_E_INTERNAL,
+                                             errno, "layer image %s", image);
+                if ((m = loop_fsmount_fd(img, image, "ext4", 1, err)) < 0)
+                        return cove_err_wrap(err, "layer image");
+        }
+        *tree_fd = openat(m, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (*tree_fd < 0) {
+                cove_err_set(err, errno, "layer image %s: open upper", image);
+                goto fail;
+        }
+        int r = m;
+        m = -1;
+        return r;
+fail:
+        if (create)
+                unlink(image);
+        return cove_err_wrap(err, "layer image");
 }

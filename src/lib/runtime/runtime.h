@@ -23,8 +23,12 @@ struct cove_instance_spec {
         uint32_t uid_base;        /* first host uid/gid of this sandbox's private range */
         uint32_t uid_count;       /* size of the range (65536) */
         /* Restore (resume, rewind, fork): a layer image made by layer_snapshot() or
-         * layer_new(); start() uses it as the writable layer (taking it over: the file is
-         * moved or cloned, the caller must not use the path afterwards). NULL: empty layer. */
+         * layer_open(create = 1); start() uses it as the writable layer (taking it over: the
+         * file is renamed, or copied and removed when outside layer_dir(); the caller must not
+         * use the path afterwards, also when start() fails: the image is then deleted). It
+         * replaces any layer this sandbox id had; the image's size is the disk limit (disk_mb
+         * is ignored); the warm pool is not used. Refused (COVE_E_CONFLICT) while the image
+         * is still open (close tree_fd and layer_close() first). NULL: empty layer. */
         const char *layer_image;
 };
 
@@ -33,9 +37,9 @@ struct cove_layer_handle;
 
 /* A running instance. The driver fills it in start() and owns priv. */
 struct cove_instance {
-        pid_t pid;     /* host pid of the instance's init (cove-guest, or QEMU for vm) */
-        int chan_fd;   /* node end of the guest channel; the node takes it (sets -1) */
-        void *priv;    /* driver state */
+        pid_t pid;   /* host pid of the instance's init (cove-guest, or QEMU for vm) */
+        int chan_fd; /* node end of the guest channel; the node takes it (sets -1) */
+        void *priv;  /* driver state */
 };
 
 struct cove_runtime;
@@ -60,8 +64,8 @@ struct cove_runtime_ops {
                     const char *state_dir, int purge, struct cove_err *err);
         /* After a crash of coved: remove whatever an instance of sandbox_id may have left
          * (processes in its cgroup, mounts, cgroups, quota) without an instance struct. */
-        int (*cleanup_stale)(struct cove_runtime *rt, const char *sandbox_id,
-                             const char *state_dir, int purge, struct cove_err *err);
+        int (*cleanup_stale)(struct cove_runtime *rt, const char *sandbox_id, const char *state_dir,
+                             int purge, struct cove_err *err);
         /* Usage read from the host side (cgroup): memory bytes, cpu usec. Optional. */
         int (*usage)(struct cove_runtime *rt, struct cove_instance *inst, uint64_t *mem_bytes,
                      uint64_t *cpu_usec, struct cove_err *err);
@@ -70,7 +74,9 @@ struct cove_runtime_ops {
          * Capture the instance's writable layer, consistently, as an image file at dest (on
          * the driver's layer filesystem, e.g. a reflink clone taken while the layer's
          * filesystem is frozen). The instance's processes are held only for that moment:
-         * *pause_ns says how long. Optional (NULL: the runtime cannot snapshot). */
+         * *pause_ns says how long. Optional (NULL: the runtime cannot snapshot). ns: dest
+         * must not exist (EEXIST) and be under layer_dir() to be a clone; COVE_E_CONFLICT
+         * for a sandbox without disk_mb (no image) or one being snapshotted already. */
         int (*layer_snapshot)(struct cove_runtime *rt, struct cove_instance *inst,
                               const char *sandbox_id, const char *dest_image, uint64_t *pause_ns,
                               struct cove_err *err);
@@ -80,10 +86,18 @@ struct cove_runtime_ops {
          * tree, the files the sandbox changed, overlay whiteouts included), or create an
          * empty one of disk_mb at path and open it read-write (restore: fill *tree_fd, then
          * close; the image can then be a spec->layer_image). layer_close releases mounts and
-         * loop devices; the image file stays. */
-        int (*layer_open)(struct cove_runtime *rt, const char *image, int create,
-                          unsigned disk_mb, int *tree_fd, struct cove_layer_handle **h,
-                          struct cove_err *err);
+         * loop devices; the image file stays.
+         * Ownership contract (ns): the tree stores *sandbox* ids, 0..65535 (root is 0, the
+         * template's user 1000 is 1000), never host ids: a capture reads them as they are and
+         * a restore writes them as they are (as host root: chown, mknod 0/0 whiteouts,
+         * user.overlay.* xattrs, modes); the driver maps them to the instance's uid_base
+         * through an idmapped mount, so an image is valid for any sandbox (fork, resume on
+         * another uid range) without a chown. The mount is detached (no path, root only):
+         * it lives until layer_close() and the close of *tree_fd and of every fd opened
+         * under it; close those first. Images from layer_snapshot() are clean (frozen), no
+         * journal replay needed. */
+        int (*layer_open)(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
+                          int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
         void (*layer_close)(struct cove_runtime *rt, struct cove_layer_handle *h);
 };
 
