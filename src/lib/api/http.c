@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +75,28 @@ const char *cove_req_query(struct cove_req *r, const char *key)
 const char *cove_req_header(struct cove_req *r, const char *name)
 {
         return MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, name);
+}
+
+int cove_req_sockfd(struct cove_req *r)
+{
+        const union MHD_ConnectionInfo *ci =
+                MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        return ci ? ci->connect_fd : -1;
+}
+
+int cove_sock_closed(int fd)
+{
+        if (fd < 0)
+                return 0;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 0) <= 0)
+                return 0;
+        if (p.revents & (POLLERR | POLLHUP | POLLNVAL))
+                return 1;
+        /* readable: pipelined bytes of a next request, or EOF (the client closed) */
+        char c;
+        ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 static int queue(struct cove_req *r, unsigned status, struct MHD_Response *resp)

@@ -83,6 +83,11 @@ uint64_t cove_http_requests(struct cove_http *h);
 /* Request helpers */
 const char *cove_req_query(struct cove_req *r, const char *key); /* decoded or NULL */
 const char *cove_req_header(struct cove_req *r, const char *name);
+/* The client's socket (-1 if unknown), and whether the client closed it (EOF or error; never
+ * blocks). A streaming answer that has nothing to send uses them to notice a client that went
+ * away: libmicrohttpd only notices when a write fails. */
+int cove_req_sockfd(struct cove_req *r);
+int cove_sock_closed(int fd);
 /* Parse the buffered body as a JSON object; on failure answers 400 and returns NULL.
  * An empty body gives an empty object when allow_empty. */
 json_t *cove_req_json(struct cove_req *r, int allow_empty);

@@ -123,6 +123,7 @@ struct evstream {
         char *line;
         size_t len, off;
         int done;
+        int fd; /* the client's socket, looked at while idle */
 };
 
 static void evstream_free(void *ctx)
@@ -180,6 +181,8 @@ static ssize_t evstream_read(void *ctx, uint64_t pos, char *buf, size_t max)
                         s->line = NULL;
                         s->len = s->off = 0;
                         int r = evstream_next(s, n ? 0 : 1000);
+                        if (r == 0 && !n && cove_sock_closed(s->fd))
+                                return -2; /* client gone: free the thread and the watch */
                         if (r == 0)
                                 break;
                         if (r < 0) {
@@ -213,6 +216,7 @@ int cove_reply_events(struct coved *d, struct cove_req *r, struct cove_chan *c,
         s->w = w;
         s->pid = pid;
         s->after = after;
+        s->fd = cove_req_sockfd(r);
         return cove_reply_stream(r, 200, "application/x-ndjson", -1, evstream_read, evstream_free,
                                  s);
 }
@@ -387,6 +391,7 @@ static int exec_wait(struct coved *d, struct cove_req *r, struct cove_chan *c, u
         json_t *exit = NULL;
         const char *problem = NULL;
         int overflow = 0;
+        int fd = cove_req_sockfd(r);
         while (!exit && !problem) {
                 struct cove_ev *ev = NULL;
                 uint64_t lost;
@@ -395,6 +400,8 @@ static int exec_wait(struct coved *d, struct cove_req *r, struct cove_chan *c, u
                 if (rc == 0) {
                         if (d->quitting)
                                 problem = "coved is shutting down";
+                        else if (cove_sock_closed(fd))
+                                problem = "the client went away"; /* the process runs on */
                         continue;
                 }
                 if (rc == 2) {
