@@ -343,3 +343,52 @@ def test_stream_timeout_reports_timed_out(client, sandbox):
     assert evs[-1]["type"] == "exit"
     assert evs[-1]["timed_out"] is True and evs[-1]["signal"] == "KILL"
     assert client.output(evs) == b"x\n"
+
+
+def test_concurrent_readers_get_identical_streams(client, sandbox):
+    import threading
+
+    sid = sandbox["id"]
+    pid, ev = start(client, sid, "read go; seq 1 30000", stdin=True)
+    ev.close()
+    outs = [None] * 4
+
+    def reader(k):
+        evs = list(client.stream(f"/v1/sandboxes/{sid}/processes/{pid}/events?after=0",
+                                 timeout=120))
+        outs[k] = ([e["seq"] for e in evs], client.output(evs), evs[-1]["type"])
+
+    ts = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    post(client, f"/v1/sandboxes/{sid}/processes/{pid}/stdin?eof=true", b"go\n")
+    for t in ts:
+        t.join(120)
+    ref = "".join(f"{i}\n" for i in range(1, 30001)).encode()
+    for seqs, out, last in outs:
+        assert last == "exit"
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert out == ref
+
+
+def test_disconnected_idle_streams_are_released(coved, client, sandbox):
+    """Clients that drop an event stream of a silent process do not each keep a server
+    thread forever (it was only noticed when a write failed, and nothing was written)."""
+    import os
+
+    def threads():
+        return len(os.listdir(f"/proc/{coved.proc.pid}/task"))
+
+    sid = sandbox["id"]
+    pid, ev = start(client, sid, ["sleep", "1000"])
+    ev.close()
+    base = threads()
+    for _ in range(40):
+        c = client.conn(timeout=30)
+        c.request("GET", f"/v1/sandboxes/{sid}/processes/{pid}/events?after=1",
+                  headers={"Authorization": f"Bearer {client.key}"})
+        assert c.getresponse().status == 200
+        c.close()
+    poll(lambda: threads() <= base + 5, timeout=30,
+         what=f"threads back near {base} (now {threads()})")
+    post(client, f"/v1/sandboxes/{sid}/processes/{pid}/signal", {"signal": "KILL"})

@@ -134,3 +134,21 @@ def test_non_recursive_watch_ignores_subdirectories(client, sandbox):
     # events arrive in order: once "top" (written after "deep") is seen, no "deep" came
     assert not [e for e in w.events if e["path"].startswith("/tmp/nr/sub/")], w.events
     w.close()
+
+
+def test_dropped_watch_streams_do_not_use_up_watches(client, sandbox):
+    """The guest allows 64 watches per sandbox; clients that disconnect give theirs back."""
+    sid = sandbox["id"]
+    for i in range(100):
+        deadline = time.time() + 30
+        while True:
+            conn = client.conn(timeout=30)
+            conn.request("GET", f"/v1/sandboxes/{sid}/fs/watch?path=/tmp",
+                         headers={"Authorization": f"Bearer {client.key}"})
+            status = conn.getresponse().status
+            conn.close()
+            if status == 200:
+                break
+            assert status == 429, status
+            assert time.time() < deadline, f"watch {i}: still limit_exceeded after 30 s"
+            time.sleep(0.1)
