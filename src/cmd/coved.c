@@ -2,7 +2,8 @@
  * Usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]
  *              [--templates busybox,base] [--guest-binary PATH] [--log-level debug|info|warn]
  *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
- *              [--e2b-sandbox-listen HOST:PORT|none] */
+ *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
+ *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]... */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -18,7 +19,12 @@ static void usage(FILE *f)
                    "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n"
                    "             [--e2b-api-listen HOST:PORT|none] "
                    "[--e2b-sandbox-listen HOST:PORT|none]\n"
-                   "             [--pool N]   warm sandboxes kept per template (default 4)\n");
+                   "             [--pool N]   warm sandboxes kept per template (default 4)\n"
+                   "             [--egress-pool CIDR]  sandbox link addresses (default "
+                   "10.200.0.0/16)\n"
+                   "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
+                   "                                (default: nameservers of /etc/resolv.conf)\n"
+                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n");
 }
 
 int main(int argc, char **argv)
@@ -37,9 +43,14 @@ int main(int argc, char **argv)
             {"pool", required_argument, 0, 'p'},
             {"e2b-api-listen", required_argument, 0, 'E'},
             {"e2b-sandbox-listen", required_argument, 0, 'S'},
+            {"egress-pool", required_argument, 0, 'P'},
+            {"dns-upstream", required_argument, 0, 'U'},
+            {"dns-static", required_argument, 0, 'D'},
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
+        static const char *upstreams[4], *statics[256];
+        static char upstream_buf[4][64];
         int c;
         while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
                 switch (c) {
@@ -79,6 +90,33 @@ int main(int argc, char **argv)
                         break;
                 case 'S':
                         o.e2b_sandbox_listen = strcmp(optarg, "none") ? optarg : NULL;
+                        break;
+                case 'P':
+                        o.egress.pool = optarg;
+                        break;
+                case 'U': {
+                        if (o.egress.nupstreams >= 4) {
+                                fprintf(stderr, "coved: at most 4 --dns-upstream\n");
+                                return 2;
+                        }
+                        char *b = upstream_buf[o.egress.nupstreams];
+                        snprintf(b, 64, "%s", optarg);
+                        char *colon = strchr(b, ':');
+                        if (colon) { /* IP:PORT (the port applies to every upstream) */
+                                *colon = '\0';
+                                o.egress.upstream_port = atoi(colon + 1);
+                        }
+                        upstreams[o.egress.nupstreams++] = b;
+                        o.egress.upstreams = upstreams;
+                        break;
+                }
+                case 'D':
+                        if (o.egress.nstatics >= 256) {
+                                fprintf(stderr, "coved: at most 256 --dns-static\n");
+                                return 2;
+                        }
+                        statics[o.egress.nstatics++] = optarg;
+                        o.egress.statics = statics;
                         break;
                 case 'h':
                         usage(stdout);

@@ -315,3 +315,43 @@ def test_create_validates_snapshot_fields(client):
         assert sb["retention"] == [{"within_s": 600, "every_s": 0}]
     finally:
         c.remove(sb["id"])
+
+
+def other_tenant_key(data_dir, tenant="ten_other"):
+    """A key of a second tenant, written straight into the catalog (no tenants API yet)."""
+    import sqlite3
+    salt, secret = os.urandom(32), os.urandom(32)
+    kid = "key_" + "".join("abcdefghijklmnopqrstuvwxyz234567"[b & 31] for b in os.urandom(20))
+    db = sqlite3.connect(os.path.join(data_dir, "catalog.db"), timeout=10)
+    with db:
+        db.execute("INSERT OR IGNORE INTO tenants(id, name, created_at) VALUES (?, ?, 0)",
+                   (tenant, tenant))
+        db.execute("INSERT INTO api_keys(id, tenant, salt_hex, hash_hex, admin, revoked,"
+                   " created_at) VALUES (?, ?, ?, ?, 0, 0, 0)",
+                   (kid, tenant, salt.hex(), hashlib.sha256(salt + secret).hexdigest()))
+    db.close()
+    return f"cove_{kid}_{secret.hex()}"
+
+
+def test_tenant_scoping(coved_factory):
+    d = coved_factory()
+    c = d.client
+    sid = new_sandbox(c)
+    s = snap(c, sid)
+    o = c.with_key(other_tenant_key(d.data))
+    for method, path, body in [
+            ("GET", f"/v1/snapshots/{s['id']}", None),
+            ("DELETE", f"/v1/snapshots/{s['id']}", None),
+            ("GET", f"/v1/sandboxes/{sid}/snapshots", None),
+            ("POST", f"/v1/sandboxes/{sid}/snapshots", {}),
+            ("POST", f"/v1/sandboxes/{sid}/pause", {}),
+            ("POST", f"/v1/sandboxes/{sid}/fork", {}),
+            ("POST", f"/v1/sandboxes/{sid}/rewind", {"snapshot_id": s["id"]})]:
+        o.expect_error(method, path, 404, "not_found", body=body)
+    # the other tenant cannot rewind or fork its own sandbox to this tenant's snapshot
+    mine = o.create(template="busybox", snapshot_interval_s=0)["id"]
+    o.expect_error("POST", f"/v1/sandboxes/{mine}/rewind", 404, "not_found",
+                   body={"snapshot_id": s["id"]})
+    o.expect_error("POST", f"/v1/sandboxes/{mine}/fork", 404, "not_found",
+                   body={"snapshot_id": s["id"]})
+    assert c.get(f"/v1/snapshots/{s['id']}")["id"] == s["id"]

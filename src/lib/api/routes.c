@@ -307,6 +307,10 @@ const struct cove_route cove_routes[] = {
     {"POST", "/v1/sandboxes/{id}/fork", cove_h_fork, NULL, 0},
     {"GET", "/v1/snapshots/{sid}", cove_h_snapshot_get, NULL, 0},
     {"DELETE", "/v1/snapshots/{sid}", cove_h_snapshot_delete, NULL, 0},
+    {"PUT", "/v1/sandboxes/{id}/egress", cove_h_egress_put, NULL, 0},
+    {"GET", "/v1/sandboxes/{id}/egress", cove_h_egress_get, NULL, 0},
+    {"GET", "/v1/audit", cove_h_audit, NULL, 0},
+    {"GET", "/v1/audit/verify", cove_h_audit_verify, NULL, 0},
     {"GET", "/v1/templates", h_templates, NULL, 0},
     {"POST", "/v1/templates", h_template_build, NULL, 0},
 };

@@ -13,6 +13,7 @@
 
 #include "api/e2b.h"
 #include "control/apikey.h"
+#include "control/audit.h"
 #include "control/snapshot.h"
 #include "control/template.h"
 #include "util/cleanup.h"
@@ -157,8 +158,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .guest_binary = d->guest_binary,
             .rt_ops = &cove_runtime_ns,
             .on_dead = coved_on_instance_dead,
+            .on_stop = coved_egress_on_stop,
             .arg = d,
         };
+        /* the gateway before the node: stopping an instance detaches its link */
+        if (coved_egress_open(d, &o->egress, err) < 0)
+                goto fail;
         d->node = cove_node_new(&nc, err);
         if (!d->node)
                 goto fail;
@@ -252,6 +257,7 @@ void coved_close(struct coved *d)
                 }
                 json_decref(ids);
         }
+        coved_egress_close(d); /* after the node: its stops detach links */
         if (d->cat)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "api/http.h"
+#include "control/egress.h"
 #include "node/node.h"
 #include "store/catalog.h"
 #include "util/err.h"
@@ -25,6 +26,7 @@ struct coved_options {
         int default_timeout_s;          /* 300 */
         const char *e2b_api_listen;     /* E2B control plane "HOST:PORT"; NULL for none */
         const char *e2b_sandbox_listen; /* E2B in-sandbox (envd) surface; NULL for none */
+        struct coved_egress_options egress; /* gateway: pool, resolvers (control/egress.h) */
         int pool_size;                  /* warm instances per template (-1: default 4, 0: none) */
 };
 
@@ -35,6 +37,8 @@ struct coved_options {
 #define COVE_DEFAULT_SNAPSHOT_INTERVAL_S 60 /* rolling snapshots while running; 0 = off */
 
 struct cove_e2b;
+struct cove_gateway;
+struct cove_audit;
 struct cove_tm;
 
 struct coved_metrics {
@@ -53,6 +57,8 @@ struct coved {
         struct cove_node *node;
         struct cove_http *http;
         struct cove_e2b *e2b; /* E2B-compatible listeners (api/e2b.h), NULL when off */
+        struct cove_gateway *gw;  /* egress gateway (net/gateway.h), NULL when unavailable */
+        struct cove_audit *audit; /* audit log (control/audit.h) */
         struct cove_tm *tm;   /* snapshots: chunk store, rolling/retention thread (snapshot.h) */
         int quitting;
         pthread_mutex_t mu; /* metrics, timer wake-up */

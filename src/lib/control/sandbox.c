@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "control/coved.h"
+#include "control/egress.h"
 #include "control/retention.h"
 #include "control/snapshot.h"
 #include "control/template.h"
@@ -178,11 +179,12 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 free(txt);
                 s.retention_json = cove_retention_dump(&pol);
         }
+        /* egress: validated now, attached once the instance runs; absent = no network */
         json_t *eg = json_object_get(body, "egress");
-        if (eg && !json_is_null(eg))
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "egress policies are not supported yet: sandboxes have no "
-                                     "network beyond their own loopback");
+        if (eg && json_is_null(eg))
+                eg = NULL;
+        if (eg && coved_egress_validate(eg, err) < 0)
+                return -1;
         json_t *meta = string_map(body, "metadata", MAX_META, 128, 1024, 0, err);
         if (!meta)
                 return -1;
@@ -270,6 +272,14 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                         return -1;
                 }
         }
+        if (eg && coved_egress_attach(d, tenant, s.id, eg, err) < 0) {
+                struct cove_err e2;
+                cove_node_stop(d->node, s.id, 1, &e2);
+                d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
+                coved_egress_forget(d, s.id);
+                cove_sandbox_row_clear(&s);
+                return cove_err_wrap(err, "egress");
+        }
         int64_t dt = cove_mono_ns() - t0;
         pthread_mutex_lock(&d->mu);
         d->m.creates++;
@@ -331,6 +341,7 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
                 return -1;
         if (r == 1) /* a concurrent DELETE removed it first */
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
+        coved_egress_forget(d, id);
         if (purge && cove_snapshot_purge_sandbox(d, tenant, id, err) < 0)
                 return cove_err_wrap(err, "sandbox %s deleted, but purging its snapshots", id);
         pthread_mutex_lock(&d->mu);

@@ -657,11 +657,22 @@ int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struc
                 cove_node_uid_release(n, in->uid_base);
                 cove_chan_unref(in->chan);
                 free(in);
+                if (n->cfg.on_stop)
+                        n->cfg.on_stop(n->cfg.arg, sandbox_id);
         }
         if (r == 0 && purge) {
                 r = cove_rm_rf(sd, err);
         }
         return r < 0 ? cove_err_wrap(err, "stop sandbox %s", sandbox_id) : 0;
+}
+
+pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        pid_t pid = in && !in->stopping && !in->pool ? in->ri.pid : 0;
+        pthread_mutex_unlock(&n->mu);
+        return pid;
 }
 
 int cove_node_count(struct cove_node *n)

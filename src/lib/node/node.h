@@ -26,6 +26,9 @@ struct cove_node_config {
         /* Called from the I/O thread when an instance's channel dies on its own (guest
          * exited, protocol violation), not when cove_node_stop() ends it. */
         void (*on_dead)(void *arg, const char *sandbox_id, const char *why);
+        /* Called after cove_node_stop() ended an instance (any reason), so node services
+         * tied to it (the egress link) go too. May be NULL. */
+        void (*on_stop)(void *arg, const char *sandbox_id);
         void *arg;
 };
 
@@ -49,6 +52,8 @@ int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, st
  * Then, also without an instance, clear what a crashed coved may have left. */
 int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err);
 int cove_node_count(struct cove_node *n);
+/* Host pid of a running instance's init (to reach its namespaces), or 0 when none. */
+pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id);
 
 /* Warm pools (DESIGN.md §5): keep `size` instances of this template and shape started and
  * shaken hands with, refilled by a background thread, so a create takes one instead of

@@ -75,6 +75,22 @@ struct cove_snapshot_row {
 };
 typedef int (*cove_snapshot_cb)(const struct cove_snapshot_row *row, void *arg); /* <0 stops */
 
+/* An audit event (schema 3): append-only and hash-chained (control/audit.h computes the
+ * hashes; the catalog stores them and refuses updates and deletes). */
+struct cove_audit_row {
+        int64_t seq;        /* 1, 2, … without gaps */
+        int64_t at;         /* unix ms */
+        char tenant[64];
+        char sandbox[64];   /* "" when none */
+        char kind[32];      /* "egress", "dns", … */
+        char action[32];    /* "connect", "close", "query", … */
+        char verdict[16];   /* "allow", "deny", "" */
+        char *detail_json;  /* canonical JSON object text, owned by the row's creator */
+        char prev_hash[65]; /* hex SHA-256 of the previous event ("0"×64 for the first) */
+        char hash[65];      /* hex SHA-256(prev_hash || canonical event) */
+};
+typedef int (*cove_audit_cb)(const struct cove_audit_row *row, void *arg); /* <0 stops */
+
 struct cove_catalog_ops {
         const char *name;
         /* dsn: a file path for sqlite (created 0600 if absent). Runs schema migrations;
@@ -135,6 +151,28 @@ struct cove_catalog_ops {
                              cove_snapshot_cb cb, void *arg, struct cove_err *err);
         /* 0 deleted, 1 not found, -1 error. */
         int (*snapshot_delete)(struct cove_catalog *c, const char *id, struct cove_err *err);
+
+        /* Audit events (schema 3). append writes rows in one transaction (seq must follow
+         * the last one: COVE_E_CONFLICT otherwise). last: 0 and the newest seq and hash, 1
+         * when there is none. list: oldest first, seq > after_seq and at >= since_ms; NULL
+         * filters match anything; at most limit rows (0 = no limit); cb runs after the
+         * catalog lock is released, rows are valid only during the call. */
+        int (*audit_append)(struct cove_catalog *c, const struct cove_audit_row *rows, size_t n,
+                            struct cove_err *err);
+        int (*audit_last)(struct cove_catalog *c, int64_t *seq, char hash[65],
+                          struct cove_err *err);
+        int (*audit_list)(struct cove_catalog *c, const char *tenant, const char *sandbox,
+                          const char *kind, int64_t after_seq, int64_t since_ms, int limit,
+                          cove_audit_cb cb, void *arg, struct cove_err *err);
+
+        /* Egress policy of a sandbox (schema 3), JSON text; put inserts or replaces.
+         * get: 0 found (*json malloc'd, caller frees), 1 none. delete: 0 or 1 (none). */
+        int (*egress_put)(struct cove_catalog *c, const char *sandbox_id, const char *tenant,
+                          const char *json, struct cove_err *err);
+        int (*egress_get)(struct cove_catalog *c, const char *sandbox_id, char **json,
+                          struct cove_err *err);
+        int (*egress_delete)(struct cove_catalog *c, const char *sandbox_id,
+                             struct cove_err *err);
 };
 
 extern const struct cove_catalog_ops cove_catalog_sqlite;

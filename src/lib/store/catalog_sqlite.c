@@ -80,6 +80,31 @@ static const char *const migrations[] = {
     ");"
     "CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, created_at);"
     "CREATE INDEX snapshots_tenant ON snapshots(tenant, created_at);",
+    /* 3: the audit log (append-only, hash-chained: control/audit.h) and egress policies */
+    "CREATE TABLE audit_events ("
+    "  seq INTEGER PRIMARY KEY,"
+    "  at INTEGER NOT NULL,"
+    "  tenant TEXT NOT NULL,"
+    "  sandbox TEXT NOT NULL DEFAULT '',"
+    "  kind TEXT NOT NULL,"
+    "  action TEXT NOT NULL,"
+    "  verdict TEXT NOT NULL DEFAULT '',"
+    "  detail_json TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(detail_json)),"
+    "  prev_hash TEXT NOT NULL CHECK (length(prev_hash) = 64),"
+    "  hash TEXT NOT NULL CHECK (length(hash) = 64)"
+    ");"
+    "CREATE INDEX audit_events_tenant ON audit_events(tenant, seq);"
+    "CREATE INDEX audit_events_sandbox ON audit_events(sandbox, seq);"
+    "CREATE TRIGGER audit_events_no_update BEFORE UPDATE ON audit_events"
+    "  BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END;"
+    "CREATE TRIGGER audit_events_no_delete BEFORE DELETE ON audit_events"
+    "  BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END;"
+    "CREATE TABLE egress_policies ("
+    "  sandbox_id TEXT PRIMARY KEY,"
+    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
+    "  policy_json TEXT NOT NULL CHECK (json_valid(policy_json)),"
+    "  updated_at INTEGER NOT NULL"
+    ");",
 };
 #define SCHEMA_VERSION ((int)COVE_ARRAY_SIZE(migrations))
 
@@ -90,6 +115,9 @@ static const char *const migrations[] = {
 #define SNAP_COLS                                                                                  \
         "id, tenant, sandbox_id, parent_id, kind, created_at, label, size_bytes, new_bytes,"       \
         " pause_us, rolling"
+
+#define AUDIT_COLS                                                                                 \
+        "seq, at, tenant, sandbox, kind, action, verdict, detail_json, prev_hash, hash"
 
 enum stmt_id {
         ST_VERSION,
@@ -112,6 +140,12 @@ enum stmt_id {
         ST_SNAP_DELETE,
         ST_SYNC_FULL,
         ST_SYNC_NORMAL,
+        ST_AUDIT_INSERT,
+        ST_AUDIT_LAST,
+        ST_AUDIT_LIST,
+        ST_EGRESS_PUT,
+        ST_EGRESS_GET,
+        ST_EGRESS_DELETE,
         ST__COUNT
 };
 
@@ -159,6 +193,18 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_SNAP_DELETE] = "DELETE FROM snapshots WHERE id = ?1",
     [ST_SYNC_FULL] = "PRAGMA synchronous = FULL",
     [ST_SYNC_NORMAL] = "PRAGMA synchronous = NORMAL",
+    [ST_AUDIT_INSERT] = "INSERT INTO audit_events(" AUDIT_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
+                        " ?7, ?8, ?9, ?10)",
+    [ST_AUDIT_LAST] = "SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1",
+    [ST_AUDIT_LIST] = "SELECT " AUDIT_COLS " FROM audit_events WHERE seq > ?4 AND at >= ?5"
+                      " AND (?1 IS NULL OR tenant = ?1) AND (?2 IS NULL OR sandbox = ?2)"
+                      " AND (?3 IS NULL OR kind = ?3) ORDER BY seq LIMIT ?6",
+    [ST_EGRESS_PUT] = "INSERT INTO egress_policies(sandbox_id, tenant, policy_json, updated_at)"
+                      " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(sandbox_id) DO UPDATE SET"
+                      " policy_json = excluded.policy_json, updated_at = excluded.updated_at"
+                      " WHERE tenant = excluded.tenant",
+    [ST_EGRESS_GET] = "SELECT policy_json FROM egress_policies WHERE sandbox_id = ?1",
+    [ST_EGRESS_DELETE] = "DELETE FROM egress_policies WHERE sandbox_id = ?1",
 };
 
 struct cove_catalog {
@@ -981,6 +1027,194 @@ static int sqlite_snapshot_delete(struct cove_catalog *c, const char *id, struct
         return r;
 }
 
+/* ---- audit events, egress policies ---- */
+
+static int sqlite_audit_append(struct cove_catalog *c, const struct cove_audit_row *rows,
+                               size_t n, struct cove_err *err)
+{
+        for (size_t i = 0; i < n; i++)
+                if (!field_ok(rows[i].tenant, sizeof(rows[i].tenant)) ||
+                    !field_ok(rows[i].sandbox, sizeof(rows[i].sandbox)) ||
+                    !field_ok(rows[i].kind, sizeof(rows[i].kind)) ||
+                    !field_ok(rows[i].action, sizeof(rows[i].action)) ||
+                    !field_ok(rows[i].verdict, sizeof(rows[i].verdict)) ||
+                    strnlen(rows[i].prev_hash, 65) != 64 || strnlen(rows[i].hash, 65) != 64)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "catalog: append audit event: bad field");
+        pthread_mutex_lock(&c->lock);
+        int r = 0;
+        if (exec_sql(c->db, "BEGIN IMMEDIATE", err, "begin audit append") < 0) {
+                pthread_mutex_unlock(&c->lock);
+                return -1;
+        }
+        /* the chain has no gaps: the first row must follow the newest stored one */
+        sqlite3_stmt *last = c->st[ST_AUDIT_LAST];
+        int64_t have = 0;
+        if (sqlite3_step(last) == SQLITE_ROW)
+                have = sqlite3_column_int64(last, 0);
+        done(last);
+        if (n && rows[0].seq != have + 1)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "catalog: audit event %lld does not follow %lld",
+                                  (long long)rows[0].seq, (long long)have);
+        sqlite3_stmt *st = c->st[ST_AUDIT_INSERT];
+        for (size_t i = 0; r == 0 && i < n; i++) {
+                const struct cove_audit_row *a = &rows[i];
+                sqlite3_bind_int64(st, 1, a->seq);
+                sqlite3_bind_int64(st, 2, a->at);
+                bind_text(st, 3, a->tenant);
+                bind_text(st, 4, a->sandbox);
+                bind_text(st, 5, a->kind);
+                bind_text(st, 6, a->action);
+                bind_text(st, 7, a->verdict);
+                bind_text(st, 8, a->detail_json ? a->detail_json : "{}");
+                bind_text(st, 9, a->prev_hash);
+                bind_text(st, 10, a->hash);
+                int rc = step_done(st);
+                if (rc != SQLITE_OK)
+                        r = db_err(c->db, rc, err, "append audit event %lld", (long long)a->seq);
+                done(st);
+        }
+        if (r == 0)
+                r = exec_sql(c->db, "COMMIT", err, "commit audit events");
+        if (r < 0)
+                sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_audit_last(struct cove_catalog *c, int64_t *seq, char hash[65],
+                             struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_AUDIT_LAST];
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+                *seq = sqlite3_column_int64(st, 0);
+                r = col_copy(st, 1, hash, 65) < 0
+                        ? cove_err_set(err, 0, "catalog: last audit event: bad hash")
+                        : 0;
+        } else if (rc == SQLITE_DONE) {
+                r = 1;
+        } else {
+                r = db_err(c->db, rc, err, "last audit event");
+        }
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_audit_list(struct cove_catalog *c, const char *tenant, const char *sandbox,
+                             const char *kind, int64_t after_seq, int64_t since_ms, int limit,
+                             cove_audit_cb cb, void *arg, struct cove_err *err)
+{
+        struct cove_audit_row *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0, rc;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_AUDIT_LIST];
+        bind_text(st, 1, tenant);
+        bind_text(st, 2, sandbox);
+        bind_text(st, 3, kind);
+        sqlite3_bind_int64(st, 4, after_seq);
+        sqlite3_bind_int64(st, 5, since_ms);
+        sqlite3_bind_int64(st, 6, limit > 0 ? limit : -1);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                if (n == cap) {
+                        size_t ncap = cap ? cap * 2 : 64;
+                        struct cove_audit_row *nr = realloc(rows, ncap * sizeof(*rows));
+                        if (!nr) {
+                                r = cove_err_set(err, ENOMEM, "catalog: list audit events");
+                                break;
+                        }
+                        rows = nr;
+                        cap = ncap;
+                }
+                struct cove_audit_row *a = &rows[n];
+                memset(a, 0, sizeof(*a));
+                a->seq = sqlite3_column_int64(st, 0);
+                a->at = sqlite3_column_int64(st, 1);
+                if (col_copy(st, 2, a->tenant, sizeof(a->tenant)) < 0 ||
+                    col_copy(st, 3, a->sandbox, sizeof(a->sandbox)) < 0 ||
+                    col_copy(st, 4, a->kind, sizeof(a->kind)) < 0 ||
+                    col_copy(st, 5, a->action, sizeof(a->action)) < 0 ||
+                    col_copy(st, 6, a->verdict, sizeof(a->verdict)) < 0 ||
+                    col_copy(st, 8, a->prev_hash, sizeof(a->prev_hash)) < 0 ||
+                    col_copy(st, 9, a->hash, sizeof(a->hash)) < 0 ||
+                    !(a->detail_json = col_dup(st, 7, "{}"))) {
+                        r = cove_err_set(err, 0, "catalog: list audit events: bad stored row");
+                        break;
+                }
+                n++;
+        }
+        if (r == 0 && rc != SQLITE_DONE)
+                r = db_err(c->db, rc, err, "list audit events");
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        size_t i;
+        for (i = 0; r == 0 && i < n; i++)
+                if (cb(&rows[i], arg) < 0)
+                        break;
+        for (i = 0; i < n; i++)
+                free(rows[i].detail_json);
+        free(rows);
+        return r;
+}
+
+static int sqlite_egress_put(struct cove_catalog *c, const char *sandbox_id, const char *tenant,
+                             const char *json, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_EGRESS_PUT];
+        bind_text(st, 1, sandbox_id);
+        bind_text(st, 2, tenant);
+        bind_text(st, 3, json);
+        sqlite3_bind_int64(st, 4, cove_now_ms());
+        int rc = step_done(st);
+        int r = rc == SQLITE_OK ? 0 : db_err(c->db, rc, err, "put egress policy of %s", sandbox_id);
+        if (r == 0 && sqlite3_changes(c->db) == 0)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "catalog: egress policy of %s belongs to another tenant",
+                                  sandbox_id);
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_egress_get(struct cove_catalog *c, const char *sandbox_id, char **json,
+                             struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_EGRESS_GET];
+        bind_text(st, 1, sandbox_id);
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW)
+                r = (*json = col_dup(st, 0, "{}")) ? 0 : cove_err_set(err, ENOMEM, "egress");
+        else if (rc == SQLITE_DONE)
+                r = 1;
+        else
+                r = db_err(c->db, rc, err, "get egress policy of %s", sandbox_id);
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_egress_delete(struct cove_catalog *c, const char *sandbox_id,
+                                struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_EGRESS_DELETE];
+        bind_text(st, 1, sandbox_id);
+        int r, rc = step_done(st);
+        if (rc != SQLITE_OK)
+                r = db_err(c->db, rc, err, "delete egress policy of %s", sandbox_id);
+        else
+                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
 const struct cove_catalog_ops cove_catalog_sqlite = {
     .name = "sqlite",
     .open = sqlite_open,
@@ -1000,4 +1234,10 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .snapshot_get = sqlite_snapshot_get,
     .snapshot_list = sqlite_snapshot_list,
     .snapshot_delete = sqlite_snapshot_delete,
+    .audit_append = sqlite_audit_append,
+    .audit_last = sqlite_audit_last,
+    .audit_list = sqlite_audit_list,
+    .egress_put = sqlite_egress_put,
+    .egress_get = sqlite_egress_get,
+    .egress_delete = sqlite_egress_delete,
 };

@@ -1,0 +1,103 @@
+/* Egress policy and audit routes: PUT/GET /v1/sandboxes/{id}/egress, GET /v1/audit,
+ * GET /v1/audit/verify (docs/api.md, docs/egress.md). */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/routes.h"
+#include "control/audit.h"
+#include "control/egress.h"
+
+#define AUDIT_LIMIT_DEFAULT 1000
+#define AUDIT_LIMIT_MAX 10000
+
+int cove_h_egress_put(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        json_t *body = cove_req_json(r, 0);
+        if (!body)
+                return 0;
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = coved_egress_put(d, r->tenant, r->params[0], body, &out, &err);
+        json_decref(body);
+        return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 200, out);
+}
+
+int cove_h_egress_get(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        json_t *out = NULL;
+        struct cove_err err;
+        if (coved_egress_get(d, r->tenant, r->params[0], &out, &err) < 0)
+                return cove_reply_err(r, &err);
+        return cove_reply_json(r, 200, out);
+}
+
+/* Optional non-negative integer query parameter; -1 when malformed. */
+static int64_t q_int(struct cove_req *r, const char *key, int64_t dflt)
+{
+        const char *v = cove_req_query(r, key);
+        if (!v || !*v)
+                return dflt;
+        char *end;
+        errno = 0;
+        long long x = strtoll(v, &end, 10);
+        if (*end || errno || x < 0)
+                return -1;
+        return x;
+}
+
+static int add_event(const struct cove_audit_row *row, void *arg)
+{
+        json_array_append_new(arg, cove_audit_json(row));
+        return 0;
+}
+
+int cove_h_audit(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        int64_t after = q_int(r, "after", 0), since = q_int(r, "since", 0),
+                limit = q_int(r, "limit", AUDIT_LIMIT_DEFAULT);
+        if (after < 0 || since < 0 || limit < 1 || limit > AUDIT_LIMIT_MAX)
+                return cove_reply_error(r, 400, "bad_request",
+                                        "after (seq), since (unix ms) must be non-negative "
+                                        "integers and limit 1 to %d",
+                                        AUDIT_LIMIT_MAX);
+        const char *sbx = cove_req_query(r, "sandbox"), *kind = cove_req_query(r, "kind");
+        /* events queued a moment ago (by this request's own sandbox, say) are included */
+        cove_audit_flush(d->audit);
+        json_t *arr = json_array();
+        struct cove_err err;
+        if (d->cat_ops->audit_list(d->cat, r->tenant, sbx && *sbx ? sbx : NULL,
+                                   kind && *kind ? kind : NULL, after, since, (int)limit, add_event,
+                                   arr, &err) < 0) {
+                json_decref(arr);
+                return cove_reply_err(r, &err);
+        }
+        size_t n = json_array_size(arr);
+        json_t *last = n ? json_array_get(arr, n - 1) : NULL;
+        json_int_t next = last ? json_integer_value(json_object_get(last, "seq")) : after;
+        return cove_reply_json(r, 200, json_pack("{s:o, s:I}", "events", arr, "next_after", next));
+}
+
+int cove_h_audit_verify(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        if (!r->admin)
+                return cove_reply_error(r, 403, "unauthorized",
+                                        "verifying the audit chain is admin only (it reads every "
+                                        "tenant's events)");
+        cove_audit_flush(d->audit);
+        int64_t checked = 0, bad = 0;
+        char why[256];
+        struct cove_err err;
+        if (cove_audit_verify(d->cat_ops, d->cat, &checked, &bad, why, sizeof(why), &err) < 0)
+                return cove_reply_err(r, &err);
+        return cove_reply_json(r, 200,
+                               json_pack("{s:b, s:I, s:o, s:o, s:I}", "ok", bad == 0, "checked",
+                                         (json_int_t)checked, "first_broken_seq",
+                                         bad ? json_integer(bad) : json_null(), "reason",
+                                         bad ? json_string(why) : json_null(), "dropped",
+                                         (json_int_t)cove_audit_dropped(d->audit)));
+}

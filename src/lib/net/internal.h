@@ -1,0 +1,156 @@
+/* Shared insides of the gateway thread (gateway.c, dns.c, proxy.c); not a public header. */
+#ifndef COVE_NET_INTERNAL_H
+#define COVE_NET_INTERNAL_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+
+#include "net/dnsmsg.h"
+#include "net/gateway.h"
+#include "net/nft.h"
+
+#define GW_PINS_MAX 1024       /* pinned (name, address) pairs per sandbox */
+#define GW_PIN_GRACE_MS 120000 /* a pin outlives its TTL by this much (client caches) */
+#define GW_PENDING_MAX 1024    /* upstream DNS queries in flight */
+#define GW_BUF 65536           /* proxy buffer per direction */
+#define GW_PEEK_MS 10000       /* time to announce a name */
+#define GW_CONNECT_MS 10000
+
+enum ev_kind {
+        EV_WAKE = 1,
+        EV_DNS_UDP,
+        EV_DNS_TCP_LISTEN,
+        EV_DNS_TCP,
+        EV_UPSTREAM,
+        EV_PROXY_LISTEN,
+        EV_PROXY_CLIENT,
+        EV_PROXY_UP
+};
+
+struct ev {
+        enum ev_kind kind;
+        void *obj;
+};
+
+struct pin {
+        char name[254];
+        uint32_t ip;        /* network order */
+        int64_t expires_ms; /* monotonic ms, grace included */
+};
+
+struct slot {
+        int used;
+        int foreign; /* its interface name is taken by someone else: skip */
+        char id[64], tenant[64];
+        char ifname[16];
+        uint32_t host_ip, sb_ip; /* host order */
+        struct cove_policy *policy;
+        uint64_t gen; /* bumped on policy change and detach */
+        struct pin *pins;
+        int npins, pin_next;
+};
+
+/* What the gateway thread knows of a sandbox for one decision (a copy, taken under mu). */
+struct sbx_view {
+        int slot;
+        uint64_t gen;
+        char id[64], tenant[64];
+        struct cove_policy *policy; /* referenced */
+};
+
+struct pending {
+        int used;
+        uint16_t up_id;
+        int64_t deadline_ms;
+        int tries;
+        struct sbx_view v;
+        struct sockaddr_in cli; /* UDP client; tcp non-NULL for TCP */
+        struct dns_tcp *tcp;
+        uint8_t qbuf[512]; /* the client's query (question echoed from it) */
+        size_t qlen;
+        char name[256];
+};
+
+struct dns_tcp {
+        struct ev ev;
+        int fd;
+        uint8_t buf[2 + 4096];
+        size_t len;
+        int busy; /* a query of it is pending upstream */
+        struct cove_gateway *gw;
+        struct dns_tcp *next, *prev;
+};
+
+struct xbuf {
+        uint8_t *b;
+        size_t off, len;
+        int eof;  /* read side saw EOF */
+        int shut; /* write side shut down */
+};
+
+struct pconn {
+        struct ev cev, uev;
+        int cfd, ufd;
+        enum { PC_PEEK, PC_CONNECTING, PC_SPLICE } state;
+        struct sbx_view v;
+        uint32_t dst;   /* network order */
+        uint16_t dport; /* host order */
+        char name[254];
+        const char *proto;
+        char rule[COVE_POLICY_PATTERN_MAX];
+        struct xbuf c2u, u2c;
+        uint32_t cmask, umask; /* epoll interest registered */
+        int64_t deadline_ms;
+        struct pconn *next, *prev;
+};
+
+struct cove_gateway {
+        struct cove_gateway_config cfg;
+        struct cove_gateway_static *statics;
+        pthread_mutex_t mu; /* slots (incl. pins), stats */
+        struct slot *slots;
+        int nslots, hint;
+        struct cove_nft *nft;
+        int dns_udp, dns_tcp, proxy_fd, up_fd, epfd, wake_fd;
+        uint16_t dns_port, proxy_port;
+        struct ev ev_wake, ev_dns_udp, ev_dns_tcp, ev_up, ev_proxy;
+        pthread_t thread;
+        int started, quit;
+        uint64_t epoch, seen_epoch; /* policy/attach changes (under mu) */
+        struct pending pending[GW_PENDING_MAX];
+        struct pconn *conns;
+        struct dns_tcp *dtcp;
+        struct cove_gateway_stats st;
+};
+
+int64_t gw_now_ms(void);
+/* Look up the sandbox whose link address is ip (network order): 0 and v filled (policy
+ * referenced: release with gw_view_release), -1 when none. */
+int gw_view(struct cove_gateway *gw, uint32_t ip, struct sbx_view *v);
+void gw_view_release(struct sbx_view *v);
+/* Loopback, 0/8, the link pool, multicast, reserved: never reachable. */
+int gw_internal_addr(struct cove_gateway *gw, uint32_t ip_host);
+void gw_audit(struct cove_gateway *gw, const struct sbx_view *v, const char *kind,
+              const char *action, const char *verdict, json_t *detail);
+void gw_pin(struct cove_gateway *gw, const struct sbx_view *v, const char *name,
+            const uint32_t *ips, int n, uint32_t ttl);
+int gw_pinned(struct cove_gateway *gw, const struct sbx_view *v, const char *name, uint32_t ip);
+int gw_epoll(struct cove_gateway *gw, int op, int fd, uint32_t events, struct ev *ev);
+void gw_stat_add(struct cove_gateway *gw, uint64_t *field, uint64_t v);
+
+/* dns.c */
+void dns_on_udp(struct cove_gateway *gw);
+void dns_on_tcp_accept(struct cove_gateway *gw);
+void dns_on_tcp(struct cove_gateway *gw, struct dns_tcp *t, uint32_t events);
+void dns_on_upstream(struct cove_gateway *gw);
+void dns_tick(struct cove_gateway *gw, int64_t now);
+void dns_close_all(struct cove_gateway *gw);
+
+/* proxy.c */
+void proxy_on_accept(struct cove_gateway *gw);
+void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events);
+void proxy_tick(struct cove_gateway *gw, int64_t now);
+void proxy_recheck(struct cove_gateway *gw);
+void proxy_close_all(struct cove_gateway *gw);
+
+#endif
