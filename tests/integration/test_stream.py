@@ -292,9 +292,10 @@ def test_stdin_to_finished_process(client, sandbox):
 def test_slow_live_reader_gets_overflow_marker_not_a_silent_gap(client, sandbox):
     """A reader that falls more than the replay window behind is told, in order."""
     sid = sandbox["id"]
-    pid, ev = start(client, sid, "read go; yes 0123456789 | head -c 6000000", stdin=True)
+    # 32 MB (43 MB as NDJSON) is more than the 2 MiB replay buffer plus any socket buffers
+    pid, ev = start(client, sid, "read go; yes 0123456789 | head -c 32000000", stdin=True)
     post(client, f"/v1/sandboxes/{sid}/processes/{pid}/stdin?eof=true", b"go\n")
-    # read nothing until the process has finished: 6 MB cannot all still be buffered
+    # read nothing until the process has finished: its output cannot all still be buffered
     poll(lambda: not [p for p in client.get(f"/v1/sandboxes/{sid}/processes")["processes"]
                       if p["pid"] == pid][0]["running"], what="process end")
     evs = until_exit(ev)
@@ -310,7 +311,7 @@ def test_slow_live_reader_gets_overflow_marker_not_a_silent_gap(client, sandbox)
     types = [e["type"] for e in evs]
     assert "overflow" in types
     out = client.output(evs)
-    assert len(out) < 6000000
+    assert len(out) < 32000000
     assert evs[-1]["type"] == "exit" and evs[-1]["exit_code"] == 0
 
 
