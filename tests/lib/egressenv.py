@@ -1,0 +1,155 @@
+"""Egress test environment (tests/integration/test_egress.py, tests/security/
+test_egress_attacks.py): upstream servers in a network namespace of their own (upstreams on
+the host's 127.0.0.1 are unreachable from sandboxes by design), and a coved whose resolver
+names them with --dns-static.
+
+    203.0.113.2  allowed.test   HTTP :80, TLS :443 (self-signed, SAN allowed.test/other.test),
+                                hold :7000 (echo), banner :2222 (speaks first)
+    203.0.113.3  other.test     the same servers
+    UDP :9999 on both records every datagram (udp.log)
+Names pointing at special ranges: lo.test → 127.0.0.1, meta.test → 169.254.169.254,
+priv.test → 10.1.2.3.
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from cove import Coved
+
+NS = "cove-test-up"
+UP1, UP2 = "203.0.113.2", "203.0.113.3"
+STATICS = [f"allowed.test={UP1}", f"other.test={UP2}", "lo.test=127.0.0.1",
+           "meta.test=169.254.169.254", "priv.test=10.1.2.3", f"www.allowed.test={UP1}"]
+
+SERVER = r'''
+import os, socket, ssl, sys, threading, http.server, socketserver
+d = sys.argv[1]
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        if self.path.startswith("/big"):
+            n = int(self.path.split("/")[-1])
+            self.send_response(200); self.send_header("Content-Length", str(n)); self.end_headers()
+            chunk = b"x" * 65536
+            while n > 0:
+                k = min(n, len(chunk)); self.wfile.write(chunk[:k]); n -= k
+            return
+        body = ("hello %s %s\n" % (self.headers.get("Host"), self.server.server_address[0])).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+class TS(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    request_queue_size = 4096
+def serve(addr, port, tls=False):
+    s = TS((addr, port), H)
+    if tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(os.path.join(d, "cert.pem"), os.path.join(d, "key.pem"))
+        s.socket = ctx.wrap_socket(s.socket, server_side=True)
+    s.serve_forever()
+def hold(addr):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((addr, 7000)); l.listen(64)
+    def one(c):
+        try:
+            while True:
+                b = c.recv(4096)
+                if not b: break
+                c.sendall(b)
+        except OSError: pass
+        c.close()
+    while True:
+        c, _ = l.accept(); threading.Thread(target=one, args=(c,), daemon=True).start()
+def banner(addr):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((addr, 2222)); l.listen(64)
+    while True:
+        c, _ = l.accept(); c.sendall(b"SSH-2.0-cove-test\r\n"); c.close()
+def udp(addr):
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, 9999))
+    while True:
+        b, a = u.recvfrom(2048)
+        with open(os.path.join(d, "udp.log"), "a") as f: f.write("%s %r\n" % (a, b))
+for a in ("203.0.113.2", "203.0.113.3"):
+    for f, args in ((serve, (a, 80)), (serve, (a, 443, True)), (hold, (a,)), (banner, (a,)), (udp, (a,))):
+        threading.Thread(target=f, args=args, daemon=True).start()
+open(os.path.join(d, "ready"), "w").close()
+threading.Event().wait()
+'''
+
+
+def sh(*argv, check=True):
+    return subprocess.run(argv, check=check, capture_output=True, text=True)
+
+
+class Upstream:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="cove-egress-up-")
+        self.down()
+        sh("ip", "netns", "add", NS)
+        sh("ip", "link", "add", "cvt-h", "type", "veth", "peer", "name", "cvt-n", "netns", NS)
+        sh("ip", "addr", "add", "203.0.113.1/24", "dev", "cvt-h")
+        sh("ip", "link", "set", "cvt-h", "up")
+        for a in (UP1, UP2):
+            sh("ip", "-n", NS, "addr", "add", a + "/24", "dev", "cvt-n")
+        sh("ip", "-n", NS, "link", "set", "cvt-n", "up")
+        sh("ip", "-n", NS, "link", "set", "lo", "up")
+        sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+           "-subj", "/CN=allowed.test", "-addext",
+           "subjectAltName=DNS:allowed.test,DNS:other.test,DNS:www.allowed.test",
+           "-keyout", os.path.join(self.dir, "key.pem"), "-out", os.path.join(self.dir, "cert.pem"))
+        with open(os.path.join(self.dir, "server.py"), "w") as f:
+            f.write(SERVER)
+        self.log = open(os.path.join(self.dir, "server.log"), "w")
+        self.proc = subprocess.Popen(["ip", "netns", "exec", NS, "python3",
+                                      os.path.join(self.dir, "server.py"), self.dir],
+                                     stdout=self.log, stderr=self.log)
+        deadline = time.time() + 20
+        while not os.path.exists(os.path.join(self.dir, "ready")):
+            if time.time() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("upstream servers did not start")
+            time.sleep(0.05)
+        time.sleep(0.2)
+
+    def udp_log(self):
+        try:
+            with open(os.path.join(self.dir, "udp.log")) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    @staticmethod
+    def down():
+        sh("ip", "netns", "del", NS, check=False)
+        sh("ip", "link", "del", "cvt-h", check=False)
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+        self.log.close()
+        self.down()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start_coved(build_dir, templates_dir, log_dir):
+    args = ["--pool", "0", "--templates", "busybox,base"]
+    for s in STATICS:
+        args += ["--dns-static", s]
+    return Coved(build_dir, templates_dir=templates_dir, extra_args=args, log_dir=log_dir)
+
+
+def audit(client, sid, kind=None, after=0):
+    q = f"/v1/audit?sandbox={sid}&after={after}" + (f"&kind={kind}" if kind else "")
+    return client.get(q)["events"]
+
+
+def wait_audit(client, sid, pred, timeout=10):
+    deadline = time.time() + timeout
+    while True:
+        ev = [e for e in audit(client, sid) if pred(e)]
+        if ev or time.time() > deadline:
+            return ev
+        time.sleep(0.1)
