@@ -238,9 +238,12 @@ def test_reconnect_after_exit_replays_everything(client, sandbox):
 
 def test_overflow_is_explicit(client, sandbox):
     sid = sandbox["id"]
-    # 3 MiB of output > the 2 MiB replay buffer
-    r = client.exec(sid, "dd if=/dev/zero bs=65536 count=48 2>/dev/null | tr '\\0' 'z'")
-    pid = r["pid"]
+    # 3 MiB of output > the 2 MiB replay buffer of a streamed process (an exec with
+    # wait:true keeps what it returns, up to 16 MiB per stream, so it is not used here)
+    first = list(client.exec(sid, "dd if=/dev/zero bs=65536 count=48 2>/dev/null | tr '\\0' 'z'",
+                             wait=False))
+    assert first[-1]["type"] == "exit"
+    pid = first[0]["pid"]
     evs = list(client.stream(f"/v1/sandboxes/{sid}/processes/{pid}/events?after=0"))
     assert evs[0]["type"] == "overflow", evs[0]
     assert evs[0]["message"]

@@ -475,8 +475,11 @@ int cove_h_exec(void *app, struct cove_req *r)
         const char *tag = json_string_value(json_object_get(body, "tag"));
         uint32_t pid = 0;
         struct cove_err err;
-        int rc = cove_chan_exec(c, req, tag, cmd_desc, &pid, &err);
         int wait = json_is_true(w);
+        /* wait mode keeps up to WAIT_OUTPUT_MAX per stream: let the replay hold that much
+         * (both streams, plus event overhead), so a fast burst is never dropped unseen */
+        int rc = cove_chan_exec_ex(c, req, tag, cmd_desc,
+                                   wait ? 2 * WAIT_OUTPUT_MAX + (1u << 20) : 0, &pid, &err);
         json_decref(req);
         json_decref(cmd_desc);
         json_decref(body);

@@ -24,6 +24,7 @@
 #define MAX_PROCS 1100    /* running + kept */
 #define PROC_REPLAY_BYTES (2u << 20)
 #define PROC_REPLAY_EVENTS 65536
+#define MAX_REPLAY_BYTES (64u << 20) /* bound for cove_chan_exec_ex */
 #define WATCH_REPLAY_BYTES (1u << 20)
 #define WATCH_REPLAY_EVENTS 20000
 #define MAX_WATCHES 64
@@ -57,7 +58,8 @@ struct pending {
         char tag[128];
         json_t *cmd;
         uint32_t pid;
-        int stdin_open; /* exec asked for stdin:true */
+        int stdin_open;      /* exec asked for stdin:true */
+        size_t replay_bytes; /* replay bound of the process (0: default) */
 };
 
 struct proc {
@@ -467,7 +469,8 @@ static void on_exec_ok(struct cove_chan *c, struct pending *pd, json_t *resp)
         p->started_at = cove_now_ms();
         p->running = 1;
         p->stdin_open = pd->stdin_open;
-        cove_replay_init(&p->rb, PROC_REPLAY_BYTES, PROC_REPLAY_EVENTS);
+        cove_replay_init(&p->rb, pd->replay_bytes ? pd->replay_bytes : PROC_REPLAY_BYTES,
+                         PROC_REPLAY_EVENTS);
         cove_replay_append(&p->rb, COVE_EV_START, NULL, 0);
         p->next = c->procs;
         c->procs = p;
@@ -739,7 +742,8 @@ static int wait_done_locked(struct cove_chan *c, struct pending *pd, int timeout
 }
 
 static int call_kind(struct cove_chan *c, int kind, json_t *req, json_t **resp, int timeout_ms,
-                     const char *tag, json_t *cmd, uint32_t *pid, struct cove_err *err)
+                     const char *tag, json_t *cmd, size_t replay_bytes, uint32_t *pid,
+                     struct cove_err *err)
 {
         pthread_mutex_lock(&c->mu);
         struct pending *pd = pending_new_locked(c, kind, err);
@@ -747,6 +751,7 @@ static int call_kind(struct cove_chan *c, int kind, json_t *req, json_t **resp, 
                 pthread_mutex_unlock(&c->mu);
                 return -1;
         }
+        pd->replay_bytes = replay_bytes;
         if (tag)
                 snprintf(pd->tag, sizeof(pd->tag), "%s", tag);
         if (cmd)
@@ -776,13 +781,22 @@ int cove_chan_call(struct cove_chan *c, json_t *req, json_t **resp, int timeout_
                    struct cove_err *err)
 {
         return call_kind(c, PEND_CALL, req, resp, timeout_ms > 0 ? timeout_ms : CALL_TIMEOUT_MS,
-                         NULL, NULL, NULL, err);
+                         NULL, NULL, 0, NULL, err);
 }
 
 int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd, uint32_t *pid,
                    struct cove_err *err)
 {
-        return call_kind(c, PEND_EXEC, req, NULL, CALL_TIMEOUT_MS, tag ? tag : "", cmd, pid, err);
+        return cove_chan_exec_ex(c, req, tag, cmd, 0, pid, err);
+}
+
+int cove_chan_exec_ex(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd,
+                      size_t replay_bytes, uint32_t *pid, struct cove_err *err)
+{
+        if (replay_bytes > MAX_REPLAY_BYTES)
+                replay_bytes = MAX_REPLAY_BYTES;
+        return call_kind(c, PEND_EXEC, req, NULL, CALL_TIMEOUT_MS, tag ? tag : "", cmd,
+                         replay_bytes, pid, err);
 }
 
 static int ev_copy(const struct cove_ev *ev, struct cove_ev **out, struct cove_err *err)
