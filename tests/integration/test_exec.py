@@ -122,3 +122,13 @@ def test_exit_not_held_by_background_child(client, sandbox):
     r = run(client, sandbox["id"], "sleep 50 & echo fg", timeout=30)
     assert r["exit_code"] == 0
     assert r["stdout"] == "fg\n"
+
+
+def test_wait_returns_large_output_whole(client, sandbox):
+    """wait:true keeps up to 16 MiB per stream: 12 MiB produced faster than coved reads
+    comes back complete and not marked truncated."""
+    r = client.exec(sandbox["id"], "dd if=/dev/zero bs=1048576 count=12 2>/dev/null | tr '\\0' 'q'",
+                    timeout=300)
+    assert r["exit_code"] == 0
+    assert not r.get("truncated"), "output was dropped"
+    assert len(r["stdout"]) == 12 << 20 and set(r["stdout"]) == {"q"}
