@@ -1,0 +1,90 @@
+"""Egress gateway figures (docs/egress.md): run as root from the checkout,
+BUILD=build python3 bench/egress_bench.py. Upstream servers in their own netns
+(tests/lib/egressenv.py); 'direct' = the same client on the host, no proxy."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from egressenv import UP1, Upstream, start_coved  # noqa: E402
+
+CLIENT = r'''
+import socket, struct, sys, time, json, os, random
+host = sys.argv[1]; mode = sys.argv[2]
+def rt(n):
+    lat = []
+    for i in range(n):
+        t = time.perf_counter()
+        s = socket.create_connection((host, 7000))
+        s.sendall(b"GET / HTTP/1.1\r\nHost: allowed.test:7000\r\n\r\n"); s.recv(100); s.close()
+        lat.append((time.perf_counter() - t) * 1000)
+    lat.sort(); return {"p50_ms": lat[n // 2], "p99_ms": lat[int(n * .99)]}
+def big(nbytes):
+    s = socket.create_connection((host, 80))
+    s.sendall(b"GET /big/%d HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n" % nbytes)
+    t = time.perf_counter(); got = 0
+    while True:
+        b = s.recv(1 << 20)
+        if not b: break
+        got += len(b)
+    dt = time.perf_counter() - t
+    return {"MB_s": got / dt / 1e6, "bytes": got}
+def conc(n):
+    socks, errs = [], 0
+    for i in range(n):
+        try:
+            s = socket.create_connection((host, 7000), timeout=10)
+            s.sendall(b"GET / HTTP/1.1\r\nHost: allowed.test:7000\r\n\r\n"); socks.append(s)
+        except OSError: errs += 1
+    ok = 0
+    for s in socks:
+        try:
+            s.settimeout(10)
+            if s.recv(100): ok += 1
+            else: errs += 1
+        except OSError: errs += 1
+    for s in socks: s.close()
+    return {"ok": ok, "errors": errs}
+def dns(secs):
+    q = struct.pack(">HHHHHH", 1, 0x100, 1, 0, 0, 0) + b"\x07allowed\x04test\x00" + struct.pack(">HH", 1, 1)
+    ns = open("/etc/resolv.conf").read().split("nameserver")[1].split()[0]
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.connect((ns, 53)); u.settimeout(2)
+    n = 0; end = time.time() + secs; win = 32
+    for _ in range(win): u.send(q)
+    while time.time() < end:
+        u.recv(512); n += 1; u.send(q)
+    return {"answers_s": n / secs}
+import resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+out = {"latency": rt(500), "download": big(1 << 30), "concurrent_1000": conc(1000)}
+if mode == "sandbox": out["dns"] = dns(3)
+print(json.dumps(out))
+'''
+
+
+def main():
+    build = os.path.join(ROOT, os.environ.get("BUILD", "build"))
+    up = Upstream()
+    d = start_coved(build, os.environ.get("COVE_TEMPLATES_DIR", os.path.join(build, "test-templates")), None)
+    try:
+        c = d.client
+        sb = c.create(template="base", egress={"allow": ["allowed.test"]})["id"]
+        c.put_file(sb, "/tmp/client.py", CLIENT.encode())
+        r = c.exec(sb, ["python3", "/tmp/client.py", "allowed.test", "sandbox"], timeout=600)
+        via = json.loads(r["stdout"] or "{}") if r["exit_code"] == 0 else r
+        with open("/tmp/cove-egress-client.py", "w") as f:
+            f.write(CLIENT)
+        direct = json.loads(subprocess.run(["python3", "/tmp/cove-egress-client.py", UP1, "host"],
+                                           capture_output=True, text=True).stdout)
+        print(json.dumps({"proxy": via, "direct": direct}, indent=1))
+        c.remove(sb)
+    finally:
+        d.stop()
+        up.close()
+
+
+if __name__ == "__main__":
+    main()
