@@ -68,12 +68,6 @@ describe('sandbox lifecycle', () => {
     assert.ok(t3 < t2, 'setTimeout did not shorten')
   })
 
-  test('pause is reported as not possible (needs snapshots)', async () => {
-    const sbx = await newSandbox()
-    assert.equal(await sbx.pause(), false)
-    assert.equal(await sbx.isRunning(), true)
-  })
-
   test('list with a metadata filter and paging', async () => {
     const tag = `list-${Date.now()}`
     const a = await newSandbox({ metadata: { tag, n: '1' } })
@@ -102,6 +96,139 @@ describe('sandbox lifecycle', () => {
     const m = await sbx.getMetrics()
     assert.ok(m.length >= 1)
     assert.ok(m[0].memTotal > 0 && m[0].diskTotal > 0)
+  })
+})
+
+// Raw E2B API call (to see the statuses the SDK hides: connect's 200 vs 201).
+async function api(method, path, body) {
+  const res = await fetch(process.env.E2B_API_URL + path, {
+    method,
+    headers: { 'X-API-KEY': process.env.E2B_API_KEY, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  })
+  const text = await res.text()
+  return { status: res.status, body: text ? JSON.parse(text) : null }
+}
+
+// Pause is cove's time machine: a snapshot of kind "files" (the ns runtime has no memory
+// snapshots), so a resumed sandbox has its files and none of its processes.
+describe('pause and resume', () => {
+  test('pause keeps files, not processes; connect resumes', async () => {
+    const tag = `pause-${Date.now()}`
+    const sbx = await newSandbox({ metadata: { tag } })
+    await sbx.files.write('keep/notes.txt', 'kept across pause\n')
+    await sbx.commands.run('echo from-root > /etc/cove-e2b-marker', { user: 'root' })
+    const bg = await sbx.commands.run('sleep 600', { background: true })
+    const bgEnd = bg.wait().then(
+      (r) => ({ ok: r }),
+      (e) => ({ err: e }),
+    )
+    assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid))
+
+    assert.equal(await sbx.pause(), true)
+    assert.equal(await sbx.isRunning(), false)
+    const info = await sbx.getInfo()
+    assert.equal(info.state, 'paused')
+    const paused = await Sandbox.list({ query: { metadata: { tag }, state: ['paused'] } }).nextItems()
+    assert.deepEqual(paused.map((s) => s.sandboxId), [sbx.sandboxId])
+    assert.equal(paused[0].state, 'paused')
+    const running = await Sandbox.list({ query: { metadata: { tag }, state: ['running'] } }).nextItems()
+    assert.deepEqual(running, [])
+    // the background command's stream was cut: its process ended with the pause
+    assert.ok((await bgEnd).err, 'the background command outlived the pause')
+    // in-sandbox calls fail as for a dead sandbox
+    await assert.rejects(sbx.commands.run('true'))
+
+    const t0 = Date.now()
+    const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 90_000 })
+    assert.equal(again.sandboxId, sbx.sandboxId)
+    assert.equal(await again.isRunning(), true)
+    const after = await again.getInfo()
+    assert.equal(after.state, 'running')
+    const end = after.endAt.getTime()
+    assert.ok(end >= t0 + 85_000 && end <= Date.now() + 91_000, `endAt ${after.endAt}`)
+    // files are preserved (the user's and root's)
+    assert.equal(await again.files.read('keep/notes.txt'), 'kept across pause\n')
+    assert.equal((await again.commands.run('cat /etc/cove-e2b-marker')).stdout, 'from-root\n')
+    // processes are not: the sandbox started again from PID 1 (documented limit)
+    assert.ok(!(await again.commands.list()).some((p) => p.cmd === '/bin/bash' && p.args.includes('sleep 600')))
+    assert.equal((await again.commands.run('pgrep -x sleep || echo none')).stdout, 'none\n')
+    // the handle from before the pause works again (same access token)
+    assert.equal((await sbx.commands.run('echo back')).stdout, 'back\n')
+  })
+
+  test('connect answers 201 when it resumed, 200 when running; timeout applies', async () => {
+    const sbx = await newSandbox()
+    assert.equal(await sbx.pause(), true)
+    const r1 = await api('POST', `/v2/sandboxes/${sbx.sandboxId}/connect`, { timeout: 200 })
+    assert.equal(r1.status, 201, JSON.stringify(r1.body))
+    assert.equal(r1.body.sandboxID, sbx.sandboxId)
+    assert.equal(r1.body.state, 'running')
+    assert.ok(r1.body.envdAccessToken)
+    const end1 = Date.parse(r1.body.endAt)
+    assert.ok(Math.abs(end1 - (Date.now() + 200_000)) < 10_000, `endAt ${r1.body.endAt}`)
+    // running: 200, and a shorter timeout does not shorten it
+    const r2 = await api('POST', `/sandboxes/${sbx.sandboxId}/connect`, { timeout: 30 })
+    assert.equal(r2.status, 200)
+    assert.ok(Date.parse(r2.body.endAt) >= end1)
+    // deprecated /resume: 409 for a running sandbox
+    assert.equal((await api('POST', `/sandboxes/${sbx.sandboxId}/resume`, {})).status, 409)
+    assert.equal((await sbx.commands.run('echo ok')).stdout, 'ok\n')
+  })
+
+  test('pause of a paused sandbox is false; kill of a paused sandbox', async () => {
+    const sbx = await newSandbox()
+    assert.equal(await sbx.pause(), true)
+    assert.equal(await sbx.pause(), false)
+    assert.equal(await Sandbox.pause(sbx.sandboxId), false)
+    assert.equal(await sbx.kill(), true)
+    await assert.rejects(Sandbox.getInfo(sbx.sandboxId), /not found/i)
+    await assert.rejects(Sandbox.connect(sbx.sandboxId), /not found/i)
+    await assert.rejects(Sandbox.pause(sbx.sandboxId), /not found/i)
+    assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+  })
+
+  test('autoPause: onTimeout pause, list shows it paused, connect resumes', async () => {
+    const tag = `autopause-${Date.now()}`
+    const sbx = await newSandbox({
+      timeoutMs: 4_000,
+      metadata: { tag },
+      lifecycle: { onTimeout: 'pause' },
+    })
+    assert.equal((await sbx.getInfo()).lifecycle?.onTimeout, 'pause')
+    await sbx.files.write('/home/user/auto.txt', 'still here')
+    const items = await until(
+      'the sandbox to pause at its timeout',
+      async () => {
+        const l = await Sandbox.list({ query: { metadata: { tag }, state: ['paused'] } }).nextItems()
+        return l.length ? l : null
+      },
+      60_000,
+    )
+    assert.equal(items[0].sandboxId, sbx.sandboxId)
+    assert.equal(items[0].state, 'paused')
+    assert.equal(await sbx.isRunning(), false)
+    const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60_000 })
+    assert.equal(await again.isRunning(), true)
+    assert.equal(await again.files.read('/home/user/auto.txt'), 'still here')
+    // a plain create still kills at the timeout
+    const plain = await newSandbox({ timeoutMs: 60_000 })
+    assert.equal((await plain.getInfo()).lifecycle?.onTimeout, 'kill')
+  })
+
+  test('memory-keeping pause and auto-resume are refused, not ignored', async () => {
+    const sbx = await newSandbox()
+    await assert.rejects(sbx.pause({ keepMemory: true }), /keepMemory/)
+    assert.equal(await sbx.isRunning(), true)
+    await assert.rejects(
+      Sandbox.create(TEMPLATE, { lifecycle: { onTimeout: { action: 'pause', keepMemory: true } } }),
+      /keepMemory/,
+    )
+    await assert.rejects(
+      Sandbox.create(TEMPLATE, { lifecycle: { onTimeout: 'pause', autoResume: true } }),
+      /autoResume/,
+    )
+    await assert.rejects(Sandbox.pause('sbx_doesnotexist'), /not found/i)
   })
 })
 

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "control/apikey.h"
+#include "control/snapshot.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -195,6 +196,12 @@ static int live_state(const char *s)
         return !strcmp(s, "running") || !strcmp(s, "starting");
 }
 
+/* Paused for E2B: paused, or on the way into or out of it (a connect resumes it). */
+static int paused_state(const char *s)
+{
+        return !strcmp(s, "paused") || !strcmp(s, "pausing") || !strcmp(s, "resuming");
+}
+
 /* E2B's SandboxDetail / ListedSandbox for a cove row. */
 static json_t *detail(struct cove_e2b *e, const struct cove_sandbox_row *s, int with_token)
 {
@@ -203,17 +210,16 @@ static json_t *detail(struct cove_e2b *e, const struct cove_sandbox_row *s, int 
         cove_rfc3339(s->expires_at ? s->expires_at : s->created_at, end, sizeof(end));
         json_error_t je;
         json_t *meta = json_loads(s->metadata_json ? s->metadata_json : "{}", 0, &je);
-        const char *state = live_state(s->state) ? "running"
-                            : (!strcmp(s->state, "paused") || !strcmp(s->state, "pausing") ||
-                               !strcmp(s->state, "resuming"))
-                                ? "paused"
-                                : s->state;
-        json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:o}",
-                              "sandboxID", s->id, "templateID", s->template_name, "alias",
-                              s->template_name, "clientID", s->node, "startedAt", started, "endAt",
-                              end, "state", state, "cpuCount", s->cpus, "memoryMB", s->memory_mb,
-                              "diskSizeMB", s->disk_mb, "envdVersion", COVE_E2B_ENVD_VERSION,
-                              "metadata", json_is_object(meta) ? meta : json_object());
+        const char *state = live_state(s->state)     ? "running"
+                            : paused_state(s->state) ? "paused"
+                                                     : s->state;
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:o, s:{s:s, s:b}}",
+            "sandboxID", s->id, "templateID", s->template_name, "alias", s->template_name,
+            "clientID", s->node, "startedAt", started, "endAt", end, "state", state, "cpuCount",
+            s->cpus, "memoryMB", s->memory_mb, "diskSizeMB", s->disk_mb, "envdVersion",
+            COVE_E2B_ENVD_VERSION, "metadata", json_is_object(meta) ? meta : json_object(),
+            "lifecycle", "onTimeout", s->on_timeout, "autoResume", 0);
         if (!json_is_object(meta))
                 json_decref(meta);
         if (o && with_token) {
@@ -225,8 +231,10 @@ static json_t *detail(struct cove_e2b *e, const struct cove_sandbox_row *s, int 
         return o;
 }
 
-/* The tenant's live sandbox, or an answered 404 (E2B forgets stopped sandboxes). */
-static int load_live(struct cove_e2b *e, struct cove_req *r, struct cove_sandbox_row *row)
+/* The tenant's live (or, with paused_ok, paused) sandbox, or an answered 404 (E2B forgets
+ * stopped sandboxes). */
+static int load_known(struct cove_e2b *e, struct cove_req *r, struct cove_sandbox_row *row,
+                      int paused_ok)
 {
         struct cove_err err;
         if (cove_sandbox_load(e->d, r->tenant, r->params[0], row, &err) < 0) {
@@ -236,13 +244,18 @@ static int load_live(struct cove_e2b *e, struct cove_req *r, struct cove_sandbox
                         reply_err(r, &err);
                 return -1;
         }
-        if (!live_state(row->state)) {
+        if (!live_state(row->state) && !(paused_ok && paused_state(row->state))) {
                 reply_error(r, 404, "sandbox \"%s\" is %s%s%s", row->id, row->state,
                             row->error ? ": " : "", row->error ? row->error : "");
                 cove_sandbox_row_clear(row);
                 return -1;
         }
         return 0;
+}
+
+static int load_live(struct cove_e2b *e, struct cove_req *r, struct cove_sandbox_row *row)
+{
+        return load_known(e, r, row, 0);
 }
 
 /* ---- handlers --------------------------------------------------------------------- */
@@ -273,9 +286,12 @@ static int h_create(void *app, struct cove_req *r)
                 why = "templateID is required (cove templates: base, busybox)";
         else if (to && !json_is_null(to) && !json_is_integer(to))
                 why = "timeout must be an integer number of seconds";
-        else if (json_is_true(json_object_get(b, "autoPause")))
-                why = "autoPause is not supported yet: pausing needs snapshots (cove issue 3); "
-                      "create without lifecycle.onTimeout='pause'";
+        else if (json_is_true(json_object_get(b, "autoPauseMemory")))
+                why = "onTimeout.keepMemory is not supported: cove's pause keeps the sandbox's "
+                      "files, not its memory (running processes end); use keepMemory: false";
+        else if (json_is_true(json_object_get(json_object_get(b, "autoResume"), "enabled")))
+                why = "lifecycle.autoResume is not supported: resume a paused sandbox with "
+                      "Sandbox.connect()";
         else if (nonempty(json_object_get(b, "mcp")))
                 why = "MCP gateways are not supported by cove";
         else if (nonempty(json_object_get(b, "volumeMounts")))
@@ -287,7 +303,8 @@ static int h_create(void *app, struct cove_req *r)
                 json_decref(b);
                 return reply_error(r, 400, "%s", why);
         }
-        json_t *body = json_pack("{s:O}", "template", tpl);
+        json_t *body = json_pack("{s:O, s:s}", "template", tpl, "on_timeout",
+                                 json_is_true(json_object_get(b, "autoPause")) ? "pause" : "kill");
         if (json_is_integer(to) && json_integer_value(to) > 0)
                 json_object_set(body, "timeout_s", to);
         else if (json_is_integer(to))
@@ -320,7 +337,7 @@ static int h_get(void *app, struct cove_req *r)
         struct cove_e2b *e = app;
         AUTH(e, r);
         struct cove_sandbox_row row;
-        if (load_live(e, r, &row) < 0)
+        if (load_known(e, r, &row, 1) < 0)
                 return 0;
         json_t *o = detail(e, &row, 1);
         cove_sandbox_row_clear(&row);
@@ -337,7 +354,7 @@ static int h_kill(void *app, struct cove_req *r)
                 return err.kind == COVE_E_NOT_FOUND
                            ? reply_error(r, 404, "sandbox \"%.64s\" not found", r->params[0])
                            : reply_err(r, &err);
-        int was_live = live_state(row.state);
+        int was_live = live_state(row.state) || paused_state(row.state);
         cove_sandbox_row_clear(&row);
         /* a stopped sandbox is gone for E2B (kill() → false), but its row is still cleaned */
         if (cove_sandbox_delete(e->d, r->tenant, r->params[0], 1, &err) < 0)
@@ -388,59 +405,135 @@ static int h_timeout(void *app, struct cove_req *r)
         return rc < 0 ? reply_err(r, &err) : cove_reply_empty(r, 204);
 }
 
-/* POST /sandboxes/{id}/connect and /v2/…: 200 when running (timeout only ever extends);
- * 201 would mean "resumed", which needs snapshots. */
+/* Resume the tenant's paused sandbox id (cove_sandbox_resume: its last snapshot into a
+ * fresh layer, a new instance, the timeout starts again) and reload it into row. Answers
+ * itself and returns -1 on failure; returns 1 (row loaded, untouched) when it turned out
+ * to be running already (a concurrent connect resumed it first). */
+static int resume(struct cove_e2b *e, struct cove_req *r, struct cove_sandbox_row *row)
+{
+        struct cove_err err;
+        json_t *out = NULL;
+        int rc = cove_sandbox_resume(e->d, r->tenant, r->params[0], NULL, &out, &err);
+        json_decref(out);
+        if (rc < 0 && err.kind != COVE_E_CONFLICT)
+                return reply_err(r, &err), -1;
+        if (load_live(e, r, row) < 0)
+                return -1;
+        return rc < 0 ? 1 : 0;
+}
+
+/* The optional {timeout} of connect and resume: seconds, or -1 when absent. */
+static int body_timeout(struct cove_req *r, json_int_t *secs)
+{
+        json_t *b = cove_req_json(r, 1);
+        if (!b)
+                return -1;
+        json_t *t = json_object_get(b, "timeout");
+        int bad = t && !json_is_null(t) && (!json_is_integer(t) || json_integer_value(t) < 0);
+        *secs = json_is_integer(t) ? json_integer_value(t) : -1;
+        json_decref(b);
+        if (bad)
+                return reply_error(r, 400, "timeout must be a number of seconds"), -1;
+        return 0;
+}
+
+/* POST /sandboxes/{id}/connect and /v2/…: 200 when running (the timeout only ever
+ * extends); a paused sandbox is resumed first: 201, with the timeout set as asked. The
+ * body's `memory` is not looked at: a resume always restores the files only. */
 static int h_connect(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        AUTH(e, r);
+        json_int_t secs;
+        if (body_timeout(r, &secs) < 0)
+                return 0;
+        struct cove_sandbox_row row;
+        if (load_known(e, r, &row, 1) < 0)
+                return 0;
+        unsigned status = 200;
+        if (paused_state(row.state)) {
+                cove_sandbox_row_clear(&row);
+                int rc = resume(e, r, &row);
+                if (rc < 0)
+                        return 0;
+                status = rc == 0 ? 201 : 200;
+        }
+        struct cove_err err;
+        if (secs >= 0 && set_timeout(e, r, &row, secs, status == 200, &err) < 0) {
+                cove_sandbox_row_clear(&row);
+                return reply_err(r, &err);
+        }
+        json_t *o = detail(e, &row, 1);
+        cove_sandbox_row_clear(&row);
+        return cove_reply_json(r, status, o);
+}
+
+/* POST /sandboxes/{id}/pause → 204; 409 when already paused (the SDK's pause() then
+ * answers false). What is kept is the sandbox's files (a snapshot of kind "files"): its
+ * processes end. So an explicit {"memory": true} is refused rather than ignored. */
+static int h_pause(void *app, struct cove_req *r)
 {
         struct cove_e2b *e = app;
         AUTH(e, r);
         json_t *b = cove_req_json(r, 1);
         if (!b)
                 return 0;
-        json_t *t = json_object_get(b, "timeout");
-        if (t && !json_is_null(t) && (!json_is_integer(t) || json_integer_value(t) < 0)) {
-                json_decref(b);
-                return reply_error(r, 400, "timeout must be a number of seconds");
-        }
-        json_int_t secs = json_is_integer(t) ? json_integer_value(t) : -1;
+        int memory = json_is_true(json_object_get(b, "memory"));
         json_decref(b);
+        if (memory)
+                return reply_error(r, 400,
+                                   "keepMemory is not supported: cove's pause keeps the "
+                                   "sandbox's files, not its memory (running processes end); "
+                                   "pause without keepMemory or with keepMemory: false");
         struct cove_sandbox_row row;
-        if (load_live(e, r, &row) < 0)
+        if (load_known(e, r, &row, 1) < 0)
                 return 0;
+        int paused = paused_state(row.state);
+        cove_sandbox_row_clear(&row);
+        if (paused)
+                return reply_error(r, 409, "sandbox \"%.64s\" is already paused", r->params[0]);
+        json_t *out = NULL;
         struct cove_err err;
-        if (secs >= 0 && set_timeout(e, r, &row, secs, 1, &err) < 0) {
+        if (cove_sandbox_pause(e->d, r->tenant, r->params[0], &out, &err) < 0)
+                return err.kind == COVE_E_CONFLICT
+                           ? reply_error(r, 409, "sandbox \"%.64s\" cannot be paused now: %s",
+                                         r->params[0], err.msg)
+                           : reply_err(r, &err);
+        json_decref(out);
+        return cove_reply_empty(r, 204);
+}
+
+/* POST /sandboxes/{id}/resume (deprecated by E2B for connect): 201 when resumed, 409 when
+ * running. */
+static int h_resume(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        AUTH(e, r);
+        json_int_t secs;
+        if (body_timeout(r, &secs) < 0)
+                return 0;
+        struct cove_sandbox_row row;
+        if (load_known(e, r, &row, 1) < 0)
+                return 0;
+        int paused = paused_state(row.state);
+        cove_sandbox_row_clear(&row);
+        if (!paused)
+                return reply_error(r, 409, "sandbox \"%.64s\" is already running", r->params[0]);
+        int rc = resume(e, r, &row);
+        if (rc < 0)
+                return 0;
+        if (rc > 0) {
+                cove_sandbox_row_clear(&row);
+                return reply_error(r, 409, "sandbox \"%.64s\" is already running", r->params[0]);
+        }
+        struct cove_err err;
+        if (secs >= 0 && set_timeout(e, r, &row, secs, 0, &err) < 0) {
                 cove_sandbox_row_clear(&row);
                 return reply_err(r, &err);
         }
         json_t *o = detail(e, &row, 1);
         cove_sandbox_row_clear(&row);
-        return cove_reply_json(r, 200, o);
-}
-
-static int h_pause(void *app, struct cove_req *r)
-{
-        struct cove_e2b *e = app;
-        AUTH(e, r);
-        struct cove_sandbox_row row;
-        if (load_live(e, r, &row) < 0)
-                return 0;
-        cove_sandbox_row_clear(&row);
-        /* 409 is what E2B answers when a sandbox cannot be paused; the SDK's pause()
-         * then returns false. The sandbox keeps running until its timeout. */
-        return reply_error(r, 409,
-                           "pause is not supported yet: it needs snapshots (cove issue 3); the "
-                           "sandbox keeps running until its timeout");
-}
-
-static int h_resume(void *app, struct cove_req *r)
-{
-        struct cove_e2b *e = app;
-        AUTH(e, r);
-        struct cove_sandbox_row row;
-        if (load_live(e, r, &row) < 0)
-                return 0;
-        cove_sandbox_row_clear(&row);
-        return reply_error(r, 409, "sandbox \"%.64s\" is already running", r->params[0]);
+        return cove_reply_json(r, 201, o);
 }
 
 static int h_metrics(void *app, struct cove_req *r)
