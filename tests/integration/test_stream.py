@@ -274,14 +274,21 @@ def test_stdin_refused_when_not_open(client, sandbox):
         post(client, f"/v1/sandboxes/{sid}/processes/{pid}/signal", {"signal": "KILL"})
         until_exit(ev)
     pid, ev = start(client, sid, "cat; sleep 100", stdin=True)
+    evs = []
     try:
         base = f"/v1/sandboxes/{sid}/processes/{pid}/stdin"
         assert post(client, base + "?eof=true", b"last\n").status == 200
         r = post(client, base, b"after eof")
         assert r.status == 409 and r.error.get("code") == "conflict", r
+        # cat echoes what it got before the KILL below (await it: no race on a slow host)
+        evs = []
+        for e in ev:
+            evs.append(e)
+            if client.output(evs) == b"last\n" or e["type"] in ("exit", "error"):
+                break
     finally:
         post(client, f"/v1/sandboxes/{sid}/processes/{pid}/signal", {"signal": "KILL"})
-        evs = until_exit(ev)
+        evs += until_exit(ev)
     assert client.output(evs) == b"last\n"
 
 
