@@ -204,7 +204,9 @@ void cove_audit_log(struct cove_audit *a, const char *tenant, const char *sandbo
                 return;
         }
         struct qev *q = calloc(1, sizeof(*q));
-        char *d = json_dumps(detail ? detail : json_object(), JSON_COMPACT | JSON_SORT_KEYS);
+        if (!detail)
+                detail = json_object();
+        char *d = json_dumps(detail, JSON_COMPACT | JSON_SORT_KEYS);
         json_decref(detail);
         if (!q || !d) {
                 free(q);
