@@ -29,9 +29,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-        struct coved_options o = {
-            .listen = "127.0.0.1:7677", .log_level = COVE_LOG_INFO, .default_timeout_s = 300,
-            .pool_size = -1};
+        struct coved_options o = {.listen = "127.0.0.1:7677",
+                                  .log_level = COVE_LOG_INFO,
+                                  .default_timeout_s = 300,
+                                  .pool_size = -1};
         static const struct option opts[] = {
             {"data-dir", required_argument, 0, 'd'},
             {"listen", required_argument, 0, 'l'},

@@ -80,7 +80,7 @@ const char *cove_req_header(struct cove_req *r, const char *name)
 int cove_req_sockfd(struct cove_req *r)
 {
         const union MHD_ConnectionInfo *ci =
-                MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+            MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         return ci ? ci->connect_fd : -1;
 }
 

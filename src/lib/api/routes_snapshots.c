@@ -28,7 +28,7 @@ int cove_h_snapshot_create(void *app, struct cove_req *r)
         if (lv && !json_is_null(lv) &&
             (!json_is_string(lv) || strlen(json_string_value(lv)) != json_string_length(lv)))
                 rc = cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "label must be a string");
-        struct cove_snapshot_row s;
+        struct cove_snapshot_row s = {0};
         if (rc == 0)
                 rc = cove_snapshot_take(d, r->tenant, r->params[0], json_string_value(lv), 0, &s,
                                         &err);

@@ -23,11 +23,11 @@ struct coved_options {
         const char *guest_binary;  /* default: cove-guest next to the coved binary */
         const char *templates;     /* comma list built at start if missing (default "busybox") */
         int log_level;
-        int default_timeout_s;          /* 300 */
-        const char *e2b_api_listen;     /* E2B control plane "HOST:PORT"; NULL for none */
-        const char *e2b_sandbox_listen; /* E2B in-sandbox (envd) surface; NULL for none */
+        int default_timeout_s;              /* 300 */
+        const char *e2b_api_listen;         /* E2B control plane "HOST:PORT"; NULL for none */
+        const char *e2b_sandbox_listen;     /* E2B in-sandbox (envd) surface; NULL for none */
         struct coved_egress_options egress; /* gateway: pool, resolvers (control/egress.h) */
-        int pool_size;                  /* warm instances per template (-1: default 4, 0: none) */
+        int pool_size; /* warm instances per template (-1: default 4, 0: none) */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -56,10 +56,10 @@ struct coved {
         struct cove_catalog *cat;
         struct cove_node *node;
         struct cove_http *http;
-        struct cove_e2b *e2b; /* E2B-compatible listeners (api/e2b.h), NULL when off */
+        struct cove_e2b *e2b;     /* E2B-compatible listeners (api/e2b.h), NULL when off */
         struct cove_gateway *gw;  /* egress gateway (net/gateway.h), NULL when unavailable */
         struct cove_audit *audit; /* audit log (control/audit.h) */
-        struct cove_tm *tm;   /* snapshots: chunk store, rolling/retention thread (snapshot.h) */
+        struct cove_tm *tm; /* snapshots: chunk store, rolling/retention thread (snapshot.h) */
         int quitting;
         pthread_mutex_t mu; /* metrics, timer wake-up */
         pthread_cond_t cv;

@@ -34,9 +34,9 @@ struct pool {
         struct pool *next;
         char rootfs[PATH_MAX];
         unsigned cpus, memory_mb, disk_mb;
-        int target;           /* instances to keep ready */
-        int starting;         /* being started by the refill thread */
-        int64_t retry_at_ns;  /* after a failed start: back off until then */
+        int target;          /* instances to keep ready */
+        int starting;        /* being started by the refill thread */
+        int64_t retry_at_ns; /* after a failed start: back off until then */
         uint64_t taken, missed;
 };
 
@@ -45,7 +45,7 @@ struct cove_node {
         char data_dir[PATH_MAX];
         char guest[PATH_MAX];
         struct cove_runtime *rt;
-        pthread_mutex_t mu; /* instances, uid slots */
+        pthread_mutex_t mu;     /* instances, uid slots */
         pthread_cond_t stop_cv; /* an instance being stopped left the list (with mu) */
         struct inst *insts;
         int ninsts;
@@ -424,13 +424,13 @@ static void *refill_main(void *arg)
                         r = cove_node_uid_reserve(n, &uid, &err);
                 if (r == 0) {
                         struct cove_instance_spec spec = {
-                                .sandbox_id = id,
-                                .rootfs = want->rootfs,
-                                .cpus = want->cpus,
-                                .memory_mb = want->memory_mb,
-                                .disk_mb = want->disk_mb,
-                                .uid_base = uid,
-                                .uid_count = COVE_UID_RANGE,
+                            .sandbox_id = id,
+                            .rootfs = want->rootfs,
+                            .cpus = want->cpus,
+                            .memory_mb = want->memory_mb,
+                            .disk_mb = want->disk_mb,
+                            .uid_base = uid,
+                            .uid_count = COVE_UID_RANGE,
                         };
                         r = start_instance(n, &spec, want, &err);
                         if (r < 0) {
@@ -446,8 +446,8 @@ static void *refill_main(void *arg)
                 want->starting--;
                 if (r < 0) {
                         want->retry_at_ns = cove_mono_ns() + 2000000000LL;
-                        cove_warn(n->cfg.log, "pool", "warm pool refill failed (retrying in 2 s): %s",
-                                  err.msg);
+                        cove_warn(n->cfg.log, "pool",
+                                  "warm pool refill failed (retrying in 2 s): %s", err.msg);
                 }
         }
         pthread_mutex_unlock(&n->mu);
@@ -486,9 +486,8 @@ int cove_node_pool_add(struct cove_node *n, const char *rootfs, unsigned cpus, u
         return 0;
 }
 
-int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus,
-                        unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
-                        uint32_t *uid_base)
+int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus, unsigned memory_mb,
+                        unsigned disk_mb, char *id, size_t cap, uint32_t *uid_base)
 {
         int r = 1;
         pthread_mutex_lock(&n->mu);
@@ -520,8 +519,7 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
 {
         if (!n->cfg.rt_ops->layer_snapshot)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "runtime %s cannot snapshot sandboxes",
-                                     n->cfg.rt_ops->name);
+                                     "runtime %s cannot snapshot sandboxes", n->cfg.rt_ops->name);
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
         /* stopping excludes it: a stop may free it once mu is released; while stopping is 0
@@ -533,7 +531,8 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
         }
         in->busy++;
         pthread_mutex_unlock(&n->mu);
-        int r = n->cfg.rt_ops->layer_snapshot(n->rt, &in->ri, sandbox_id, dest_image, pause_ns, err);
+        int r =
+            n->cfg.rt_ops->layer_snapshot(n->rt, &in->ri, sandbox_id, dest_image, pause_ns, err);
         pthread_mutex_lock(&n->mu);
         in->busy--;
         pthread_cond_broadcast(&n->stop_cv);

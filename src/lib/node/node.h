@@ -64,9 +64,8 @@ int cove_node_pool_add(struct cove_node *n, const char *rootfs, unsigned cpus, u
                        unsigned disk_mb, int size, struct cove_err *err);
 /* Take a ready instance of that shape: 0 with its id and uid range (now the caller's, as if
  * cove_node_start had made it), 1 when none is ready (start one cold). */
-int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus,
-                        unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
-                        uint32_t *uid_base);
+int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus, unsigned memory_mb,
+                        unsigned disk_mb, char *id, size_t cap, uint32_t *uid_base);
 /* Time machine passthroughs to the runtime (runtime.h documents them). snapshot: -1 with
  * UNAVAILABLE when the runtime cannot, CONFLICT when the sandbox has no instance. */
 int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,

@@ -32,8 +32,9 @@ enum cove_frame_type {
 #define COVE_FF_STDOUT 0x02 /* OUT: stream */
 #define COVE_FF_STDERR 0x04
 #define COVE_FF_PTY 0x08
-#define COVE_FF_ABORT 0x10 /* DATA with END (file write): discard the transfer, keep the old file  \
-                            */
+#define COVE_FF_ABORT                                                                              \
+        0x10 /* DATA with END (file write): discard the transfer, keep the old file                \
+              */
 
 struct cove_frame {
         uint8_t type;

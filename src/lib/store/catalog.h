@@ -78,8 +78,8 @@ typedef int (*cove_snapshot_cb)(const struct cove_snapshot_row *row, void *arg);
 /* An audit event (schema 3): append-only and hash-chained (control/audit.h computes the
  * hashes; the catalog stores them and refuses updates and deletes). */
 struct cove_audit_row {
-        int64_t seq;        /* 1, 2, … without gaps */
-        int64_t at;         /* unix ms */
+        int64_t seq; /* 1, 2, … without gaps */
+        int64_t at;  /* unix ms */
         char tenant[64];
         char sandbox[64];   /* "" when none */
         char kind[32];      /* "egress", "dns", … */
@@ -171,8 +171,7 @@ struct cove_catalog_ops {
                           const char *json, struct cove_err *err);
         int (*egress_get)(struct cove_catalog *c, const char *sandbox_id, char **json,
                           struct cove_err *err);
-        int (*egress_delete)(struct cove_catalog *c, const char *sandbox_id,
-                             struct cove_err *err);
+        int (*egress_delete)(struct cove_catalog *c, const char *sandbox_id, struct cove_err *err);
 };
 
 extern const struct cove_catalog_ops cove_catalog_sqlite;

@@ -116,8 +116,7 @@ static const char *const migrations[] = {
         "id, tenant, sandbox_id, parent_id, kind, created_at, label, size_bytes, new_bytes,"       \
         " pause_us, rolling"
 
-#define AUDIT_COLS                                                                                 \
-        "seq, at, tenant, sandbox, kind, action, verdict, detail_json, prev_hash, hash"
+#define AUDIT_COLS "seq, at, tenant, sandbox, kind, action, verdict, detail_json, prev_hash, hash"
 
 enum stmt_id {
         ST_VERSION,
@@ -1029,8 +1028,8 @@ static int sqlite_snapshot_delete(struct cove_catalog *c, const char *id, struct
 
 /* ---- audit events, egress policies ---- */
 
-static int sqlite_audit_append(struct cove_catalog *c, const struct cove_audit_row *rows,
-                               size_t n, struct cove_err *err)
+static int sqlite_audit_append(struct cove_catalog *c, const struct cove_audit_row *rows, size_t n,
+                               struct cove_err *err)
 {
         for (size_t i = 0; i < n; i++)
                 if (!field_ok(rows[i].tenant, sizeof(rows[i].tenant)) ||
