@@ -125,8 +125,8 @@ def test_exit_not_held_by_background_child(client, sandbox):
 
 
 def test_wait_returns_large_output_whole(client, sandbox):
-    """wait:true keeps up to 16 MiB per stream: 12 MiB produced faster than coved reads
-    comes back complete and not marked truncated."""
+    """wait:true holds the process (back-pressure) instead of dropping: 12 MiB produced
+    faster than coved reads comes back complete and not marked truncated."""
     r = client.exec(sandbox["id"], "dd if=/dev/zero bs=1048576 count=12 2>/dev/null | tr '\\0' 'q'",
                     timeout=300)
     assert r["exit_code"] == 0

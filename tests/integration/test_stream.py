@@ -239,7 +239,7 @@ def test_reconnect_after_exit_replays_everything(client, sandbox):
 def test_overflow_is_explicit(client, sandbox):
     sid = sandbox["id"]
     # 3 MiB of output > the 2 MiB replay buffer of a streamed process (an exec with
-    # wait:true keeps what it returns, up to 16 MiB per stream, so it is not used here)
+    # wait:true holds the process instead of dropping, so it is not used here)
     first = list(client.exec(sid, "dd if=/dev/zero bs=65536 count=48 2>/dev/null | tr '\\0' 'z'",
                              wait=False))
     assert first[-1]["type"] == "exit"

@@ -425,6 +425,7 @@ static int exec_wait(struct coved *d, struct cove_req *r, struct cove_chan *c, u
                         problem = "sandbox stopped while the process ran";
                 free(ev);
         }
+        cove_chan_proc_unhold(c, pid);
         cove_chan_unref(c);
         if (!exit) {
                 free(out.data);
@@ -476,10 +477,8 @@ int cove_h_exec(void *app, struct cove_req *r)
         uint32_t pid = 0;
         struct cove_err err;
         int wait = json_is_true(w);
-        /* wait mode keeps up to WAIT_OUTPUT_MAX per stream: let the replay hold that much
-         * (both streams, plus event overhead), so a fast burst is never dropped unseen */
-        int rc = cove_chan_exec_ex(c, req, tag, cmd_desc,
-                                   wait ? 2 * WAIT_OUTPUT_MAX + (1u << 20) : 0, &pid, &err);
+        /* wait mode takes every event: hold the process so nothing is dropped unseen */
+        int rc = cove_chan_exec_ex(c, req, tag, cmd_desc, wait, &pid, &err);
         json_decref(req);
         json_decref(cmd_desc);
         json_decref(body);

@@ -24,7 +24,8 @@
 #define MAX_PROCS 1100    /* running + kept */
 #define PROC_REPLAY_BYTES (2u << 20)
 #define PROC_REPLAY_EVENTS 65536
-#define MAX_REPLAY_BYTES (64u << 20) /* bound for cove_chan_exec_ex */
+#define HOLD_PAUSE_BYTES (512u << 10) /* unread output of a held process that pauses rx */
+#define HOLD_RESUME_BYTES (128u << 10)
 #define WATCH_REPLAY_BYTES (1u << 20)
 #define WATCH_REPLAY_EVENTS 20000
 #define MAX_WATCHES 64
@@ -58,8 +59,8 @@ struct pending {
         char tag[128];
         json_t *cmd;
         uint32_t pid;
-        int stdin_open;      /* exec asked for stdin:true */
-        size_t replay_bytes; /* replay bound of the process (0: default) */
+        int stdin_open; /* exec asked for stdin:true */
+        int hold;       /* the caller reads every event (exec wait): back-pressure, no drops */
 };
 
 struct proc {
@@ -69,7 +70,10 @@ struct proc {
         json_t *cmd;
         int64_t started_at;
         int running;
-        int stdin_open; /* started with stdin:true and no EOF sent yet */
+        int stdin_open;    /* started with stdin:true and no EOF sent yet */
+        int hold;          /* a reader takes every event: pause the guest rather than drop */
+        uint64_t held_seq; /* last seq that reader took */
+        size_t unread;     /* event bytes after held_seq */
         struct cove_replay rb;
 };
 
@@ -469,8 +473,8 @@ static void on_exec_ok(struct cove_chan *c, struct pending *pd, json_t *resp)
         p->started_at = cove_now_ms();
         p->running = 1;
         p->stdin_open = pd->stdin_open;
-        cove_replay_init(&p->rb, pd->replay_bytes ? pd->replay_bytes : PROC_REPLAY_BYTES,
-                         PROC_REPLAY_EVENTS);
+        cove_replay_init(&p->rb, PROC_REPLAY_BYTES, PROC_REPLAY_EVENTS);
+        p->hold = pd->hold;
         cove_replay_append(&p->rb, COVE_EV_START, NULL, 0);
         p->next = c->procs;
         c->procs = p;
@@ -561,6 +565,14 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                 }
                 if (f->len)
                         cove_replay_append(&p->rb, t, f->payload, f->len);
+                if (p->hold) {
+                        /* stop reading the guest before the replay bound would drop an
+                         * event the reader has not taken: at most one more read (about
+                         * 1 MiB) lands after the pause, which the 2 MiB bound absorbs */
+                        p->unread += f->len;
+                        if (p->unread > HOLD_PAUSE_BYTES)
+                                c->rx_paused = 1;
+                }
                 return 0;
         }
         case COVE_F_EXIT: {
@@ -742,8 +754,7 @@ static int wait_done_locked(struct cove_chan *c, struct pending *pd, int timeout
 }
 
 static int call_kind(struct cove_chan *c, int kind, json_t *req, json_t **resp, int timeout_ms,
-                     const char *tag, json_t *cmd, size_t replay_bytes, uint32_t *pid,
-                     struct cove_err *err)
+                     const char *tag, json_t *cmd, int hold, uint32_t *pid, struct cove_err *err)
 {
         pthread_mutex_lock(&c->mu);
         struct pending *pd = pending_new_locked(c, kind, err);
@@ -751,7 +762,7 @@ static int call_kind(struct cove_chan *c, int kind, json_t *req, json_t **resp, 
                 pthread_mutex_unlock(&c->mu);
                 return -1;
         }
-        pd->replay_bytes = replay_bytes;
+        pd->hold = hold;
         if (tag)
                 snprintf(pd->tag, sizeof(pd->tag), "%s", tag);
         if (cmd)
@@ -790,13 +801,11 @@ int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cm
         return cove_chan_exec_ex(c, req, tag, cmd, 0, pid, err);
 }
 
-int cove_chan_exec_ex(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd,
-                      size_t replay_bytes, uint32_t *pid, struct cove_err *err)
+int cove_chan_exec_ex(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd, int hold,
+                      uint32_t *pid, struct cove_err *err)
 {
-        if (replay_bytes > MAX_REPLAY_BYTES)
-                replay_bytes = MAX_REPLAY_BYTES;
-        return call_kind(c, PEND_EXEC, req, NULL, CALL_TIMEOUT_MS, tag ? tag : "", cmd,
-                         replay_bytes, pid, err);
+        return call_kind(c, PEND_EXEC, req, NULL, CALL_TIMEOUT_MS, tag ? tag : "", cmd, hold, pid,
+                         err);
 }
 
 static int ev_copy(const struct cove_ev *ev, struct cove_ev **out, struct cove_err *err)
@@ -844,8 +853,42 @@ int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struc
                 if (r != 0 || find_proc(c, pid) == p)
                         break;
         }
+        void (*notify)(void *, struct cove_chan *) = NULL;
+        void *narg = NULL;
+        struct proc *p = r == 1 ? find_proc(c, pid) : NULL;
+        if (p && p->hold && (*out)->seq > p->held_seq) {
+                p->held_seq = (*out)->seq;
+                p->unread = p->unread > (*out)->len ? p->unread - (*out)->len : 0;
+                if (c->rx_paused && p->unread < HOLD_RESUME_BYTES) {
+                        c->rx_paused = 0; /* whoever is still behind pauses it again */
+                        notify = c->rx_notify;
+                        narg = c->rx_arg;
+                }
+        }
         pthread_mutex_unlock(&c->mu);
+        if (notify)
+                notify(narg, c);
         return r;
+}
+
+void cove_chan_proc_unhold(struct cove_chan *c, uint32_t pid)
+{
+        void (*notify)(void *, struct cove_chan *) = NULL;
+        void *narg = NULL;
+        pthread_mutex_lock(&c->mu);
+        struct proc *p = find_proc(c, pid);
+        if (p && p->hold) {
+                p->hold = 0;
+                p->unread = 0;
+                if (c->rx_paused) {
+                        c->rx_paused = 0;
+                        notify = c->rx_notify;
+                        narg = c->rx_arg;
+                }
+        }
+        pthread_mutex_unlock(&c->mu);
+        if (notify)
+                notify(narg, c);
 }
 
 int cove_chan_proc_exists(struct cove_chan *c, uint32_t pid)

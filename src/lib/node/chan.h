@@ -52,11 +52,13 @@ int cove_chan_call(struct cove_chan *c, json_t *req, json_t **resp, int timeout_
  * the process list. On success *pid is the process id and its event stream has a START. */
 int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd, uint32_t *pid,
                    struct cove_err *err);
-/* Same with the process's replay bound (0: the default 2 MiB; at most 64 MiB). A caller that
- * collects all output of a process (exec wait) sets it to what it will keep, so a burst
- * faster than it reads is not dropped. */
-int cove_chan_exec_ex(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd,
-                      size_t replay_bytes, uint32_t *pid, struct cove_err *err);
+/* Same, with hold: the caller will take every event of the process in order (exec wait).
+ * Instead of dropping output it has not taken, the node stops reading the guest's channel
+ * while it lags (only this sandbox waits; memory stays bounded). Release with
+ * cove_chan_proc_unhold() when done reading, also on early exit. */
+int cove_chan_exec_ex(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd, int hold,
+                      uint32_t *pid, struct cove_err *err);
+void cove_chan_proc_unhold(struct cove_chan *c, uint32_t pid);
 /* Copy the first event of pid with seq > after into *out (caller frees with free()).
  * Returns 1 event, 2 overflow (*lost_through set), 0 timeout, 3 end of stream, -1 error
  * (unknown pid: kind NOT_FOUND). */
