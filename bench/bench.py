@@ -133,7 +133,9 @@ class Bench:
         self.res["commit"] = os.environ.get("COVE_BENCH_COMMIT") or subprocess.run(["git", "-C", HERE, "describe", "--always",
                                              "--dirty"], capture_output=True,
                                             text=True).stdout.strip()
-        self.d = Coved(bindir, data_dir=data, templates_dir=self.templates)
+        self.d = Coved(bindir, data_dir=data, templates_dir=self.templates,
+                       extra_args=("--pool", str(self.a.pool)))
+        self.res["pool"] = self.a.pool
         self.d.own_data = True  # stop() removes it
         with open(os.path.join(self.out, "coved.pid"), "w") as f:
             f.write(f"{self.d.proc.pid} {data}\n")
@@ -245,12 +247,12 @@ class Bench:
             self.notes.append(f"create: {len(errors)} of {n} failed, first: {errors[0]}")
         log(f"create: POST p50 {pct(post, 50):.2f} ms, ready p50 {pct(ready, 50):.2f} ms")
 
-    def server_create_ms(self):
-        """coved's own "sandbox … in X ms" figures from its JSON log."""
+    def server_create_ms(self, kind=None):
+        """coved's own "sandbox … in X ms (warm|cold)" figures from its JSON log."""
         xs = []
         for e in self.d.log_lines():
-            m = re.search(r"in ([0-9.]+) ms", e.get("msg", ""))
-            if e.get("event") == "sandbox.create" and m:
+            m = re.search(r"in ([0-9.]+) ms(?: \((warm|cold)\))?", e.get("msg", ""))
+            if e.get("event") == "sandbox.create" and m and (kind is None or m.group(2) == kind):
                 xs.append(float(m.group(1)))
         return xs
 
@@ -379,9 +381,12 @@ class Bench:
         env = dict(os.environ, COVE_PATH=base, COVE_KEY=self.key, COVE_FULL=fpath,
                    COVE_LAST=str(last))
         runs = {}
-        plan = [(c, False) for c in self.a.wrk_conns] + [(self.a.wrk_conns[-1], True)]
-        for conns, nocheck in plan:
+        tail_runs = {}
+        plan = ([(c, False, 0) for c in self.a.wrk_conns] + [(self.a.wrk_conns[-1], True, 0)] +
+                [(c, False, 10) for c in self.a.wrk_conns])
+        for conns, nocheck, tail in plan:
             env["COVE_NOCHECK"] = "1" if nocheck else "0"
+            env["COVE_TAIL"] = str(tail)
             r = subprocess.run(["wrk", "-t2", f"-c{conns}", f"-d{self.a.reconnect_s}s",
                                 "--timeout", "10s", "-s", os.path.join(HERE, "reconnect.lua"),
                                 f"http://127.0.0.1:{self.port}"], env=env,
@@ -403,6 +408,11 @@ class Bench:
             # a reply that started at a wrong seq counts twice
             w["in_flight"] = w["sent"] - w["good"] - w["bad"]
             w["wrong_start"] = max(0, w["hist_mismatch"] - w["in_flight"])
+            if tail:
+                tail_runs[conns] = w
+                log(f"reattach (last {tail} events) -c{conns}: {w['rate']:.0f}/s good {w['good']} "
+                    f"bad {w['bad']}")
+                continue
             runs[conns] = w
             log(f"reconnect -c{conns}: {w['rate']:.0f}/s good {w['good']} bad {w['bad']} "
                 f"sent {w['sent']} hist mismatch {w['hist_mismatch']}")
@@ -410,7 +420,7 @@ class Bench:
         self.delete(sid)
         self.res["reconnect"] = {"events": last, "reply_bytes_full": len(full),
                                  "reference_ok": ok_ref, "python_checked": len(checks),
-                                 "python_bad": py_bad, "wrk": runs}
+                                 "python_bad": py_bad, "wrk": runs, "wrk_tail": tail_runs}
 
     # -- 5. memory with N alive --------------------------------------------------------
     @staticmethod
@@ -552,7 +562,9 @@ class Bench:
                 "< both", faster, comp)
             row("POST /v1/sandboxes alone ms (p50 / p90 / p99)",
                 f"{po['p50']:.2f} / {po['p90']:.2f} / {po['p99']:.2f}", "(info)", None,
-                f"coved log p50 {r['create'].get('server_p50', float('nan')):.2f}")
+                f"coved log p50 {r['create'].get('server_p50', float('nan')):.2f}; "
+                f"coved --pool {r.get('pool')}: {c.get('warm', '?')} creates warm, "
+                f"{c.get('cold', '?')} cold")
             row("DELETE ms (p50 / p90 / p99)",
                 f"{c['delete']['p50']:.2f} / {c['delete']['p90']:.2f} / "
                 f"{c['delete']['p99']:.2f}", "(info)", None,
@@ -584,6 +596,14 @@ class Bench:
                 (f"; without the client-side check {r['reconnect_unchecked']['rate']:,.0f}/s"
                  if r.get("reconnect_unchecked") else "") +
                 f"; {rc['python_checked']} after=N also checked from Python")
+            if rc.get("wrk_tail"):
+                bt = max(rc["wrk_tail"].values(), key=lambda w: w["rate"])
+                lost_t = sum(w["bad"] + w["wrong_start"] for w in rc["wrk_tail"].values())
+                row("reattach + short replay (last ≤ 10 events) per s", f"{bt['rate']:,.0f}",
+                    "≥ 20,000/s, 0 lost", bt["rate"] >= 20000 and lost_t == 0,
+                    f"{bt['conns']} keep-alive conns; bad replies {lost_t}; " +
+                    "; ".join(f"-c{w['conns']}: {w['rate']:,.0f}/s"
+                              for w in rc["wrk_tail"].values()))
         m = r.get("memory")
         if m:
             per = m["per_sandbox_bytes"] / 2**20
@@ -629,6 +649,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--templates", default=None)
     ap.add_argument("--creates", type=int, default=200)
+    ap.add_argument("--pool", type=int, default=4,
+                    help="coved --pool: warm sandboxes per template (0 = every create is cold)")
     ap.add_argument("--concurrent", type=int, default=20)
     ap.add_argument("--concurrent-rounds", type=int, default=3)
     ap.add_argument("--execs", type=int, default=500)
@@ -669,6 +691,8 @@ def main():
             if name == "create" and "create" in b.res:
                 # coved's own figures for the same 200 creates
                 s = b.server_create_ms()[b.log_mark:]
+                b.res["create"]["warm"] = len(b.server_create_ms("warm"))
+                b.res["create"]["cold"] = len(b.server_create_ms("cold"))
                 if s:
                     b.res["create"]["server_p50"] = pct(s, 50)
                     b.res["create"]["server_log"] = summary(s)

@@ -5,9 +5,12 @@
 -- seq; the histograms of requested and answered N must then match (up to the requests still
 -- in flight when wrk stops), so a reply that starts one event early or late is caught too.
 -- Environment: COVE_PATH (…/events?after=), COVE_KEY, COVE_FULL (file: the after=0 body),
--- COVE_LAST (last seq).
+-- COVE_LAST (last seq), COVE_TAIL (see below).
 local path = os.getenv("COVE_PATH")
 local last = tonumber(os.getenv("COVE_LAST"))
+-- COVE_TAIL=K: reattach near the end (after=N in [LAST-K, LAST-1]), the usual reconnect of a
+-- client that lost its connection for a moment; 0: anywhere (a full replay on average half)
+tail = tonumber(os.getenv("COVE_TAIL") or "0")
 wrk.headers["Authorization"] = "Bearer " .. os.getenv("COVE_KEY")
 
 local threads = {}
@@ -39,7 +42,7 @@ function init(args)
 end
 
 function request()
-  local n = math.random(0, last - 1)
+  local n = math.random(tail > 0 and math.max(0, last - tail) or 0, last - 1)
   asked[n] = asked[n] + 1
   sent = sent + 1
   return wrk.format("GET", path .. n)

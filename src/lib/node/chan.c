@@ -871,6 +871,17 @@ int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struc
         return r;
 }
 
+void cove_chan_proc_forget(struct cove_chan *c, uint32_t pid)
+{
+        pthread_mutex_lock(&c->mu);
+        struct proc *p = find_proc(c, pid);
+        if (p && !p->running) {
+                unlink_proc(c, p);
+                proc_free(p);
+        }
+        pthread_mutex_unlock(&c->mu);
+}
+
 void cove_chan_proc_unhold(struct cove_chan *c, uint32_t pid)
 {
         void (*notify)(void *, struct cove_chan *) = NULL;

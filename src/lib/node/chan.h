@@ -59,6 +59,8 @@ int cove_chan_exec(struct cove_chan *c, json_t *req, const char *tag, json_t *cm
 int cove_chan_exec_ex(struct cove_chan *c, json_t *req, const char *tag, json_t *cmd, int hold,
                       uint32_t *pid, struct cove_err *err);
 void cove_chan_proc_unhold(struct cove_chan *c, uint32_t pid);
+/* Drop a finished process's record (its events are gone; it leaves the process list). */
+void cove_chan_proc_forget(struct cove_chan *c, uint32_t pid);
 /* Copy the first event of pid with seq > after into *out (caller frees with free()).
  * Returns 1 event, 2 overflow (*lost_through set), 0 timeout, 3 end of stream, -1 error
  * (unknown pid: kind NOT_FOUND). */

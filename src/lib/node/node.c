@@ -25,6 +25,7 @@ struct inst {
         int stopping;      /* cove_node_stop owns it now: no on_dead callback */
         struct pool *pool; /* non-NULL while it waits, idle, in a warm pool */
         int busy;          /* layer snapshots in progress: stop waits for them */
+        int warming;       /* pooled, but not ready to be taken yet (warm_up running) */
 };
 
 /* A warm pool: instances started ahead of time for one template and shape, so a create
@@ -347,6 +348,7 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
         cove_chan_set_rx_notify(in->chan, rx_notify, n);
         pthread_mutex_lock(&n->mu);
         in->pool = pool;
+        in->warming = pool != NULL;
         in->next = n->insts;
         n->insts = in;
         n->ninsts++;
@@ -382,6 +384,50 @@ static int pool_idle_locked(struct cove_node *n, const struct pool *p)
         for (struct inst *in = n->insts; in; in = in->next)
                 k += in->pool == p && !in->stopping;
         return k;
+}
+
+/* Run one short program in a new pooled instance and forget it: the first exec in a fresh
+ * overlay pays for cold dentries and page tables (several ms here); a warmed instance
+ * answers its owner's first exec like any later one. Best effort. */
+static void warm_up(struct cove_node *n, const char *id)
+{
+        struct cove_chan *c = NULL;
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, id);
+        if (in && !in->stopping) {
+                c = in->chan;
+                cove_chan_ref(c);
+        }
+        pthread_mutex_unlock(&n->mu);
+        if (!c)
+                return;
+        /* argv "true": a PATH search like most first commands, through the shell's dirs */
+        json_t *req =
+            json_pack("{s:s, s:[s], s:{}, s:b}", "op", "exec", "cmd", "true", "env", "stdin", 0);
+        uint32_t pid = 0;
+        struct cove_err err;
+        if (req && cove_chan_exec(c, req, "", NULL, &pid, &err) == 0) {
+                uint64_t after = 0;
+                for (int i = 0; i < 100; i++) {
+                        struct cove_ev *ev = NULL;
+                        uint64_t lost;
+                        int r = cove_chan_proc_next(c, pid, after, &ev, &lost, 100, &err);
+                        if (r == 1) {
+                                after = ev->seq;
+                                int done = ev->type == COVE_EV_EXIT || ev->type == COVE_EV_ERROR;
+                                free(ev);
+                                if (done)
+                                        break;
+                        } else if (r == 2) {
+                                after = lost;
+                        } else if (r != 0) {
+                                break;
+                        }
+                }
+                cove_chan_proc_forget(c, pid);
+        }
+        json_decref(req);
+        cove_chan_unref(c);
 }
 
 static void *refill_main(void *arg)
@@ -433,6 +479,14 @@ static void *refill_main(void *arg)
                             .uid_count = COVE_UID_RANGE,
                         };
                         r = start_instance(n, &spec, want, &err);
+                        if (r == 0) {
+                                warm_up(n, id);
+                                pthread_mutex_lock(&n->mu);
+                                struct inst *in = find_locked(n, id);
+                                if (in)
+                                        in->warming = 0;
+                                pthread_mutex_unlock(&n->mu);
+                        }
                         if (r < 0) {
                                 struct cove_err e2;
                                 char sd[PATH_MAX];
@@ -496,7 +550,8 @@ int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus, 
                     p->disk_mb != disk_mb)
                         continue;
                 for (struct inst *in = n->insts; in && r; in = in->next) {
-                        if (in->pool != p || in->stopping || cove_chan_is_closed(in->chan))
+                        if (in->pool != p || in->stopping || in->warming ||
+                            cove_chan_is_closed(in->chan))
                                 continue;
                         in->pool = NULL;
                         snprintf(id, cap, "%s", in->id);
