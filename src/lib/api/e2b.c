@@ -611,22 +611,8 @@ struct list_ctx {
 static int list_one(const struct cove_sandbox_row *row, void *arg)
 {
         struct list_ctx *x = arg;
-        if (json_object_size(x->meta)) {
-                json_error_t je;
-                json_t *m = json_loads(row->metadata_json ? row->metadata_json : "{}", 0, &je);
-                const char *k;
-                json_t *v;
-                int ok = 1;
-                json_object_foreach(x->meta, k, v)
-                {
-                        const char *have = json_string_value(json_object_get(m, k));
-                        if (!have || strcmp(have, json_string_value(v)) != 0)
-                                ok = 0;
-                }
-                json_decref(m);
-                if (!ok)
-                        return 0;
-        }
+        if (!cove_sandbox_metadata_matches(row, x->meta))
+                return 0;
         if (x->n == x->cap) {
                 size_t nc = x->cap ? x->cap * 2 : 32;
                 void *nb = realloc(x->items, nc * sizeof(*x->items));

@@ -161,22 +161,8 @@ static enum MHD_Result collect_meta(void *cls, enum MHD_ValueKind kind, const ch
 static int list_one(const struct cove_sandbox_row *row, void *arg)
 {
         struct list_ctx *x = arg;
-        if (json_object_size(x->meta)) {
-                json_error_t je;
-                json_t *m = json_loads(row->metadata_json ? row->metadata_json : "{}", 0, &je);
-                const char *k;
-                json_t *v;
-                int ok = 1;
-                json_object_foreach(x->meta, k, v)
-                {
-                        const char *have = json_string_value(json_object_get(m, k));
-                        if (!have || strcmp(have, json_string_value(v)) != 0)
-                                ok = 0;
-                }
-                json_decref(m);
-                if (!ok)
-                        return 0;
-        }
+        if (!cove_sandbox_metadata_matches(row, x->meta))
+                return 0;
         json_array_append_new(x->arr, cove_sandbox_json(row));
         return 0;
 }

@@ -34,6 +34,8 @@ int cove_h_fork(void *app, struct cove_req *r);
 
 int cove_exec_request_build(json_t *body, const char *env_json, json_t **req, json_t **cmd,
                             char *why, size_t cap);
+/* Send req (stolen) to r's sandbox and answer {"ok":true}, or the error. */
+int cove_simple_call(struct coved *d, struct cove_req *r, json_t *req);
 /* Base64 of len bytes into a new string (caller frees). */
 char *cove_b64(const void *data, size_t len);
 /* The sandbox channel for r->params[0], answering the error itself when it fails. */

@@ -563,7 +563,7 @@ int cove_h_stdin(void *app, struct cove_req *r)
                                         json_pack("{s:I}", "written", (json_int_t)r->body_len));
 }
 
-static int simple_call(struct coved *d, struct cove_req *r, json_t *req)
+int cove_simple_call(struct coved *d, struct cove_req *r, json_t *req)
 {
         struct cove_chan *c = cove_req_chan(d, r, NULL);
         if (!c) {
@@ -603,7 +603,7 @@ int cove_h_signal(void *app, struct cove_req *r)
         json_t *req =
             json_pack("{s:s, s:I, s:O}", "op", "signal", "pid", (json_int_t)pid, "signal", sg);
         json_decref(body);
-        return simple_call(d, r, req);
+        return cove_simple_call(d, r, req);
 }
 
 int cove_h_resize(void *app, struct cove_req *r)
@@ -626,5 +626,5 @@ int cove_h_resize(void *app, struct cove_req *r)
         json_t *req = json_pack("{s:s, s:I, s:O, s:O}", "op", "resize", "pid", (json_int_t)pid,
                                 "cols", cols, "rows", rows);
         json_decref(body);
-        return simple_call(d, r, req);
+        return cove_simple_call(d, r, req);
 }

@@ -314,20 +314,7 @@ int cove_h_fs_remove(void *app, struct cove_req *r)
         json_t *req = json_pack("{s:s, s:O, s:b}", "op", "remove", "path",
                                 json_object_get(b, "path"), "recursive", json_is_true(rec));
         json_decref(b);
-        struct coved *d = app;
-        struct cove_chan *c = cove_req_chan(d, r, NULL);
-        if (!c) {
-                json_decref(req);
-                return 0;
-        }
-        json_t *resp = NULL;
-        struct cove_err err;
-        int rc = cove_chan_call(c, req, &resp, 0, &err);
-        json_decref(req);
-        json_decref(resp);
-        cove_chan_unref(c);
-        return rc < 0 ? cove_reply_err(r, &err)
-                      : cove_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
+        return cove_simple_call(app, r, req);
 }
 
 int cove_h_fs_watch(void *app, struct cove_req *r)

@@ -84,6 +84,8 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
 /* 0 found (row filled, caller clears it), -1 with NOT_FOUND otherwise. */
 int cove_sandbox_load(struct coved *d, const char *tenant, const char *id,
                       struct cove_sandbox_row *row, struct cove_err *err);
+/* 1 when the row's metadata holds every key/value of want (an object of strings). */
+int cove_sandbox_metadata_matches(const struct cove_sandbox_row *row, json_t *want);
 int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int purge,
                         struct cove_err *err);
 int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id, json_t *body,

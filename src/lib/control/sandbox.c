@@ -293,6 +293,25 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         return 0;
 }
 
+int cove_sandbox_metadata_matches(const struct cove_sandbox_row *row, json_t *want)
+{
+        if (!json_object_size(want))
+                return 1;
+        json_error_t je;
+        json_t *m = json_loads(row->metadata_json ? row->metadata_json : "{}", 0, &je);
+        const char *k;
+        json_t *v;
+        int ok = 1;
+        json_object_foreach(want, k, v)
+        {
+                const char *have = json_string_value(json_object_get(m, k));
+                if (!have || !json_is_string(v) || strcmp(have, json_string_value(v)) != 0)
+                        ok = 0;
+        }
+        json_decref(m);
+        return ok;
+}
+
 int cove_sandbox_load(struct coved *d, const char *tenant, const char *id,
                       struct cove_sandbox_row *row, struct cove_err *err)
 {
