@@ -376,8 +376,15 @@ static int set_timeout(struct cove_e2b *e, struct cove_req *r, struct cove_sandb
         json_t *out = NULL;
         int rc = cove_sandbox_set_timeout(e->d, r->tenant, row->id, body, &out, err);
         json_decref(body);
-        if (rc == 0)
-                row->expires_at = cove_now_ms() + t * 1000;
+        if (rc == 0) {
+                /* report what was stored, not a second reading of the clock */
+                struct cove_sandbox_row now;
+                struct cove_err e2;
+                if (cove_sandbox_load(e->d, r->tenant, row->id, &now, &e2) == 0) {
+                        row->expires_at = now.expires_at;
+                        cove_sandbox_row_clear(&now);
+                }
+        }
         json_decref(out);
         return rc;
 }
@@ -700,7 +707,8 @@ static int h_list(void *app, struct cove_req *r)
         json_t *arr = json_array();
         size_t shown = 0, next = 0;
         if (rc == 0 && !x.failed) {
-                qsort(x.items, x.n, sizeof(*x.items), item_cmp);
+                if (x.n)
+                        qsort(x.items, x.n, sizeof(*x.items), item_cmp);
                 for (size_t i = 0; i < x.n; i++) {
                         if (after && *after && strcmp(x.items[i].id, after) <= 0)
                                 continue;

@@ -892,7 +892,8 @@ static void thin(struct coved *d, int64_t now)
                 free(l.v);
                 return;
         }
-        qsort(l.v, l.n, sizeof(*l.v), by_sandbox);
+        if (l.n)
+                qsort(l.v, l.n, sizeof(*l.v), by_sandbox);
         int64_t *times = calloc(l.n ? l.n : 1, sizeof(*times));
         int *keep = calloc(l.n ? l.n : 1, sizeof(*keep));
         size_t *idx = calloc(l.n ? l.n : 1, sizeof(*idx));

@@ -600,18 +600,29 @@ static int ns_thaw(struct cove_runtime *rt, struct cove_instance *inst, struct c
 static int teardown(struct cove_runtime *rt, const char *id, const char *state_dir, int purge,
                     struct cove_err *err)
 {
+        /* every step runs even when an earlier one failed (the first error is reported): a
+         * cgroup kept busy by a zombie nobody has reaped yet must not keep the layer mounted
+         * and its loop device attached */
         int rc = 0;
-        if (cove_cgroup_kill(rt->cg, id, err) < 0)
+        struct cove_err e2;
+        struct cove_err *e = err;
+        if (cove_cgroup_kill(rt->cg, id, e) < 0) {
                 rc = -1;
-        if (rc == 0 && cove_cgroup_remove(rt->cg, id, err) < 0)
+                e = &e2;
+        }
+        if (cove_cgroup_remove(rt->cg, id, e) < 0) {
                 rc = -1;
+                e = &e2;
+        }
         if (!purge) {
-                if (rc == 0 && cove_layer_release(rt->layers, id, err) < 0)
+                if (cove_layer_release(rt->layers, id, e) < 0)
                         rc = -1;
         } else {
-                if (rc == 0 && cove_layer_remove(rt->layers, id, err) < 0)
+                if (cove_layer_remove(rt->layers, id, e) < 0) {
                         rc = -1;
-                if (rc == 0 && state_dir && cove_rm_rf(state_dir, err) < 0)
+                        e = &e2;
+                }
+                if (state_dir && cove_rm_rf(state_dir, e) < 0)
                         rc = -1;
         }
         return rc;

@@ -1056,7 +1056,7 @@ static int cap_dir(struct capture *c, int dfd, const char *rel, int depth, struc
                 n++;
         }
         closedir(d);
-        if (rc == 0)
+        if (rc == 0 && n)
                 qsort(names, n, sizeof(*names), cmp_str);
         char path[COVE_PATH_MAX + 2];
         for (size_t i = 0; rc == 0 && i < n; i++) {
@@ -1782,7 +1782,8 @@ int cove_snapshot_list(struct cove_store *st, const char *tenant, char ***ids, s
                 s.v[k++] = s.v[i];
         }
         s.n = k;
-        qsort(s.v, s.n, sizeof(*s.v), cmp_str);
+        if (s.n)
+                qsort(s.v, s.n, sizeof(*s.v), cmp_str);
         free(s.mtime);
         free(s.size);
         *ids = s.v;
