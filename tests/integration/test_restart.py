@@ -160,7 +160,8 @@ def test_sigterm_stops_cleanly(coved_factory):
 
 @pytest.mark.skip(reason="known bug, open: after two kill -9 in a row, in about 1 run of 5 the "
                   "stopped sandbox's layer loop device stays attached until the third coved stops "
-                  "(its mount is still referenced); the single-crash tests above check the rest")
+                  "(its lazily unmounted layer is still referenced); the single-crash tests above "
+                  "check the rest")
 def test_kill9_twice_in_a_row(coved_factory):
     """A crash during the first start after a crash changes nothing."""
     d = coved_factory()

@@ -578,6 +578,16 @@ void coved_reconcile(struct coved *d)
                 cove_sandbox_row_clear(&row);
         }
         free(x.ids);
+        /* Sandboxes already stopped or failed: their host side was cleaned when they stopped,
+         * unless that coved died half-way (a layer still mounted, a cgroup left). Cleaning is
+         * idempotent and cheap when there is nothing left, so do it again. */
+        struct reconcile_ctx y = {0};
+        if (d->cat_ops->sandbox_list(d->cat, NULL, "stopped,error", collect_live, &y, &err) < 0)
+                cove_warn(&d->log, "reconcile", "%s", err.msg);
+        for (size_t i = 0; i < y.n; i++)
+                if (cove_node_stop(d->node, y.ids[i], 0, &err) < 0)
+                        cove_warn(&d->log, "reconcile", "%s", err.msg);
+        free(y.ids);
         char dir[PATH_MAX];
         snprintf(dir, sizeof(dir), "%s/sandboxes", d->data_dir);
         cleanup_dir DIR *dh = opendir(dir);
