@@ -724,6 +724,24 @@ static int exec_start(struct ctx *x, json_t *body, uint32_t *pid, struct cove_er
         return rc;
 }
 
+/* Answer with the Connect stream of process pid: the start event, then its events (the
+ * stream takes over x's channel reference). */
+static int process_stream(struct cove_e2b *e, struct cove_req *r, struct ctx *x, uint32_t pid)
+{
+        struct fstream *s = fs_new(e, r);
+        if (!s ||
+            fs_put(s, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)pid)) <
+                0) {
+                if (s)
+                        fs_free(s);
+                return rpc_error(r, "internal", "out of memory");
+        }
+        s->c = x->c;
+        x->c = NULL;
+        s->pid = pid;
+        return fs_reply(r, s);
+}
+
 static int h_process_start(struct cove_e2b *e, struct cove_req *r, struct ctx *x, json_t *b)
 {
         json_t *proc = json_object_get(b, "process");
@@ -773,18 +791,7 @@ static int h_process_start(struct cove_e2b *e, struct cove_req *r, struct ctx *x
         json_decref(body);
         if (rc < 0)
                 return stream_error(e, r, connect_code(err.kind), err.msg);
-        struct fstream *s = fs_new(e, r);
-        if (!s ||
-            fs_put(s, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)pid)) <
-                0) {
-                if (s)
-                        fs_free(s);
-                return rpc_error(r, "internal", "out of memory");
-        }
-        s->c = x->c;
-        x->c = NULL;
-        s->pid = pid;
-        return fs_reply(r, s);
+        return process_stream(e, r, x, pid);
 }
 
 static int h_process_connect(struct cove_e2b *e, struct cove_req *r, struct ctx *x, json_t *b)
@@ -806,18 +813,7 @@ static int h_process_connect(struct cove_e2b *e, struct cove_req *r, struct ctx 
         json_decref(list);
         if (!found)
                 return stream_error(e, r, "not_found", "process not found");
-        struct fstream *s = fs_new(e, r);
-        if (!s ||
-            fs_put(s, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid", (json_int_t)found)) <
-                0) {
-                if (s)
-                        fs_free(s);
-                return rpc_error(r, "internal", "out of memory");
-        }
-        s->c = x->c;
-        x->c = NULL;
-        s->pid = found;
-        return fs_reply(r, s);
+        return process_stream(e, r, x, found);
 }
 
 static int h_process_list(struct cove_req *r, struct ctx *x)

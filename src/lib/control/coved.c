@@ -236,24 +236,9 @@ void coved_close(struct coved *d)
                 json_t *v;
                 json_array_foreach(ids, i, v)
                 {
-                        struct cove_sandbox_row row;
-                        memset(&row, 0, sizeof(row));
-                        if (d->cat_ops->sandbox_get(d->cat, NULL, json_string_value(v), &row,
-                                                    &err) == 0) {
-                                /* with a snapshot it resumes from there, as after a crash */
-                                int snap = row.last_snapshot_id[0] != '\0';
-                                snprintf(row.state, sizeof(row.state), snap ? "paused" : "stopped");
-                                if (snap) {
-                                        row.uid_base = 0;
-                                        row.expires_at = 0;
-                                }
-                                free(row.error);
-                                row.error = strdup(snap ? "coved was stopped: paused at the last "
-                                                          "snapshot"
-                                                        : "coved was stopped");
-                                d->cat_ops->sandbox_update(d->cat, &row, &err);
-                        }
-                        cove_sandbox_row_clear(&row);
+                        cove_sandbox_settle(d, json_string_value(v),
+                                            "coved was stopped: paused at the last snapshot",
+                                            "coved was stopped");
                 }
                 json_decref(ids);
         }

@@ -94,6 +94,10 @@ int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id
 int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struct cove_chan **chan,
                       struct cove_sandbox_row *row, struct cove_err *err);
 void coved_reconcile(struct coved *d);
+/* The instance of sandbox id is gone: paused at its last snapshot (why_paused), or stopped
+ * (why_stopped) when it has none. */
+void cove_sandbox_settle(struct coved *d, const char *id, const char *why_paused,
+                         const char *why_stopped);
 
 /* HTTP routes (api/routes.c). */
 extern const struct cove_route cove_routes[];

@@ -417,6 +417,31 @@ static void mark(struct coved *d, const char *id, const char *state, const char 
         cove_sandbox_row_clear(&row);
 }
 
+/* A sandbox whose instance is gone (coved stopped or crashed): paused at its last
+ * snapshot when it has one (no instance, uid range or expiry left), stopped otherwise; the
+ * error says which, with the caller's words. */
+void cove_sandbox_settle(struct coved *d, const char *id, const char *why_paused,
+                         const char *why_stopped)
+{
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        memset(&row, 0, sizeof(row));
+        if (d->cat_ops->sandbox_get(d->cat, NULL, id, &row, &err) != 0)
+                return;
+        int snap = row.last_snapshot_id[0] != '\0';
+        snprintf(row.state, sizeof(row.state), snap ? "paused" : "stopped");
+        if (snap) {
+                row.uid_base = 0;
+                row.expires_at = 0;
+        }
+        free(row.error);
+        row.error = strdup(snap ? why_paused : why_stopped);
+        if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
+                cove_warn(&d->log, "sandbox.state", "sandbox %s: %s", id, err.msg);
+        cove_info(&d->log, "sandbox.state", "sandbox %s %s", id, snap ? "paused" : "stopped");
+        cove_sandbox_row_clear(&row);
+}
+
 void coved_on_instance_dead(void *arg, const char *id, const char *why)
 {
         struct coved *d = arg;
@@ -556,26 +581,13 @@ void coved_reconcile(struct coved *d)
                 memset(&row, 0, sizeof(row));
                 int snap = d->cat_ops->sandbox_get(d->cat, NULL, x.ids[i], &row, &err) == 0 &&
                            row.last_snapshot_id[0];
+                cove_sandbox_row_clear(&row);
                 /* a paused sandbox owns no instance, layer or uid range */
                 if (cove_node_stop(d->node, x.ids[i], snap, &err) < 0)
                         cove_warn(&d->log, "reconcile", "%s", err.msg);
-                if (snap) {
-                        snprintf(row.state, sizeof(row.state), "paused");
-                        row.uid_base = 0;
-                        row.expires_at = 0;
-                        free(row.error);
-                        row.error = strdup("coved restarted: paused at the last snapshot");
-                        if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
-                                cove_warn(&d->log, "reconcile", "%s", err.msg);
-                        cove_info(&d->log, "reconcile", "sandbox %s paused at snapshot %s",
-                                  x.ids[i], row.last_snapshot_id);
-                } else {
-                        mark(d, x.ids[i], "stopped",
-                             "coved restarted: the running instance was lost (no snapshot to "
-                             "resume from)");
-                        cove_info(&d->log, "reconcile", "sandbox %s marked stopped", x.ids[i]);
-                }
-                cove_sandbox_row_clear(&row);
+                cove_sandbox_settle(d, x.ids[i], "coved restarted: paused at the last snapshot",
+                                    "coved restarted: the running instance was lost (no "
+                                    "snapshot to resume from)");
         }
         free(x.ids);
         /* Sandboxes already stopped or failed: their host side was cleaned when they stopped,

@@ -140,6 +140,21 @@ static int need_store(struct coved *d, struct cove_err *err)
         return 0;
 }
 
+/* The start of pause, resume and rewind: the tenant's row, a usable store, and the
+ * sandbox's operation lock (released by the caller with sbx_unlock). */
+static int op_begin(struct coved *d, const char *tenant, const char *id,
+                    struct cove_sandbox_row *row, struct cove_err *err)
+{
+        if (cove_sandbox_load(d, tenant, id, row, err) < 0)
+                return -1;
+        if (need_store(d, err) < 0) {
+                cove_sandbox_row_clear(row);
+                return -1;
+        }
+        sbx_lock(d->tm, id, 1);
+        return 0;
+}
+
 /* ---- capture ---- */
 
 /* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
@@ -330,13 +345,8 @@ int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json
                        struct cove_err *err)
 {
         struct cove_sandbox_row row;
-        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+        if (op_begin(d, tenant, id, &row, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
-                cove_sandbox_row_clear(&row);
-                return -1;
-        }
-        sbx_lock(d->tm, id, 1);
         int r = reload(d, id, &row, err);
         if (r == 0 && strcmp(row.state, "running") != 0)
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running", id,
@@ -403,13 +413,8 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
                         json_t **out, struct cove_err *err)
 {
         struct cove_sandbox_row row;
-        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+        if (op_begin(d, tenant, id, &row, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
-                cove_sandbox_row_clear(&row);
-                return -1;
-        }
-        sbx_lock(d->tm, id, 1);
         char prev[16] = "";
         struct cove_snapshot_row snap;
         int r = reload(d, id, &row, err);
@@ -469,13 +474,8 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                         json_t **out, struct cove_err *err)
 {
         struct cove_sandbox_row row;
-        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+        if (op_begin(d, tenant, id, &row, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
-                cove_sandbox_row_clear(&row);
-                return -1;
-        }
-        sbx_lock(d->tm, id, 1);
         struct cove_snapshot_row snap, undo;
         memset(&undo, 0, sizeof(undo));
         int running = 0;
