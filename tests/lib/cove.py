@@ -242,6 +242,13 @@ class Coved:
         os.makedirs(self.data, exist_ok=True)
         self.templates = templates_dir
         self.extra = list(extra_args)
+        # a link pool of its own unless the test names one: coveds of parallel runs on one
+        # host must not hand out the same addresses
+        if not any(a.startswith("--egress-pool") for a in self.extra):
+            self.pool_octet = 64 + (os.getpid() * 7 + id(self)) % 180
+            self.extra += ["--egress-pool", f"10.{self.pool_octet}.0.0/16"]
+        else:
+            self.pool_octet = None
         self.log_dir = log_dir
         self.port = None
         self.proc = None

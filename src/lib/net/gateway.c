@@ -256,6 +256,9 @@ struct cove_gateway *cove_gateway_new(const struct cove_gateway_config *cfg, str
                 return NULL;
         }
         gw->cfg = *cfg;
+        gw->cfg.table = NULL; /* the caller's string; only cove_nft_open below reads it */
+        size_t tl = strlen(cfg->table);
+        snprintf(gw->ifprefix, sizeof(gw->ifprefix), "cv%.6s", cfg->table + (tl > 6 ? tl - 6 : 0));
         gw->dns_udp = gw->dns_tcp = gw->proxy_fd = gw->up_fd = gw->epfd = gw->wake_fd = -1;
         pthread_mutex_init(&gw->mu, NULL);
         if (!gw->cfg.pool_bits) {
@@ -388,7 +391,9 @@ int cove_gateway_attach(struct cove_gateway *gw, const char *sandbox_id, const c
                 s->id[0] = '\0';
                 s->host_ip = gw->cfg.pool_net + (uint32_t)i * 4 + 1;
                 s->sb_ip = s->host_ip + 1;
-                snprintf(s->ifname, sizeof(s->ifname), "cvs%d", i);
+                /* prefix per coved + slot: two coveds on one host (tests, helpers) never share
+                 * a link name (at most 8 + 5 characters) */
+                snprintf(s->ifname, sizeof(s->ifname), "%s%d", gw->ifprefix, i);
                 gw->hint = (i + 1) % gw->nslots;
                 char ifname[16];
                 snprintf(ifname, sizeof(ifname), "%s", s->ifname);

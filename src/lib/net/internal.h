@@ -111,6 +111,7 @@ struct cove_gateway {
         struct slot *slots;
         int nslots, hint;
         struct cove_nft *nft;
+        char ifprefix[9]; /* "cv" + 6 characters of the table name: link names per coved */
         int dns_udp, dns_tcp, proxy_fd, up_fd, epfd, wake_fd;
         uint16_t dns_port, proxy_port;
         struct ev ev_wake, ev_dns_udp, ev_dns_tcp, ev_up, ev_proxy;
