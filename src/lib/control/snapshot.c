@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #define THIN_EVERY_MS 30000
 #define IMG_SNAP "tm-snap-"
 #define IMG_RESTORE "tm-restore-"
+#define MEM_SUFFIX "-mem" /* store id of a full snapshot's checkpoint: <snapshot id>-mem */
 
 struct cove_tm {
         struct cove_store *store;
@@ -157,6 +159,18 @@ static int op_begin(struct coved *d, const char *tenant, const char *id,
 
 /* ---- capture ---- */
 
+static void mem_id(const char *snap_id, char *out, size_t cap)
+{
+        snprintf(out, cap, "%s" MEM_SUFFIX, snap_id);
+}
+
+/* Whether snapshots of running sandboxes are full ones on this node (runtime + self-check). */
+static int full_ok(struct coved *d)
+{
+        char why[320];
+        return cove_node_full_status(d->node, why, sizeof(why)) == 1;
+}
+
 /* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
  * is in the catalog and the sandbox's last_snapshot_id names it (row is reloaded). */
 static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const char *label,
@@ -179,12 +193,32 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         snprintf(s.label, sizeof(s.label), "%s", label ? label : "");
         s.rolling = rolling;
 
-        char img[PATH_MAX];
+        char img[PATH_MAX], mem[PATH_MAX];
         snprintf(img, sizeof(img), "%s/" IMG_SNAP "%s.img", tm->layer_dir, s.id);
+        snprintf(mem, sizeof(mem), "%s/" IMG_SNAP "%s.mem", tm->layer_dir, s.id);
         uint64_t pause_ns = 0;
         int64_t t0 = cove_mono_ns();
         s.created_at = cove_now_ms();
-        if (cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
+        /* full (files + memory + processes) when the node can; rolling snapshots stay files:
+         * a checkpoint stops the sandbox for the whole dump (hundreds of ms for 100 MB),
+         * too long to do every minute without the agent noticing */
+        int full = !rolling && full_ok(d);
+        if (full) {
+                struct cove_err fe;
+                if (cove_node_full_dump(d->node, row->id, img, mem, &pause_ns, &fe) < 0) {
+                        /* e.g. a TCP connection or an egress link CRIU cannot take along:
+                         * the files are still worth a snapshot */
+                        cove_warn(&d->log, "snapshot.full",
+                                  "sandbox %s: full snapshot failed, taking files only: %s",
+                                  row->id, fe.msg);
+                        unlink(img);
+                        unlink(mem);
+                        full = 0;
+                } else {
+                        snprintf(s.kind, sizeof(s.kind), "full");
+                }
+        }
+        if (!full && cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
                 unlink(img);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
         }
@@ -205,18 +239,38 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                         close(tree_fd);
                 cove_node_layer_close(d->node, h);
         }
+        struct cove_snapshot_stats mst;
+        memset(&mst, 0, sizeof(mst));
+        char mid[80];
+        mem_id(s.id, mid, sizeof(mid));
+        if (r == 0 && full) {
+                /* the checkpoint: fixed 2 MiB chunks, encrypted and deduplicated like files */
+                int mfd = open(mem, O_RDONLY | O_CLOEXEC);
+                r = mfd < 0 ? cove_err_set(err, errno, "open %s", mem)
+                            : cove_snapshot_capture_stream(tm->store, s.tenant, mid, NULL, mfd,
+                                                           &mst, err);
+                if (mfd >= 0)
+                        close(mfd);
+                if (r < 0) {
+                        struct cove_err e2;
+                        cove_snapshot_delete(tm->store, s.tenant, s.id, &e2);
+                }
+        }
         pthread_mutex_unlock(&tm->io_mu);
         unlink(img);
+        unlink(mem);
         if (r < 0) {
                 store_err(err);
                 return cove_err_wrap(err, "snapshot of sandbox %s (previous snapshots intact)",
                                      row->id);
         }
-        s.size_bytes = st.size_bytes;
-        s.new_bytes = st.new_bytes;
+        s.size_bytes = st.size_bytes + mst.size_bytes;
+        s.new_bytes = st.new_bytes + mst.new_bytes;
         if (d->cat_ops->snapshot_insert(d->cat, &s, err) < 0) {
                 struct cove_err e2;
                 cove_snapshot_delete(tm->store, s.tenant, s.id, &e2);
+                if (full)
+                        cove_snapshot_delete(tm->store, s.tenant, mid, &e2);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
         }
         if (reload(d, row->id, row, err) == 0) {
@@ -224,8 +278,10 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                 row_write(d, row, err);
         }
         cove_info(&d->log, "snapshot.take",
-                  "sandbox %s snapshot %s%s: %llu bytes (%llu new), paused %.2f ms, %.1f ms total",
-                  s.sandbox_id, s.id, rolling ? " (rolling)" : "", (unsigned long long)s.size_bytes,
+                  "sandbox %s snapshot %s (%s%s): %llu bytes (%llu new), paused %.2f ms, %.1f ms "
+                  "total",
+                  s.sandbox_id, s.id, s.kind, rolling ? ", rolling" : "",
+                  (unsigned long long)s.size_bytes,
                   (unsigned long long)s.new_bytes, (double)s.pause_us / 1000.0,
                   (double)(cove_mono_ns() - t0) / 1e6);
         if (out)
@@ -259,7 +315,7 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
 
 /* Fill a fresh layer image from snapshot snap (of tenant) into img. On failure nothing is
  * left; the error names the snapshot. */
-static int restore_image(struct coved *d, const char *tenant, const char *snap, unsigned disk_mb,
+static int restore_files(struct coved *d, const char *tenant, const char *snap, unsigned disk_mb,
                          char *img, size_t cap, struct cove_err *err)
 {
         struct cove_tm *tm = d->tm;
@@ -285,9 +341,59 @@ static int restore_image(struct coved *d, const char *tenant, const char *snap, 
         return 0;
 }
 
-/* Start row's sandbox on img (which the runtime takes over) with a new uid range. */
+/* A full snapshot's checkpoint into a temporary file mem (the runtime takes it over at
+ * start); mem is "" for a files snapshot. On failure nothing is left. */
+static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, char *mem,
+                       size_t cap, struct cove_err *err)
+{
+        mem[0] = 0;
+        if (strcmp(snap->kind, "full"))
+                return 0;
+        char rnd[32], mid[80];
+        if (cove_id_new("", rnd, sizeof(rnd), err) < 0)
+                return -1;
+        char why[320];
+        if (cove_node_full_status(d->node, why, sizeof(why)) != 1)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "snapshot %s is a full snapshot and this node cannot "
+                                     "restore processes (%s)",
+                                     snap->id, why);
+        snprintf(mem, cap, "%s/" IMG_RESTORE "%s-%s.mem", d->tm->layer_dir, snap->id, rnd);
+        mem_id(snap->id, mid, sizeof(mid));
+        int fd = open(mem, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        struct cove_snapshot_stats st;
+        int r = fd < 0 ? cove_err_set(err, errno, "create %s", mem)
+                       : cove_snapshot_restore_stream(d->tm->store, snap->tenant, mid, fd, &st,
+                                                      err);
+        if (fd >= 0)
+                close(fd);
+        if (r < 0) {
+                unlink(mem);
+                mem[0] = 0;
+                store_err(err);
+                return cove_err_wrap(err, "restore of snapshot %s failed", snap->id);
+        }
+        return 0;
+}
+
+/* Both parts of snapshot snap: the layer into img, and for a full one the checkpoint into
+ * mem (else ""). On failure nothing is left; the error names the snapshot. */
+static int restore_image(struct coved *d, const struct cove_snapshot_row *snap, unsigned disk_mb,
+                         char *img, size_t cap, char *mem, size_t mcap, struct cove_err *err)
+{
+        if (restore_files(d, snap->tenant, snap->id, disk_mb, img, cap, err) < 0)
+                return -1;
+        if (restore_mem(d, snap, mem, mcap, err) < 0) {
+                unlink(img);
+                return -1;
+        }
+        return 0;
+}
+
+/* Start row's sandbox on img (and, for a full snapshot, the checkpoint mem; both taken over by
+ * the runtime) with a new uid range. */
 static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const char *img,
-                            struct cove_err *err)
+                            const char *mem, struct cove_err *err)
 {
         char rootfs[PATH_MAX];
         int r =
@@ -298,6 +404,8 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
         uint32_t base = 0;
         if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
                 unlink(img);
+                if (mem && *mem)
+                        unlink(mem);
                 return -1;
         }
         struct cove_instance_spec spec = {
@@ -309,12 +417,15 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
             .uid_base = base,
             .uid_count = COVE_UID_RANGE,
             .layer_image = img,
+            .mem_image = mem && *mem ? mem : NULL,
         };
         if (cove_node_start(d->node, &spec, err) < 0) {
                 struct cove_err e2;
                 cove_node_stop(d->node, row->id, 1, &e2);
                 cove_node_uid_release(d->node, base);
                 unlink(img);
+                if (mem && *mem)
+                        unlink(mem);
                 if (err->kind == COVE_E_INTERNAL)
                         err->kind = COVE_E_UNAVAILABLE;
                 return -1;
@@ -435,10 +546,11 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         /* a stopped sandbox may have left state behind (a crash): start from a clean slate */
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
-        char img[PATH_MAX];
-        r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img), err);
+        char img[PATH_MAX], mem[PATH_MAX];
+        r = restore_image(d, &snap, (unsigned)row.disk_mb, img, sizeof(img), mem, sizeof(mem),
+                          err);
         if (r == 0)
-                r = start_from_image(d, &row, img, err);
+                r = start_from_image(d, &row, img, mem, err);
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
                 if (reload(d, id, &row, &e2) == 0) {
@@ -501,8 +613,8 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         } else {
                 snprintf(undo.id, sizeof(undo.id), "%s", row.last_snapshot_id);
         }
-        char img[PATH_MAX];
-        if ((r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img),
+        char img[PATH_MAX], mem[PATH_MAX];
+        if ((r = restore_image(d, &snap, (unsigned)row.disk_mb, img, sizeof(img), mem, sizeof(mem),
                                err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: the sandbox was left as it was", id);
                 goto out;
@@ -511,9 +623,11 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         cove_node_stop(d->node, id, 1, &e2); /* switch only now that the new layer is complete */
         if ((r = reload(d, id, &row, err)) < 0) {
                 unlink(img);
+                if (mem[0])
+                        unlink(mem);
                 goto out;
         }
-        if ((r = start_from_image(d, &row, img, err)) < 0) {
+        if ((r = start_from_image(d, &row, img, mem, err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: start from snapshot %s (undo with %s)",
                               id, snap.id, undo.id[0] ? undo.id : "-");
                 snprintf(row.state, sizeof(row.state), "error");
@@ -599,17 +713,17 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 snprintf(s.last_snapshot_id, sizeof(s.last_snapshot_id), "%s", snap.id);
                 s.created_at = cove_now_ms();
                 snprintf(s.state, sizeof(s.state), "starting");
-                char img[PATH_MAX];
+                char img[PATH_MAX], mem[PATH_MAX];
                 r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
                 if (r == 0)
                         r = d->cat_ops->sandbox_insert(d->cat, &s, err);
                 if (r == 0) {
                         snprintf(made[nmade++], 64, "%s", s.id);
-                        r = restore_image(d, snap.tenant, snap.id, (unsigned)s.disk_mb, img,
-                                          sizeof(img), err);
+                        r = restore_image(d, &snap, (unsigned)s.disk_mb, img, sizeof(img), mem,
+                                          sizeof(mem), err);
                 }
                 if (r == 0)
-                        r = start_from_image(d, &s, img, err);
+                        r = start_from_image(d, &s, img, mem, err);
                 if (r == 0) {
                         set_running(d, &s, snap.id);
                         r = row_write(d, &s, err);
@@ -705,6 +819,12 @@ int cove_snapshot_remove(struct coved *d, const char *tenant, const char *snap_i
         /* the row is gone, so it is no longer listed; a manifest left by a failure here is
          * an orphan that the next start removes */
         if (d->tm && d->tm->store && cove_snapshot_delete(d->tm->store, s.tenant, s.id, &e2) < 0 &&
+            e2.kind != COVE_E_NOT_FOUND)
+                cove_warn(&d->log, "snapshot.delete", "%s", e2.msg);
+        char mid[80];
+        mem_id(s.id, mid, sizeof(mid));
+        if (!strcmp(s.kind, "full") && d->tm && d->tm->store &&
+            cove_snapshot_delete(d->tm->store, s.tenant, mid, &e2) < 0 &&
             e2.kind != COVE_E_NOT_FOUND)
                 cove_warn(&d->log, "snapshot.delete", "%s", e2.msg);
         if (d->tm) {
@@ -957,11 +1077,21 @@ static void thin(struct coved *d, int64_t now)
         while (dh && (de = readdir(dh))) {
                 if (!cove_tenant_name_valid(de->d_name))
                         continue;
-                const char **keep_ids = calloc(all.n ? all.n : 1, sizeof(*keep_ids));
+                const char **keep_ids = calloc(all.n ? 2 * all.n : 1, sizeof(*keep_ids));
+                char(*mids)[80] = calloc(all.n ? all.n : 1, sizeof(*mids));
                 size_t n = 0;
-                for (size_t i = 0; keep_ids && i < all.n; i++)
-                        if (!strcmp(all.v[i].tenant, de->d_name))
+                for (size_t i = 0; keep_ids && mids && i < all.n; i++)
+                        if (!strcmp(all.v[i].tenant, de->d_name)) {
                                 keep_ids[n++] = all.v[i].id;
+                                if (!strcmp(all.v[i].kind, "full")) {
+                                        mem_id(all.v[i].id, mids[i], sizeof(mids[i]));
+                                        keep_ids[n++] = mids[i];
+                                }
+                        }
+                if (!mids) {
+                        free(keep_ids);
+                        keep_ids = NULL;
+                }
                 struct cove_gc_stats gs;
                 memset(&gs, 0, sizeof(gs));
                 pthread_mutex_lock(&tm->io_mu);
@@ -969,6 +1099,7 @@ static void thin(struct coved *d, int64_t now)
                     keep_ids ? cove_store_gc(tm->store, de->d_name, keep_ids, n, &gs, &err) : -1;
                 pthread_mutex_unlock(&tm->io_mu);
                 free(keep_ids);
+                free(mids);
                 if (r < 0)
                         cove_warn(&d->log, "snapshot.gc", "tenant %s: %s", de->d_name, err.msg);
                 else if (gs.swept)
@@ -1046,7 +1177,10 @@ static void cleanup_crash(struct coved *d)
                         if (strncmp(de->d_name, IMG_SNAP, strlen(IMG_SNAP)) &&
                             strncmp(de->d_name, IMG_RESTORE, strlen(IMG_RESTORE)))
                                 continue;
-                        if (unlinkat(dirfd(dh), de->d_name, 0) == 0)
+                        char p[PATH_MAX + 256];
+                        struct cove_err e2;
+                        snprintf(p, sizeof(p), "%s/%s", tm->layer_dir, de->d_name);
+                        if (cove_rm_rf(p, &e2) == 0) /* a checkpoint's work dir too */
                                 cove_info(&d->log, "snapshot.recover", "removed temporary image %s",
                                           de->d_name);
                 }
@@ -1068,7 +1202,13 @@ static void cleanup_crash(struct coved *d)
                 }
                 for (size_t i = 0; i < n; i++) {
                         struct cove_snapshot_row s;
-                        if (d->cat_ops->snapshot_get(d->cat, NULL, ids[i], &s, &err) != 1)
+                        /* a checkpoint (<id>-mem) lives as long as its snapshot's row */
+                        char base[80];
+                        snprintf(base, sizeof(base), "%s", ids[i]);
+                        size_t bl = strlen(base), sl = strlen(MEM_SUFFIX);
+                        if (bl > sl && !strcmp(base + bl - sl, MEM_SUFFIX))
+                                base[bl - sl] = 0;
+                        if (d->cat_ops->snapshot_get(d->cat, NULL, base, &s, &err) != 1)
                                 continue;
                         if (cove_snapshot_delete(tm->store, de->d_name, ids[i], &err) == 0)
                                 cove_info(&d->log, "snapshot.recover",

@@ -14,6 +14,7 @@
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -324,6 +325,66 @@ struct loop_state {
         bool hello_done;
 };
 
+/* A HELLO after the handshake with {"rechannel":true}: this guest was restored from a
+ * checkpoint (CRIU) and its channel is a temporary one the node made on the host. The
+ * channel must live in the sandbox's own network namespace (a later checkpoint finds unix
+ * sockets only there), so the guest makes a new pair here, sends the node its end over the
+ * temporary channel (one byte with SCM_RIGHTS), takes the other as its channel and waits
+ * for an ordinary handshake on it. Process state stays as it was. */
+static int handle_rechannel(struct cove_guest *g, struct loop_state *ls,
+                            const struct cove_frame *f, struct cove_err *err)
+{
+        json_t *h = json_loadb((const char *)f->payload, f->len, 0, NULL);
+        int ok = json_is_object(h) && json_is_true(json_object_get(h, "rechannel")) &&
+                 json_integer_value(json_object_get(h, "version")) == COVE_PROTO_VERSION;
+        json_decref(h);
+        if (!ok)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "channel: second HELLO that is not a rechannel request");
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+                return cove_err_set(err, errno, "rechannel: socketpair");
+        char byte = 'R';
+        struct iovec iov = {&byte, 1};
+        union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+        } u;
+        memset(&u, 0, sizeof(u));
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = u.buf,
+                             .msg_controllen = sizeof(u.buf)};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &sv[1], sizeof(int));
+        ssize_t n;
+        do
+                n = sendmsg(g->chan, &msg, MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        close(sv[1]);
+        if (n != 1) {
+                close(sv[0]);
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, errno, "rechannel: send");
+        }
+        /* the temporary channel's last reference goes: epoll forgets it by itself */
+        if (dup3(sv[0], g->chan, O_CLOEXEC) < 0) {
+                int e = errno;
+                close(sv[0]);
+                return cove_err_set(err, e, "rechannel: dup3");
+        }
+        close(sv[0]);
+        cove_decoder_free(&g->dec);
+        if (cove_decoder_init(&g->dec, COVE_FRAME_MAX, err) < 0)
+                return -1;
+        if (g_epoll_add(g, g->chan, EPOLLIN, &g->s_chan) < 0)
+                return cove_err_set(err, errno, "rechannel: epoll");
+        ls->hello_done = false;
+        return 0;
+}
+
 static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struct cove_frame *f,
                         struct cove_err *err)
 {
@@ -338,6 +399,8 @@ static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struc
                 return 0;
         }
         switch (f->type) {
+        case COVE_F_HELLO:
+                return handle_rechannel(g, ls, f, err);
         case COVE_F_REQ:
                 if (f->id == 0)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,

@@ -1,6 +1,7 @@
 /* Instances, uid ranges and the channel I/O thread; see node.h. */
 #include "node/node.h"
 
+
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -11,6 +12,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "proto/frame.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -68,6 +70,8 @@ struct cove_node {
         pthread_cond_t pool_cv;
         pthread_t refill;
         int refill_started;
+        pthread_t fullcheck; /* the runtime's full-snapshot self-check, once at start */
+        int fullcheck_started;
         int pool_quit;
 };
 
@@ -129,6 +133,20 @@ static struct inst *find_locked(struct cove_node *n, const char *id)
         for (struct inst *i = n->insts; i; i = i->next)
                 if (!strcmp(i->id, id))
                         return i;
+        return NULL;
+}
+
+static void *fullcheck_main(void *arg)
+{
+        struct cove_node *n = arg;
+        n->cfg.rt_ops->full_selfcheck(n->rt, n->guest);
+        char why[320];
+        int st = n->cfg.rt_ops->full_status(n->rt, why, sizeof(why));
+        if (st == 1)
+                cove_info(n->cfg.log, "snapshot.full", "full snapshots available: %s", why);
+        else
+                cove_warn(n->cfg.log, "snapshot.full",
+                          "full snapshots unavailable (snapshots are kind files): %s", why);
         return NULL;
 }
 
@@ -246,6 +264,9 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 pthread_join(n->spawner, NULL);
                 goto fail;
         }
+        if (cfg->rt_ops->full_selfcheck &&
+            pthread_create(&n->fullcheck, NULL, fullcheck_main, n) == 0)
+                n->fullcheck_started = 1;
         return n;
 fail:
         if (n->rt)
@@ -337,6 +358,19 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
         }
         int fd = in->ri.chan_fd;
         in->ri.chan_fd = -1;
+        if (in->ri.rechannel) {
+                /* restored from a checkpoint: move the guest to a channel of its own netns */
+                int nfd = cove_frame_rechannel(fd, HELLO_TIMEOUT_MS, err);
+                close(fd);
+                fd = nfd;
+                if (fd < 0) {
+                        cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
+                        struct cove_err e2;
+                        n->cfg.rt_ops->stop(n->rt, &in->ri, spec->sandbox_id, sd, 0, &e2);
+                        free(in);
+                        return -1;
+                }
+        }
         in->chan = cove_chan_new(fd, spec->sandbox_id, n->cfg.log, err);
         uint8_t tok[16];
         char token[33];
@@ -595,6 +629,41 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
         return r;
 }
 
+int cove_node_full_status(struct cove_node *n, char *why, size_t cap)
+{
+        if (!n->cfg.rt_ops->full_status) {
+                snprintf(why, cap, "runtime %s has no full snapshots", n->cfg.rt_ops->name);
+                return 0;
+        }
+        return n->cfg.rt_ops->full_status(n->rt, why, cap);
+}
+
+int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char *dest_image,
+                        const char *dest_mem, uint64_t *pause_ns, struct cove_err *err)
+{
+        char why[320];
+        if (!n->cfg.rt_ops->full_dump || cove_node_full_status(n, why, sizeof(why)) != 1)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "runtime %s cannot take full snapshots here",
+                                     n->cfg.rt_ops->name);
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        if (!in || in->stopping || in->pool) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                                     sandbox_id);
+        }
+        in->busy++;
+        pthread_mutex_unlock(&n->mu);
+        int r = n->cfg.rt_ops->full_dump(n->rt, &in->ri, sandbox_id, dest_image, dest_mem,
+                                         pause_ns, err);
+        pthread_mutex_lock(&n->mu);
+        in->busy--;
+        pthread_cond_broadcast(&n->stop_cv);
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
 const char *cove_node_layer_dir(struct cove_node *n)
 {
         return n->cfg.rt_ops->layer_dir ? n->cfg.rt_ops->layer_dir(n->rt) : NULL;
@@ -748,6 +817,8 @@ void cove_node_free(struct cove_node *n)
         pthread_mutex_unlock(&n->mu);
         if (refill)
                 pthread_join(n->refill, NULL);
+        if (n->fullcheck_started)
+                pthread_join(n->fullcheck, NULL);
         for (;;) {
                 char id[64];
                 int purge = 0;

@@ -75,6 +75,13 @@ int cove_node_layer_open(struct cove_node *n, const char *image, int create, uns
                          int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h);
 
+/* Full snapshots (runtime.h full_*): 1 available, 0 not (why says), -1 self-check running. */
+int cove_node_full_status(struct cove_node *n, char *why, size_t cap);
+/* A full snapshot of a running instance: layer image at dest_image and packed checkpoint at
+ * dest_mem. UNAVAILABLE when the runtime cannot, CONFLICT without an instance. */
+int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char *dest_image,
+                        const char *dest_mem, uint64_t *pause_ns, struct cove_err *err);
+
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,
                     struct cove_err *err);

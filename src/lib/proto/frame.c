@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -172,4 +173,64 @@ int cove_frame_write_timeout(int fd, uint8_t type, uint8_t flags, uint32_t id, c
                              uint32_t len, int timeout_ms, struct cove_err *err)
 {
         return frame_write(fd, type, flags, id, payload, len, timeout_ms < 0 ? 0 : timeout_ms, err);
+}
+
+int cove_frame_rechannel(int fd, int timeout_ms, struct cove_err *err)
+{
+        static const char hello[] = "{\"version\":1,\"rechannel\":true}";
+        _Static_assert(COVE_PROTO_VERSION == 1, "rechannel HELLO names the version");
+        if (cove_frame_write_timeout(fd, COVE_F_HELLO, 0, 0, hello, sizeof(hello) - 1, timeout_ms,
+                                     err) < 0)
+                return cove_err_wrap(err, "rechannel");
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int pr;
+        do
+                pr = poll(&p, 1, timeout_ms);
+        while (pr < 0 && errno == EINTR);
+        if (pr <= 0)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, pr == 0 ? ETIMEDOUT : errno,
+                                     "rechannel: no answer from the guest");
+        char byte = 0;
+        struct iovec iov = {&byte, 1};
+        union {
+                char buf[CMSG_SPACE(sizeof(int) * 4)];
+                struct cmsghdr align;
+        } u;
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = u.buf,
+                             .msg_controllen = sizeof(u.buf)};
+        ssize_t n;
+        do
+                n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        while (n < 0 && errno == EINTR);
+        int got = -1, extra = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+                if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                        continue;
+                size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < k; i++) {
+                        int f;
+                        memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                        if (got < 0)
+                                got = f;
+                        else {
+                                close(f);
+                                extra = 1;
+                        }
+                }
+        }
+        /* the guest is hostile: exactly one fd, and it must be a unix stream socket */
+        int dom = 0, type = 0;
+        socklen_t sl = sizeof(dom);
+        if (n != 1 || byte != 'R' || got < 0 || extra || (msg.msg_flags & MSG_CTRUNC) ||
+            getsockopt(got, SOL_SOCKET, SO_DOMAIN, &dom, &sl) < 0 || dom != AF_UNIX ||
+            (sl = sizeof(type), getsockopt(got, SOL_SOCKET, SO_TYPE, &type, &sl) < 0) ||
+            type != SOCK_STREAM) {
+                if (got >= 0)
+                        close(got);
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, EPROTO,
+                                     "rechannel: the guest did not hand over a channel");
+        }
+        return got;
 }

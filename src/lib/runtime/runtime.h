@@ -5,6 +5,7 @@
 #ifndef COVE_RUNTIME_RUNTIME_H
 #define COVE_RUNTIME_RUNTIME_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -30,6 +31,11 @@ struct cove_instance_spec {
          * is ignored); the warm pool is not used. Refused (COVE_E_CONFLICT) while the image
          * is still open (close tree_fd and layer_close() first). NULL: empty layer. */
         const char *layer_image;
+        /* Full restore (ns with CRIU): a packed checkpoint made by full_dump() together with
+         * layer_image; start() restores the processes from it instead of booting cove-guest,
+         * and takes the file over like layer_image (deleted afterwards, also on failure).
+         * The instance comes back with inst->rechannel set. NULL: cold start. */
+        const char *mem_image;
 };
 
 /* A writable layer opened outside any instance, to read it (capture) or fill it (restore). */
@@ -39,6 +45,9 @@ struct cove_layer_handle;
 struct cove_instance {
         pid_t pid;   /* host pid of the instance's init (cove-guest, or QEMU for vm) */
         int chan_fd; /* node end of the guest channel; the node takes it (sets -1) */
+        /* restored from a checkpoint: chan_fd is a temporary channel; the node moves the
+         * guest to a new one (cove_frame_rechannel) before the handshake */
+        int rechannel;
         void *priv;  /* driver state */
 };
 
@@ -99,6 +108,21 @@ struct cove_runtime_ops {
         int (*layer_open)(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
                           int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
         void (*layer_close)(struct cove_runtime *rt, struct cove_layer_handle *h);
+
+        /* ---- full snapshots (files + memory + processes; optional, ns: CRIU) -------------
+         * 1 when full snapshots work on this node, 0 when not (why says), -1 while the
+         * start-up self-check still runs. */
+        int (*full_status)(struct cove_runtime *rt, char *why, size_t cap);
+        /* The start-up self-check (a real dump and restore of a sandbox-shaped instance);
+         * the node runs it once, on a thread of its own, after open(). */
+        void (*full_selfcheck)(struct cove_runtime *rt, const char *guest_binary);
+        /* A consistent full snapshot: the instance is frozen, its processes dumped (packed
+         * checkpoint at dest_mem, created) and its layer cloned (dest_image, as
+         * layer_snapshot), then thawed; *pause_ns is freeze to thaw. The instance keeps
+         * running. On failure neither file exists and the instance runs on. */
+        int (*full_dump)(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
+                         const char *dest_image, const char *dest_mem, uint64_t *pause_ns,
+                         struct cove_err *err);
 };
 
 extern const struct cove_runtime_ops cove_runtime_ns;
