@@ -293,6 +293,36 @@ out:
 }
 
 /* Returns 0, or -1 with err: a refused handshake (after answering it). */
+/* The processes still running, for a node that meets this guest again after a restore
+ * (rechannel): [{pid, cmd, stdin, pty}], cmd from /proc/<pid>/cmdline (bounded). Empty on a
+ * fresh start. */
+static json_t *running_procs(struct cove_guest *g)
+{
+        json_t *a = json_array();
+        for (size_t i = 0; i < g->nprocs; i++) {
+                const struct gproc *p = g->procs[i];
+                if (!p || p->reaped || p->dead)
+                        continue;
+                char path[64], buf[4096];
+                snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)p->pid);
+                json_t *cmd = json_array();
+                int fd = open(path, O_RDONLY | O_CLOEXEC);
+                ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof(buf) - 1);
+                if (fd >= 0)
+                        close(fd);
+                for (ssize_t k = 0; n > 0 && k < n && json_array_size(cmd) < 64;) {
+                        buf[n] = 0;
+                        json_t *arg = json_string(buf + k); /* NULL when not UTF-8 */
+                        json_array_append_new(cmd, arg ? arg : json_string("?"));
+                        k += (ssize_t)strlen(buf + k) + 1;
+                }
+                json_array_append_new(a, json_pack("{s:i, s:o, s:b, s:b}", "pid", (int)p->pid,
+                                                   "cmd", cmd, "stdin", p->stdin_open, "pty",
+                                                   p->pty));
+        }
+        return a;
+}
+
 static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct cove_err *err)
 {
         json_t *h = json_loadb((const char *)f->payload, f->len, 0, NULL);
@@ -313,7 +343,8 @@ static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct
         json_decref(h);
         json_t *o = msg[0] ? json_pack("{s:i, s:b, s:s}", "version", COVE_PROTO_VERSION, "ok", 0,
                                        "message", msg)
-                           : json_pack("{s:i, s:b}", "version", COVE_PROTO_VERSION, "ok", 1);
+                           : json_pack("{s:i, s:b, s:o}", "version", COVE_PROTO_VERSION, "ok", 1,
+                                       "procs", running_procs(g));
         if (g_send_json(g, COVE_F_HELLO, 0, o, err) < 0)
                 return -1;
         if (msg[0])
