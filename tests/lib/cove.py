@@ -121,6 +121,18 @@ class Client:
                             f"{r.body[:300]!r}")
         return e
 
+    def snapshot_kind(self, timeout=60):
+        """The kind snapshots of running sandboxes have on this coved ("full" or "files", from
+        /healthz), once its start-up CRIU self-check is done."""
+        deadline = time.time() + timeout
+        while True:
+            k = self.get("/healthz", auth=False).get("snapshots")
+            if k != "checking":
+                return k
+            if time.time() > deadline:
+                raise CoveError(f"/healthz still says snapshots: checking after {timeout} s")
+            time.sleep(0.05)
+
     # -- sandboxes ---------------------------------------------------------------------
     def create(self, template="busybox", **fields):
         fields["template"] = template
@@ -233,7 +245,7 @@ class Coved:
     templates come from templates_dir, shared across runs so base is built once."""
 
     def __init__(self, build_dir, data_dir=None, templates_dir=None, extra_args=(),
-                 log_dir=None, start=True):
+                 log_dir=None, start=True, env=None):
         self.bin = os.path.join(build_dir, "coved")
         if not os.access(self.bin, os.X_OK):
             raise CoveError(f"{self.bin} not built (make BUILD={os.path.basename(build_dir)})")
@@ -242,6 +254,7 @@ class Coved:
         os.makedirs(self.data, exist_ok=True)
         self.templates = templates_dir
         self.extra = list(extra_args)
+        self.env = dict(env or {})  # extra environment for coved (e.g. COVE_CRIU=off)
         # a link pool of its own unless the test names one: coveds of parallel runs on one
         # host must not hand out the same addresses
         if not any(a.startswith("--egress-pool") for a in self.extra):
@@ -281,7 +294,8 @@ class Coved:
         self.port = free_port()
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, **self.env} if self.env else None)
         probe = Client(self.port)
         deadline = time.time() + timeout
         while True:

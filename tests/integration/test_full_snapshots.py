@@ -1,0 +1,170 @@
+"""Full snapshots of ns sandboxes (files + memory + processes, with CRIU; docs/storage.md
+"Full snapshots"): a process counting in RAM continues after pause/resume, each fork of a
+running process continues on its own, a rewind to a full snapshot brings the process back
+as it was, and a coved without CRIU says "files" and keeps files only.
+
+The full-snapshot tests need a working criu >= 4 (scripts/install-deps builds one); when
+coved's start-up self-check did not pass they skip, naming what /healthz reported."""
+import time
+
+import pytest
+
+pytestmark = pytest.mark.root
+
+# a shell counting in its own memory: $i lives only in the process; the file is a window
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/cnt; echo n=$i; sleep 0.05; done"
+
+
+def poll(fn, timeout=30, what="condition"):
+    deadline = time.time() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.time() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(0.05)
+
+
+def need_full(c):
+    kind = c.snapshot_kind()
+    if kind != "full":
+        pytest.skip(f"this coved has no full snapshots (/healthz snapshots: {kind}): criu >= 4 "
+                    "missing or its self-check failed (coved's log, event snapshot.full)")
+
+
+def count(c, sid):
+    r = c.request("GET", f"/v1/sandboxes/{sid}/files?path=/tmp/cnt")
+    if r.status != 200:
+        return 0
+    try:
+        return int(r.body.decode().strip() or 0)
+    except ValueError:  # read between truncate and write
+        return 0
+
+
+def start_counter(c, sid, past=5):
+    """Starts COUNTER in the background (the stream is dropped; the process runs on)."""
+    ev = list(c.stream(f"/v1/sandboxes/{sid}/exec", {"shell": COUNTER, "tag": "counter"},
+                       max_events=1))
+    assert ev and ev[0]["type"] == "start", ev
+    poll(lambda: count(c, sid) >= past, what=f"the counter to pass {past}")
+    return ev[0]["pid"]
+
+
+def running_cmds(c, sid):
+    return [p for p in c.get(f"/v1/sandboxes/{sid}/processes")["processes"]
+            if p["running"] and "cnt" in " ".join(p["cmd"])]
+
+
+def new_sandbox(c):
+    return c.create(template="busybox", snapshot_interval_s=0)["id"]
+
+
+def test_pause_resume_keeps_a_running_process(client):
+    c = client
+    need_full(c)
+    sid = new_sandbox(c)
+    try:
+        start_counter(c, sid)
+        r = c.post(f"/v1/sandboxes/{sid}/pause")
+        assert r["sandbox"]["state"] == "paused"
+        assert r["snapshot"]["kind"] == "full" and r["snapshot"]["label"] == "pause"
+        assert r["snapshot"]["size_bytes"] > 0
+        c.expect_error("GET", f"/v1/sandboxes/{sid}/processes", 409, "conflict")
+        sb = c.post(f"/v1/sandboxes/{sid}/resume")
+        assert sb["state"] == "running"
+        first = poll(lambda: count(c, sid), what="the counter file")
+        # the counter goes on from where it was: a process started afresh would begin at 1
+        assert first >= 5, f"counter restarted ({first}): the process did not survive"
+        poll(lambda: count(c, sid) > first + 3, what="the counter to keep counting")
+        # the node adopted the restored process: it is listed and its output can be followed
+        procs = running_cmds(c, sid)
+        assert len(procs) == 1, c.get(f"/v1/sandboxes/{sid}/processes")
+        pid = procs[0]["pid"]
+        evs = list(c.stream(f"/v1/sandboxes/{sid}/processes/{pid}/events?after=0", max_events=4))
+        outs = [int(x[2:]) for x in c.output(evs).decode().split()]
+        assert outs and outs[0] > first - 20, (outs, first)  # its in-memory $i, not a new 1
+        # and the sandbox works as before: new processes, files
+        assert c.exec(sid, "echo fresh")["stdout"] == "fresh\n"
+    finally:
+        c.remove(sid, purge=True)
+
+
+def test_fork_of_a_running_process_diverges(client):
+    c = client
+    need_full(c)
+    sid = new_sandbox(c)
+    forks = []
+    try:
+        start_counter(c, sid)
+        r = c.post(f"/v1/sandboxes/{sid}/fork", {"count": 2})
+        forks = [s["id"] for s in r["sandboxes"]]
+        assert len(forks) == 2 and sid not in forks
+        base = {}
+        for f in forks:
+            base[f] = poll(lambda f=f: count(c, f), what=f"the counter of fork {f}")
+            assert base[f] >= 5, f"fork {f}: counter restarted ({base[f]})"
+            # a new identity: its own hostname
+            assert c.exec(f, "hostname")["stdout"].strip() == f
+        # each fork's process goes on by itself, and their states diverge: stop fork 0's
+        c.exec(forks[0], "echo only-in-0 > /tmp/mark")
+        (p0,) = running_cmds(c, forks[0])  # the restored counter, adopted by the node
+        c.post(f"/v1/sandboxes/{forks[0]}/processes/{p0['pid']}/signal", {"signal": "STOP"})
+        stopped = poll(lambda: count(c, forks[0]), what="fork 0's counter file")
+        poll(lambda: count(c, forks[1]) > base[forks[1]] + 5, what="fork 1 to keep counting")
+        assert c.exec(forks[1], "cat /tmp/mark 2>/dev/null || echo none")["stdout"] == "none\n"
+        assert c.exec(forks[0], "cat /tmp/mark")["stdout"] == "only-in-0\n"
+        assert count(c, forks[0]) == stopped  # fork 0's counter is stopped, fork 1's is not
+        assert c.sandbox(sid)["state"] == "running" and count(c, sid) > 0
+    finally:
+        for f in forks:
+            c.remove(f, purge=True)
+        c.remove(sid, purge=True)
+
+
+def test_rewind_to_a_full_snapshot(client):
+    c = client
+    need_full(c)
+    sid = new_sandbox(c)
+    try:
+        start_counter(c, sid)
+        s1 = c.post(f"/v1/sandboxes/{sid}/snapshots", {"label": "counting"}, expect=201)
+        assert s1["kind"] == "full"
+        at_s1 = count(c, sid)
+        poll(lambda: count(c, sid) > at_s1 + 40, what="the counter to move on")
+        before = count(c, sid)
+        r = c.post(f"/v1/sandboxes/{sid}/rewind", {"snapshot_id": s1["id"]})
+        undo = r["undo_snapshot_id"]
+        assert r["sandbox"]["state"] == "running" and undo
+        v = poll(lambda: count(c, sid), what="the counter after the rewind")
+        # back at the snapshot: near where it was then, not where it was before the rewind
+        assert at_s1 - 5 <= v < before, (at_s1, v, before)
+        assert len(running_cmds(c, sid)) == 1
+        # undo: the state before the rewind comes back, counter included
+        c.post(f"/v1/sandboxes/{sid}/rewind", {"snapshot_id": undo})
+        v2 = poll(lambda: count(c, sid), what="the counter after the undo")
+        assert v2 >= before - 5, (v2, before)
+    finally:
+        c.remove(sid, purge=True)
+
+
+def test_without_criu_snapshots_are_files(coved_factory):
+    d = coved_factory(env={"COVE_CRIU": "off"})
+    c = d.client
+    assert c.snapshot_kind() == "files"
+    assert "cove_full_snapshots 0" in c.request("GET", "/metrics", auth=False).body.decode()
+    logs = [e for e in d.log_lines() if e.get("event") == "snapshot.full"]
+    assert logs and "COVE_CRIU=off" in logs[-1]["msg"]
+    sid = new_sandbox(c)
+    try:
+        start_counter(c, sid)
+        r = c.post(f"/v1/sandboxes/{sid}/pause")
+        assert r["snapshot"]["kind"] == "files"
+        c.post(f"/v1/sandboxes/{sid}/resume")
+        # files only: the counter's file is back, its process is not
+        assert count(c, sid) >= 5
+        assert running_cmds(c, sid) == []
+        assert c.exec(sid, "pgrep -f '[c]nt;' || echo none")["stdout"] == "none\n"
+    finally:
+        c.remove(sid, purge=True)
