@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "control/retention.h"
@@ -195,7 +196,7 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
 
         char img[PATH_MAX], mem[PATH_MAX];
         snprintf(img, sizeof(img), "%s/" IMG_SNAP "%s.img", tm->layer_dir, s.id);
-        snprintf(mem, sizeof(mem), "%s/" IMG_SNAP "%s.mem", tm->layer_dir, s.id);
+        snprintf(mem, sizeof(mem), "%s/" IMG_SNAP "%s.criu", tm->layer_dir, s.id);
         uint64_t pause_ns = 0;
         int64_t t0 = cove_mono_ns();
         s.created_at = cove_now_ms();
@@ -212,7 +213,6 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                                   "sandbox %s: full snapshot failed, taking files only: %s",
                                   row->id, fe.msg);
                         unlink(img);
-                        unlink(mem);
                         full = 0;
                 } else {
                         snprintf(s.kind, sizeof(s.kind), "full");
@@ -244,11 +244,13 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         char mid[80];
         mem_id(s.id, mid, sizeof(mid));
         if (r == 0 && full) {
-                /* the checkpoint: fixed 2 MiB chunks, encrypted and deduplicated like files */
-                int mfd = open(mem, O_RDONLY | O_CLOEXEC);
+                /* the checkpoint directory, as a tree: content-defined chunks dedup memory
+                 * pages far better than fixed 2 MiB ones (an idle sandbox's next checkpoint
+                 * differs in a few pages); encrypted like everything else */
+                int mfd = open(mem, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
                 r = mfd < 0 ? cove_err_set(err, errno, "open %s", mem)
-                            : cove_snapshot_capture_stream(tm->store, s.tenant, mid, NULL, mfd,
-                                                           &mst, err);
+                            : cove_snapshot_capture_tree(tm->store, s.tenant, mid, NULL, mfd, &mst,
+                                                         err);
                 if (mfd >= 0)
                         close(mfd);
                 if (r < 0) {
@@ -258,7 +260,10 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         }
         pthread_mutex_unlock(&tm->io_mu);
         unlink(img);
-        unlink(mem);
+        if (full) {
+                struct cove_err e2;
+                cove_rm_rf(mem, &e2);
+        }
         if (r < 0) {
                 store_err(err);
                 return cove_err_wrap(err, "snapshot of sandbox %s (previous snapshots intact)",
@@ -341,7 +346,7 @@ static int restore_files(struct coved *d, const char *tenant, const char *snap, 
         return 0;
 }
 
-/* A full snapshot's checkpoint into a temporary file mem (the runtime takes it over at
+/* A full snapshot's checkpoint into a temporary directory mem (the runtime takes it over at
  * start); mem is "" for a files snapshot. On failure nothing is left. */
 static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, char *mem,
                        size_t cap, struct cove_err *err)
@@ -358,17 +363,17 @@ static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, ch
                                      "snapshot %s is a full snapshot and this node cannot "
                                      "restore processes (%s)",
                                      snap->id, why);
-        snprintf(mem, cap, "%s/" IMG_RESTORE "%s-%s.mem", d->tm->layer_dir, snap->id, rnd);
+        snprintf(mem, cap, "%s/" IMG_RESTORE "%s-%s.criu", d->tm->layer_dir, snap->id, rnd);
         mem_id(snap->id, mid, sizeof(mid));
-        int fd = open(mem, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        int fd = mkdir(mem, 0700) < 0 ? -1 : open(mem, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         struct cove_snapshot_stats st;
         int r = fd < 0 ? cove_err_set(err, errno, "create %s", mem)
-                       : cove_snapshot_restore_stream(d->tm->store, snap->tenant, mid, fd, &st,
-                                                      err);
+                       : cove_snapshot_restore_tree(d->tm->store, snap->tenant, mid, fd, &st, err);
         if (fd >= 0)
                 close(fd);
         if (r < 0) {
-                unlink(mem);
+                struct cove_err e2;
+                cove_rm_rf(mem, &e2);
                 mem[0] = 0;
                 store_err(err);
                 return cove_err_wrap(err, "restore of snapshot %s failed", snap->id);
@@ -403,9 +408,10 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                                   "template %s is not built on this node", row->template_name);
         uint32_t base = 0;
         if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
+                struct cove_err e2;
                 unlink(img);
                 if (mem && *mem)
-                        unlink(mem);
+                        cove_rm_rf(mem, &e2);
                 return -1;
         }
         struct cove_instance_spec spec = {
@@ -424,8 +430,6 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                 cove_node_stop(d->node, row->id, 1, &e2);
                 cove_node_uid_release(d->node, base);
                 unlink(img);
-                if (mem && *mem)
-                        unlink(mem);
                 if (err->kind == COVE_E_INTERNAL)
                         err->kind = COVE_E_UNAVAILABLE;
                 return -1;
@@ -624,7 +628,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         if ((r = reload(d, id, &row, err)) < 0) {
                 unlink(img);
                 if (mem[0])
-                        unlink(mem);
+                        cove_rm_rf(mem, &e2);
                 goto out;
         }
         if ((r = start_from_image(d, &row, img, mem, err)) < 0) {

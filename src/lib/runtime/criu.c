@@ -1,4 +1,4 @@
-/* CRIU runner, image packing and the user namespace map rewrite (runtime/criu.h). */
+/* CRIU runner and the user namespace map rewrite (runtime/criu.h). */
 #include "runtime/criu.h"
 
 #include <dirent.h>
@@ -19,11 +19,6 @@
 #include "util/cleanup.h"
 #include "util/util.h"
 
-#define PACK_MAGIC "CVCRIU01"
-#define PACK_MAX_FILES 4096
-#define PACK_NAME_MAX 200
-#define PACK_ALIGN (2u * 1024 * 1024)
-#define PACK_ALIGN_MIN (256u * 1024)
 #define ARGS_MAX 48
 
 /* ---- running criu ---- */
@@ -284,22 +279,6 @@ int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *ro
         return 0;
 }
 
-/* ---- packing ---- */
-
-static void put64(uint8_t *p, uint64_t v)
-{
-        for (int i = 0; i < 8; i++)
-                p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get64(const uint8_t *p)
-{
-        uint64_t v = 0;
-        for (int i = 7; i >= 0; i--)
-                v = v << 8 | p[i];
-        return v;
-}
-
 static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
 {
         const char *p = buf;
@@ -314,185 +293,6 @@ static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
                 off += w;
         }
         return 0;
-}
-
-static int pread_all(int fd, void *buf, size_t n, off_t off)
-{
-        char *p = buf;
-        while (n) {
-                ssize_t r = pread(fd, p, n, off);
-                if (r < 0 && errno == EINTR)
-                        continue;
-                if (r <= 0)
-                        return -1;
-                p += r;
-                n -= (size_t)r;
-                off += r;
-        }
-        return 0;
-}
-
-static int copy_range(int in, off_t in_off, int out, off_t out_off, uint64_t n)
-{
-        static __thread char buf[1 << 16];
-        while (n) {
-                size_t k = n < sizeof(buf) ? (size_t)n : sizeof(buf);
-                if (pread_all(in, buf, k, in_off) < 0 || pwrite_all(out, buf, k, out_off) < 0)
-                        return -1;
-                in_off += (off_t)k;
-                out_off += (off_t)k;
-                n -= k;
-        }
-        return 0;
-}
-
-static int name_ok(const char *n)
-{
-        size_t l = strlen(n);
-        if (!l || l > PACK_NAME_MAX || n[0] == '.')
-                return 0;
-        for (const char *p = n; *p; p++)
-                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-                      (*p >= '0' && *p <= '9') || *p == '-' || *p == '_' || *p == '.'))
-                        return 0;
-        return 1;
-}
-
-struct pent {
-        char name[PACK_NAME_MAX + 1];
-        uint64_t size, off;
-};
-
-static int by_size(const void *a, const void *b)
-{
-        const struct pent *x = a, *y = b;
-        return (x->size > y->size) - (x->size < y->size);
-}
-
-int cove_criu_pack(const char *dir, int out_fd, uint64_t *size, struct cove_err *err)
-{
-        cleanup_dir DIR *d = opendir(dir);
-        if (!d)
-                return cove_err_set(err, errno, "criu pack: open %s", dir);
-        struct pent *v = calloc(PACK_MAX_FILES, sizeof(*v));
-        if (!v)
-                return cove_err_set(err, ENOMEM, "criu pack");
-        size_t n = 0;
-        struct dirent *de;
-        int rc = -1;
-        while ((de = readdir(d))) {
-                size_t l = strlen(de->d_name);
-                if (!name_ok(de->d_name) || (l > 4 && !strcmp(de->d_name + l - 4, ".log")) ||
-                    !strcmp(de->d_name, "restore.pid") || !strncmp(de->d_name, "stats-", 6))
-                        continue;
-                struct stat st;
-                if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-                        cove_err_set(err, errno, "criu pack: stat %s", de->d_name);
-                        goto out;
-                }
-                if (!S_ISREG(st.st_mode))
-                        continue;
-                if (n == PACK_MAX_FILES) {
-                        cove_err_set(err, E2BIG, "criu pack: too many images");
-                        goto out;
-                }
-                snprintf(v[n].name, sizeof(v[n].name), "%s", de->d_name);
-                v[n++].size = (uint64_t)st.st_size;
-        }
-        qsort(v, n, sizeof(*v), by_size); /* small files first, unaligned */
-        uint64_t hdr = 8 + 8;
-        for (size_t i = 0; i < n; i++)
-                hdr += 2 + strlen(v[i].name) + 16;
-        uint64_t off = hdr;
-        for (size_t i = 0; i < n; i++) {
-                if (v[i].size >= PACK_ALIGN_MIN)
-                        off = (off + PACK_ALIGN - 1) / PACK_ALIGN * PACK_ALIGN;
-                v[i].off = off;
-                off += v[i].size;
-        }
-        uint8_t *h = calloc(1, hdr);
-        if (!h) {
-                cove_err_set(err, ENOMEM, "criu pack");
-                goto out;
-        }
-        memcpy(h, PACK_MAGIC, 8);
-        put64(h + 8, n);
-        size_t p = 16;
-        for (size_t i = 0; i < n; i++) {
-                size_t l = strlen(v[i].name);
-                h[p] = (uint8_t)(l & 0xff);
-                h[p + 1] = (uint8_t)(l >> 8);
-                memcpy(h + p + 2, v[i].name, l);
-                put64(h + p + 2 + l, v[i].off);
-                put64(h + p + 2 + l + 8, v[i].size);
-                p += 2 + l + 16;
-        }
-        if (ftruncate(out_fd, 0) < 0 || pwrite_all(out_fd, h, hdr, 0) < 0) {
-                free(h);
-                cove_err_set(err, errno, "criu pack: write");
-                goto out;
-        }
-        free(h);
-        for (size_t i = 0; i < n; i++) {
-                cleanup_close int in = openat(dirfd(d), v[i].name, O_RDONLY | O_CLOEXEC);
-                if (in < 0 || copy_range(in, 0, out_fd, (off_t)v[i].off, v[i].size) < 0) {
-                        cove_err_set(err, errno ? errno : EIO, "criu pack: %s", v[i].name);
-                        goto out;
-                }
-        }
-        if (ftruncate(out_fd, (off_t)off) < 0) {
-                cove_err_set(err, errno, "criu pack: truncate");
-                goto out;
-        }
-        if (size)
-                *size = off;
-        rc = 0;
-out:
-        free(v);
-        return rc;
-}
-
-int cove_criu_unpack(int in_fd, const char *dir, struct cove_err *err)
-{
-        struct stat st;
-        if (fstat(in_fd, &st) < 0)
-                return cove_err_set(err, errno, "criu unpack");
-        uint64_t total = (uint64_t)st.st_size;
-        uint8_t h16[16];
-        if (total < 16 || pread_all(in_fd, h16, 16, 0) < 0 || memcmp(h16, PACK_MAGIC, 8))
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, EBADMSG,
-                                     "criu unpack: not a packed checkpoint");
-        uint64_t n = get64(h16 + 8);
-        if (n > PACK_MAX_FILES)
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, EBADMSG, "criu unpack: bad header");
-        cleanup_close int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dfd < 0)
-                return cove_err_set(err, errno, "criu unpack: open %s", dir);
-        uint64_t p = 16;
-        for (uint64_t i = 0; i < n; i++) {
-                uint8_t lb[2];
-                if (p + 2 > total || pread_all(in_fd, lb, 2, (off_t)p) < 0)
-                        goto bad;
-                size_t l = (size_t)lb[0] | (size_t)lb[1] << 8;
-                char name[PACK_NAME_MAX + 1];
-                uint8_t os[16];
-                if (l == 0 || l > PACK_NAME_MAX || p + 2 + l + 16 > total ||
-                    pread_all(in_fd, name, l, (off_t)(p + 2)) < 0 ||
-                    pread_all(in_fd, os, 16, (off_t)(p + 2 + l)) < 0)
-                        goto bad;
-                name[l] = 0;
-                uint64_t off = get64(os), size = get64(os + 8);
-                if (!name_ok(name) || strlen(name) != l || off > total || size > total - off)
-                        goto bad;
-                cleanup_close int out =
-                    openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-                if (out < 0 || copy_range(in_fd, (off_t)off, out, 0, size) < 0)
-                        return cove_err_set(err, errno ? errno : EIO, "criu unpack: %s", name);
-                p += 2 + l + 16;
-        }
-        return 0;
-bad:
-        return cove_err_setk(err, COVE_E_UNAVAILABLE, EBADMSG, "criu unpack: bad entry");
 }
 
 /* ---- user namespace map rewrite (userns-N.img: UsernsEntry{repeated UidGidExtent
@@ -555,7 +355,7 @@ int cove_criu_userns_rebase(const char *dir, uint32_t from, uint32_t to, struct 
                             varint(b, len, &p, &sl) < 0 || sl > len - p)
                                 goto bad;
                         uint8_t sub[64];
-                        size_t sp = 0, so = 0, end = p + sl;
+                        size_t so = 0, end = p + sl;
                         while (p < end) {
                                 uint64_t k, val;
                                 if (varint(b, end, &p, &k) < 0 || (k & 7) != 0 ||
@@ -566,7 +366,6 @@ int cove_criu_userns_rebase(const char *dir, uint32_t from, uint32_t to, struct 
                                 so += put_varint(sub + so, k);
                                 so += put_varint(sub + so, val);
                         }
-                        (void)sp;
                         if (o + 2 + so > sizeof(out))
                                 goto bad;
                         out[o++] = (uint8_t)key;

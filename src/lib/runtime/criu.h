@@ -6,12 +6,9 @@
  * before it reports full snapshots as available. Every criu run is bounded (SIGKILL of its
  * process group at the deadline: a hung restore ignores SIGTERM) and runs with
  * CRIU_FAULT=130 (this host's nested virtualisation never fires CRIU's hardware breakpoint;
- * the fault switch makes it step through syscalls instead).
- *
- * The images of one dump are packed into one file (cove_criu_pack): a small header, then each
- * file; files of 256 KiB or more start on a 2 MiB boundary, so the store's fixed 2 MiB memory
- * chunks line up with the pages of one dump and the next, and dedup works across snapshots.
- * The padding is zeros (holes in the store). */
+ * the fault switch makes it step through syscalls instead). The images of one dump are a
+ * directory; the time machine stores it as a tree (content-defined chunks: a page that
+ * changed costs its ~64 KiB chunk, not a 2 MiB one). */
 #ifndef COVE_RUNTIME_CRIU_H
 #define COVE_RUNTIME_CRIU_H
 
@@ -48,10 +45,6 @@ int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *ro
                       uint64_t chan_ino, cove_criu_prep_fn prep, void *prep_arg, pid_t *pid,
                       struct cove_err *err);
 
-/* Pack the regular files of dir (not *.log) into out_fd (written from offset 0, sparse). */
-int cove_criu_pack(const char *dir, int out_fd, uint64_t *size, struct cove_err *err);
-/* Unpack a packed file into dir (exists, empty). Every name and offset is checked. */
-int cove_criu_unpack(int in_fd, const char *dir, struct cove_err *err);
 /* Rewrite the user namespace map of the dump in dir from host uid base `from` to `to` (a
  * restore into another uid range: fork). 0 when nothing had to change. */
 int cove_criu_userns_rebase(const char *dir, uint32_t from, uint32_t to, struct cove_err *err);

@@ -456,8 +456,9 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                     struct cove_instance *inst, struct cove_err *err)
 {
         if (check_spec(spec, err) < 0) {
+                struct cove_err e2;
                 if (spec->mem_image)
-                        unlink(spec->mem_image);
+                        cove_rm_rf(spec->mem_image, &e2);
                 return -1;
         }
         if (spec->mem_image)
@@ -857,8 +858,8 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         if (ns_full_status(rt, NULL, 0) != 1 && strcmp(id, rt->check_id))
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "ns: full snapshots unavailable on this node");
-        char dir[PATH_MAX], fz[PATH_MAX], chp[64];
-        snprintf(dir, sizeof(dir), "%s.d", dest_mem);
+        char fz[PATH_MAX], chp[64];
+        const char *dir = dest_mem;
         snprintf(chp, sizeof(chp), "/proc/%d/fd/%d", (int)inst->pid, NS_CHAN_FD);
         struct stat cst;
         uint32_t base = 0;
@@ -868,7 +869,6 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         if (cove_cgroup_freezer_dir(rt->cg, id, fz, sizeof(fz)) < 0)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "ns: no freezer cgroup");
         struct cove_err e2;
-        cove_rm_rf(dir, &e2);
         if (mkdir(dir, 0700) < 0)
                 return cove_err_set(err, errno, "ns: full snapshot: mkdir %s", dir);
         int64_t t0 = cove_mono_ns();
@@ -884,28 +884,24 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         }
         *pause_ns = (uint64_t)(cove_mono_ns() - t0);
         if (rc == 0) {
-                char meta[128];
+                /* what the restore needs besides criu's images; criu's log is not kept */
+                char meta[128], mp[PATH_MAX + 16];
                 int n = snprintf(meta, sizeof(meta), "chan_ino=%llu\nuid_base=%u\n",
                                  (unsigned long long)cst.st_ino, base);
-                char mp[PATH_MAX + 16];
                 snprintf(mp, sizeof(mp), "%s/" CRIU_META, dir);
                 cleanup_close int mfd = open(mp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-                cleanup_close int out =
-                    open(dest_mem, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-                if (mfd < 0 || write(mfd, meta, (size_t)n) != n || out < 0) {
-                        cove_err_set(err, errno, "ns: full snapshot: write %s", dest_mem);
-                        rc = -1;
-                } else if (cove_criu_pack(dir, out, NULL, err) < 0) {
-                        rc = -1;
-                }
-                if (rc < 0) {
+                if (mfd < 0 || write(mfd, meta, (size_t)n) != n || fsync(mfd) < 0) {
+                        cove_err_set(err, errno, "ns: full snapshot: write %s", mp);
                         unlink(dest_image);
-                        unlink(dest_mem);
+                        rc = -1;
                 }
+                snprintf(mp, sizeof(mp), "%s/dump.log", dir);
+                unlink(mp);
         }
-        cove_rm_rf(dir, &e2);
-        if (rc < 0)
+        if (rc < 0) {
+                cove_rm_rf(dir, &e2);
                 return cove_err_wrap(err, "ns: full snapshot %s", id);
+        }
         return 0;
 }
 
@@ -1150,6 +1146,18 @@ static int set_hostname(pid_t pid, const char *name, struct cove_err *err)
         return 0;
 }
 
+static void copy_file(const char *from, const char *to)
+{
+        cleanup_close int in = open(from, O_RDONLY | O_CLOEXEC);
+        cleanup_close int out =
+            in < 0 ? -1 : open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        char buf[8192];
+        ssize_t n;
+        while (out >= 0 && (n = read(in, buf, sizeof(buf))) > 0)
+                if (write(out, buf, (size_t)n) != n)
+                        break;
+}
+
 static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *spec,
                       struct cove_instance *inst, struct cove_err *err)
 {
@@ -1158,35 +1166,22 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         char dir[PATH_MAX], root[PATH_MAX];
         int chan[2] = {-1, -1}, cg_created = 0, layer_created = 0, layer_mounted = 0;
         pid_t pid = -1;
+        struct cove_err e2;
         if (!priv) {
-                unlink(spec->mem_image);
+                cove_rm_rf(spec->mem_image, &e2);
                 if (spec->layer_image)
                         unlink(spec->layer_image);
                 return cove_err_set(err, ENOMEM, "ns: restore %s", id);
         }
         strcpy(priv->id, id);
-        snprintf(dir, sizeof(dir), "%s/criu", spec->state_dir);
-        struct cove_err e2;
-        cove_rm_rf(dir, &e2);
+        snprintf(dir, sizeof(dir), "%s", spec->mem_image);
         criu_mounts_release(spec->state_dir);
         uint64_t ino = 0;
         uint32_t old_base = 0;
-        {
-                cleanup_close int in = open(spec->mem_image, O_RDONLY | O_CLOEXEC);
-                if (in < 0) {
-                        cove_err_set(err, errno, "ns: open %s", spec->mem_image);
-                        goto fail_early;
-                }
-                if (mkdir(dir, 0700) < 0) {
-                        cove_err_set(err, errno, "ns: mkdir %s", dir);
-                        goto fail_early;
-                }
-                if (cove_criu_unpack(in, dir, err) < 0 || read_meta(dir, &ino, &old_base, err) < 0 ||
-                    cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
-                    own_tree(dir, spec->uid_base, err) < 0)
-                        goto fail_early;
-        }
-        unlink(spec->mem_image);
+        if (read_meta(dir, &ino, &old_base, err) < 0 ||
+            cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
+            own_tree(dir, spec->uid_base, err) < 0)
+                goto fail_early;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
                                          spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
@@ -1228,7 +1223,6 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         inst->priv = priv;
         return 0;
 fail_early:
-        unlink(spec->mem_image);
         if (spec->layer_image)
                 unlink(spec->layer_image);
 fail:
@@ -1248,6 +1242,14 @@ fail:
                 cove_layer_remove(rt->layers, id, NULL);
         else if (layer_mounted)
                 cove_layer_release(rt->layers, id, NULL);
+        {
+                /* criu's log of the failed restore stays next to the sandbox's state */
+                char from[PATH_MAX + 16], to[PATH_MAX + 32];
+                snprintf(from, sizeof(from), "%s/restore.log", dir);
+                snprintf(to, sizeof(to), "%s/criu-restore.log", spec->state_dir);
+                copy_file(from, to);
+        }
+        cove_rm_rf(dir, &e2);
         free(priv);
         return cove_err_wrap(err, "ns: restore %s", id);
 }
@@ -1300,11 +1302,11 @@ static void ns_full_selfcheck(struct cove_runtime *rt, const char *guest_binary)
         snprintf(rootfs, sizeof(rootfs), "%s/criu-check-root", rt->ns_dir);
         snprintf(state, sizeof(state), "%s/criu-check-state", rt->ns_dir);
         snprintf(img, sizeof(img), "%s/%s.img", cove_layers_image_dir(rt->layers), id);
-        snprintf(mem, sizeof(mem), "%s/%s.mem", cove_layers_image_dir(rt->layers), id);
+        snprintf(mem, sizeof(mem), "%s/%s.criu", cove_layers_image_dir(rt->layers), id);
         struct cove_err err, e2;
         memset(&err, 0, sizeof(err));
         unlink(img);
-        unlink(mem);
+        cove_rm_rf(mem, &e2);
         /* an empty root with the directories every template has (criu restore wants /tmp) */
         mkdir(rootfs, 0755);
         for (const char *const *d = (const char *const[]){"tmp", "dev", "proc", "sys", NULL}; *d;
@@ -1356,7 +1358,7 @@ out:
                 ns_stop(rt, &inst, id, NULL, 1, &e2);
         ns_cleanup_stale(rt, id, NULL, 1, &e2);
         unlink(img);
-        unlink(mem);
+        cove_rm_rf(mem, &e2);
         if (ok) /* a failed check keeps criu's logs in <state>/criu for a look */
                 cove_rm_rf(state, &e2);
         char why[320];

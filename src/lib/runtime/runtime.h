@@ -31,10 +31,10 @@ struct cove_instance_spec {
          * is ignored); the warm pool is not used. Refused (COVE_E_CONFLICT) while the image
          * is still open (close tree_fd and layer_close() first). NULL: empty layer. */
         const char *layer_image;
-        /* Full restore (ns with CRIU): a packed checkpoint made by full_dump() together with
-         * layer_image; start() restores the processes from it instead of booting cove-guest,
-         * and takes the file over like layer_image (deleted afterwards, also on failure).
-         * The instance comes back with inst->rechannel set. NULL: cold start. */
+        /* Full restore (ns with CRIU): the checkpoint directory made by full_dump() together
+         * with layer_image; start() restores the processes from it instead of booting
+         * cove-guest, and takes the directory over like layer_image (removed afterwards, also
+         * on failure). The instance comes back with inst->rechannel set. NULL: cold start. */
         const char *mem_image;
 };
 
@@ -116,10 +116,10 @@ struct cove_runtime_ops {
         /* The start-up self-check (a real dump and restore of a sandbox-shaped instance);
          * the node runs it once, on a thread of its own, after open(). */
         void (*full_selfcheck)(struct cove_runtime *rt, const char *guest_binary);
-        /* A consistent full snapshot: the instance is frozen, its processes dumped (packed
-         * checkpoint at dest_mem, created) and its layer cloned (dest_image, as
-         * layer_snapshot), then thawed; *pause_ns is freeze to thaw. The instance keeps
-         * running. On failure neither file exists and the instance runs on. */
+        /* A consistent full snapshot: the instance is frozen, its processes dumped (a
+         * checkpoint directory created at dest_mem: CRIU's images and the driver's metadata)
+         * and its layer cloned (dest_image, as layer_snapshot), then thawed; *pause_ns is
+         * freeze to thaw. The instance keeps running. On failure neither exists. */
         int (*full_dump)(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
                          const char *dest_image, const char *dest_mem, uint64_t *pause_ns,
                          struct cove_err *err);
