@@ -174,8 +174,18 @@ static int full_ok(struct coved *d)
 
 /* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
  * is in the catalog and the sandbox's last_snapshot_id names it (row is reloaded). */
+/* hold: the sandbox is about to be stopped or replaced (pause, rewind): after a full dump it
+ * stays frozen, so nothing runs past the state it will resume from; the caller stops it, or
+ * thaws it (unhold) when it changes its mind. On failure it always runs on. */
+static void unhold(struct coved *d, const char *id)
+{
+        struct cove_err e2;
+        cove_node_freeze(d->node, id, 0, &e2);
+}
+
 static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const char *label,
-                          int rolling, struct cove_snapshot_row *out, struct cove_err *err)
+                          int rolling, int hold, struct cove_snapshot_row *out,
+                          struct cove_err *err)
 {
         struct cove_tm *tm = d->tm;
         if (need_store(d, err) < 0)
@@ -206,7 +216,7 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         int full = !rolling && full_ok(d);
         if (full) {
                 struct cove_err fe;
-                if (cove_node_full_dump(d->node, row->id, img, mem, &pause_ns, &fe) < 0) {
+                if (cove_node_full_dump(d->node, row->id, img, mem, hold, &pause_ns, &fe) < 0) {
                         /* e.g. a TCP connection or an egress link CRIU cannot take along:
                          * the files are still worth a snapshot */
                         cove_warn(&d->log, "snapshot.full",
@@ -265,6 +275,8 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                 cove_rm_rf(mem, &e2);
         }
         if (r < 0) {
+                if (hold && full)
+                        unhold(d, row->id);
                 store_err(err);
                 return cove_err_wrap(err, "snapshot of sandbox %s (previous snapshots intact)",
                                      row->id);
@@ -276,6 +288,8 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                 cove_snapshot_delete(tm->store, s.tenant, s.id, &e2);
                 if (full)
                         cove_snapshot_delete(tm->store, s.tenant, mid, &e2);
+                if (hold && full)
+                        unhold(d, row->id);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
         }
         if (reload(d, row->id, row, err) == 0) {
@@ -310,7 +324,7 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
         sbx_lock(d->tm, sandbox_id, 1);
         int r = reload(d, sandbox_id, &row, err);
         if (r == 0)
-                r = capture_locked(d, &row, label, rolling, out, err);
+                r = capture_locked(d, &row, label, rolling, 0, out, err);
         sbx_unlock(d->tm, sandbox_id);
         cove_sandbox_row_clear(&row);
         return r;
@@ -474,7 +488,7 @@ int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json
                 goto out;
         struct cove_snapshot_row snap;
         struct cove_err e2;
-        if ((r = capture_locked(d, &row, "pause", 0, &snap, err)) < 0) {
+        if ((r = capture_locked(d, &row, "pause", 0, 1, &snap, err)) < 0) {
                 cove_err_wrap(err, "pause");
                 if (reload(d, id, &row, &e2) == 0 && !strcmp(row.state, "pausing")) {
                         snprintf(row.state, sizeof(row.state), "running");
@@ -609,7 +623,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         if (running) {
                 char label[LABEL_MAX + 1];
                 snprintf(label, sizeof(label), "before rewind to %s", snap.id);
-                if ((r = capture_locked(d, &row, label, 0, &undo, err)) < 0) {
+                if ((r = capture_locked(d, &row, label, 0, 1, &undo, err)) < 0) {
                         cove_err_wrap(err, "rewind of sandbox %s: no undo point, nothing changed",
                                       id);
                         goto out;
@@ -620,6 +634,8 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         char img[PATH_MAX], mem[PATH_MAX];
         if ((r = restore_image(d, &snap, (unsigned)row.disk_mb, img, sizeof(img), mem, sizeof(mem),
                                err)) < 0) {
+                if (running)
+                        unhold(d, id);
                 cove_err_wrap(err, "rewind of sandbox %s: the sandbox was left as it was", id);
                 goto out;
         }
@@ -684,7 +700,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 sbx_lock(d->tm, id, 1);
                 r = reload(d, id, &src, err);
                 if (r == 0)
-                        r = capture_locked(d, &src, "fork", 0, &snap, err);
+                        r = capture_locked(d, &src, "fork", 0, 0, &snap, err);
                 sbx_unlock(d->tm, id);
         } else {
                 r = pick_snapshot(d, src.tenant, body, src.last_snapshot_id, 0, &snap, err);
@@ -954,7 +970,7 @@ static int64_t roll(struct coved *d)
                         memset(&row, 0, sizeof(row));
                         int r = reload(d, l.v[i].id, &row, &err);
                         if (r == 0 && !strcmp(row.state, "running"))
-                                r = capture_locked(d, &row, NULL, 1, NULL, &err);
+                                r = capture_locked(d, &row, NULL, 1, 0, NULL, &err);
                         sbx_unlock(tm, l.v[i].id);
                         cove_sandbox_row_clear(&row);
                         if (r < 0 && err.kind == COVE_E_UNAVAILABLE &&

@@ -639,7 +639,8 @@ int cove_node_full_status(struct cove_node *n, char *why, size_t cap)
 }
 
 int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char *dest_image,
-                        const char *dest_mem, uint64_t *pause_ns, struct cove_err *err)
+                        const char *dest_mem, int leave_frozen, uint64_t *pause_ns,
+                        struct cove_err *err)
 {
         char why[320];
         if (!n->cfg.rt_ops->full_dump || cove_node_full_status(n, why, sizeof(why)) != 1)
@@ -656,7 +657,7 @@ int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char 
         in->busy++;
         pthread_mutex_unlock(&n->mu);
         int r = n->cfg.rt_ops->full_dump(n->rt, &in->ri, sandbox_id, dest_image, dest_mem,
-                                         pause_ns, err);
+                                         leave_frozen, pause_ns, err);
         pthread_mutex_lock(&n->mu);
         in->busy--;
         pthread_cond_broadcast(&n->stop_cv);

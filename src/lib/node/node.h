@@ -77,10 +77,12 @@ void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h);
 
 /* Full snapshots (runtime.h full_*): 1 available, 0 not (why says), -1 self-check running. */
 int cove_node_full_status(struct cove_node *n, char *why, size_t cap);
-/* A full snapshot of a running instance: layer image at dest_image and packed checkpoint at
- * dest_mem. UNAVAILABLE when the runtime cannot, CONFLICT without an instance. */
+/* A full snapshot of a running instance: layer image at dest_image and checkpoint directory
+ * at dest_mem; leave_frozen: the instance stays frozen (the caller stops it or thaws it with
+ * cove_node_freeze). UNAVAILABLE when the runtime cannot, CONFLICT without an instance. */
 int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char *dest_image,
-                        const char *dest_mem, uint64_t *pause_ns, struct cove_err *err);
+                        const char *dest_mem, int leave_frozen, uint64_t *pause_ns,
+                        struct cove_err *err);
 
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,

@@ -848,8 +848,8 @@ static int read_uid_base(pid_t pid, uint32_t *base)
 }
 
 static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
-                        const char *dest_image, const char *dest_mem, uint64_t *pause_ns,
-                        struct cove_err *err)
+                        const char *dest_image, const char *dest_mem, int leave_frozen,
+                        uint64_t *pause_ns, struct cove_err *err)
 {
         struct ns_inst *priv = inst->priv;
         const char *id = priv ? priv->id : sandbox_id;
@@ -878,11 +878,14 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         uint64_t lpause = 0;
         if (rc == 0)
                 rc = cove_layer_snapshot(rt->layers, id, dest_image, &lpause, err);
-        if (cove_cgroup_freeze(rt->cg, id, 0, rc == 0 ? err : &e2) < 0 && rc == 0) {
+        *pause_ns = (uint64_t)(cove_mono_ns() - t0);
+        if ((rc < 0 || !leave_frozen) &&
+            cove_cgroup_freeze(rt->cg, id, 0, rc == 0 ? err : &e2) < 0 && rc == 0) {
                 unlink(dest_image);
                 rc = -1;
         }
-        *pause_ns = (uint64_t)(cove_mono_ns() - t0);
+        if (!leave_frozen)
+                *pause_ns = (uint64_t)(cove_mono_ns() - t0);
         if (rc == 0) {
                 /* what the restore needs besides criu's images; criu's log is not kept */
                 char meta[128], mp[PATH_MAX + 16];
@@ -894,6 +897,8 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
                         cove_err_set(err, errno, "ns: full snapshot: write %s", mp);
                         unlink(dest_image);
                         rc = -1;
+                        if (leave_frozen)
+                                cove_cgroup_freeze(rt->cg, id, 0, &e2);
                 }
                 snprintf(mp, sizeof(mp), "%s/dump.log", dir);
                 unlink(mp);
@@ -1337,7 +1342,7 @@ static void ns_full_selfcheck(struct cove_runtime *rt, const char *guest_binary)
         if (check_hello(inst.chan_fd, &err) < 0)
                 goto out;
         step = "dump";
-        if (ns_full_dump(rt, &inst, id, img, mem, &pause, &err) < 0)
+        if (ns_full_dump(rt, &inst, id, img, mem, 0, &pause, &err) < 0)
                 goto out;
         ns_stop(rt, &inst, id, NULL, 1, &e2);
         inst = (struct cove_instance){.chan_fd = -1};

@@ -119,10 +119,12 @@ struct cove_runtime_ops {
         /* A consistent full snapshot: the instance is frozen, its processes dumped (a
          * checkpoint directory created at dest_mem: CRIU's images and the driver's metadata)
          * and its layer cloned (dest_image, as layer_snapshot), then thawed; *pause_ns is
-         * freeze to thaw. The instance keeps running. On failure neither exists. */
+         * freeze to thaw. The instance keeps running, or with leave_frozen stays frozen (a
+         * pause: nothing may run after the state it resumes from; the caller stops the
+         * instance, or thaws it with thaw()). On failure neither exists and it runs on. */
         int (*full_dump)(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
-                         const char *dest_image, const char *dest_mem, uint64_t *pause_ns,
-                         struct cove_err *err);
+                         const char *dest_image, const char *dest_mem, int leave_frozen,
+                         uint64_t *pause_ns, struct cove_err *err);
 };
 
 extern const struct cove_runtime_ops cove_runtime_ns;
