@@ -171,3 +171,27 @@ def test_without_criu_snapshots_are_files(coved_factory):
         assert c.exec(sid, "pgrep -f '[c]nt;' || echo none")["stdout"] == "none\n"
     finally:
         c.remove(sid, purge=True)
+
+
+def test_sandbox_with_an_egress_link_gets_a_files_snapshot(coved_factory):
+    # CRIU dumps the egress veth but cannot restore it: coved takes files instead, says so
+    d = coved_factory()
+    c = d.client
+    need_full(c)
+    sid = new_sandbox(c)
+    try:
+        r = c.request("PUT", f"/v1/sandboxes/{sid}/egress", {"egress": {"allow": ["example.com"]}})
+        if r.status == 503:
+            pytest.skip(f"no egress gateway on this coved: {r.body[:200]!r}")
+        assert r.status == 200, r.body[:300]
+        start_counter(c, sid)
+        s = c.post(f"/v1/sandboxes/{sid}/snapshots", {}, expect=201)
+        assert s["kind"] == "files"
+        warn = [e for e in d.log_lines() if e.get("event") == "snapshot.full" and sid in e["msg"]]
+        assert warn and "network link" in warn[-1]["msg"]
+        assert c.exec(sid, "echo still-running")["stdout"] == "still-running\n"
+        assert len(running_cmds(c, sid)) == 1  # the failed dump left the process alone
+        c.post(f"/v1/sandboxes/{sid}/pause")
+        assert c.post(f"/v1/sandboxes/{sid}/resume")["state"] == "running"
+    finally:
+        c.remove(sid, purge=True)

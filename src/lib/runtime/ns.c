@@ -847,6 +847,34 @@ static int read_uid_base(pid_t pid, uint32_t *base)
         return 0;
 }
 
+/* CRIU dumps a veth whose peer is on the host (the egress link) but cannot restore it
+ * ("Unknown peer net namespace"), and the node plumbs links itself: a sandbox with any
+ * interface but lo gets a files snapshot instead (the caller falls back). */
+static int only_loopback(pid_t pid, struct cove_err *err)
+{
+        char p[64], line[256];
+        snprintf(p, sizeof(p), "/proc/%d/net/dev", (int)pid);
+        FILE *f = fopen(p, "re");
+        if (!f)
+                return cove_err_set(err, errno, "ns: %s", p);
+        int n = 0, other = 0;
+        while (fgets(line, sizeof(line), f))
+                if (n++ >= 2) { /* two header lines */
+                        char *c = strchr(line, ':');
+                        char *s = line;
+                        while (*s == ' ')
+                                s++;
+                        if (c && (c - s != 2 || strncmp(s, "lo", 2)))
+                                other = 1;
+                }
+        fclose(f);
+        if (other)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "the sandbox has a network link (egress), which a checkpoint "
+                                     "cannot take along");
+        return 0;
+}
+
 static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
                         const char *dest_image, const char *dest_mem, int leave_frozen,
                         uint64_t *pause_ns, struct cove_err *err)
@@ -868,6 +896,8 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
                                      "ns: full snapshot %s: no guest channel", id);
         if (cove_cgroup_freezer_dir(rt->cg, id, fz, sizeof(fz)) < 0)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "ns: no freezer cgroup");
+        if (only_loopback(inst->pid, err) < 0)
+                return -1;
         struct cove_err e2;
         if (mkdir(dir, 0700) < 0)
                 return cove_err_set(err, errno, "ns: full snapshot: mkdir %s", dir);
