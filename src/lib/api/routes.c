@@ -57,8 +57,8 @@ static const char *snapshot_kind(struct coved *d, int *st)
 static int h_health(void *app, struct cove_req *r)
 {
         int st;
-        return cove_reply_json(r, 200,
-                               json_pack("{s:b, s:s}", "ok", 1, "snapshots", snapshot_kind(app, &st)));
+        return cove_reply_json(
+            r, 200, json_pack("{s:b, s:s}", "ok", 1, "snapshots", snapshot_kind(app, &st)));
 }
 
 static int count_state(const struct cove_sandbox_row *row, void *arg)

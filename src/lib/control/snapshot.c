@@ -300,9 +300,8 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                   "sandbox %s snapshot %s (%s%s): %llu bytes (%llu new), paused %.2f ms, %.1f ms "
                   "total",
                   s.sandbox_id, s.id, s.kind, rolling ? ", rolling" : "",
-                  (unsigned long long)s.size_bytes,
-                  (unsigned long long)s.new_bytes, (double)s.pause_us / 1000.0,
-                  (double)(cove_mono_ns() - t0) / 1e6);
+                  (unsigned long long)s.size_bytes, (unsigned long long)s.new_bytes,
+                  (double)s.pause_us / 1000.0, (double)(cove_mono_ns() - t0) / 1e6);
         if (out)
                 *out = s;
         return 0;
@@ -362,8 +361,8 @@ static int restore_files(struct coved *d, const char *tenant, const char *snap, 
 
 /* A full snapshot's checkpoint into a temporary directory mem (the runtime takes it over at
  * start); mem is "" for a files snapshot. On failure nothing is left. */
-static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, char *mem,
-                       size_t cap, struct cove_err *err)
+static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, char *mem, size_t cap,
+                       struct cove_err *err)
 {
         mem[0] = 0;
         if (strcmp(snap->kind, "full"))
@@ -565,8 +564,7 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
         char img[PATH_MAX], mem[PATH_MAX];
-        r = restore_image(d, &snap, (unsigned)row.disk_mb, img, sizeof(img), mem, sizeof(mem),
-                          err);
+        r = restore_image(d, &snap, (unsigned)row.disk_mb, img, sizeof(img), mem, sizeof(mem), err);
         if (r == 0)
                 r = start_from_image(d, &row, img, mem, err);
         if (r < 0) {

@@ -316,9 +316,9 @@ static json_t *running_procs(struct cove_guest *g)
                         json_array_append_new(cmd, arg ? arg : json_string("?"));
                         k += (ssize_t)strlen(buf + k) + 1;
                 }
-                json_array_append_new(a, json_pack("{s:i, s:o, s:b, s:b}", "pid", (int)p->pid,
-                                                   "cmd", cmd, "stdin", p->stdin_open, "pty",
-                                                   p->pty));
+                json_array_append_new(a,
+                                      json_pack("{s:i, s:o, s:b, s:b}", "pid", (int)p->pid, "cmd",
+                                                cmd, "stdin", p->stdin_open, "pty", p->pty));
         }
         return a;
 }
@@ -362,8 +362,8 @@ struct loop_state {
  * sockets only there), so the guest makes a new pair here, sends the node its end over the
  * temporary channel (one byte with SCM_RIGHTS), takes the other as its channel and waits
  * for an ordinary handshake on it. Process state stays as it was. */
-static int handle_rechannel(struct cove_guest *g, struct loop_state *ls,
-                            const struct cove_frame *f, struct cove_err *err)
+static int handle_rechannel(struct cove_guest *g, struct loop_state *ls, const struct cove_frame *f,
+                            struct cove_err *err)
 {
         json_t *h = json_loadb((const char *)f->payload, f->len, 0, NULL);
         int ok = json_is_object(h) && json_is_true(json_object_get(h, "rechannel")) &&

@@ -1,7 +1,6 @@
 /* Instances, uid ranges and the channel I/O thread; see node.h. */
 #include "node/node.h"
 
-
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>

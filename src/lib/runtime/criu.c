@@ -226,7 +226,7 @@ int cove_criu_dump(const struct cove_criu *c, pid_t pid, const char *dir, const 
         arg(r, "-D%s", dir);
         arg(r, "%s", "-odump.log");
         arg(r, "%s", "-v2");
-        arg(r, "--external=%s", ext);  /* the guest channel: the node's end is outside */
+        arg(r, "--external=%s", ext);     /* the guest channel: the node's end is outside */
         arg(r, "%s", "--external=mnt[]"); /* /dev nodes and cove-guest: binds of host files */
         arg(r, "%s", "--manage-cgroups=ignore");
         arg(r, "--freeze-cgroup=%s", freezer_dir);

@@ -262,7 +262,8 @@ static _Noreturn void child_main(struct child_args *a)
                 signal(s, SIG_DFL); /* errors for SIGKILL/SIGSTOP and RT signals are harmless */
 
         int pair[2];
-        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0 || send_fd(sfd, pair[0]) < 0)
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0 ||
+            send_fd(sfd, pair[0]) < 0)
                 child_fail(sfd, errno, "guest channel");
         close(pair[0]);
         int chan = pair[1];
@@ -1053,8 +1054,8 @@ static void *ovl_main(void *arg)
 }
 
 /* The sandbox's root as it will see it, built on the host at <state>/criu-root. */
-static int host_root(struct cove_runtime *rt, const struct cove_instance_spec *spec,
-                     uint32_t base, char *root, size_t rcap, struct cove_err *err)
+static int host_root(struct cove_runtime *rt, const struct cove_instance_spec *spec, uint32_t base,
+                     char *root, size_t rcap, struct cove_err *err)
 {
         int userns = userns_with_map(base, spec->uid_count ? spec->uid_count : 65536, err);
         if (userns < 0)
@@ -1158,10 +1159,10 @@ static void *uts_main(void *arg)
         char p[64];
         snprintf(p, sizeof(p), "/proc/%d/ns/uts", (int)j->pid);
         int fd = open(p, O_RDONLY | O_CLOEXEC);
-        j->rc = fd >= 0 && setns(fd, CLONE_NEWUTS) == 0 &&
-                        sethostname(j->name, strlen(j->name)) == 0
-                    ? 0
-                    : -errno;
+        j->rc =
+            fd >= 0 && setns(fd, CLONE_NEWUTS) == 0 && sethostname(j->name, strlen(j->name)) == 0
+                ? 0
+                : -errno;
         if (fd >= 0)
                 close(fd);
         return NULL;
@@ -1239,8 +1240,8 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
                 goto fail;
         }
         struct cg_prep prep = {rt, id};
-        int rc = cove_criu_restore(&rt->criu, dir, root, chan[1], ino, prep_cgroup, &prep, &pid,
-                                   err);
+        int rc =
+            cove_criu_restore(&rt->criu, dir, root, chan[1], ino, prep_cgroup, &prep, &pid, err);
         criu_mounts_release(spec->state_dir); /* the sandbox has its own copy now */
         close(chan[1]);
         chan[1] = -1;
@@ -1401,8 +1402,8 @@ out:
                 snprintf(why, sizeof(why), "criu %s at %s: self-check passed in %.0f ms",
                          rt->criu.version, rt->criu.path, (double)(cove_mono_ns() - t0) / 1e6);
         else
-                snprintf(why, sizeof(why), "criu %s self-check failed at %s: %s",
-                         rt->criu.version, step, err.msg);
+                snprintf(why, sizeof(why), "criu %s self-check failed at %s: %s", rt->criu.version,
+                         step, err.msg);
         set_full(rt, ok, why);
 }
 

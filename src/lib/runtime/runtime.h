@@ -48,7 +48,7 @@ struct cove_instance {
         /* restored from a checkpoint: chan_fd is a temporary channel; the node moves the
          * guest to a new one (cove_frame_rechannel) before the handshake */
         int rechannel;
-        void *priv;  /* driver state */
+        void *priv; /* driver state */
 };
 
 struct cove_runtime;
@@ -122,9 +122,9 @@ struct cove_runtime_ops {
          * freeze to thaw. The instance keeps running, or with leave_frozen stays frozen (a
          * pause: nothing may run after the state it resumes from; the caller stops the
          * instance, or thaws it with thaw()). On failure neither exists and it runs on. */
-        int (*full_dump)(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
-                         const char *dest_image, const char *dest_mem, int leave_frozen,
-                         uint64_t *pause_ns, struct cove_err *err);
+        int (*full_dump)(struct cove_runtime *rt, struct cove_instance *inst,
+                         const char *sandbox_id, const char *dest_image, const char *dest_mem,
+                         int leave_frozen, uint64_t *pause_ns, struct cove_err *err);
 };
 
 extern const struct cove_runtime_ops cove_runtime_ns;
