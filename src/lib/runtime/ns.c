@@ -93,7 +93,9 @@ struct cove_runtime {
         pthread_mutex_t full_mu;    /* full_state, full_why */
         int full_state;             /* 1 available, 0 not, -1 self-check running */
         char full_why[320];
-        char check_id[48]; /* the self-check's instance (per coved: cgroups are host-wide) */
+        /* the self-check's instance: one per data dir (cgroups are host-wide; two coveds
+         * never share a data dir), so a restart after a crash mid-check cleans its leftovers */
+        char check_id[48];
 };
 
 struct ns_inst {
@@ -1351,7 +1353,8 @@ static void ns_full_selfcheck(struct cove_runtime *rt, const char *guest_binary)
                 snprintf(p, sizeof(p), "%s/%s", rootfs, *d);
                 mkdir(p, 0755);
         }
-        cove_rm_rf(state, &e2);
+        /* what a check interrupted by a crash left: processes, cgroups, layer, mounts */
+        ns_cleanup_stale(rt, id, state, 1, &e2);
         mkdir(state, 0700);
         int64_t t0 = cove_mono_ns();
         struct cove_instance_spec spec = {.sandbox_id = id,
@@ -1366,7 +1369,6 @@ static void ns_full_selfcheck(struct cove_runtime *rt, const char *guest_binary)
         const char *step = "start";
         int ok = 0, nfd = -1;
         uint64_t pause = 0;
-        ns_cleanup_stale(rt, id, NULL, 1, &e2);
         if (ns_start(rt, &spec, &inst, &err) < 0)
                 goto out;
         step = "handshake";
@@ -1395,7 +1397,7 @@ out:
         ns_cleanup_stale(rt, id, NULL, 1, &e2);
         unlink(img);
         cove_rm_rf(mem, &e2);
-        if (ok) /* a failed check keeps criu's logs in <state>/criu for a look */
+        if (ok) /* a failed restore left criu's log in <state>/criu-restore.log */
                 cove_rm_rf(state, &e2);
         char why[320];
         if (ok)
@@ -1433,7 +1435,11 @@ static struct cove_runtime *ns_open(const char *data_dir, struct cove_err *err)
         rt->full_state = -1;
         snprintf(rt->full_why, sizeof(rt->full_why), "self-check not run yet");
         cove_criu_detect(&rt->criu);
-        snprintf(rt->check_id, sizeof(rt->check_id), "cove-criu-check-%d", (int)getpid());
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a of the data dir */
+        for (const char *c = data_dir; *c; c++)
+                h = (h ^ (uint8_t)*c) * 1099511628211ULL;
+        snprintf(rt->check_id, sizeof(rt->check_id), "cove-criu-check-%016llx",
+                 (unsigned long long)h);
         if (snprintf(rt->ns_dir, sizeof(rt->ns_dir), "%s/ns", data_dir) >=
             (int)sizeof(rt->ns_dir)) {
                 cove_err_set(err, ENAMETOOLONG, "ns runtime: data dir");
