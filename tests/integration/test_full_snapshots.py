@@ -5,6 +5,7 @@ as it was, and a coved without CRIU says "files" and keeps files only.
 
 The full-snapshot tests need a working criu >= 4 (scripts/install-deps builds one); when
 coved's start-up self-check did not pass they skip, naming what /healthz reported."""
+import os
 import time
 
 import pytest
@@ -50,6 +51,12 @@ def start_counter(c, sid, past=5):
     assert ev and ev[0]["type"] == "start", ev
     poll(lambda: count(c, sid) >= past, what=f"the counter to pass {past}")
     return ev[0]["pid"]
+
+
+def sandbox_pids(c, sid, needle="/tmp/cnt;"):
+    """Pids (in the sandbox) of processes whose command line has needle, from ps there."""
+    out = c.exec(sid, ["ps", "-o", "pid,args"])["stdout"].splitlines()[1:]
+    return [int(line.split()[0]) for line in out if needle in line]
 
 
 def running_cmds(c, sid):
@@ -168,7 +175,7 @@ def test_without_criu_snapshots_are_files(coved_factory):
         # files only: the counter's file is back, its process is not
         assert count(c, sid) >= 5
         assert running_cmds(c, sid) == []
-        assert c.exec(sid, "pgrep -f '[c]nt;' || echo none")["stdout"] == "none\n"
+        assert sandbox_pids(c, sid) == []
     finally:
         c.remove(sid, purge=True)
 
@@ -193,5 +200,42 @@ def test_sandbox_with_an_egress_link_gets_a_files_snapshot(coved_factory):
         assert len(running_cmds(c, sid)) == 1  # the failed dump left the process alone
         c.post(f"/v1/sandboxes/{sid}/pause")
         assert c.post(f"/v1/sandboxes/{sid}/resume")["state"] == "running"
+    finally:
+        c.remove(sid, purge=True)
+
+
+def test_a_restored_sandbox_keeps_its_confinement(client):
+    # what CRIU restores must be the same box: seccomp, the user namespace map's shape, the
+    # read-only /dev and guest binary, a writable root owned by the sandbox's root, its cgroup
+    c = client
+    need_full(c)
+    sid = new_sandbox(c)
+    try:
+        start_counter(c, sid)
+        probe = ("grep Seccomp: /proc/self/status; grep Seccomp: /proc/{pid}/status;"
+                 " cat /proc/self/uid_map; touch /dev/x 2>&1 | grep -c Read-only;"
+                 " echo data > /root-owned && stat -c '%u %g' /root-owned;"
+                 " echo x >> /dev/.cove-guest 2>/dev/null || echo guest-ro")
+        (pid,) = sandbox_pids(c, sid)
+        before = c.exec(sid, probe.format(pid=pid))["stdout"].split("\n")
+        c.post(f"/v1/sandboxes/{sid}/pause")
+        c.post(f"/v1/sandboxes/{sid}/resume")
+        assert sandbox_pids(c, sid) == [pid]  # the same process, the same pid
+        after = c.exec(sid, probe.format(pid=pid))["stdout"].split("\n")
+        assert after[0].split() == ["Seccomp:", "2"], after
+        assert after[1].split() == ["Seccomp:", "2"], after  # the restored process too
+        assert after[2].split()[0::2] == ["0", "65536"], after  # root ↔ a private range
+        assert after[3:6] == ["1", "0 0", "guest-ro"], after
+        assert before[3:6] == after[3:6]
+        # seen from the host: the restored counter is in the sandbox's cgroup
+        hosts = []
+        for p in os.listdir("/proc"):
+            try:
+                if p.isdigit() and b"/tmp/cnt;" in open(f"/proc/{p}/cmdline", "rb").read():
+                    hosts.append(open(f"/proc/{p}/cgroup").read())
+            except OSError:
+                pass
+        mine = [h for h in hosts if sid in h]
+        assert len(mine) == 1, hosts
     finally:
         c.remove(sid, purge=True)
