@@ -172,16 +172,17 @@ static int full_ok(struct coved *d)
         return cove_node_full_status(d->node, why, sizeof(why)) == 1;
 }
 
-/* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
- * is in the catalog and the sandbox's last_snapshot_id names it (row is reloaded). */
-/* hold: the sandbox is about to be stopped or replaced (pause, rewind): after a full dump it
- * stays frozen, so nothing runs past the state it will resume from; the caller stops it, or
- * thaws it (unhold) when it changes its mind. On failure it always runs on. */
 static void unhold(struct coved *d, const char *id)
 {
         struct cove_err e2;
         cove_node_freeze(d->node, id, 0, &e2);
 }
+
+/* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
+ * is in the catalog and the sandbox's last_snapshot_id names it (row is reloaded).
+ * hold: the sandbox is about to be stopped or replaced (pause, rewind): after a full dump it
+ * stays frozen, so nothing runs past the state it will resume from; the caller stops it, or
+ * thaws it (unhold) when it changes its mind. On failure it always runs on. */
 
 static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const char *label,
                           int rolling, int hold, struct cove_snapshot_row *out,
