@@ -80,7 +80,8 @@
 #define NS_ID_MAX 128
 #define NS_CHAN_FD 3
 /* where the sandbox sees cove-guest (a read-only bind mount of the host's binary) */
-#define COVE_NS_GUEST_PATH "/dev/.cove-guest"
+#define NS_GUEST_REL "dev/.cove-guest" /* relative to the new root before pivot_root */
+#define COVE_NS_GUEST_PATH "/" NS_GUEST_REL
 #define NS_POOL_DEFAULT 4 /* warm layers per disk size */
 #define NS_POOL_MAX 64
 
@@ -230,11 +231,11 @@ static void setup_dev(int sfd, int gtree)
         /* cove-guest itself: a read-only bind of the host's binary, so that the sandbox's
          * PID 1 runs a file of its own mount namespace (a checkpoint (CRIU) must find the
          * executable there; an exec through an fd of the host's namespace it cannot dump) */
-        int gfd = open(COVE_NS_GUEST_PATH + 1, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0555);
+        int gfd = open(NS_GUEST_REL, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0555);
         if (gfd < 0)
                 child_fail(sfd, errno, "create the guest mount point");
         close(gfd);
-        if (move_mount(gtree, "", AT_FDCWD, COVE_NS_GUEST_PATH + 1, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        if (move_mount(gtree, "", AT_FDCWD, NS_GUEST_REL, MOVE_MOUNT_F_EMPTY_PATH) < 0)
                 child_fail(sfd, errno, "attach the guest binary");
         close(gtree);
         if (mkdir("dev/pts", 0755) < 0 ||
