@@ -239,3 +239,27 @@ def test_a_restored_sandbox_keeps_its_confinement(client):
         assert len(mine) == 1, hosts
     finally:
         c.remove(sid, purge=True)
+
+
+def test_full_snapshot_survives_a_coved_crash(coved_factory):
+    # a full snapshot is durable like any: after kill -9 of coved the sandbox is paused at
+    # it (docs/api.md), and a resume brings its processes back as they were then
+    d = coved_factory()
+    c = d.client
+    need_full(c)
+    sid = new_sandbox(c)
+    start_counter(c, sid)
+    lo = count(c, sid)
+    s = c.post(f"/v1/sandboxes/{sid}/snapshots", {"label": "before the crash"}, expect=201)
+    hi = count(c, sid)
+    assert s["kind"] == "full"
+    d.kill9()
+    c = d.start()
+    assert c.snapshot_kind() == "full"
+    sb = c.sandbox(sid)
+    assert sb["state"] == "paused" and sb["last_snapshot_id"] == s["id"], sb
+    c.post(f"/v1/sandboxes/{sid}/resume")
+    v = poll(lambda: count(c, sid), what="the counter after the resume")
+    assert lo <= v <= hi + 2, (lo, v, hi)  # from the snapshot's memory, not from 1
+    poll(lambda: count(c, sid) > v + 3, what="the counter to keep counting")
+    c.remove(sid, purge=True)
