@@ -634,9 +634,9 @@ static void memory_stream(void **state)
 
 /* ---- fault injection ---- */
 
-enum { OP_WRITE, OP_FSYNC, OP_RENAME, OP_MKDIR };
+enum { OP_WRITE, OP_FSYNC, OP_RENAME, OP_MKDIR, OP_UNLINK };
 static int fi_op = -1, fi_at, fi_errno;
-static int fi_calls[4];
+static int fi_calls[5];
 
 static int fi_hit(int op)
 {
@@ -666,6 +666,14 @@ static int fi_fdatasync(int fd)
         }
         return fdatasync(fd);
 }
+static int fi_syncfs(int fd)
+{
+        if (fi_hit(OP_FSYNC)) {
+                errno = fi_errno;
+                return -1;
+        }
+        return syncfs(fd);
+}
 static int fi_rename(const char *a, const char *b)
 {
         if (fi_hit(OP_RENAME)) {
@@ -673,6 +681,14 @@ static int fi_rename(const char *a, const char *b)
                 return -1;
         }
         return rename(a, b);
+}
+static int fi_unlink(const char *p)
+{
+        if (fi_hit(OP_UNLINK)) {
+                errno = fi_errno;
+                return -1;
+        }
+        return unlink(p);
 }
 static int fi_mkdir(const char *p, mode_t m)
 {
@@ -682,6 +698,9 @@ static int fi_mkdir(const char *p, mode_t m)
         }
         return mkdir(p, m);
 }
+
+static void age_objects(const char *dir, time_t secs_ago);
+static int count_objects(const char *dir);
 
 static int count_temps(const char *dir)
 {
@@ -713,6 +732,7 @@ static void faults(void **state)
         io.write = fi_write;
         io.fsync = fi_fsync;
         io.fdatasync = fi_fdatasync;
+        io.syncfs = fi_syncfs;
         io.rename = fi_rename;
         io.mkdir = fi_mkdir;
         f->st = open_store(f, &io, 1, 0);
@@ -727,52 +747,139 @@ static void faults(void **state)
         const int ops[] = {OP_WRITE, OP_FSYNC, OP_RENAME, OP_MKDIR};
         const int errs[] = {ENOSPC, EIO};
         int runs = 0, k = 0;
-        for (size_t oi = 0; oi < 4; oi++) {
-                for (size_t ei = 0; ei < 2; ei++) {
-                        /* fresh content per combination, so there is something to write */
-                        put_gen(f->src, "new1.bin", 400000, 0, 1000 + (oi * 2 + ei) * 2);
-                        for (int n = 1;; n++) {
-                                char id[32];
-                                snprintf(id, sizeof(id), "x%d", k++);
-                                memset(fi_calls, 0, sizeof(fi_calls));
-                                fi_op = ops[oi];
-                                fi_at = n;
-                                fi_errno = errs[ei];
-                                int fd = open(f->src, O_RDONLY | O_DIRECTORY);
-                                struct cove_err err = {0};
-                                int rc = cove_snapshot_capture_tree(f->st, "t1", id, "base", fd,
-                                                                    NULL, &err);
-                                close(fd);
-                                fi_op = -1;
-                                runs++;
-                                if (rc == 0) {
-                                        print_message("faults: op %zu errno %d: %d calls\n", oi,
-                                                      errs[ei], n - 1);
-                                        /* n exceeds this op's calls: the capture is whole */
-                                        restore_ok(f->st, "t1", id, f->src, f->dst);
-                                        struct cove_err e2 = {0};
-                                        assert_int_equal(cove_snapshot_delete(f->st, "t1", id, &e2),
-                                                         0);
-                                        break;
+        /* a small change (a few chunks: fdatasync per object and directory) and a large one
+         * (groups of 8 or more: syncfs before and after the renames) */
+        for (size_t big = 0; big < 2; big++)
+                for (size_t oi = 0; oi < 4; oi++) {
+                        for (size_t ei = 0; ei < 2; ei++) {
+                                /* fresh content per combination, so there is something to write */
+                                put_gen(f->src, "new1.bin", big ? 1600000 : 400000, 0,
+                                        1000 + (big * 8 + oi * 2 + ei) * 2);
+                                for (int n = 1;; n++) {
+                                        char id[32];
+                                        snprintf(id, sizeof(id), "x%d", k++);
+                                        memset(fi_calls, 0, sizeof(fi_calls));
+                                        fi_op = ops[oi];
+                                        fi_at = n;
+                                        fi_errno = errs[ei];
+                                        int fd = open(f->src, O_RDONLY | O_DIRECTORY);
+                                        struct cove_err err = {0};
+                                        int rc = cove_snapshot_capture_tree(f->st, "t1", id, "base",
+                                                                            fd, NULL, &err);
+                                        close(fd);
+                                        fi_op = -1;
+                                        runs++;
+                                        if (rc == 0) {
+                                                print_message("faults: %s change, op %zu errno %d: "
+                                                              "%d calls\n",
+                                                              big ? "large" : "small", oi, errs[ei],
+                                                              n - 1);
+                                                /* n exceeds this op's calls: the capture is whole
+                                                 */
+                                                restore_ok(f->st, "t1", id, f->src, f->dst);
+                                                struct cove_err e2 = {0};
+                                                assert_int_equal(
+                                                    cove_snapshot_delete(f->st, "t1", id, &e2), 0);
+                                                break;
+                                        }
+                                        assert_true(err.errnum == errs[ei]);
+                                        assert_non_null(strstr(err.msg, id));
+                                        /* a failed capture leaves no manifest */
+                                        struct cove_snapshot_info info;
+                                        assert_int_equal(
+                                            cove_snapshot_info(f->st, "t1", id, &info, &err), -1);
+                                        /* the previous snapshot is intact */
+                                        restore_ok(f->st, "t1", "base", copy, f->dst);
+                                        assert_int_equal(cove_store_recover(f->st, &err), 0);
+                                        assert_int_equal(count_temps(f->root), 0);
+                                        assert_true(n < 2000);
                                 }
-                                assert_true(err.errnum == errs[ei]);
-                                assert_non_null(strstr(err.msg, id));
-                                /* a failed capture leaves no manifest */
-                                struct cove_snapshot_info info;
-                                assert_int_equal(cove_snapshot_info(f->st, "t1", id, &info, &err),
-                                                 -1);
-                                /* the previous snapshot is intact */
-                                restore_ok(f->st, "t1", "base", copy, f->dst);
-                                assert_int_equal(cove_store_recover(f->st, &err), 0);
-                                assert_int_equal(count_temps(f->root), 0);
-                                assert_true(n < 2000);
                         }
                 }
-        }
         print_message("faults: %d captures with an injected ENOSPC/EIO\n", runs);
         /* and a later capture works */
         capture(f->st, "t1", "after", "base", f->src, NULL);
         restore_ok(f->st, "t1", "after", f->src, f->dst);
+}
+
+/* GC and snapshot deletes with a failing rename (moving a chunk aside), unlink or directory
+ * fsync at every point: the error is reported, the kept snapshot restores, recover leaves
+ * no private files (an interrupted delete's chunk is put back), and a later GC finishes. */
+static void gc_faults(void **state)
+{
+        struct fx *f = *state;
+        struct cove_sysio io = cove_sysio_default;
+        io.fsync = fi_fsync;
+        io.fdatasync = fi_fdatasync;
+        io.syncfs = fi_syncfs;
+        io.rename = fi_rename;
+        io.unlink = fi_unlink;
+        f->st = open_store(f, &io, 1, 50);
+        char chunks[256], copy[256];
+        snprintf(chunks, sizeof(chunks), "%s/t1/chunks", f->root);
+        snprintf(copy, sizeof(copy), "%s/acopy", f->dir);
+        make_tree(f->src, 0);
+        capture(f->st, "t1", "a", NULL, f->src, NULL);
+        restore_ok(f->st, "t1", "a", f->src, copy);
+        int after_a = count_objects(chunks);
+        const int ops[] = {OP_RENAME, OP_UNLINK, OP_FSYNC};
+        const int errs[] = {ENOSPC, EIO};
+        const char *keep[] = {"a"};
+        int runs = 0, k = 0;
+        for (size_t oi = 0; oi < 3; oi++) {
+                for (size_t ei = 0; ei < 2; ei++) {
+                        /* garbage to collect: snapshot b with chunks of its own, deleted */
+                        char b[32];
+                        snprintf(b, sizeof(b), "b%d", k++);
+                        put_gen(f->src, "only-b.bin", 500000, 0, 300 + k);
+                        capture(f->st, "t1", b, "a", f->src, NULL);
+                        int garbage = count_objects(chunks) - after_a;
+                        assert_true(garbage > 2);
+                        struct cove_err err = {0};
+                        /* the manifest delete itself, failing at its unlink or dir fsync */
+                        if (ops[oi] != OP_RENAME) {
+                                memset(fi_calls, 0, sizeof(fi_calls));
+                                fi_op = ops[oi];
+                                fi_at = 1;
+                                fi_errno = errs[ei];
+                                int rc = cove_snapshot_delete(f->st, "t1", b, &err);
+                                fi_op = -1;
+                                assert_int_equal(rc, -1);
+                                assert_int_equal(err.errnum, errs[ei]);
+                                assert_non_null(strstr(err.msg, b));
+                                runs++;
+                        }
+                        struct cove_snapshot_info info;
+                        if (cove_snapshot_info(f->st, "t1", b, &info, &err) == 0)
+                                assert_int_equal(cove_snapshot_delete(f->st, "t1", b, &err), 0);
+                        for (int n = 1;; n++) {
+                                age_objects(f->root, 7200);
+                                memset(fi_calls, 0, sizeof(fi_calls));
+                                fi_op = ops[oi];
+                                fi_at = n;
+                                fi_errno = errs[ei];
+                                struct cove_gc_stats gs;
+                                int rc = cove_store_gc(f->st, "t1", keep, 1, &gs, &err);
+                                fi_op = -1;
+                                runs++;
+                                assert_int_equal(cove_store_recover(f->st, &err), 0);
+                                assert_int_equal(count_temps(f->root), 0);
+                                restore_ok(f->st, "t1", "a", copy, f->dst);
+                                if (rc == 0) {
+                                        /* n exceeds this op's calls: everything is swept */
+                                        assert_int_equal(count_objects(chunks), after_a);
+                                        print_message("gc_faults: op %zu errno %d: %d calls\n", oi,
+                                                      errs[ei], n - 1);
+                                        break;
+                                }
+                                assert_int_equal(err.errnum, errs[ei]);
+                                assert_non_null(strstr(err.msg, "gc of tenant t1"));
+                                assert_true(count_objects(chunks) >= after_a);
+                                assert_true(n < 1000);
+                        }
+                }
+        }
+        print_message("gc_faults: %d GCs and deletes with an injected ENOSPC/EIO\n", runs);
 }
 
 /* ---- kill -9 ---- */
@@ -799,7 +906,9 @@ static void kill9(void **state)
                 pid_t pid = fork();
                 assert_true(pid >= 0);
                 if (pid == 0) {
-                        struct cove_store *st = open_store(f, NULL, 2, 0);
+                        /* grace 1 ms: GC may delete any chunk no kept manifest names */
+                        struct cove_store *st = open_store(f, NULL, 2, 1);
+                        char prev[32] = "";
                         for (unsigned i = 0;; i++) {
                                 unsigned seed = (unsigned)round * 1000 + i;
                                 gen_tree(work, seed);
@@ -807,8 +916,24 @@ static void kill9(void **state)
                                 snprintf(id, sizeof(id), "k%u", seed);
                                 int fd = open(work, O_RDONLY | O_DIRECTORY);
                                 struct cove_err err = {0};
-                                cove_snapshot_capture_tree(st, "t1", id, NULL, fd, NULL, &err);
+                                int rc =
+                                    cove_snapshot_capture_tree(st, "t1", id, NULL, fd, NULL, &err);
                                 close(fd);
+                                if (rc < 0)
+                                        continue;
+                                /* every other round also drops the previous one and collects
+                                 * (stable.bin's chunks are shared and must survive) */
+                                if (round % 2 && prev[0]) {
+                                        cove_snapshot_delete(st, "t1", prev, &err);
+                                        char **keep;
+                                        size_t nk;
+                                        if (cove_snapshot_list(st, "t1", &keep, &nk, &err) == 0) {
+                                                cove_store_gc(st, "t1", (const char *const *)keep,
+                                                              nk, NULL, &err);
+                                                cove_snapshot_list_free(keep, nk);
+                                        }
+                                }
+                                snprintf(prev, sizeof(prev), "%s", id);
                         }
                 }
                 struct timespec ts = {0, (10 + rand() % 150) * 1000000L};
@@ -894,11 +1019,12 @@ static int count_objects(const char *dir)
         return (int)o.n;
 }
 
-/* A capture paused on its first fdatasync (after every chunk was named and deduped). */
+/* A capture paused on its first fdatasync or syncfs (after every chunk was named and
+ * deduped). */
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static int gate_armed, gate_waiting, gate_open;
-static int gate_fdatasync(int fd)
+static void gate_pass(void)
 {
         pthread_mutex_lock(&gate_mu);
         if (gate_armed) {
@@ -909,7 +1035,16 @@ static int gate_fdatasync(int fd)
                 gate_armed = 0;
         }
         pthread_mutex_unlock(&gate_mu);
+}
+static int gate_fdatasync(int fd)
+{
+        gate_pass();
         return fdatasync(fd);
+}
+static int gate_syncfs(int fd)
+{
+        gate_pass();
+        return syncfs(fd);
 }
 
 struct cap_arg {
@@ -933,6 +1068,7 @@ static void gc(void **state)
         struct fx *f = *state;
         struct cove_sysio io = cove_sysio_default;
         io.fdatasync = gate_fdatasync;
+        io.syncfs = gate_syncfs;
         f->st = open_store(f, &io, 1, 50); /* grace 50 ms */
         char chunks[256];
         snprintf(chunks, sizeof(chunks), "%s/t1/chunks", f->root);
@@ -1023,6 +1159,7 @@ int main(void)
             cmocka_unit_test_setup_teardown(memory_stream, setup, teardown),
             cmocka_unit_test_setup_teardown(faults, setup, teardown),
             cmocka_unit_test_setup_teardown(gc, setup, teardown),
+            cmocka_unit_test_setup_teardown(gc_faults, setup, teardown),
             cmocka_unit_test_setup_teardown(kill9, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

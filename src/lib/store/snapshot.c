@@ -301,6 +301,8 @@ static void chunk_id(const struct tenant *t, const void *data, size_t len, uint8
 
 /* Seal plain into a new object: header || AES-256-GCM(zstd?(plain)) || tag, with
  * AD = header || ad. */
+#define SAMPLE_LEN 4096 /* compressibility probe of seal() */
+
 static int seal(struct worker *w, const uint8_t key[32], const char *magic, const void *ad,
                 size_t adlen, const uint8_t *plain, size_t len, int level, uint8_t **out,
                 size_t *outlen, struct cove_err *err)
@@ -314,7 +316,18 @@ static int seal(struct worker *w, const uint8_t key[32], const char *magic, cons
                 w->zbuf = nb;
                 w->zcap = bound;
         }
-        size_t z = ZSTD_compressCCtx(w->zc, w->zbuf, w->zcap, plain, len, level);
+        /* Incompressible data (media, archives, random) is most of what zstd -1 spends its
+         * time on: try a 4 KiB sample from the middle first and store the chunk as it is
+         * when the sample does not shrink by 1/32 (btrfs decides the same way). */
+        size_t z = len;
+        if (len >= 4 * SAMPLE_LEN) {
+                size_t sz = ZSTD_compressCCtx(w->zc, w->zbuf, w->zcap,
+                                              plain + len / 2 - SAMPLE_LEN / 2, SAMPLE_LEN, level);
+                if (!ZSTD_isError(sz) && sz < SAMPLE_LEN - SAMPLE_LEN / 32)
+                        z = ZSTD_compressCCtx(w->zc, w->zbuf, w->zcap, plain, len, level);
+        } else {
+                z = ZSTD_compressCCtx(w->zc, w->zbuf, w->zcap, plain, len, level);
+        }
         const uint8_t *body = plain;
         size_t blen = len;
         uint8_t flags = 0;
