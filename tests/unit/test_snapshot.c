@@ -397,6 +397,65 @@ static void dedup(void **state)
         restore_ok(f->st, "t1", "c", f->src, f->dst);
 }
 
+static void first_chunk_path(struct fx *f, const char *tenant, char *out, size_t cap, int which);
+
+/* Unchanged files (size, mtime, ctime, inode) take their chunk lists from the parent without
+ * being read; a file rewritten with its old size and mtime put back is read again (its ctime
+ * moved); a parent whose chunk went missing makes the capture read and store it again. */
+static void incremental(void **state)
+{
+        struct fx *f = *state;
+        f->st = open_store(f, NULL, 0, 0);
+        make_tree(f->src, 1);
+        struct cove_snapshot_stats a = {0}, b = {0}, c = {0}, d = {0};
+        capture(f->st, "t1", "a", NULL, f->src, &a);
+        assert_int_equal(a.reused_bytes, 0);
+        capture(f->st, "t1", "b", "a", f->src, &b);
+        print_message("incremental: %llu of %llu bytes taken from the parent, %.1f ms vs %.1f ms\n",
+                      (unsigned long long)b.reused_bytes, (unsigned long long)b.size_bytes,
+                      b.ns_total / 1e6, a.ns_total / 1e6);
+        assert_int_equal(b.size_bytes, a.size_bytes);
+        assert_true(b.reused_bytes >= a.size_bytes * 9 / 10);
+        assert_int_equal(b.new_chunks, 0);
+        restore_ok(f->st, "t1", "b", f->src, f->dst);
+        /* same size, same mtime, different content */
+        char p[256];
+        snprintf(p, sizeof(p), "%s/big.bin", f->src);
+        struct stat st0;
+        assert_int_equal(stat(p, &st0), 0);
+        int fd = open(p, O_WRONLY);
+        assert_int_equal(pwrite(fd, "Y", 1, 10 << 20), 1);
+        struct timespec ts[2] = {st0.st_atim, st0.st_mtim};
+        assert_int_equal(futimens(fd, ts), 0);
+        close(fd);
+        capture(f->st, "t1", "c", "b", f->src, &c);
+        assert_true(c.new_chunks >= 1);
+        assert_true(c.reused_bytes < c.size_bytes);
+        restore_ok(f->st, "t1", "c", f->src, f->dst);
+        /* a chunk of c vanishes from the store: d must not name it blindly */
+        char victim[512];
+        struct cove_err err = {0};
+        for (int which = 0;; which++) { /* one that c (the current tree) needs */
+                first_chunk_path(f, "t1", victim, sizeof(victim), which);
+                char aside[600];
+                snprintf(aside, sizeof(aside), "%s.aside", victim);
+                assert_int_equal(rename(victim, aside), 0);
+                if (cove_snapshot_verify(f->st, "t1", "c", &err) < 0)
+                        break;
+                assert_int_equal(rename(aside, victim), 0);
+        }
+        capture(f->st, "t1", "d", "c", f->src, &d);
+        assert_true(d.new_chunks >= 1);
+        if (cove_snapshot_verify(f->st, "t1", "d", &err) < 0)
+                fail_msg("d: %s", err.msg);
+        restore_ok(f->st, "t1", "d", f->src, f->dst);
+        /* a parent that does not exist (deleted): everything is read, nothing breaks */
+        struct cove_snapshot_stats e = {0};
+        capture(f->st, "t1", "e", "nope", f->src, &e);
+        assert_int_equal(e.reused_bytes, 0);
+        restore_ok(f->st, "t1", "e", f->src, f->dst);
+}
+
 struct objlist {
         char names[4096][80];
         size_t n;
@@ -1153,6 +1212,7 @@ int main(void)
         const struct CMUnitTest tests[] = {
             cmocka_unit_test_setup_teardown(round_trip, setup, teardown),
             cmocka_unit_test_setup_teardown(dedup, setup, teardown),
+            cmocka_unit_test_setup_teardown(incremental, setup, teardown),
             cmocka_unit_test_setup_teardown(tenants_apart, setup, teardown),
             cmocka_unit_test_setup_teardown(no_plaintext, setup, teardown),
             cmocka_unit_test_setup_teardown(damaged_chunks, setup, teardown),

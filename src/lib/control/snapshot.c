@@ -444,9 +444,12 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
         char img[PATH_MAX];
+        int64_t t1 = cove_mono_ns();
         r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img), err);
+        int64_t t2 = cove_mono_ns();
         if (r == 0)
                 r = start_from_image(d, &row, img, err);
+        int64_t t3 = cove_mono_ns();
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
                 if (reload(d, id, &row, &e2) == 0) {
@@ -469,8 +472,10 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         }
         wake_timer(d);
         cove_tm_kick(d);
-        cove_info(&d->log, "sandbox.resume", "sandbox %s resumed from snapshot %s in %.1f ms", id,
-                  snap.id, (double)(cove_mono_ns() - t0) / 1e6);
+        cove_info(&d->log, "sandbox.resume",
+                  "sandbox %s resumed from snapshot %s in %.1f ms (restore %.1f ms, start %.1f ms)",
+                  id, snap.id, (double)(cove_mono_ns() - t0) / 1e6, (double)(t2 - t1) / 1e6,
+                  (double)(t3 - t2) / 1e6);
         *out = cove_sandbox_json(&row);
 out:
         sbx_unlock(d->tm, id);

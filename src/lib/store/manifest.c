@@ -169,6 +169,10 @@ int cove_manifest_serialize(const struct cove_manifest *m, char **out, size_t *l
                 oom |= json_object_set_new(o, "mtime_ns", json_integer(e->mtime_ns));
                 if (e->type == COVE_ENT_FILE)
                         oom |= json_object_set_new(o, "size", json_integer((json_int_t)e->size));
+                if (e->type == COVE_ENT_FILE && e->ctime_ns > 0) {
+                        oom |= json_object_set_new(o, "ctime_ns", json_integer(e->ctime_ns));
+                        oom |= json_object_set_new(o, "ino", json_integer((json_int_t)e->ino));
+                }
                 if (e->type == COVE_ENT_CHAR || e->type == COVE_ENT_BLOCK)
                         oom |= json_object_set_new(o, "rdev", json_integer((json_int_t)e->rdev));
                 if (e->target)
@@ -317,6 +321,14 @@ static int parse_entry(struct cove_manifest *m, json_t *o, size_t i, json_t *see
         if (!json_is_integer(jm))
                 return bad(err, i, "mtime_ns");
         e.mtime_ns = json_integer_value(jm);
+        if (e.type == COVE_ENT_FILE && json_object_get(o, "ctime_ns")) {
+                uint64_t ct, ino;
+                if (get_uint(o, "ctime_ns", INT64_MAX, &ct) < 0 ||
+                    get_uint(o, "ino", INT64_MAX, &ino) < 0)
+                        return bad(err, i, "ctime_ns/ino");
+                e.ctime_ns = (int64_t)ct;
+                e.ino = ino;
+        }
         if (e.type == COVE_ENT_CHAR || e.type == COVE_ENT_BLOCK) {
                 if (get_uint(o, "rdev", UINT64_MAX >> 1, &e.rdev) < 0)
                         return bad(err, i, "rdev");
