@@ -936,9 +936,9 @@ static void cap_load_prev(struct capture *c, const char *parent)
                 return;
         for (size_t i = 0; i < c->prev.n; i++) {
                 const struct cove_mentry *pe = &c->prev.entries[i];
-                if (pe->type == COVE_ENT_FILE && !pe->link && pe->ctime_ns > 0 &&
-                    json_object_set_new(c->prev_idx, pe->path, json_integer((json_int_t)i)) < 0)
-                        break;
+                /* (a path jansson refuses as a key, not UTF-8, is simply read again) */
+                if (pe->type == COVE_ENT_FILE && !pe->link && pe->ctime_ns > 0)
+                        json_object_set_new(c->prev_idx, pe->path, json_integer((json_int_t)i));
         }
 }
 
