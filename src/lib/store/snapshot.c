@@ -936,9 +936,11 @@ static void cap_load_prev(struct capture *c, const char *parent)
                 return;
         for (size_t i = 0; i < c->prev.n; i++) {
                 const struct cove_mentry *pe = &c->prev.entries[i];
-                /* (a path jansson refuses as a key, not UTF-8, is simply read again) */
-                if (pe->type == COVE_ENT_FILE && !pe->link && pe->ctime_ns > 0)
-                        json_object_set_new(c->prev_idx, pe->path, json_integer((json_int_t)i));
+                /* nocheck: paths are bytes, not necessarily UTF-8 */
+                if (pe->type == COVE_ENT_FILE && !pe->link && pe->ctime_ns > 0 &&
+                    json_object_set_new_nocheck(c->prev_idx, pe->path,
+                                                json_integer((json_int_t)i)) < 0)
+                        break; /* out of memory: the rest is read */
         }
 }
 
@@ -1073,7 +1075,7 @@ static int cap_one(struct capture *c, int dfd, const char *name, const char *pat
                                            ? 0
                                            : cove_err_set(err, ENOMEM, "manifest");
                         }
-                        json_object_set_new(c->links, key, json_string(path));
+                        json_object_set_new(c->links, key, json_string_nocheck(path));
                 }
                 e.ctime_ns = (int64_t)sx.stx_ctime.tv_sec * 1000000000LL + sx.stx_ctime.tv_nsec;
                 e.ino = (uint64_t)st.st_ino;
