@@ -113,9 +113,9 @@ def sandbox(coved):
 
 @pytest.fixture
 def coved_factory(request, build_dir, templates_dir, log_dir):
-    """start(data_dir=None, extra_args=(), start=True, env=None) → Coved. A data dir given by
-    the test is left in place (the test owns it); temp ones are removed. env: extra
-    environment variables for coved."""
+    """start(data_dir=None, extra_args=(), start=True, env=None) → Coved. A data dir given
+    by the test is left in place (the test owns it); temp ones are removed. env: variables
+    added to coved's environment."""
     if not _is_root():
         pytest.skip("coved's namespace runtime needs root")
     started = []

@@ -254,7 +254,7 @@ class Coved:
         os.makedirs(self.data, exist_ok=True)
         self.templates = templates_dir
         self.extra = list(extra_args)
-        self.env = dict(env or {})  # extra environment for coved (e.g. COVE_CRIU=off)
+        self.env = dict(os.environ, **env) if env else None  # added to the environment
         # a link pool of its own unless the test names one: coveds of parallel runs on one
         # host must not hand out the same addresses
         if not any(a.startswith("--egress-pool") for a in self.extra):
@@ -293,9 +293,8 @@ class Coved:
         """Starts (or restarts) coved, waits for GET /healthz and reads admin.key."""
         self.port = free_port()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL, start_new_session=True,
-                                         env={**os.environ, **self.env} if self.env else None)
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         probe = Client(self.port)
         deadline = time.time() + timeout
         while True:
