@@ -263,3 +263,24 @@ def test_full_snapshot_survives_a_coved_crash(coved_factory):
     assert lo <= v <= hi + 2, (lo, v, hi)  # from the snapshot's memory, not from 1
     poll(lambda: count(c, sid) > v + 3, what="the counter to keep counting")
     c.remove(sid, purge=True)
+
+
+def test_operations_right_after_start_wait_for_the_self_check(coved_factory):
+    # a full snapshot's restore (and a pause) in the first seconds after coved starts, while
+    # /healthz still says "checking", waits for the self-check instead of failing or
+    # quietly taking files: here a fork right after a restart
+    d = coved_factory()
+    c = d.client
+    need_full(c)
+    sid = new_sandbox(c)
+    start_counter(c, sid)
+    s = c.post(f"/v1/sandboxes/{sid}/snapshots", {}, expect=201)
+    assert s["kind"] == "full"
+    d.terminate()
+    c = d.start()  # returns as soon as /healthz answers: the check has only begun
+    (f,) = [x["id"] for x in c.post(f"/v1/sandboxes/{sid}/fork", {"snapshot_id": s["id"]})
+            ["sandboxes"]]
+    v = poll(lambda: count(c, f), what="the fork's counter")
+    assert v >= 5
+    c.remove(f, purge=True)
+    c.remove(sid, purge=True)

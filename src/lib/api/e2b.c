@@ -272,11 +272,12 @@ static int nonempty(json_t *v)
                !(json_is_array(v) && json_array_size(v) == 0);
 }
 
-/* Whether pauses here keep memory and processes (runtime full snapshots, CRIU). */
+/* Whether pauses here keep memory and processes (runtime full snapshots, CRIU); waits for
+ * coved's start-up self-check when it still runs (1-3 s), as a pause itself would. */
 static int full_snapshots(struct cove_e2b *e)
 {
         char why[320];
-        return cove_node_full_status(e->d->node, why, sizeof(why)) == 1;
+        return cove_node_full_wait(e->d->node, 60000, why, sizeof(why)) == 1;
 }
 
 /* POST /sandboxes and /v2/sandboxes: build cove's create body from E2B's NewSandbox. */

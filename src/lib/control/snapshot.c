@@ -173,11 +173,15 @@ static void mem_id(const char *snap_id, char *out, size_t cap)
         snprintf(out, cap, "%s" MEM_SUFFIX, snap_id);
 }
 
+/* How long an operation waits for coved's start-up CRIU self-check (1-3 s) before it takes
+ * a files snapshot, or refuses to restore a full one. */
+#define FULL_WAIT_MS 60000
+
 /* Whether snapshots of running sandboxes are full ones on this node (runtime + self-check). */
 static int full_ok(struct coved *d)
 {
         char why[320];
-        return cove_node_full_status(d->node, why, sizeof(why)) == 1;
+        return cove_node_full_wait(d->node, FULL_WAIT_MS, why, sizeof(why)) == 1;
 }
 
 static void unhold(struct coved *d, const char *id)
@@ -380,7 +384,7 @@ static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, ch
         if (cove_id_new("", rnd, sizeof(rnd), err) < 0)
                 return -1;
         char why[320];
-        if (cove_node_full_status(d->node, why, sizeof(why)) != 1)
+        if (cove_node_full_wait(d->node, FULL_WAIT_MS, why, sizeof(why)) != 1)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "snapshot %s is a full snapshot and this node cannot "
                                      "restore processes (%s)",

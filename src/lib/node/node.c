@@ -71,6 +71,8 @@ struct cove_node {
         int refill_started;
         pthread_t fullcheck; /* the runtime's full-snapshot self-check, once at start */
         int fullcheck_started;
+        int fullcheck_done;     /* with mu; full_cv is broadcast when it is set */
+        pthread_cond_t full_cv; /* CLOCK_MONOTONIC */
         int pool_quit;
 };
 
@@ -146,6 +148,10 @@ static void *fullcheck_main(void *arg)
         else
                 cove_warn(n->cfg.log, "snapshot.full",
                           "full snapshots unavailable (snapshots are kind files): %s", why);
+        pthread_mutex_lock(&n->mu);
+        n->fullcheck_done = 1;
+        pthread_cond_broadcast(&n->full_cv);
+        pthread_mutex_unlock(&n->mu);
         return NULL;
 }
 
@@ -224,6 +230,7 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 pthread_condattr_init(&ca);
                 pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
                 pthread_cond_init(&n->pool_cv, &ca);
+                pthread_cond_init(&n->full_cv, &ca);
                 pthread_condattr_destroy(&ca);
         }
         pthread_mutex_init(&n->io_mu, NULL);
@@ -263,9 +270,11 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 pthread_join(n->spawner, NULL);
                 goto fail;
         }
+        pthread_mutex_lock(&n->mu);
         if (cfg->rt_ops->full_selfcheck &&
             pthread_create(&n->fullcheck, NULL, fullcheck_main, n) == 0)
                 n->fullcheck_started = 1;
+        pthread_mutex_unlock(&n->mu);
         return n;
 fail:
         if (n->rt)
@@ -635,6 +644,24 @@ int cove_node_full_status(struct cove_node *n, char *why, size_t cap)
                 return 0;
         }
         return n->cfg.rt_ops->full_status(n->rt, why, cap);
+}
+
+int cove_node_full_wait(struct cove_node *n, int timeout_ms, char *why, size_t cap)
+{
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+                dl.tv_sec++;
+                dl.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&n->mu);
+        while (n->fullcheck_started && !n->fullcheck_done &&
+               pthread_cond_timedwait(&n->full_cv, &n->mu, &dl) == 0)
+                ;
+        pthread_mutex_unlock(&n->mu);
+        return cove_node_full_status(n, why, cap);
 }
 
 int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char *dest_image,
