@@ -13,7 +13,9 @@ import pytest
 pytestmark = pytest.mark.root
 
 # a shell counting in its own memory: $i lives only in the process; the file is a window
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/cnt; echo n=$i; sleep 0.05; done"
+# (written to a temp file and renamed, so that a read never sees it half-written)
+COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /tmp/cnt.t; mv /tmp/cnt.t /tmp/cnt; "
+           "echo n=$i; sleep 0.05; done")
 
 
 def poll(fn, timeout=30, what="condition"):
