@@ -302,6 +302,7 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
         }
         struct cove_instance_spec spec = {
             .sandbox_id = row->id,
+            .runtime = row->runtime,
             .rootfs = rootfs,
             .cpus = (unsigned)row->cpus,
             .memory_mb = (unsigned)row->memory_mb,

@@ -13,6 +13,7 @@
 /* What a driver needs to start one instance. All strings are borrowed for the call. */
 struct cove_instance_spec {
         const char *sandbox_id;   /* sbx_…; also the hostname */
+        const char *runtime;      /* driver name for the node to pick ("ns", "vm"); NULL: default */
         const char *rootfs;       /* template rootfs directory (read-only lower layer) */
         const char *state_dir;    /* per-sandbox directory the driver owns (upper, work, …) */
         const char *guest_binary; /* absolute path of the static cove-guest binary */
@@ -102,5 +103,6 @@ struct cove_runtime_ops {
 };
 
 extern const struct cove_runtime_ops cove_runtime_ns;
+extern const struct cove_runtime_ops cove_runtime_vm; /* runtime/vm.h */
 
 #endif
