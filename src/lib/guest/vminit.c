@@ -214,6 +214,10 @@ void cove_guest_vm_seed(const unsigned char *seed, size_t len)
                         ssize_t w = write(fd, seed, len);
                         (void)w;
                 }
+                /* a ready crng only takes new input at its next scheduled reseed (up to a
+                 * minute away): until then clones of one snapshot would produce the same
+                 * bytes. Reseed now. */
+                ioctl(fd, RNDRESEEDCRNG);
                 close(fd);
         }
         explicit_bzero(&rp, sizeof(rp));
