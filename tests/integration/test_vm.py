@@ -292,3 +292,16 @@ def test_vm_delete_leaves_nothing(vmd):
     assert not os.path.exists(f"/proc/{pid}") or \
         open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     assert not os.path.exists(os.path.join(vmd.data, "sandboxes", sb["id"]))
+
+
+def test_vm_unavailable_says_why(coved_factory, monkeypatch):
+    """Without a guest kernel the vm runtime is unavailable; ns still works and a vm
+    request gets 503 naming what is missing (runs without QEMU too)."""
+    monkeypatch.setenv("COVE_VM_KERNEL_DIR", "/nonexistent-cove-kernel")
+    d = coved_factory(extra_args=["--pool", "0"])
+    e = d.client.expect_error("POST", "/v1/sandboxes", 503, "unavailable",
+                              {"template": "busybox", "runtime": "vm"})
+    assert "install-deps" in e["message"], e
+    sb = d.client.create(template="busybox")
+    assert sb["runtime"] == "ns"
+    d.client.remove(sb["id"])
