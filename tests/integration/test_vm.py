@@ -305,3 +305,79 @@ def test_vm_unavailable_says_why(coved_factory, monkeypatch):
     sb = d.client.create(template="busybox")
     assert sb["runtime"] == "ns"
     d.client.remove(sb["id"])
+
+
+COUNTER = ("setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count; "
+           "sleep 0.05; done' </dev/null >/dev/null 2>&1 &")
+
+
+def _count(c, sid):
+    return int(c.exec(sid, "cat /dev/shm/count")["stdout"])
+
+
+def _counter_pid(c, sid):
+    return c.exec(sid, "pgrep -f 'echo .i > /dev/shm/count' | head -1")["stdout"].strip()
+
+
+@pytest.mark.slow
+def test_vm_pause_resume_keeps_live_memory(vmd):
+    """/dev/shm is guest RAM: a counter process writing there continues after a full
+    snapshot and restore (same process, value past the one seen before the pause)."""
+    c = vmd.client
+    sb = c.create(template="busybox", runtime="vm")
+    sid = sb["id"]
+    try:
+        c.exec(sid, COUNTER)
+        deadline = time.time() + 30
+        while c.exec(sid, "test -s /dev/shm/count")["exit_code"] and time.time() < deadline:
+            time.sleep(0.1)
+        pid = _counter_pid(c, sid)
+        before = _count(c, sid)
+        r = c.post(f"/v1/sandboxes/{sid}/pause")
+        assert r["sandbox"]["state"] == "paused"
+        assert r["snapshot"]["kind"] == "full", r
+        assert c.sandbox(sid)["state"] == "paused"
+        assert _qemu_of(sid) is None, "a paused vm keeps no QEMU"
+        r = c.post(f"/v1/sandboxes/{sid}/resume", {})
+        assert r["state"] == "running", r
+        after = _count(c, sid)
+        assert after >= before, (before, after)
+        assert _counter_pid(c, sid) == pid, "the same process continues"
+        t = time.time()
+        while _count(c, sid) <= after and time.time() - t < 20:
+            time.sleep(0.1)
+        assert _count(c, sid) > after, "the counter does not run after the resume"
+        assert c.exec(sid, "hostname")["stdout"].strip() == sid
+    finally:
+        c.remove(sid, purge=True)
+
+
+@pytest.mark.slow
+def test_vm_fork_into_two_that_diverge(vmd):
+    c = vmd.client
+    sb = c.create(template="busybox", runtime="vm")
+    sid = sb["id"]
+    kids = []
+    try:
+        c.exec(sid, "echo base > /dev/shm/x; echo disk > /root/y; sync")
+        c.exec(sid, COUNTER)
+        r = c.post(f"/v1/sandboxes/{sid}/fork", {"count": 2})
+        kids = [k["id"] for k in r["sandboxes"]]
+        assert len(kids) == 2 and sid not in kids
+        for i, k in enumerate(kids):
+            out = c.exec(k, "hostname; cat /dev/shm/x /root/y")["stdout"].split()
+            assert out == [k, "base", "disk"], out
+            c.exec(k, f"echo kid{i} > /dev/shm/x")
+        assert [c.exec(k, "cat /dev/shm/x")["stdout"] for k in kids] == ["kid0\n", "kid1\n"]
+        assert c.exec(sid, "cat /dev/shm/x")["stdout"] == "base\n"
+        rnd = {c.exec(k, "head -c 16 /dev/urandom | od -An -tx1")["stdout"] for k in kids}
+        assert len(rnd) == 2, "forks must not share RNG state"
+        for k in kids:  # the counter runs on in each copy
+            a = _count(c, k)
+            t = time.time()
+            while _count(c, k) <= a and time.time() - t < 20:
+                time.sleep(0.1)
+            assert _count(c, k) > a
+    finally:
+        for k in kids + [sid]:
+            c.remove(k, purge=True)

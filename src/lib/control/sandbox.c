@@ -163,6 +163,10 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                         return -1;
                 snprintf(s.runtime, sizeof(s.runtime), "%s", runtime);
         }
+        /* a vm's rolling snapshot is a full one (its RAM too, the VM stopped while written):
+         * off unless asked for */
+        if (!strcmp(s.runtime, "vm") && !json_object_get(body, "snapshot_interval_s"))
+                s.snapshot_interval_s = 0;
         if (strcmp(s.on_timeout, "kill") != 0 && strcmp(s.on_timeout, "pause") != 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "on_timeout must be \"kill\" or \"pause\" (got \"%s\")",

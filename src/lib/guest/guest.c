@@ -383,6 +383,15 @@ static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struc
                         g_stdin_data(g, f->id, f->flags, f->payload, f->len);
                 return 0;
         }
+        case COVE_F_HELLO:
+                /* a vm restored from a full snapshot (resume, rewind, fork) meets a new node
+                 * session on the same port: shake hands again and take the new identity.
+                 * Processes keep running; the new node knows none of the old ones (it drops
+                 * their output), so their streams are effectively detached. */
+                if (g->vm)
+                        return handle_hello(g, f, err);
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "channel: second HELLO from the node");
         default:
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "channel: unexpected frame type %u from the node", f->type);

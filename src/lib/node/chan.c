@@ -348,11 +348,16 @@ int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname
                 return -1;
         struct timespec dl;
         abs_deadline(&dl, timeout_ms);
+        int stale = 0;
         for (;;) {
                 struct cove_frame f;
                 int n = cove_decoder_next(&c->dec, &f, err);
                 if (n < 0)
                         return cove_err_wrap(err, "sandbox %s: handshake", c->sandbox_id);
+                if (n == 1 && f.type != COVE_F_HELLO &&
+                    (f.type == COVE_F_OUT || f.type == COVE_F_EXIT || f.type == COVE_F_EVENT) &&
+                    ++stale <= 4096)
+                        continue; /* a restored vm's output of its previous session */
                 if (n == 1) {
                         if (f.type != COVE_F_HELLO)
                                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,

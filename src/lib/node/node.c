@@ -674,6 +674,40 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
         return r;
 }
 
+int cove_node_full_snapshot(struct cove_node *n, const char *sandbox_id, int out_fd,
+                            uint64_t *pause_ns, struct cove_err *err)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        if (!in || in->stopping || in->pool) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                                     sandbox_id);
+        }
+        if (!in->ops->full_snapshot) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "runtime %s cannot take full snapshots", in->ops->name);
+        }
+        in->busy++;
+        pthread_mutex_unlock(&n->mu);
+        int r = in->ops->full_snapshot(in->rt, &in->ri, out_fd, pause_ns, err);
+        pthread_mutex_lock(&n->mu);
+        in->busy--;
+        pthread_cond_broadcast(&n->stop_cv);
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
+int cove_node_has_full(struct cove_node *n, const char *sandbox_id)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        int r = in && !in->stopping && !in->pool && in->ops->full_snapshot;
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
 /* Layer images belong to the driver that has them (ns), default or not. */
 static const struct cove_runtime_ops *layer_ops(struct cove_node *n, struct cove_runtime **rt)
 {

@@ -83,6 +83,13 @@ int cove_node_layer_open(struct cove_node *n, const char *image, int create, uns
                          int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h);
 
+/* Full snapshot passthrough (runtime.h): -1 with UNAVAILABLE when the instance's runtime
+ * has none, CONFLICT when the sandbox has no instance. cove_node_has_full: 1 when the
+ * sandbox's running instance can take one. */
+int cove_node_full_snapshot(struct cove_node *n, const char *sandbox_id, int out_fd,
+                            uint64_t *pause_ns, struct cove_err *err);
+int cove_node_has_full(struct cove_node *n, const char *sandbox_id);
+
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,
                     struct cove_err *err);

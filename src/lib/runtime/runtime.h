@@ -31,6 +31,11 @@ struct cove_instance_spec {
          * is ignored); the warm pool is not used. Refused (COVE_E_CONFLICT) while the image
          * is still open (close tree_fd and layer_close() first). NULL: empty layer. */
         const char *layer_image;
+        /* Restore from a full snapshot (live memory + disk, see full_snapshot): with full set,
+         * full_fd is a readable image written by full_snapshot() (borrowed: the caller closes
+         * it after start()). Only drivers with full_snapshot take it. */
+        int full;
+        int full_fd;
 };
 
 /* A writable layer opened outside any instance, to read it (capture) or fill it (restore). */
@@ -100,6 +105,14 @@ struct cove_runtime_ops {
         int (*layer_open)(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
                           int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
         void (*layer_close)(struct cove_runtime *rt, struct cove_layer_handle *h);
+
+        /* ---- full snapshots (live memory; vm) ------------------------------------------
+         * Write the instance's whole state (memory, devices, disk) as one image into out_fd
+         * (a regular file, empty, read-write) while the instance is stopped; it then runs on.
+         * *pause_ns says how long it was stopped. A sandbox started with spec->full on that
+         * image continues exactly there (a counter in RAM goes on). Optional (NULL). */
+        int (*full_snapshot)(struct cove_runtime *rt, struct cove_instance *inst, int out_fd,
+                             uint64_t *pause_ns, struct cove_err *err);
 };
 
 extern const struct cove_runtime_ops cove_runtime_ns;

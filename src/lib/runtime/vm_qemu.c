@@ -94,6 +94,23 @@ struct vm_inst {
         pthread_mutex_t mu; /* qmp */
         struct cove_qmp qmp;
         int cg; /* cgroup created */
+        char disk[PATH_MAX + 16];
+        char tpl[32]; /* template key (basename of its dir) */
+        unsigned mem_mb, cpus;
+};
+
+/* A full snapshot image (one file, stored as one stream in the chunk store):
+ *   [0, 4096)            struct vmf_hdr
+ *   [disk_off, +disk_len) the qcow2 overlay (disk.qcow2) as it was while the VM was stopped
+ *   [mem_off, +mem_len)   QEMU's migration stream (devices + all RAM; zero pages are flags),
+ *                         mem_off 2 MiB aligned so the store's fixed chunks line up */
+#define VMF_MAGIC "COVEVMF1"
+#define VMF_ALIGN (2u << 20)
+struct vmf_hdr {
+        char magic[8];
+        uint32_t version, mem_mb, cpus, pad;
+        uint64_t disk_off, disk_len, mem_off, mem_len;
+        char tpl[32];
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -905,6 +922,37 @@ int cove_vm_unavailable(char *why, size_t cap)
         return 0;
 }
 
+/* Copy len bytes at off of fd into a new file path (0600). */
+static int copy_range(int fd, off_t off, const char *path, uint64_t len, struct cove_err *err)
+{
+        int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (out < 0)
+                return cove_err_set(err, errno, "vm: create %s", path);
+        uint64_t done = 0;
+        while (done < len) {
+                ssize_t k = copy_file_range(fd, &off, out, NULL, (size_t)(len - done), 0);
+                if (k < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
+                        char buf[1 << 16];
+                        size_t want = len - done < sizeof(buf) ? (size_t)(len - done) : sizeof(buf);
+                        k = pread(fd, buf, want, off);
+                        if (k > 0 && write(out, buf, (size_t)k) != k)
+                                k = -1;
+                        if (k > 0)
+                                off += k;
+                }
+                if (k <= 0) {
+                        cove_err_set(err, k < 0 ? errno : EIO, "vm: copy disk image");
+                        close(out);
+                        unlink(path);
+                        return -1;
+                }
+                done += (uint64_t)k;
+        }
+        if (close(out) < 0)
+                return cove_err_set(err, errno, "vm: write %s", path);
+        return 0;
+}
+
 static void inst_free(struct vm_inst *vi)
 {
         if (!vi)
@@ -921,6 +969,21 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         const char *id = spec->sandbox_id;
         if (!id || strlen(id) > VM_ID_MAX || strchr(id, '/'))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "vm: bad sandbox id");
+        struct vmf_hdr fh;
+        memset(&fh, 0, sizeof(fh));
+        if (spec->full) {
+                if (pread(spec->full_fd, &fh, sizeof(fh), 0) != (ssize_t)sizeof(fh) ||
+                    memcmp(fh.magic, VMF_MAGIC, 8) || fh.version != 1 || fh.mem_off < 4096 ||
+                    fh.disk_off < sizeof(fh) || fh.disk_off + fh.disk_len > fh.mem_off ||
+                    !fh.mem_len || memchr(fh.tpl, 0, sizeof(fh.tpl)) == NULL)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "vm: not a vm full snapshot image");
+                if (fh.mem_mb != (spec->memory_mb ? spec->memory_mb : VM_MEM_DEFAULT_MB) ||
+                    fh.cpus != (spec->cpus ? spec->cpus : 1))
+                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                             "vm: the snapshot is of a %u MB, %u CPU VM", fh.mem_mb,
+                                             fh.cpus);
+        }
         if (spec->layer_image)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "vm: restoring a files snapshot into a vm sandbox is not "
@@ -934,6 +997,10 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         int memfd = tpl_get(rt, spec->rootfs, spec->guest_binary, mem, cpus, &t, err);
         if (memfd < 0)
                 return cove_err_wrap(err, "vm: template of %s", spec->rootfs);
+        if (spec->full && strcmp(strrchr(t.dir, '/') + 1, fh.tpl))
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "vm: the snapshot was taken on another build of its template "
+                                     "(template, kernel or guest changed since)");
 
         struct vm_inst *vi = calloc(1, sizeof(*vi));
         struct vmcfg *c = calloc(1, sizeof(*c));
@@ -944,6 +1011,12 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         }
         snprintf(vi->id, sizeof(vi->id), "%s", id);
         pthread_mutex_init(&vi->mu, NULL);
+        vi->mem_mb = mem;
+        vi->cpus = cpus;
+        {
+                const char *b = strrchr(t.dir, '/');
+                snprintf(vi->tpl, sizeof(vi->tpl), "%s", b ? b + 1 : t.dir);
+        }
         vi->qmp.fd = -1;
         int kfd = -1, ifd = -1, rootfd = -1, basefd = -1, ramfd = -1, diskfd = -1, statefd = -1;
         int qmp[2] = {-1, -1}, chan[2] = {-1, -1};
@@ -956,10 +1029,14 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         snprintf(bk, sizeof(bk), "%s", t.base);
         const char *qi[] = {"qemu-img", "create", "-q",    "-f", "qcow2", "-b",
                             bk,         "-F",     "qcow2", disk, NULL};
-        if (run_tool(qi, err) < 0) {
+        if (spec->full) {
+                if (copy_range(spec->full_fd, (off_t)fh.disk_off, disk, fh.disk_len, err) < 0)
+                        goto fail;
+        } else if (run_tool(qi, err) < 0) {
                 cove_err_wrap(err, "vm: disk overlay");
                 goto fail;
         }
+        snprintf(vi->disk, sizeof(vi->disk), "%s", disk);
         uid_t uid = spec->uid_base;
         if (chown(disk, uid, uid) < 0 || chmod(disk, 0600) < 0) {
                 cove_err_set(err, errno, "vm: chown disk");
@@ -976,7 +1053,17 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         rootfd = open(t.root, O_RDONLY | O_CLOEXEC);
         basefd = open(t.base, O_RDONLY | O_CLOEXEC);
         diskfd = open(disk, O_RDWR | O_CLOEXEC);
-        statefd = open(t.state, O_RDONLY | O_CLOEXEC);
+        if (spec->full) {
+                char self[64];
+                snprintf(self, sizeof(self), "/proc/self/fd/%d", spec->full_fd);
+                statefd = open(self, O_RDONLY | O_CLOEXEC); /* an offset of its own */
+                if (statefd >= 0 && lseek(statefd, (off_t)fh.mem_off, SEEK_SET) < 0) {
+                        close(statefd);
+                        statefd = -1;
+                }
+        } else {
+                statefd = open(t.state, O_RDONLY | O_CLOEXEC);
+        }
         if (kfd < 0 || ifd < 0 || ramfd < 0 || rootfd < 0 || basefd < 0 || diskfd < 0 ||
             statefd < 0 || socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, qmp) < 0 ||
             socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
@@ -1049,7 +1136,7 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                          err) < 0 ||
             cove_qmp_cmd(&vi->qmp, "migrate-incoming", json_pack("{s:s}", "uri", uri), -1, NULL,
                          VM_QMP_TIMEOUT_MS, err) < 0 ||
-            cove_qmp_wait_migration(&vi->qmp, 30000, err) < 0 ||
+            cove_qmp_wait_migration(&vi->qmp, 120000, err) < 0 ||
             cove_qmp_cmd(&vi->qmp, "cont", NULL, -1, NULL, VM_QMP_TIMEOUT_MS, err) < 0)
                 goto fail;
         inst->pid = pid;
@@ -1173,7 +1260,104 @@ static int vm_usage(struct cove_runtime *rt, struct cove_instance *inst, uint64_
         return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "vm: no cgroup for usage figures");
 }
 
+static int vm_full_snapshot(struct cove_runtime *rt, struct cove_instance *inst, int out_fd,
+                            uint64_t *pause_ns, struct cove_err *err)
+{
+        (void)rt;
+        struct vm_inst *vi = inst->priv;
+        if (!vi)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "vm: instance not running");
+        struct vmf_hdr h;
+        memset(&h, 0, sizeof(h));
+        memcpy(h.magic, VMF_MAGIC, 8);
+        h.version = 1;
+        h.mem_mb = vi->mem_mb;
+        h.cpus = vi->cpus;
+        snprintf(h.tpl, sizeof(h.tpl), "%s", vi->tpl);
+        h.disk_off = 4096;
+        pthread_mutex_lock(&vi->mu);
+        int64_t t0 = cove_mono_ns();
+        int stopped = 0, r = -1;
+        /* stop drains and flushes the disk: the overlay file is consistent while stopped */
+        if (cove_qmp_cmd(&vi->qmp, "stop", NULL, -1, NULL, VM_QMP_TIMEOUT_MS, err) < 0)
+                goto out;
+        stopped = 1;
+        int dfd = open(vi->disk, O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (dfd < 0 || fstat(dfd, &st) < 0) {
+                cove_err_set(err, errno, "vm: open disk");
+                if (dfd >= 0)
+                        close(dfd);
+                goto out;
+        }
+        h.disk_len = (uint64_t)st.st_size;
+        off_t in = 0, o = (off_t)h.disk_off;
+        while ((uint64_t)in < h.disk_len) {
+                ssize_t k = copy_file_range(dfd, &in, out_fd, &o, (size_t)(h.disk_len - in), 0);
+                if (k < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
+                        char buf[1 << 16];
+                        k = pread(dfd, buf, sizeof(buf), in);
+                        if (k > 0 && pwrite(out_fd, buf, (size_t)k, o) != k)
+                                k = -1;
+                        if (k > 0) {
+                                in += k;
+                                o += k;
+                        }
+                }
+                if (k <= 0) {
+                        cove_err_set(err, k < 0 ? errno : EIO, "vm: copy disk into snapshot");
+                        close(dfd);
+                        goto out;
+                }
+        }
+        close(dfd);
+        h.mem_off = (h.disk_off + h.disk_len + VMF_ALIGN - 1) / VMF_ALIGN * VMF_ALIGN;
+        if (lseek(out_fd, (off_t)h.mem_off, SEEK_SET) < 0) {
+                cove_err_set(err, errno, "vm: seek snapshot");
+                goto out;
+        }
+        /* QEMU writes the migration stream into the same open file (fd passed over QMP) */
+        if (cove_qmp_cmd(&vi->qmp, "getfd", json_pack("{s:s}", "fdname", "snap"), out_fd, NULL,
+                         VM_QMP_TIMEOUT_MS, err) < 0 ||
+            cove_qmp_cmd(&vi->qmp, "migrate", json_pack("{s:s}", "uri", "fd:snap"), -1, NULL,
+                         VM_QMP_TIMEOUT_MS, err) < 0 ||
+            cove_qmp_wait_migration(&vi->qmp, 300000, err) < 0)
+                goto out;
+        if (fstat(out_fd, &st) < 0 || (uint64_t)st.st_size <= h.mem_off) {
+                cove_err_set(err, errno ? errno : EIO, "vm: empty memory stream");
+                goto out;
+        }
+        h.mem_len = (uint64_t)st.st_size - h.mem_off;
+        if (pwrite(out_fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h)) {
+                cove_err_set(err, errno, "vm: write snapshot header");
+                goto out;
+        }
+        r = 0;
+out:
+        if (stopped) {
+                struct cove_err e2;
+                /* the MIGRATION completed event comes before QEMU has finished the migration
+                 * ("not finalized yet"): cont succeeds a moment later */
+                int cr;
+                for (int i = 0; (cr = cove_qmp_cmd(&vi->qmp, "cont", NULL, -1, NULL,
+                                                   VM_QMP_TIMEOUT_MS, &e2)) < 0 &&
+                                i < 1000 && strstr(e2.msg, "not finalized");
+                     i++) {
+                        struct timespec ts = {0, 2000000};
+                        nanosleep(&ts, NULL);
+                }
+                if (cr < 0 && r == 0)
+                        r = cove_err_setk(err, COVE_E_INTERNAL, 0,
+                                          "vm: continue after snapshot: %s", e2.msg);
+        }
+        if (pause_ns)
+                *pause_ns = (uint64_t)(cove_mono_ns() - t0);
+        pthread_mutex_unlock(&vi->mu);
+        return r < 0 ? cove_err_wrap(err, "vm: full snapshot of %s", vi->id) : 0;
+}
+
 const struct cove_runtime_ops cove_runtime_vm = {
+    .full_snapshot = vm_full_snapshot,
     .name = "vm",
     .open = vm_open,
     .close = vm_close,
