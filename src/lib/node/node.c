@@ -754,8 +754,10 @@ void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint
         *ready = 0;
         *taken = *missed = 0;
         pthread_mutex_lock(&n->mu);
+        /* ready = takeable now: not those still warming up */
+        for (struct inst *in = n->insts; in; in = in->next)
+                *ready += in->pool && !in->stopping && !in->warming;
         for (struct pool *p = n->pools; p; p = p->next) {
-                *ready += pool_idle_locked(n, p);
                 *taken += p->taken;
                 *missed += p->missed;
         }
