@@ -381,3 +381,44 @@ def test_vm_fork_into_two_that_diverge(vmd):
     finally:
         for k in kids + [sid]:
             c.remove(k, purge=True)
+
+
+def _steal_fd(pid, fd):
+    """a copy of fd of process pid (pidfd_getfd, Linux >= 5.6)"""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        r = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd
+        if r < 0:
+            raise OSError(ctypes.get_errno(), "pidfd_getfd")
+        return r
+    finally:
+        os.close(pidfd)
+
+
+def test_vm_corrupt_channel_breaks_only_itself(vmd):
+    """A guest (or its QEMU) that writes garbage on the channel: the node drops that
+    sandbox (error state) and serves another one normally. The garbage is written on
+    QEMU's own end of the channel socketpair (fd 9, see vm_qemu.c's fd layout), as a
+    compromised guest+QEMU could."""
+    c = vmd.client
+    bad = c.create(template="busybox", runtime="vm")
+    good = c.create(template="busybox", runtime="vm")
+    try:
+        pid = _qemu_of(bad["id"])
+        assert os.readlink(f"/proc/{pid}/fd/9").startswith("socket:")
+        fd = _steal_fd(pid, 9)
+        try:
+            os.write(fd, b"\xff" * 12 + os.urandom(4096))
+        finally:
+            os.close(fd)
+        got = c.wait_state(bad["id"], ("error",), timeout=30)
+        assert got["state"] == "error"
+        t = time.time()
+        assert c.exec(good["id"], "echo fine", timeout=20)["stdout"] == "fine\n"
+        assert time.time() - t < 10
+        assert vmd.alive()
+    finally:
+        c.remove(bad["id"])
+        c.remove(good["id"])

@@ -689,6 +689,8 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
         n = add_fd(&l, ser[1], p, sizeof(p));
         snprintf(c->serial, sizeof(c->serial), "socket,id=ser,fd=%d,server=off", n);
         common_args(rt, &l, c);
+        arg(&l, "-sandbox");
+        arg(&l, "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
         char logp[PATH_MAX + 16];
         snprintf(logp, sizeof(logp), "%s/qemu.log", t->dir);
         l.log_path = logp;
@@ -708,25 +710,33 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
                 goto out;
         json_t *caps = json_pack("{s:[{s:s,s:b},{s:s,s:b}]}", "capabilities", "capability",
                                  "x-ignore-shared", "state", 1, "capability", "events", "state", 1);
-        char uri[PATH_MAX + 64];
-        snprintf(uri, sizeof(uri), "exec:cat > '%s.tmp'", t->state);
+        char tmp[PATH_MAX + 16];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", t->state);
+        int sfd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (sfd < 0) {
+                json_decref(caps);
+                cove_err_set(err, errno, "vm: template state");
+                goto out;
+        }
+        /* the state goes into a file coved opened, passed over QMP (no exec: URI, so the
+         * template QEMU runs with spawn=deny too) */
         if (cove_qmp_cmd(&q, "stop", NULL, -1, NULL, VM_QMP_TIMEOUT_MS, err) < 0 ||
             cove_qmp_cmd(&q, "migrate-set-capabilities", caps, -1, NULL, VM_QMP_TIMEOUT_MS, err) <
                 0 ||
-            cove_qmp_cmd(&q, "migrate", json_pack("{s:s}", "uri", uri), -1, NULL, VM_QMP_TIMEOUT_MS,
-                         err) < 0 ||
-            cove_qmp_wait_migration(&q, 60000, err) < 0)
+            cove_qmp_cmd(&q, "getfd", json_pack("{s:s}", "fdname", "tpl"), sfd, NULL,
+                         VM_QMP_TIMEOUT_MS, err) < 0 ||
+            cove_qmp_cmd(&q, "migrate", json_pack("{s:s}", "uri", "fd:tpl"), -1, NULL,
+                         VM_QMP_TIMEOUT_MS, err) < 0 ||
+            cove_qmp_wait_migration(&q, 60000, err) < 0) {
+                close(sfd);
                 goto out;
+        }
         cove_qmp_cmd(&q, "quit", NULL, -1, NULL, VM_QMP_TIMEOUT_MS, NULL);
         reap(pid, 5000);
         pid = -1;
-        char tmp[PATH_MAX + 16];
-        snprintf(tmp, sizeof(tmp), "%s.tmp", t->state);
-        int sfd = open(tmp, O_RDONLY | O_CLOEXEC);
-        if (sfd < 0 || fsync(sfd) < 0 || fsync(ramfd) < 0 || fsync(basefd) < 0) {
+        if (fsync(sfd) < 0 || fsync(ramfd) < 0 || fsync(basefd) < 0) {
                 cove_err_set(err, errno, "vm: sync template");
-                if (sfd >= 0)
-                        close(sfd);
+                close(sfd);
                 goto out;
         }
         close(sfd);
