@@ -422,3 +422,33 @@ def test_vm_corrupt_channel_breaks_only_itself(vmd):
     finally:
         c.remove(bad["id"])
         c.remove(good["id"])
+
+
+def test_vm_coved_kill9_then_restart(coved_factory):
+    """coved dies hard: its QEMUs die with it (PDEATHSIG), the restart reconciles the vm
+    sandbox to stopped, frees its cgroup, and vm sandboxes work again (the template
+    snapshot on disk is reused, not rebuilt)."""
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    d = coved_factory(extra_args=["--pool", "0"])
+    c = d.client
+    sid = c.create(template="busybox", runtime="vm")["id"]
+    pid = _qemu_of(sid)
+    assert pid
+    d.kill9()
+    deadline = time.time() + 20
+    while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "QEMU outlived coved"
+    c = d.start()
+    sb = c.sandbox(sid)
+    assert sb["state"] == "stopped" and sb.get("error"), sb
+    assert not any(os.path.exists(f"/sys/fs/cgroup/{ctl}/cove/{sid}")
+                   for ctl in ("memory", "pids", "cpu", "freezer", "unified"))
+    t = time.time()
+    sid2 = c.create(template="busybox", runtime="vm")["id"]
+    assert time.time() - t < 8, "the template was rebuilt after the restart"
+    assert c.exec(sid2, "echo again")["stdout"] == "again\n"
+    c.remove(sid, purge=True)
+    c.remove(sid2, purge=True)
