@@ -188,9 +188,6 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 eg = NULL;
         if (eg && coved_egress_validate(eg, err) < 0)
                 return -1;
-        if (eg && !strcmp(s.runtime, "vm"))
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "egress is not available for vm sandboxes yet (docs/vm.md)");
         json_t *meta = string_map(body, "metadata", MAX_META, 128, 1024, 0, err);
         if (!meta)
                 return -1;

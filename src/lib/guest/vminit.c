@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,18 +114,48 @@ static int mkmount(const char *src, const char *dst, const char *type, unsigned 
         return 0;
 }
 
-static void lo_up(void)
+static int if_up(int s, const char *name, uint32_t ip, uint32_t mask)
 {
-        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         struct ifreq ifr;
         memset(&ifr, 0, sizeof(ifr));
-        strcpy(ifr.ifr_name, "lo");
-        if (s >= 0 && ioctl(s, SIOCGIFFLAGS, &ifr) == 0) {
-                ifr.ifr_flags |= IFF_UP;
-                ioctl(s, SIOCSIFFLAGS, &ifr);
+        strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
+        if (ip) {
+                struct sockaddr_in *a = (struct sockaddr_in *)&ifr.ifr_addr;
+                a->sin_family = AF_INET;
+                a->sin_addr.s_addr = htonl(ip);
+                if (ioctl(s, SIOCSIFADDR, &ifr) < 0)
+                        return -1;
+                a->sin_addr.s_addr = htonl(mask);
+                if (ioctl(s, SIOCSIFNETMASK, &ifr) < 0)
+                        return -1;
         }
-        if (s >= 0)
-                close(s);
+        if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+                return -1;
+        ifr.ifr_flags |= IFF_UP;
+        return ioctl(s, SIOCSIFFLAGS, &ifr);
+}
+
+/* lo, and eth0 when the VM has a network device: 169.254.100.2/30 with the default route
+ * via 169.254.100.1, QEMU's tap in its own netns, which forwards and masquerades to the
+ * sandbox's egress link (docs/vm.md). The same in every VM. */
+static void net_up(void)
+{
+        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (s < 0)
+                return;
+        if_up(s, "lo", 0, 0);
+        if (if_nametoindex("eth0") && if_up(s, "eth0", 0xa9fe6402u, 0xfffffffcu) == 0) {
+                struct rtentry rt;
+                memset(&rt, 0, sizeof(rt));
+                struct sockaddr_in *gw = (struct sockaddr_in *)&rt.rt_gateway;
+                struct sockaddr_in *dst = (struct sockaddr_in *)&rt.rt_dst;
+                struct sockaddr_in *msk = (struct sockaddr_in *)&rt.rt_genmask;
+                gw->sin_family = dst->sin_family = msk->sin_family = AF_INET;
+                gw->sin_addr.s_addr = htonl(0xa9fe6401u);
+                rt.rt_flags = RTF_UP | RTF_GATEWAY;
+                ioctl(s, SIOCADDRT, &rt);
+        }
+        close(s);
 }
 
 int cove_guest_vm_init(int *chan_fd, struct cove_err *err)
@@ -165,7 +197,7 @@ int cove_guest_vm_init(int *chan_fd, struct cove_err *err)
         symlink("/proc/self/fd/0", "/dev/stdin");
         symlink("/proc/self/fd/1", "/dev/stdout");
         symlink("/proc/self/fd/2", "/dev/stderr");
-        lo_up();
+        net_up();
 
         char port[300];
         if (find_port(port, sizeof(port), 5000) < 0)

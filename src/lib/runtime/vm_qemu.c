@@ -38,6 +38,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/sendfile.h>
@@ -48,6 +53,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/close_range.h>
+#include <linux/if_tun.h>
+#include <nftables/libnftables.h>
 
 #include "runtime/cgroup.h"
 #include "runtime/qmp.h"
@@ -311,6 +318,7 @@ struct launch {
         const char *log_path;
         const char *cg_id; /* cgroup to join before exec, or NULL */
         struct cove_runtime *rt;
+        int tap_fd; /* >= 3: QEMU gets a new netns with tap0 as this fd (see vm_net) */
 };
 
 static void arg(struct launch *l, const char *a)
@@ -329,6 +337,105 @@ static int add_fd(struct launch *l, int fd, char *name, size_t cap)
         return 3 + l->nfds++;
 }
 
+/* Networking (docs/vm.md): QEMU lives in a network namespace of its own. In it, tap0
+ * (169.254.100.1/30) faces the guest's eth0 (169.254.100.2/30, configured by the guest's
+ * init, the same in every VM: each has its own netns); the egress gateway later moves its
+ * per-sandbox veth "eth0" into this netns (cove_link_attach on QEMU's pid), and a
+ * masquerade rule on eth0 makes the guest's packets leave with the sandbox address, so
+ * the host-side nftables rules apply unchanged. Runs in the forked child (async-signal-safe
+ * syscalls only), as root, before the uid drop. */
+#define VM_TAP_IP 0xa9fe6401u /* 169.254.100.1 */
+static int child_ifup(int s, const char *name, uint32_t ip, uint32_t mask)
+{
+        struct ifreq ifr;
+        memset(&ifr, 0, sizeof(ifr));
+        strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
+        if (ip) {
+                struct sockaddr_in *a = (struct sockaddr_in *)&ifr.ifr_addr;
+                a->sin_family = AF_INET;
+                a->sin_addr.s_addr = htonl(ip);
+                if (ioctl(s, SIOCSIFADDR, &ifr) < 0)
+                        return -1;
+                a->sin_addr.s_addr = htonl(mask);
+                if (ioctl(s, SIOCSIFNETMASK, &ifr) < 0)
+                        return -1;
+        }
+        if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+                return -1;
+        ifr.ifr_flags |= IFF_UP;
+        return ioctl(s, SIOCSIFFLAGS, &ifr);
+}
+
+static int child_net(int slot)
+{
+        if (unshare(CLONE_NEWNET) < 0)
+                return -1;
+        int t = open("/dev/net/tun", O_RDWR);
+        if (t < 0)
+                return -1;
+        struct ifreq ifr;
+        memset(&ifr, 0, sizeof(ifr));
+        strcpy(ifr.ifr_name, "tap0");
+        ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+        if (ioctl(t, TUNSETIFF, &ifr) < 0 || dup2(t, slot) < 0)
+                return -1;
+        if (t != slot)
+                close(t);
+        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (s < 0 || child_ifup(s, "lo", 0, 0) < 0 ||
+            child_ifup(s, "tap0", VM_TAP_IP, 0xfffffffcu) < 0)
+                return -1;
+        close(s);
+        int f = open("/proc/sys/net/ipv4/ip_forward", O_WRONLY);
+        if (f < 0 || write(f, "1", 1) != 1)
+                return -1;
+        close(f);
+        return 0;
+}
+
+struct nat_job {
+        int nsfd;
+        int rc;
+};
+
+/* In its own thread (setns changes only it): the masquerade rule in QEMU's netns. */
+static void *nat_main(void *arg)
+{
+        struct nat_job *j = arg;
+        j->rc = -1;
+        if (setns(j->nsfd, CLONE_NEWNET) < 0)
+                return NULL;
+        struct nft_ctx *ctx = nft_ctx_new(NFT_CTX_DEFAULT);
+        if (!ctx)
+                return NULL;
+        nft_ctx_buffer_output(ctx);
+        nft_ctx_buffer_error(ctx);
+        j->rc = nft_run_cmd_from_buffer(
+            ctx, "add table ip cove_vm\n"
+                 "add chain ip cove_vm post { type nat hook postrouting priority 100 ; }\n"
+                 "add rule ip cove_vm post oifname \"eth0\" masquerade\n");
+        nft_ctx_free(ctx);
+        return NULL;
+}
+
+static int vm_net_nat(pid_t pid, struct cove_err *err)
+{
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/ns/net", (int)pid);
+        struct nat_job j = {.nsfd = open(p, O_RDONLY | O_CLOEXEC), .rc = -1};
+        if (j.nsfd < 0)
+                return cove_err_set(err, errno, "vm: QEMU's netns");
+        pthread_t t;
+        int e = pthread_create(&t, NULL, nat_main, &j);
+        if (e == 0)
+                pthread_join(t, NULL);
+        close(j.nsfd);
+        if (e || j.rc != 0)
+                return cove_err_setk(err, COVE_E_INTERNAL, e,
+                                     "vm: masquerade rule in QEMU's netns");
+        return 0;
+}
+
 static pid_t launch(struct launch *l, struct cove_err *err)
 {
         l->argv[l->argc] = NULL;
@@ -339,9 +446,17 @@ static pid_t launch(struct launch *l, struct cove_err *err)
                 close(logfd);
                 return cove_err_set(err, errno, "vm: chown %s", l->log_path);
         }
-        int sync[2];
+        int sync[2], done[2];
         if (pipe2(sync, O_CLOEXEC) < 0) {
                 close(logfd);
+                return cove_err_set(err, errno, "vm: pipe");
+        }
+        /* done: closed by the child's exec (CLOEXEC) or exit, so the parent knows the child's
+         * setup (its netns above all) is complete before it looks at the child */
+        if (pipe2(done, O_CLOEXEC) < 0) {
+                close(logfd);
+                close(sync[0]);
+                close(sync[1]);
                 return cove_err_set(err, errno, "vm: pipe");
         }
         pid_t pid = fork();
@@ -350,6 +465,8 @@ static pid_t launch(struct launch *l, struct cove_err *err)
                 close(logfd);
                 close(sync[0]);
                 close(sync[1]);
+                close(done[0]);
+                close(done[1]);
                 return -1;
         }
         if (pid == 0) {
@@ -368,13 +485,18 @@ static pid_t launch(struct launch *l, struct cove_err *err)
                         if ((hi[i] = fcntl(l->fds[i], F_DUPFD, 64)) < 0)
                                 _exit(126);
                 int lhi = fcntl(logfd, F_DUPFD, 64);
+                int dhi = fcntl(done[1], F_DUPFD_CLOEXEC, 64);
+                if (dhi < 0)
+                        _exit(126);
                 int nul = open("/dev/null", O_RDWR);
                 if (lhi < 0 || nul < 0 || dup2(nul, 0) < 0 || dup2(lhi, 1) < 0 || dup2(lhi, 2) < 0)
                         _exit(126);
                 for (int i = 0; i < l->nfds; i++)
                         if (dup2(hi[i], 3 + i) < 0)
                                 _exit(126);
-                syscall(SYS_close_range, 3 + l->nfds, ~0U, 0);
+                if (l->tap_fd >= 3 && child_net(l->tap_fd) < 0)
+                        _exit(124);
+                syscall(SYS_close_range, l->tap_fd >= 3 ? l->tap_fd + 1 : 3 + l->nfds, ~0U, 0);
                 if (l->uid) {
                         if (syscall(SYS_setgroups, 0, NULL) < 0 ||
                             syscall(SYS_setresgid, l->uid, l->uid, l->uid) < 0 ||
@@ -393,6 +515,23 @@ static pid_t launch(struct launch *l, struct cove_err *err)
         if (r == 0 && write(sync[1], "g", 1) != 1)
                 r = cove_err_set(err, errno, "vm: start QEMU");
         close(sync[1]);
+        close(done[1]);
+        if (r == 0) {
+                char b;
+                ssize_t k;
+                while ((k = read(done[0], &b, 1)) < 0 && errno == EINTR)
+                        ;
+        }
+        close(done[0]);
+        if (r == 0 && l->tap_fd >= 3) {
+                /* the child must be in a netns of its own now (or have failed) */
+                struct stat a, b;
+                char p[64];
+                snprintf(p, sizeof(p), "/proc/%d/ns/net", (int)pid);
+                if (stat(p, &a) < 0 || stat("/proc/self/ns/net", &b) < 0 || a.st_ino == b.st_ino)
+                        r = cove_err_setk(err, COVE_E_INTERNAL, 0,
+                                          "vm: QEMU did not get a network namespace of its own");
+        }
         if (r < 0) {
                 kill(pid, SIGKILL);
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
@@ -443,7 +582,7 @@ struct vmcfg {
         unsigned mem_mb, cpus;
         char smp[16], mem[32], memobj[PATH_MAX + 160], kernel[64], initrd[64], append[256];
         char drive[6][PATH_MAX + 96];
-        char chan[64], qmp[64], serial[64];
+        char chan[64], qmp[64], serial[64], net[48];
 };
 
 static void common_args(struct cove_runtime *rt, struct launch *l, struct vmcfg *c)
@@ -500,8 +639,10 @@ static void common_args(struct cove_runtime *rt, struct launch *l, struct vmcfg 
         arg(l, c->serial);
         arg(l, "-serial");
         arg(l, "chardev:ser");
-        arg(l, "-nic");
-        arg(l, "none");
+        arg(l, "-netdev");
+        arg(l, c->net);
+        arg(l, "-device");
+        arg(l, "virtio-net-device,netdev=net0,mac=52:54:00:c0:5e:01");
 }
 
 /* A listening unix socket nobody will connect to (the template's channel: its guest must see
@@ -688,6 +829,8 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
         snprintf(c->qmp, sizeof(c->qmp), "socket,id=qmp,fd=%d,server=off", n);
         n = add_fd(&l, ser[1], p, sizeof(p));
         snprintf(c->serial, sizeof(c->serial), "socket,id=ser,fd=%d,server=off", n);
+        l.tap_fd = 3 + l.nfds;
+        snprintf(c->net, sizeof(c->net), "tap,id=net0,fd=%d", l.tap_fd);
         common_args(rt, &l, c);
         arg(&l, "-sandbox");
         arg(&l, "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
@@ -1115,6 +1258,8 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         n = add_fd(&l, qmp[1], p, sizeof(p));
         snprintf(c->qmp, sizeof(c->qmp), "socket,id=qmp,fd=%d,server=off", n);
         int sn = add_fd(&l, statefd, p, sizeof(p));
+        l.tap_fd = 3 + l.nfds;
+        snprintf(c->net, sizeof(c->net), "tap,id=net0,fd=%d", l.tap_fd);
         /* COVE_VM_CONSOLE=1: the guest's console goes to qemu.log (debugging) */
         const char *dbg = getenv("COVE_VM_CONSOLE");
         snprintf(c->serial, sizeof(c->serial),
@@ -1133,6 +1278,8 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         close(chan[1]);
         qmp[1] = chan[1] = -1;
         if (pid < 0)
+                goto fail;
+        if (vm_net_nat(pid, err) < 0)
                 goto fail;
         int qfd = qmp[0];
         qmp[0] = -1;
