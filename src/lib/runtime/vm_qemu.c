@@ -926,15 +926,29 @@ static int tpl_mem_load(struct cove_runtime *rt, const struct tpl *t, struct cov
                 cove_err_set(err, errno ? errno : ENOMEM, "vm: template RAM memfd");
                 goto fail;
         }
+        /* only the pages the template guest touched (the file's data extents; the rest are
+         * holes): the memfd stays as sparse as the file, RAM-backed only where it has to */
         off_t off = 0;
         while (off < st.st_size) {
-                ssize_t k = copy_file_range(src, &off, fd, NULL, (size_t)(st.st_size - off), 0);
-                if (k < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
-                        k = sendfile(fd, src, &off, (size_t)(st.st_size - off));
-                }
-                if (k <= 0) {
-                        cove_err_set(err, k < 0 ? errno : EIO, "vm: load template RAM");
+                off_t data = lseek(src, off, SEEK_DATA);
+                if (data < 0 && errno == ENXIO)
+                        break; /* only a hole is left */
+                off_t hole = data < 0 ? -1 : lseek(src, data, SEEK_HOLE);
+                if (data < 0 || hole < 0) {
+                        cove_err_set(err, errno, "vm: scan template RAM");
                         goto fail;
+                }
+                off = data;
+                while (off < hole) {
+                        off_t o = off;
+                        ssize_t k = lseek(fd, off, SEEK_SET) < 0
+                                        ? -1
+                                        : sendfile(fd, src, &o, (size_t)(hole - off));
+                        if (k <= 0) {
+                                cove_err_set(err, k < 0 ? errno : EIO, "vm: load template RAM");
+                                goto fail;
+                        }
+                        off = o;
                 }
         }
         if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
