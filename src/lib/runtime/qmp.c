@@ -225,13 +225,13 @@ int cove_qmp_wait_migration(struct cove_qmp *q, int timeout_ms, struct cove_err 
                 json_t *d = NULL;
                 if (cove_qmp_wait_event(q, "MIGRATION", &d, left_ms(dl), err) < 0)
                         return -1;
-                const char *st = json_string_value(json_object_get(d, "status"));
-                int done = st && !strcmp(st, "completed");
-                int bad = st && (!strcmp(st, "failed") || !strcmp(st, "cancelled"));
+                char st[32];
+                snprintf(st, sizeof(st), "%s",
+                         json_string_value(json_object_get(d, "status")) ?: "");
                 json_decref(d);
-                if (done)
+                if (!strcmp(st, "completed"))
                         return 0;
-                if (bad)
+                if (!strcmp(st, "failed") || !strcmp(st, "cancelled"))
                         return cove_err_setk(err, COVE_E_INTERNAL, 0, "migration %s", st);
         }
 }
