@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "control/coved.h"
+#include "util/testhooks.h"
 
 static void usage(FILE *f)
 {
@@ -54,6 +55,7 @@ int main(int argc, char **argv)
             {"dns-static", required_argument, 0, 'D'},
             {"runtime", required_argument, 0, 'R'},
             {"vm-pool", required_argument, 0, 'V'},
+            {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
@@ -140,6 +142,25 @@ int main(int argc, char **argv)
                         statics[o.egress.nstatics++] = optarg;
                         o.egress.statics = statics;
                         break;
+                case 'X': {
+                        /* fault injection and a shifted clock: never in production */
+                        const char *allow = getenv("COVE_TEST_HOOKS");
+                        if (!allow || strcmp(allow, "1")) {
+                                fprintf(stderr, "coved: --test-hooks is for tests only and "
+                                                "needs COVE_TEST_HOOKS=1 in the environment\n");
+                                return 2;
+                        }
+                        struct cove_err e = {0};
+                        if (cove_testhooks_open(optarg, &e) < 0) {
+                                fprintf(stderr, "coved: %s\n", e.msg);
+                                return 2;
+                        }
+                        fprintf(stderr,
+                                "coved: TEST HOOKS ON (%s): faults and clock may be "
+                                "injected\n",
+                                optarg);
+                        break;
+                }
                 case 'h':
                         usage(stdout);
                         return 0;
