@@ -3,7 +3,8 @@
  *              [--templates busybox,base] [--guest-binary PATH] [--log-level debug|info|warn]
  *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
- *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]... */
+ *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
+ *              [--runtime ns|vm] [--vm-pool N] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -25,7 +26,10 @@ static void usage(FILE *f)
                    "10.200.0.0/16)\n"
                    "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
                    "                                (default: nameservers of /etc/resolv.conf)\n"
-                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n");
+                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
+                   "             [--runtime ns|vm]  default runtime (default: vm where /dev/kvm\n"
+                   "                                works, else ns; both are available)\n"
+                   "             [--vm-pool N]  warm vm sandboxes kept per template (default 0)\n");
 }
 
 int main(int argc, char **argv)
@@ -33,7 +37,8 @@ int main(int argc, char **argv)
         struct coved_options o = {.listen = "127.0.0.1:7677",
                                   .log_level = COVE_LOG_INFO,
                                   .default_timeout_s = 300,
-                                  .pool_size = -1};
+                                  .pool_size = -1,
+                                  .vm_pool_size = 0};
         static const struct option opts[] = {
             {"data-dir", required_argument, 0, 'd'},
             {"listen", required_argument, 0, 'l'},
@@ -48,6 +53,8 @@ int main(int argc, char **argv)
             {"egress-pool", required_argument, 0, 'P'},
             {"dns-upstream", required_argument, 0, 'U'},
             {"dns-static", required_argument, 0, 'D'},
+            {"runtime", required_argument, 0, 'R'},
+            {"vm-pool", required_argument, 0, 'V'},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -85,6 +92,20 @@ int main(int argc, char **argv)
                         o.pool_size = atoi(optarg);
                         if (o.pool_size < 0 || o.pool_size > 256) {
                                 fprintf(stderr, "coved: --pool takes 0 to 256\n");
+                                return 2;
+                        }
+                        break;
+                case 'R':
+                        if (strcmp(optarg, "ns") && strcmp(optarg, "vm")) {
+                                fprintf(stderr, "coved: --runtime takes ns or vm\n");
+                                return 2;
+                        }
+                        o.runtime = optarg;
+                        break;
+                case 'V':
+                        o.vm_pool_size = atoi(optarg);
+                        if (o.vm_pool_size < 0 || o.vm_pool_size > 64) {
+                                fprintf(stderr, "coved: --vm-pool takes 0 to 64\n");
                                 return 2;
                         }
                         break;

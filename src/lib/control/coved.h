@@ -27,7 +27,9 @@ struct coved_options {
         const char *e2b_api_listen;         /* E2B control plane "HOST:PORT"; NULL for none */
         const char *e2b_sandbox_listen;     /* E2B in-sandbox (envd) surface; NULL for none */
         struct coved_egress_options egress; /* gateway: pool, resolvers (control/egress.h) */
-        int pool_size; /* warm instances per template (-1: default 4, 0: none) */
+        int pool_size;       /* warm instances per template (-1: default 4, 0: none) */
+        int vm_pool_size;    /* warm vm instances per template (0: none) */
+        const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */

@@ -158,12 +158,15 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
             int_field(body, "snapshot_interval_s", 0, 7 * 24 * 3600, &s.snapshot_interval_s, err) <
                 0)
                 return -1;
-        if (runtime[0] && strcmp(runtime, s.runtime) != 0)
-                return cove_err_setk(
-                    err, strcmp(runtime, "vm") ? COVE_E_BAD_REQUEST : COVE_E_UNAVAILABLE, 0,
-                    "runtime \"%s\" is not available on this node (available: "
-                    "%s)",
-                    runtime, s.runtime);
+        if (runtime[0]) {
+                if (cove_node_runtime_check(d->node, runtime, err) < 0)
+                        return -1;
+                snprintf(s.runtime, sizeof(s.runtime), "%s", runtime);
+        }
+        /* a vm's rolling snapshot is a full one (its RAM too, the VM stopped while written):
+         * off unless asked for */
+        if (!strcmp(s.runtime, "vm") && !json_object_get(body, "snapshot_interval_s"))
+                s.snapshot_interval_s = 0;
         if (strcmp(s.on_timeout, "kill") != 0 && strcmp(s.on_timeout, "pause") != 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "on_timeout must be \"kill\" or \"pause\" (got \"%s\")",
@@ -220,8 +223,9 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         int64_t t0 = cove_mono_ns();
         /* a warm instance of this template and shape, if one is ready: it already has its
          * id, uid range, limits and a guest that answered the handshake */
-        int pooled = cove_node_pool_take(d->node, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
-                                         (unsigned)s.disk_mb, s.id, sizeof(s.id), &s.uid_base) == 0;
+        int pooled =
+            cove_node_pool_take(d->node, s.runtime, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
+                                (unsigned)s.disk_mb, s.id, sizeof(s.id), &s.uid_base) == 0;
         if (!pooled && (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
                         cove_node_uid_reserve(d->node, &s.uid_base, err) < 0)) {
                 cove_sandbox_row_clear(&s);
@@ -242,6 +246,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         if (!pooled) {
                 struct cove_instance_spec spec = {
                     .sandbox_id = s.id,
+                    .runtime = s.runtime,
                     .rootfs = rootfs,
                     .cpus = (unsigned)s.cpus,
                     .memory_mb = (unsigned)s.memory_mb,
