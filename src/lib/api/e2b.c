@@ -497,7 +497,8 @@ static int h_pause(void *app, struct cove_req *r)
                 return 0;
         int memory = json_is_true(json_object_get(b, "memory"));
         json_decref(b);
-        if (memory && !full_snapshots(e))
+        /* a vm sandbox's pause always keeps memory; an ns one's where CRIU works */
+        if (memory && !cove_node_has_full(e->d->node, r->params[0]) && !full_snapshots(e))
                 return reply_error(r, 400,
                                    "keepMemory is not supported on this node: it has no full "
                                    "snapshots (CRIU), so a pause keeps the sandbox's files, not "

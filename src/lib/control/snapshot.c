@@ -1219,9 +1219,14 @@ static void thin(struct coved *d, int64_t now)
                 for (size_t i = 0; keep_ids && mids && i < all.n; i++)
                         if (!strcmp(all.v[i].tenant, de->d_name)) {
                                 keep_ids[n++] = all.v[i].id;
+                                struct cove_snapshot_info mi;
+                                struct cove_err e2;
+                                /* an ns full snapshot's checkpoint (a vm one has none) */
                                 if (!strcmp(all.v[i].kind, "full")) {
                                         mem_id(all.v[i].id, mids[i], sizeof(mids[i]));
-                                        keep_ids[n++] = mids[i];
+                                        if (cove_snapshot_info(tm->store, de->d_name, mids[i], &mi,
+                                                               &e2) == 0)
+                                                keep_ids[n++] = mids[i];
                                 }
                         }
                 if (!mids) {
