@@ -3,7 +3,8 @@
  *              [--templates busybox,base] [--guest-binary PATH] [--log-level debug|info|warn]
  *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
- *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]... */
+ *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
+ *              [--key-cache-ttl S] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,7 +25,10 @@ static void usage(FILE *f)
                    "10.200.0.0/16)\n"
                    "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
                    "                                (default: nameservers of /etc/resolv.conf)\n"
-                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n");
+                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
+                   "             [--key-cache-ttl S]  unwrapped tenant keys are unwrapped again\n"
+                   "                                through their provider after S seconds (default\n"
+                   "                                60; 0 = every use)\n");
 }
 
 int main(int argc, char **argv)
@@ -32,7 +36,8 @@ int main(int argc, char **argv)
         struct coved_options o = {.listen = "127.0.0.1:7677",
                                   .log_level = COVE_LOG_INFO,
                                   .default_timeout_s = 300,
-                                  .pool_size = -1};
+                                  .pool_size = -1,
+                                  .key_cache_ttl_s = -1};
         static const struct option opts[] = {
             {"data-dir", required_argument, 0, 'd'},
             {"listen", required_argument, 0, 'l'},
@@ -47,6 +52,7 @@ int main(int argc, char **argv)
             {"egress-pool", required_argument, 0, 'P'},
             {"dns-upstream", required_argument, 0, 'U'},
             {"dns-static", required_argument, 0, 'D'},
+            {"key-cache-ttl", required_argument, 0, 'K'},
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
@@ -118,6 +124,13 @@ int main(int argc, char **argv)
                         }
                         statics[o.egress.nstatics++] = optarg;
                         o.egress.statics = statics;
+                        break;
+                case 'K':
+                        o.key_cache_ttl_s = atoi(optarg);
+                        if (o.key_cache_ttl_s < 0 || o.key_cache_ttl_s > 86400) {
+                                fprintf(stderr, "coved: --key-cache-ttl takes 0 to 86400\n");
+                                return 2;
+                        }
                         break;
                 case 'h':
                         usage(stdout);

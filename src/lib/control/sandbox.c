@@ -14,6 +14,8 @@
 #include "control/retention.h"
 #include "control/snapshot.h"
 #include "control/template.h"
+#include "control/tenant.h"
+#include "crypto/keys.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -50,6 +52,10 @@ json_t *cove_sandbox_json(const struct cove_sandbox_row *s)
         }
         if (o)
                 json_object_set_new(o, "snapshot_interval_s", json_integer(s->snapshot_interval_s));
+        /* the writable layer of ns sandboxes is not encrypted at rest (docs/security.md);
+         * snapshots of it are (AES-256-GCM under the tenant's key) */
+        if (o)
+                json_object_set_new(o, "storage_encrypted", json_false());
         return o;
 }
 
@@ -217,6 +223,18 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 cove_sandbox_row_clear(&s);
                 return -1;
         }
+        /* the tenant's key must unwrap and its quotas allow the shape: checked before
+         * anything is made, so a refusal leaves nothing behind */
+        if (coved_key_gate(d, tenant, err) < 0) {
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        coved_quota_lock(d);
+        if (coved_quota_admit(d, tenant, 1, s.cpus, s.memory_mb, s.disk_mb, err) < 0) {
+                coved_quota_unlock(d);
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
         int64_t t0 = cove_mono_ns();
         /* a warm instance of this template and shape, if one is ready: it already has its
          * id, uid range, limits and a guest that answered the handshake */
@@ -224,13 +242,16 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                                          (unsigned)s.disk_mb, s.id, sizeof(s.id), &s.uid_base) == 0;
         if (!pooled && (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
                         cove_node_uid_reserve(d->node, &s.uid_base, err) < 0)) {
+                coved_quota_unlock(d);
                 cove_sandbox_row_clear(&s);
                 return -1;
         }
         s.created_at = cove_now_ms();
         s.expires_at = s.created_at + (int64_t)s.timeout_s * 1000;
         snprintf(s.state, sizeof(s.state), pooled ? "running" : "starting");
-        if (d->cat_ops->sandbox_insert(d->cat, &s, err) < 0) {
+        int ins = d->cat_ops->sandbox_insert(d->cat, &s, err);
+        coved_quota_unlock(d); /* the row counts from here on */
+        if (ins < 0) {
                 struct cove_err e2;
                 if (pooled)
                         cove_node_stop(d->node, s.id, 1, &e2); /* releases its uid range */
@@ -442,6 +463,26 @@ void cove_sandbox_settle(struct coved *d, const char *id, const char *why_paused
         cove_sandbox_row_clear(&row);
 }
 
+void cove_sandbox_stop_purge(struct coved *d, const char *id, const char *why)
+{
+        struct cove_err err;
+        if (cove_node_stop(d->node, id, 1, &err) < 0)
+                cove_warn(&d->log, "sandbox.stop", "%s", err.msg);
+        struct cove_sandbox_row row;
+        memset(&row, 0, sizeof(row));
+        if (d->cat_ops->sandbox_get(d->cat, NULL, id, &row, &err) == 0 &&
+            strcmp(row.state, "paused") != 0 && strcmp(row.state, "stopped") != 0) {
+                row.uid_base = 0;
+                row.expires_at = 0;
+                snprintf(row.state, sizeof(row.state), "stopped");
+                free(row.error);
+                row.error = strdup(why);
+                if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
+                        cove_warn(&d->log, "sandbox.stop", "sandbox %s: %s", id, err.msg);
+        }
+        cove_sandbox_row_clear(&row);
+}
+
 void coved_on_instance_dead(void *arg, const char *id, const char *why)
 {
         struct coved *d = arg;
@@ -522,6 +563,7 @@ void *coved_timer_main(void *arg)
                         mark(d, x.ids[i], "stopped", "timeout reached");
                 }
                 free(x.ids);
+                coved_key_sweep(d); /* keys revoked in a KMS: within the cache TTL */
                 pthread_mutex_lock(&d->mu);
                 d->m.timeouts_fired += x.n;
                 if (d->quitting)
@@ -529,8 +571,11 @@ void *coved_timer_main(void *arg)
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 int64_t wait_ms = x.next ? x.next - cove_now_ms() : 60000;
+                int64_t ttl = cove_keys_cache_ttl() < 1000 ? 1000 : cove_keys_cache_ttl();
                 if (wait_ms > 60000)
                         wait_ms = 60000;
+                if (wait_ms > ttl) /* the key sweep's period */
+                        wait_ms = ttl;
                 if (wait_ms < 10)
                         wait_ms = 10;
                 ts.tv_sec += wait_ms / 1000;

@@ -12,6 +12,7 @@
 
 #include "control/retention.h"
 #include "control/template.h"
+#include "control/tenant.h"
 #include "crypto/keys.h"
 #include "store/snapshot.h"
 #include "util/cleanup.h"
@@ -147,7 +148,7 @@ static int op_begin(struct coved *d, const char *tenant, const char *id,
 {
         if (cove_sandbox_load(d, tenant, id, row, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
+        if (need_store(d, err) < 0 || coved_key_gate(d, row->tenant, err) < 0) {
                 cove_sandbox_row_clear(row);
                 return -1;
         }
@@ -243,8 +244,9 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, sandbox_id, &row, err) < 0)
                 return -1;
+        int gate = coved_key_gate(d, row.tenant, err);
         cove_sandbox_row_clear(&row);
-        if (need_store(d, err) < 0)
+        if (gate < 0 || need_store(d, err) < 0)
                 return -1;
         sbx_lock(d->tm, sandbox_id, 1);
         int r = reload(d, sandbox_id, &row, err);
@@ -430,7 +432,15 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         int64_t t0 = cove_mono_ns();
         snprintf(prev, sizeof(prev), "%s", row.state);
         snprintf(row.state, sizeof(row.state), "resuming");
-        if ((r = row_write(d, &row, err)) < 0)
+        /* a paused sandbox already counts as live (and its disk as storage) */
+        int was_live = !strcmp(prev, "paused");
+        coved_quota_lock(d);
+        r = coved_quota_admit(d, row.tenant, was_live ? 0 : 1, row.cpus, row.memory_mb,
+                              was_live ? 0 : row.disk_mb, err);
+        if (r == 0)
+                r = row_write(d, &row, err);
+        coved_quota_unlock(d);
+        if (r < 0)
                 goto out;
         /* a stopped sandbox may have left state behind (a crash): start from a clean slate */
         struct cove_err e2;
@@ -554,7 +564,16 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
         struct cove_sandbox_row src;
         if (cove_sandbox_load(d, tenant, id, &src, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
+        if (need_store(d, err) < 0 || coved_key_gate(d, src.tenant, err) < 0) {
+                cove_sandbox_row_clear(&src);
+                return -1;
+        }
+        /* admission for all forks at once (they start one by one below) */
+        coved_quota_lock(d);
+        int q = coved_quota_admit(d, src.tenant, count, count * src.cpus, count * src.memory_mb,
+                                  count * src.disk_mb, err);
+        coved_quota_unlock(d);
+        if (q < 0) {
                 cove_sandbox_row_clear(&src);
                 return -1;
         }
