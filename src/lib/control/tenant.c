@@ -2,9 +2,14 @@
  * leaves crypto/: this file sees statuses, not keys. */
 #include "control/tenant.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
 #include "control/apikey.h"
 #include "control/audit.h"
@@ -559,6 +564,24 @@ static int collect_stop(const struct cove_sandbox_row *row, void *arg)
         return 0;
 }
 
+/* Freed blocks of the layer filesystem (the XFS image that holds every writable layer)
+ * still hold what was written there until overwritten: discard them (the loop device
+ * punches holes in layerfs.img), so removed layers leave no plaintext in the data dir. */
+static void trim_layers(struct coved *d)
+{
+        char lfs[PATH_MAX];
+        snprintf(lfs, sizeof(lfs), "%s/ns/lfs", d->data_dir);
+        int fd = open(lfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return;
+        /* the frees must be on disk first: XFS skips extents still busy in its log */
+        syncfs(fd);
+        struct fstrim_range r = {.start = 0, .len = UINT64_MAX, .minlen = 0};
+        if (ioctl(fd, FITRIM, &r) < 0 && errno != ENOTTY && errno != EOPNOTSUPP)
+                cove_warn(&d->log, "key.revoke", "trim %s: %s", lfs, strerror(errno));
+        close(fd);
+}
+
 /* The stop policy: every sandbox of tenant loses its instance and host state (working
  * storage); rows that were live say why. Returns how many there were. */
 static int stop_tenant(struct coved *d, const char *tenant, const char *why)
@@ -570,6 +593,7 @@ static int stop_tenant(struct coved *d, const char *tenant, const char *why)
         for (size_t i = 0; i < x.n; i++)
                 cove_sandbox_stop_purge(d, x.ids[i], why);
         free(x.ids);
+        trim_layers(d);
         return (int)x.n;
 }
 
