@@ -8,12 +8,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/ioctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "control/apikey.h"
 #include "control/audit.h"
 #include "crypto/keys.h"
+#include "util/cleanup.h"
 #include "util/util.h"
 
 void coved_keys_dir(const struct coved *d, char *out, size_t cap)
@@ -567,10 +570,40 @@ static int collect_stop(const struct cove_sandbox_row *row, void *arg)
 /* Freed blocks of the layer filesystem (the XFS image that holds every writable layer)
  * still hold what was written there until overwritten: discard them (the loop device
  * punches holes in layerfs.img), so removed layers leave no plaintext in the data dir. */
-static void trim_layers(struct coved *d)
+/* 1 while a loop device is still backed by one of the layer images of ids (a lazily
+ * unmounted layer lets go of its autoclear loop device, and with it the image's blocks,
+ * only when the last user of the mount is gone). */
+static int loops_busy(const char *lfs, char (*ids)[64], size_t n)
+{
+        cleanup_dir DIR *dh = opendir("/sys/block");
+        struct dirent *de;
+        while (dh && (de = readdir(dh))) {
+                if (strncmp(de->d_name, "loop", 4) != 0)
+                        continue;
+                char p[PATH_MAX], buf[PATH_MAX];
+                snprintf(p, sizeof(p), "/sys/block/%s/loop/backing_file", de->d_name);
+                cleanup_free char *txt = NULL;
+                size_t len = 0;
+                if (cove_read_file(p, sizeof(buf), &txt, &len, NULL) < 0)
+                        continue;
+                for (size_t i = 0; i < n; i++) {
+                        snprintf(buf, sizeof(buf), "%s/layers/%s.img", lfs, ids[i]);
+                        if (strstr(txt, buf))
+                                return 1;
+                }
+        }
+        return 0;
+}
+
+static void trim_layers(struct coved *d, char (*ids)[64], size_t n)
 {
         char lfs[PATH_MAX];
         snprintf(lfs, sizeof(lfs), "%s/ns/lfs", d->data_dir);
+        int64_t deadline = cove_mono_ns() + 10 * 1000000000LL;
+        while (loops_busy(lfs, ids, n) && cove_mono_ns() < deadline) {
+                struct timespec ts = {0, 10 * 1000000};
+                nanosleep(&ts, NULL);
+        }
         int fd = open(lfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (fd < 0)
                 return;
@@ -592,8 +625,8 @@ static int stop_tenant(struct coved *d, const char *tenant, const char *why)
                 cove_warn(&d->log, "key.revoke", "%s", err.msg);
         for (size_t i = 0; i < x.n; i++)
                 cove_sandbox_stop_purge(d, x.ids[i], why);
+        trim_layers(d, x.ids, x.n);
         free(x.ids);
-        trim_layers(d);
         return (int)x.n;
 }
 
