@@ -10,6 +10,7 @@
 #include <string.h>
 #include <dirent.h>
 #include <sys/ioctl.h>
+#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -570,48 +571,62 @@ static int collect_stop(const struct cove_sandbox_row *row, void *arg)
 /* Freed blocks of the layer filesystem (the XFS image that holds every writable layer)
  * still hold what was written there until overwritten: discard them (the loop device
  * punches holes in layerfs.img), so removed layers leave no plaintext in the data dir. */
-/* 1 while a loop device is still backed by one of the layer images of ids (a lazily
- * unmounted layer lets go of its autoclear loop device, and with it the image's blocks,
- * only when the last user of the mount is gone). */
-static int loops_busy(const char *lfs, char (*ids)[64], size_t n)
+/* 1 while a loop device is still backed by a removed image on the layer filesystem (a
+ * lazily unmounted layer, or a snapshot's clone, lets go of its autoclear loop device, and
+ * with it the image's blocks, only when the last user of the mount is gone). */
+static int loops_busy(const char *lfs)
 {
         cleanup_dir DIR *dh = opendir("/sys/block");
         struct dirent *de;
+        size_t ll = strlen(lfs);
         while (dh && (de = readdir(dh))) {
                 if (strncmp(de->d_name, "loop", 4) != 0)
                         continue;
-                char p[PATH_MAX], buf[PATH_MAX];
+                char p[PATH_MAX];
                 snprintf(p, sizeof(p), "/sys/block/%s/loop/backing_file", de->d_name);
                 cleanup_free char *txt = NULL;
                 size_t len = 0;
-                if (cove_read_file(p, sizeof(buf), &txt, &len, NULL) < 0)
+                if (cove_read_file(p, PATH_MAX, &txt, &len, NULL) < 0)
                         continue;
-                for (size_t i = 0; i < n; i++) {
-                        snprintf(buf, sizeof(buf), "%s/layers/%s.img", lfs, ids[i]);
-                        if (strstr(txt, buf))
-                                return 1;
-                }
+                if (!strncmp(txt, lfs, ll) && txt[ll] == '/' && strstr(txt, "(deleted)"))
+                        return 1;
         }
         return 0;
 }
 
-static void trim_layers(struct coved *d, char (*ids)[64], size_t n)
+static void trim_layers(struct coved *d)
 {
         char lfs[PATH_MAX];
         snprintf(lfs, sizeof(lfs), "%s/ns/lfs", d->data_dir);
-        int64_t deadline = cove_mono_ns() + 10 * 1000000000LL;
-        while (loops_busy(lfs, ids, n) && cove_mono_ns() < deadline) {
-                struct timespec ts = {0, 10 * 1000000};
-                nanosleep(&ts, NULL);
-        }
         int fd = open(lfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (fd < 0)
                 return;
-        /* the frees must be on disk first: XFS skips extents still busy in its log */
-        syncfs(fd);
-        struct fstrim_range r = {.start = 0, .len = UINT64_MAX, .minlen = 0};
-        if (ioctl(fd, FITRIM, &r) < 0 && errno != ENOTTY && errno != EOPNOTSUPP)
-                cove_warn(&d->log, "key.revoke", "trim %s: %s", lfs, strerror(errno));
+        /* The last close of a removed image frees its blocks late (the loop device's file is
+         * released by a kernel worker, then XFS's background inode GC frees the extents), so
+         * trim until a round saw no blocks freed behind it (bounded: 10 rounds). */
+        int64_t deadline = cove_mono_ns() + 10 * 1000000000LL;
+        for (int round = 0; round < 10; round++) {
+                while (loops_busy(lfs) && cove_mono_ns() < deadline) {
+                        struct timespec ts = {0, 10 * 1000000};
+                        nanosleep(&ts, NULL);
+                }
+                struct statfs a, b;
+                if (fstatfs(fd, &a) < 0)
+                        break;
+                /* the frees must be on disk first: XFS skips extents still busy in its log */
+                syncfs(fd);
+                struct fstrim_range r = {.start = 0, .len = UINT64_MAX, .minlen = 0};
+                if (ioctl(fd, FITRIM, &r) < 0) {
+                        if (errno != ENOTTY && errno != EOPNOTSUPP)
+                                cove_warn(&d->log, "key.revoke", "trim %s: %s", lfs,
+                                          strerror(errno));
+                        break;
+                }
+                struct timespec ts = {0, 50 * 1000000};
+                nanosleep(&ts, NULL);
+                if (fstatfs(fd, &b) < 0 || b.f_bfree <= a.f_bfree)
+                        break;
+        }
         close(fd);
 }
 
@@ -625,7 +640,7 @@ static int stop_tenant(struct coved *d, const char *tenant, const char *why)
                 cove_warn(&d->log, "key.revoke", "%s", err.msg);
         for (size_t i = 0; i < x.n; i++)
                 cove_sandbox_stop_purge(d, x.ids[i], why);
-        trim_layers(d, x.ids, x.n);
+        trim_layers(d);
         free(x.ids);
         return (int)x.n;
 }
