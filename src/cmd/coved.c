@@ -15,20 +15,21 @@
 
 static void usage(FILE *f)
 {
-        fprintf(f, "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
-                   "             [--templates NAME,...] [--guest-binary PATH]\n"
-                   "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n"
-                   "             [--e2b-api-listen HOST:PORT|none] "
-                   "[--e2b-sandbox-listen HOST:PORT|none]\n"
-                   "             [--pool N]   warm sandboxes kept per template (default 4)\n"
-                   "             [--egress-pool CIDR]  sandbox link addresses (default "
-                   "10.200.0.0/16)\n"
-                   "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
-                   "                                (default: nameservers of /etc/resolv.conf)\n"
-                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
-                   "             [--key-cache-ttl S]  unwrapped tenant keys are unwrapped again\n"
-                   "                                through their provider after S seconds (default\n"
-                   "                                60; 0 = every use)\n");
+        fprintf(f,
+                "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
+                "             [--templates NAME,...] [--guest-binary PATH]\n"
+                "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n"
+                "             [--e2b-api-listen HOST:PORT|none] "
+                "[--e2b-sandbox-listen HOST:PORT|none]\n"
+                "             [--pool N]   warm sandboxes kept per template (default 4)\n"
+                "             [--egress-pool CIDR]  sandbox link addresses (default "
+                "10.200.0.0/16)\n"
+                "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
+                "                                (default: nameservers of /etc/resolv.conf)\n"
+                "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
+                "             [--key-cache-ttl S]  unwrapped tenant keys are unwrapped again\n"
+                "                                through their provider after S seconds (default\n"
+                "                                60; 0 = every use)\n");
 }
 
 int main(int argc, char **argv)

@@ -168,3 +168,51 @@ def test_quotas(client):
     tc.remove(c["id"], purge=True)
     assert tc.post(f"/v1/sandboxes/{a['id']}/resume", {})["state"] == "running"
     tc.remove(a["id"], purge=True)
+
+
+def test_cli_tenants_and_keys(coved, build_dir, tmp_path):
+    """`cove tenants` and `cove keys` drive the same endpoints."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, COVE_URL=f"http://127.0.0.1:{coved.port}",
+               COVE_API_KEY=coved.client.key)
+
+    def cove(*args, key=None, ok=True):
+        e = dict(env, COVE_API_KEY=key) if key else env
+        r = subprocess.run([os.path.join(build_dir, "cove"), *args], env=e,
+                           capture_output=True, text=True, timeout=60)
+        if ok:
+            assert r.returncode == 0, (args, r.stderr)
+        return r
+
+    tid = cove("tenants", "create", "--name", "cli co", "--sandboxes", "1").stdout.strip()
+    assert tid.startswith("ten_")
+    key = cove("tenants", "key", tid).stdout.strip()
+    assert key.startswith("cove_key_")
+    assert tid in cove("tenants", "ls").stdout
+    st = json.loads(cove("keys", "status", "--json", key=key).stdout)
+    assert st["tenant"] == tid and st["state"] in ("none", "active")
+    kf = tmp_path / "k.kek"
+    kf.write_bytes(os.urandom(32))
+    os.chmod(kf, 0o600)
+    out = cove("keys", "add", "--tenant", tid, "--provider", "local", "--key-file", str(kf)).stdout
+    assert tid in out and "local:" in out
+    out = cove("keys", "rotate", "--tenant", tid).stdout
+    assert " v3 " in out or "v3" in out
+    assert tid in cove("keys", "list").stdout
+    # a tenant key may not add keys; usage errors exit 2
+    r = cove("keys", "add", "--provider", "local", key=key, ok=False)
+    assert r.returncode == 1 and "unauthorized" in r.stderr
+    assert cove("keys", "frob", ok=False).returncode == 2
+    assert cove("keys", "add", ok=False).returncode == 2
+    out = cove("keys", "revoke", "--policy", "finish", key=key).stdout
+    assert "revoked" in out and "policy finish" in out
+    r = cove("create", "--template", "busybox", key=key, ok=False)
+    assert r.returncode == 1 and "key_revoked" in r.stderr
+    kid = key[5:29]
+    assert kid in cove("tenants", "keys", tid).stdout
+    cove("tenants", "revoke-key", tid, kid)
+    assert "revoked" in cove("tenants", "keys", tid).stdout
+    cove("tenants", "rm", tid)
+    assert tid not in cove("tenants", "ls").stdout

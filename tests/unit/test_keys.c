@@ -271,8 +271,8 @@ static void command_provider_and_cache_bound(void **state)
         kms_cmds(f, wrap, unwrap, sizeof(wrap));
         uint8_t a[32], b[32];
         assert_int_equal(cove_dek_load(f->keys, "byok", 1, a, &err), 0);
-        struct cove_key_spec spec = {.provider = "command", .wrap_cmd = wrap,
-                                     .unwrap_cmd = unwrap, .key_id = "kms:test/1"};
+        struct cove_key_spec spec = {
+            .provider = "command", .wrap_cmd = wrap, .unwrap_cmd = unwrap, .key_id = "kms:test/1"};
         struct cove_key_status ks;
         assert_int_equal(cove_key_rewrap(f->keys, "byok", &spec, &ks, &err), 0);
         assert_string_equal(ks.rec.key_id, "kms:test/1");
@@ -358,8 +358,8 @@ static void command_provider_failures(void **state)
         }
         /* a wrap command that fails leaves the record as it was */
         assert_int_equal(cove_key_record_write(f->keys, &good, 0, &err), 0);
-        struct cove_key_spec broken = {.provider = "command", .wrap_cmd = "echo '%%%'",
-                                       .unwrap_cmd = unwrap};
+        struct cove_key_spec broken = {
+            .provider = "command", .wrap_cmd = "echo '%%%'", .unwrap_cmd = unwrap};
         assert_int_equal(cove_key_rewrap(f->keys, "bad", &broken, NULL, &err), -1);
         struct cove_key_record now;
         assert_int_equal(cove_key_record_read(f->keys, "bad", &now, &err), 0);

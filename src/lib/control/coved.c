@@ -115,7 +115,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         pthread_mutex_init(&d->mu, NULL);
         pthread_mutex_init(&d->quota_mu, NULL);
         pthread_cond_init(&d->cv, NULL);
-        cove_keys_cache_ttl_set(o->key_cache_ttl_s < 0 ? 60000 : (int64_t)o->key_cache_ttl_s * 1000);
+        cove_keys_cache_ttl_set(o->key_cache_ttl_s < 0 ? 60000
+                                                       : (int64_t)o->key_cache_ttl_s * 1000);
         if (!realpath(o->data_dir, d->data_dir)) {
                 if (cove_mkdir_p(o->data_dir, 0711, err) < 0 || !realpath(o->data_dir, d->data_dir))
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);

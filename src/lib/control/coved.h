@@ -27,7 +27,7 @@ struct coved_options {
         const char *e2b_api_listen;         /* E2B control plane "HOST:PORT"; NULL for none */
         const char *e2b_sandbox_listen;     /* E2B in-sandbox (envd) surface; NULL for none */
         struct coved_egress_options egress; /* gateway: pool, resolvers (control/egress.h) */
-        int pool_size; /* warm instances per template (-1: default 4, 0: none) */
+        int pool_size;       /* warm instances per template (-1: default 4, 0: none) */
         int key_cache_ttl_s; /* unwrapped data keys are re-unwrapped after this (-1: 60) */
 };
 

@@ -47,8 +47,8 @@ int coved_key_gate(struct coved *d, const char *tenant, struct cove_err *err)
         if (err->kind != COVE_E_KEY_REVOKED && err->kind != COVE_E_BAD_REQUEST)
                 err->kind = COVE_E_UNAVAILABLE;
         audit(d, tenant, "key", "unwrap", "deny", NULL,
-              json_pack("{s:s}", "error", err->kind == COVE_E_KEY_REVOKED ? "key_revoked"
-                                                                         : "unavailable"));
+              json_pack("{s:s}", "error",
+                        err->kind == COVE_E_KEY_REVOKED ? "key_revoked" : "unavailable"));
         return -1;
 }
 
@@ -94,8 +94,8 @@ void coved_quota_unlock(struct coved *d)
         pthread_mutex_unlock(&d->quota_mu);
 }
 
-int coved_quota_admit(struct coved *d, const char *tenant, int sandboxes, int cpus,
-                      int memory_mb, int storage_mb, struct cove_err *err)
+int coved_quota_admit(struct coved *d, const char *tenant, int sandboxes, int cpus, int memory_mb,
+                      int storage_mb, struct cove_err *err)
 {
         struct cove_tenant_row t;
         int g = d->cat_ops->tenant_get(d->cat, tenant, &t, err);
@@ -139,11 +139,11 @@ static json_t *tenant_json(struct coved *d, const struct cove_tenant_row *t)
                 memset(&u, 0, sizeof(u));
         return json_pack("{s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I}}", "id",
                          t->id, "name", t->name, "created_at", created, "quotas", "sandboxes",
-                         (json_int_t)t->max_sandboxes, "cpus", (json_int_t)t->max_cpus,
-                         "memory_mb", (json_int_t)t->max_memory_mb, "storage_mb",
-                         (json_int_t)t->max_storage_mb, "usage", "sandboxes",
-                         (json_int_t)u.sandboxes, "cpus", (json_int_t)u.cpus, "memory_mb",
-                         (json_int_t)u.memory_mb, "storage_mb", (json_int_t)u.storage_mb);
+                         (json_int_t)t->max_sandboxes, "cpus", (json_int_t)t->max_cpus, "memory_mb",
+                         (json_int_t)t->max_memory_mb, "storage_mb", (json_int_t)t->max_storage_mb,
+                         "usage", "sandboxes", (json_int_t)u.sandboxes, "cpus", (json_int_t)u.cpus,
+                         "memory_mb", (json_int_t)u.memory_mb, "storage_mb",
+                         (json_int_t)u.storage_mb);
 }
 
 /* Apply body.quotas (an object; absent keys keep their value, 0 or null = unlimited). */
@@ -210,8 +210,7 @@ int coved_tenant_create(struct coved *d, const char *actor, json_t *body, json_t
                 if (g < 0)
                         return -1;
                 if (g == 0)
-                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
-                                             "tenant %s exists%s", t.id,
+                        return cove_err_setk(err, COVE_E_CONFLICT, 0, "tenant %s exists%s", t.id,
                                              old.deleted_at ? " (deleted; ids are not reused)"
                                                             : "");
         } else if (cove_id_new("ten_", t.id, sizeof(t.id), err) < 0) {
@@ -419,19 +418,18 @@ static json_t *key_json(const struct cove_key_status *s)
                 return json_pack("{s:s, s:s, s:s, s:n, s:i, s:b, s:I}", "tenant", s->rec.tenant,
                                  "state", "none", "provider", "local", "key_id", "version", 0,
                                  "cached", 0, "cache_ttl_ms", (json_int_t)s->cache_ttl_ms);
-        json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:b, s:o, s:I}", "tenant", s->rec.tenant,
-            "state", s->rec.state, "provider", s->rec.provider, "key_id", s->rec.key_id, "version",
-            s->rec.version, "created_at", created, "rotated_at",
-            s->rec.rotated_at ? json_string(rotated) : json_null(), "revoked_at",
-            s->rec.revoked_at ? json_string(revoked) : json_null(), "cached", s->cached,
-            "cached_at", s->cached ? json_string(cached) : json_null(), "cache_ttl_ms",
-            (json_int_t)s->cache_ttl_ms);
+        json_t *o =
+            json_pack("{s:s, s:s, s:s, s:s, s:i, s:s, s:o, s:o, s:b, s:o, s:I}", "tenant",
+                      s->rec.tenant, "state", s->rec.state, "provider", s->rec.provider, "key_id",
+                      s->rec.key_id, "version", s->rec.version, "created_at", created, "rotated_at",
+                      s->rec.rotated_at ? json_string(rotated) : json_null(), "revoked_at",
+                      s->rec.revoked_at ? json_string(revoked) : json_null(), "cached", s->cached,
+                      "cached_at", s->cached ? json_string(cached) : json_null(), "cache_ttl_ms",
+                      (json_int_t)s->cache_ttl_ms);
         /* where the KEK is: the file's path or the commands (operator data, admin-visible) */
         if (o && !strcmp(s->rec.provider, "local"))
-                json_object_set_new(o, "key_file",
-                                    s->rec.key_file[0] ? json_string(s->rec.key_file)
-                                                       : json_null());
+                json_object_set_new(
+                    o, "key_file", s->rec.key_file[0] ? json_string(s->rec.key_file) : json_null());
         if (o && !strcmp(s->rec.provider, "command")) {
                 json_object_set_new(o, "wrap_cmd", json_string(s->rec.wrap_cmd));
                 json_object_set_new(o, "unwrap_cmd", json_string(s->rec.unwrap_cmd));
@@ -469,8 +467,8 @@ static int add_key_status(const struct cove_tenant_row *t, void *arg)
         if (cove_key_status_get(dir, t->id, &s, &err) == 0)
                 json_array_append_new(a[1], key_json(&s));
         else
-                json_array_append_new(a[1], json_pack("{s:s, s:s, s:s}", "tenant", t->id,
-                                                      "state", "error", "error", err.msg));
+                json_array_append_new(a[1], json_pack("{s:s, s:s, s:s}", "tenant", t->id, "state",
+                                                      "error", "error", err.msg));
         return 0;
 }
 
@@ -723,8 +721,8 @@ void coved_key_sweep(struct coved *d)
                 int n = stop_tenant(d, x.tenants[i], "the tenant's key was revoked in its KMS");
                 audit(d, x.tenants[i], "key", "revoked_upstream", "deny", NULL,
                       json_pack("{s:i}", "sandboxes_stopped", n));
-                cove_warn(&d->log, "key.sweep", "tenant %s: %s; %d sandboxes stopped",
-                          x.tenants[i], err.msg, n);
+                cove_warn(&d->log, "key.sweep", "tenant %s: %s; %d sandboxes stopped", x.tenants[i],
+                          err.msg, n);
         }
         free(x.tenants);
 }

@@ -17,8 +17,8 @@ int coved_key_gate(struct coved *d, const char *tenant, struct cove_err *err);
 /* Admission against the tenant's quotas: would adding sandboxes live sandboxes, cpus and
  * memory_mb of running ones and storage_mb of disk exceed one? -1 with COVE_E_LIMIT (which
  * quota, used, limit) if so. Callers serialise with coved_quota_lock. */
-int coved_quota_admit(struct coved *d, const char *tenant, int sandboxes, int cpus,
-                      int memory_mb, int storage_mb, struct cove_err *err);
+int coved_quota_admit(struct coved *d, const char *tenant, int sandboxes, int cpus, int memory_mb,
+                      int storage_mb, struct cove_err *err);
 void coved_quota_lock(struct coved *d);
 void coved_quota_unlock(struct coved *d);
 

@@ -44,8 +44,8 @@ static long b64_dec(const char *in, size_t n, uint8_t *out, size_t cap)
                 return -1;
         for (size_t i = 0; i < n; i++) {
                 char c = in[i];
-                int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                         c == '+' || c == '/' || (c == '=' && i >= n - 2);
+                int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+                         (c >= '0' && c <= '9') || c == '+' || c == '/' || (c == '=' && i >= n - 2);
                 if (!ok)
                         return -1;
         }
@@ -145,8 +145,8 @@ static int node_kek(const char *keys_dir, uint8_t kek[COVE_KEY_LEN], struct cove
         cove_hex(r, sizeof(r), rh);
         snprintf(tmp, sizeof(tmp), "%s/.node.kek.tmp.%s", keys_dir, rh);
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        int ok = fd >= 0 && write(fd, fresh, sizeof(fresh)) == (ssize_t)sizeof(fresh) &&
-                 fsync(fd) == 0;
+        int ok =
+            fd >= 0 && write(fd, fresh, sizeof(fresh)) == (ssize_t)sizeof(fresh) && fsync(fd) == 0;
         int e = errno;
         if (fd >= 0)
                 close(fd);
@@ -197,12 +197,12 @@ static int gcm(int enc, const uint8_t key[COVE_KEY_LEN], const uint8_t nonce[NON
                const char *tenant, const uint8_t *in, uint8_t *out, uint8_t tag[TAG_LEN])
 {
         EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-        int n = 0, ok = c && EVP_CipherInit_ex(c, EVP_aes_256_gcm(), NULL, key, nonce, enc) == 1 &&
-                        EVP_CipherUpdate(c, NULL, &n, (const uint8_t *)WRAP_AAD,
-                                         (int)sizeof(WRAP_AAD)) == 1 &&
-                        EVP_CipherUpdate(c, NULL, &n, (const uint8_t *)tenant,
-                                         (int)strlen(tenant)) == 1 &&
-                        EVP_CipherUpdate(c, out, &n, in, COVE_KEY_LEN) == 1;
+        int n = 0,
+            ok = c && EVP_CipherInit_ex(c, EVP_aes_256_gcm(), NULL, key, nonce, enc) == 1 &&
+                 EVP_CipherUpdate(c, NULL, &n, (const uint8_t *)WRAP_AAD, (int)sizeof(WRAP_AAD)) ==
+                     1 &&
+                 EVP_CipherUpdate(c, NULL, &n, (const uint8_t *)tenant, (int)strlen(tenant)) == 1 &&
+                 EVP_CipherUpdate(c, out, &n, in, COVE_KEY_LEN) == 1;
         if (ok && !enc)
                 ok = EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, TAG_LEN, tag) == 1;
         if (ok)
@@ -239,8 +239,8 @@ static int local_unwrap(const char *keys_dir, const struct cove_key_record *rec,
                                      "wrapped data key of tenant %s is malformed", rec->tenant);
         if (local_kek(keys_dir, rec, kek, err) < 0)
                 return -1;
-        int rc = gcm(0, kek, blob, rec->tenant, blob + NONCE_LEN, out,
-                     blob + NONCE_LEN + COVE_KEY_LEN);
+        int rc =
+            gcm(0, kek, blob, rec->tenant, blob + NONCE_LEN, out, blob + NONCE_LEN + COVE_KEY_LEN);
         OPENSSL_cleanse(kek, sizeof(kek));
         if (rc < 0) {
                 OPENSSL_cleanse(out, sizeof(out));
@@ -416,8 +416,8 @@ static int run_cmd(const char *what, const struct cove_key_record *rec, const ch
                         snprintf(st, sizeof(st), " (signal %d)", WTERMSIG(status));
                 if (!strcmp(why, "timed out"))
                         snprintf(st, sizeof(st), " after %d ms", timeout);
-                rc = cove_err_setk(err, kind, 0, "%s command of tenant %s %s%s", what,
-                                   rec->tenant, why, st);
+                rc = cove_err_setk(err, kind, 0, "%s command of tenant %s %s%s", what, rec->tenant,
+                                   why, st);
         }
         return rc;
 }
@@ -436,8 +436,8 @@ static int cmd_wrap(const char *keys_dir, const struct cove_key_record *rec,
         }
         b64_enc(dek, COVE_KEY_LEN, in, sizeof(in));
         rc = run_cmd("wrap", rec, rec->wrap_cmd, in, tmp, COVE_KEY_WRAPPED_MAX, err);
-        if (rc == 0 && (b64_dec(tmp, strlen(tmp), bin, COVE_KEY_WRAPPED_MAX) <= 0 ||
-                        strlen(tmp) >= cap))
+        if (rc == 0 &&
+            (b64_dec(tmp, strlen(tmp), bin, COVE_KEY_WRAPPED_MAX) <= 0 || strlen(tmp) >= cap))
                 rc = cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                    "wrap command of tenant %s returned invalid output (want one "
                                    "base64 line of at most %d chars)",

@@ -99,9 +99,8 @@ int cove_key_record_read(const char *keys_dir, const char *tenant, struct cove_k
         if (fd < 0 || fstat(fd, &st) < 0)
                 return cove_err_set(err, errno, "key record %s", path);
         if (!S_ISREG(st.st_mode) || (st.st_mode & 077) || st.st_size > RECORD_MAX)
-                return cove_err_set(err, 0,
-                                    "key record %s: want a regular file of mode 0600 under 64 KiB",
-                                    path);
+                return cove_err_set(
+                    err, 0, "key record %s: want a regular file of mode 0600 under 64 KiB", path);
         json_error_t je;
         json_t *o = json_loadfd(fd, 0, &je);
         memset(rec, 0, sizeof(*rec));
@@ -135,12 +134,12 @@ int cove_key_record_read(const char *keys_dir, const char *tenant, struct cove_k
 
 static json_t *rec_json(const struct cove_key_record *r)
 {
-        json_t *o = json_pack("{s:i, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:I, s:I, s:I}", "format",
-                              1, "tenant", r->tenant, "provider", r->provider, "key_id", r->key_id,
-                              "version", r->version, "state", r->state, "wrapped", r->wrapped,
-                              "check", r->check, "created_at", (json_int_t)r->created_at,
-                              "rotated_at", (json_int_t)r->rotated_at, "revoked_at",
-                              (json_int_t)r->revoked_at);
+        json_t *o =
+            json_pack("{s:i, s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:I, s:I, s:I}", "format", 1,
+                      "tenant", r->tenant, "provider", r->provider, "key_id", r->key_id, "version",
+                      r->version, "state", r->state, "wrapped", r->wrapped, "check", r->check,
+                      "created_at", (json_int_t)r->created_at, "rotated_at",
+                      (json_int_t)r->rotated_at, "revoked_at", (json_int_t)r->revoked_at);
         if (o && r->key_file[0])
                 json_object_set_new(o, "key_file", json_string(r->key_file));
         if (o && !strcmp(r->provider, "command")) {
@@ -181,10 +180,9 @@ int cove_key_record_write(const char *keys_dir, const struct cove_key_record *re
                         char tmp[PATH_MAX + 32];
                         snprintf(tmp, sizeof(tmp), "%s/%s", keys_dir, name);
                         if (link(tmp, path) < 0)
-                                rc = cove_err_setk(err,
-                                                   errno == EEXIST ? COVE_E_CONFLICT
-                                                                   : COVE_E_INTERNAL,
-                                                   errno, "install key record %s", path);
+                                rc = cove_err_setk(
+                                    err, errno == EEXIST ? COVE_E_CONFLICT : COVE_E_INTERNAL, errno,
+                                    "install key record %s", path);
                         unlink(tmp);
                         cleanup_close int dfd = open(keys_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
                         if (rc == 0 && (dfd < 0 || fsync(dfd) < 0))
@@ -316,7 +314,7 @@ struct kent {
         struct kent *next;
         char dir[PATH_MAX];
         char tenant[COVE_TENANT_MAX + 1];
-        uint8_t *dek; /* locked page */
+        uint8_t *dek;    /* locked page */
         int64_t at_ms;   /* monotonic ms of the unwrap */
         int64_t at_wall; /* unix ms of the unwrap */
         dev_t dev;       /* the record the DEK came from */
@@ -549,7 +547,8 @@ static int spec_apply(const struct cove_key_spec *s, struct cove_key_record *rec
                 return 0;
         }
         if (s->key_file)
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "key_file belongs to provider local");
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "key_file belongs to provider local");
         if (!s->wrap_cmd || !*s->wrap_cmd || !s->unwrap_cmd || !*s->unwrap_cmd ||
             strlen(s->wrap_cmd) >= COVE_KEY_CMD_MAX || strlen(s->unwrap_cmd) >= COVE_KEY_CMD_MAX)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,

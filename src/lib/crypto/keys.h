@@ -80,25 +80,25 @@ int cove_fscrypt_key_derive(const struct cove_tenant_keys *k, const char *sandbo
 
 /* ---- key records and providers ---- */
 
-#define COVE_KEY_CMD_MAX 1024    /* wrap/unwrap command lines */
+#define COVE_KEY_CMD_MAX 1024     /* wrap/unwrap command lines */
 #define COVE_KEY_WRAPPED_MAX 4096 /* base64 of a wrapped DEK */
 #define COVE_KEY_CMD_TIMEOUT_MS 10000
-#define COVE_KEY_CMD_OUT_MAX 8192 /* bytes a provider command may print */
+#define COVE_KEY_CMD_OUT_MAX 8192     /* bytes a provider command may print */
 #define COVE_KEY_CMD_REVOKED_STATUS 3 /* exit status: "the KMS refuses: key revoked/disabled" */
 
 /* A tenant's key record (<keys_dir>/<tenant>.key, JSON, 0600, replaced atomically). */
 struct cove_key_record {
         char tenant[COVE_TENANT_MAX + 1];
-        char provider[16];  /* "local" or "command" */
-        char key_id[128];   /* which KEK: "node:<fp>", "local:<fp>", or the command's id */
-        int version;        /* 1 at creation, +1 per rewrap (add, rotate) */
-        char state[16];     /* "active" or "revoked" */
+        char provider[16]; /* "local" or "command" */
+        char key_id[128];  /* which KEK: "node:<fp>", "local:<fp>", or the command's id */
+        int version;       /* 1 at creation, +1 per rewrap (add, rotate) */
+        char state[16];    /* "active" or "revoked" */
         char wrapped[COVE_KEY_WRAPPED_MAX]; /* base64 of the provider's wrapped DEK */
-        char check[33];     /* hex of HMAC(DEK, COVE_KEY_INFO_CHECK)[0..16): unwrap verified */
-        char key_file[PATH_MAX];           /* local: the KEK file; "" = node default */
-        char wrap_cmd[COVE_KEY_CMD_MAX];   /* command: run with /bin/sh -c */
+        char check[33];          /* hex of HMAC(DEK, COVE_KEY_INFO_CHECK)[0..16): unwrap verified */
+        char key_file[PATH_MAX]; /* local: the KEK file; "" = node default */
+        char wrap_cmd[COVE_KEY_CMD_MAX]; /* command: run with /bin/sh -c */
         char unwrap_cmd[COVE_KEY_CMD_MAX];
-        int timeout_ms;                    /* command: bounded wait (0: default) */
+        int timeout_ms;                             /* command: bounded wait (0: default) */
         int64_t created_at, rotated_at, revoked_at; /* unix ms; 0 = never */
 };
 
@@ -109,8 +109,8 @@ struct cove_key_provider_ops {
         int (*wrap)(const char *keys_dir, const struct cove_key_record *rec,
                     const uint8_t dek[COVE_KEY_LEN], char *wrapped, size_t cap,
                     struct cove_err *err);
-        int (*unwrap)(const char *keys_dir, const struct cove_key_record *rec,
-                      const char *wrapped, uint8_t dek[COVE_KEY_LEN], struct cove_err *err);
+        int (*unwrap)(const char *keys_dir, const struct cove_key_record *rec, const char *wrapped,
+                      uint8_t dek[COVE_KEY_LEN], struct cove_err *err);
         /* The record's key_id for this KEK (called when a record is (re)wrapped). */
         int (*key_id)(const char *keys_dir, const struct cove_key_record *rec, char *out,
                       size_t cap, struct cove_err *err);

@@ -117,8 +117,8 @@ struct cove_catalog_ops {
         int (*tenant_list)(struct cove_catalog *c, cove_tenant_cb cb, void *arg,
                            struct cove_err *err);
         /* A tenant's keys, oldest first, revoked too; salt_hex/hash_hex are left empty. */
-        int (*apikey_list)(struct cove_catalog *c, const char *tenant, cove_apikey_cb cb,
-                           void *arg, struct cove_err *err);
+        int (*apikey_list)(struct cove_catalog *c, const char *tenant, cove_apikey_cb cb, void *arg,
+                           struct cove_err *err);
 
         /* Insert a key, or update admin/revoked of an existing one. Tenant, salt and hash
          * never change (COVE_E_CONFLICT), and revoked never goes back to 0. The tenant must
