@@ -133,6 +133,9 @@ def test_isolation_every_route(client, coved):
     # key status of another tenant: 404 for a tenant key
     cb.expect_error("GET", f"/v1/keys?tenant={ta['id']}", 404, "not_found")
     cb.expect_error("POST", "/v1/keys/revoke", 404, "not_found", body={"tenant": ta["id"]})
+    # revoking is never implied: the tenant must be named
+    cb.expect_error("POST", "/v1/keys/revoke", 400, "bad_request", body={})
+    assert cb.get("/v1/keys")["state"] in ("none", "active")
     # A still has everything
     assert ca.get(f"/v1/sandboxes/{sb['id']}")["state"] == "running"
     assert ca.get(f"/v1/snapshots/{snap_id}")["id"] == snap_id

@@ -99,7 +99,7 @@ def test_revoke_refuses_and_leaves_no_plaintext(coved_factory):
     assert grep_data(d.data, m1), "marker of a running sandbox not found: the grep is blind"
     assert a["storage_encrypted"] is False
 
-    st = c.post("/v1/keys/revoke", {})
+    st = c.post("/v1/keys/revoke", {"tenant": tid})
     assert st["state"] == "revoked" and st["policy"] == "stop" and st["sandboxes_stopped"] == 2
     sa = c.sandbox(a["id"])
     assert sa["state"] == "stopped" and "revoked" in sa["error"]
@@ -127,7 +127,7 @@ def test_revoke_refuses_and_leaves_no_plaintext(coved_factory):
     assert grep_data(d.data, m2) == []
     # the status says so; revoking again is harmless; other tenants are not affected
     assert c.get("/v1/keys")["state"] == "revoked"
-    assert c.post("/v1/keys/revoke", {})["state"] == "revoked"
+    assert c.post("/v1/keys/revoke", {"tenant": tid})["state"] == "revoked"
     other = admin.create(template="busybox")
     assert other["state"] == "running"
     admin.remove(other["id"])

@@ -171,6 +171,18 @@ int cmd_keys(struct cli *c, int argc, char **argv)
                 body = json_object();
                 if (policy)
                         json_object_set_new(body, "policy", json_string(policy));
+                if (!tenant) {
+                        /* the server wants the tenant named: ours, as the key status says */
+                        struct cove_err e0 = {0};
+                        json_t *st = NULL;
+                        if (cli_call(c, "GET", "/v1/keys", NULL, &st, NULL, &e0) < 0) {
+                                json_decref(spec);
+                                json_decref(body);
+                                return cli_fail(&e0);
+                        }
+                        json_object_set(body, "tenant", json_object_get(st, "tenant"));
+                        json_decref(st);
+                }
         } else {
                 json_decref(spec);
                 return cli_usage_error("keys", "unknown command '%s'", sub);

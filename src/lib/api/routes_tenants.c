@@ -182,6 +182,13 @@ int cove_h_keys_revoke(void *app, struct cove_req *r)
         json_t *body = cove_req_json(r, 1);
         if (!body)
                 return 0;
+        /* revocation is final: the tenant is always named, never implied */
+        if (!json_is_string(json_object_get(body, "tenant"))) {
+                json_decref(body);
+                return cove_reply_error(r, 400, "bad_request",
+                                        "tenant is required: the tenant whose key is revoked "
+                                        "(revocation is final)");
+        }
         json_t *out = NULL;
         struct cove_err err;
         int rc = -1;
