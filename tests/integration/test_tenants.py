@@ -219,3 +219,42 @@ def test_cli_tenants_and_keys(coved, build_dir, tmp_path):
     assert "revoked" in cove("tenants", "keys", tid).stdout
     cove("tenants", "rm", tid)
     assert tid not in cove("tenants", "ls").stdout
+
+
+def test_isolation_e2b_surface(coved_factory):
+    """The E2B-compatible API (X-API-KEY: e2b_<hex of a cove key>) scopes by tenant too."""
+    import http.client
+    import json
+
+    from cove import free_port
+
+    port = free_port()
+    d = coved_factory(extra_args=["--e2b-api-listen", f"127.0.0.1:{port}",
+                                  "--e2b-sandbox-listen", "none"])
+    _, ca, ka = new_tenant(d.client)
+    _, cb, kb = new_tenant(d.client)
+    sb = ca.create(template="busybox")
+
+    def e2b(key, method, path, body=None):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        h = {"X-API-KEY": "e2b_" + key.encode().hex(), "Content-Type": "application/json"}
+        c.request(method, path, body=json.dumps(body) if body is not None else None, headers=h)
+        r = c.getresponse()
+        out = (r.status, r.read())
+        c.close()
+        return out
+
+    src = open(os.path.join(ROOT, "src", "lib", "api", "e2b.c")).read()
+    routes = re.findall(r'\{"(GET|POST|DELETE|PUT|PATCH)", "([^"]*\{id\}[^"]*)"', src)
+    assert len(routes) >= 8
+    bodies = {"timeout": {"timeout": 60}, "connect": {"timeout": 60}}
+    for method, path in routes:
+        url = path.replace("{id}", sb["id"])
+        body = bodies.get(url.rsplit("/", 1)[-1], {}) if method != "GET" else None
+        status, data = e2b(kb["key"], method, url, body)
+        assert status == 404, f"tenant B E2B {method} {url}: {status} {data[:200]!r}"
+    status, data = e2b(kb["key"], "GET", "/sandboxes")
+    assert status == 200 and sb["id"] not in data.decode()
+    status, _ = e2b(ka["key"], "GET", f"/sandboxes/{sb['id']}")
+    assert status == 200
+    assert ca.sandbox(sb["id"])["state"] == "running"
