@@ -319,7 +319,7 @@ struct kent {
         int64_t at_wall; /* unix ms of the unwrap */
         dev_t dev;       /* the record the DEK came from */
         ino_t ino;
-        struct timespec mtime;
+        struct timespec mtime, ctime; /* ctime: a chmod/chown/link change counts too */
         off_t size;
 };
 
@@ -376,7 +376,8 @@ void cove_keys_cache_clear(void)
 static int same_file(const struct kent *e, const struct stat *st)
 {
         return e->dev == st->st_dev && e->ino == st->st_ino && e->size == st->st_size &&
-               e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec;
+               e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec &&
+               e->ctime.tv_sec == st->st_ctim.tv_sec && e->ctime.tv_nsec == st->st_ctim.tv_nsec;
 }
 
 /* The core: the tenant's DEK into dek (may be NULL: only check), from the cache when its
@@ -460,6 +461,7 @@ static int get_dek(const char *keys_dir, const char *tenant, int create, uint8_t
                 e->dev = st.st_dev;
                 e->ino = st.st_ino;
                 e->mtime = st.st_mtim;
+                e->ctime = st.st_ctim;
                 e->size = st.st_size;
                 pthread_mutex_lock(&cache_mu);
                 cache_drop_locked(keys_dir, tenant);

@@ -10,7 +10,7 @@
  * once it is older than the cache TTL (cove_keys_cache_ttl_set), so a revocation inside an
  * external KMS takes effect within the TTL; a revocation through cove (cove_key_revoke)
  * takes effect at once, and a record changed by another process is noticed on the next
- * check (its inode/mtime/size are compared on every use).
+ * check (its inode, size, mtime and ctime are compared on every use).
  *
  * Every path that needs a tenant's key goes through cove_key_check() (directly, or through
  * cove_dek_load()/cove_tenant_keys_open(), which call it): the one place where revocation
