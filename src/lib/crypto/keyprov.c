@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -274,8 +276,11 @@ static int run_cmd(const char *what, const struct cove_key_record *rec, const ch
                    const char *input, char *out, size_t cap, struct cove_err *err)
 {
         int timeout = rec->timeout_ms > 0 ? rec->timeout_ms : COVE_KEY_CMD_TIMEOUT_MS;
+        /* stdin is a socket: send(MSG_NOSIGNAL) cannot raise SIGPIPE if the program exits
+         * without reading, whatever the process's signal dispositions are */
         int in[2] = {-1, -1}, outp[2] = {-1, -1};
-        if (pipe2(in, O_CLOEXEC) < 0 || pipe2(outp, O_CLOEXEC) < 0) {
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) < 0 ||
+            pipe2(outp, O_CLOEXEC) < 0) {
                 int e = errno;
                 for (int i = 0; i < 2; i++) {
                         if (in[i] >= 0)
@@ -306,8 +311,12 @@ static int run_cmd(const char *what, const struct cove_key_record *rec, const ch
                 int nul = open("/dev/null", O_WRONLY);
                 if (dup2(in[0], 0) < 0 || dup2(outp[1], 1) < 0 || nul < 0 || dup2(nul, 2) < 0)
                         _exit(127);
+                /* nothing of coved (sockets, sandbox channels, loop devices) reaches it */
+                syscall(SYS_close_range, 3U, ~0U, 0U);
                 sigset_t none;
                 sigemptyset(&none);
+                struct sigaction dfl = {.sa_handler = SIG_DFL};
+                sigaction(SIGPIPE, &dfl, NULL); /* coved ignores it; exec would keep that */
                 sigprocmask(SIG_SETMASK, &none, NULL);
                 execve("/bin/sh", argv, envp);
                 _exit(127);
@@ -319,12 +328,10 @@ static int run_cmd(const char *what, const struct cove_key_record *rec, const ch
         /* the input is one short line: it fits the pipe buffer, so this never blocks */
         size_t ilen = strlen(input);
         int rc = 0;
-        struct sigaction old, ign = {.sa_handler = SIG_IGN};
-        sigaction(SIGPIPE, &ign, &old);
-        if (write(in[1], input, ilen) != (ssize_t)ilen || write(in[1], "\n", 1) != 1) {
+        if (send(in[1], input, ilen, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)ilen ||
+            send(in[1], "\n", 1, MSG_NOSIGNAL | MSG_DONTWAIT) != 1) {
                 /* a program that exits without reading is judged by its output and status */
         }
-        sigaction(SIGPIPE, &old, NULL);
         close(in[1]);
         char *buf = calloc(1, COVE_KEY_CMD_OUT_MAX + 1);
         size_t got = 0;
