@@ -553,7 +553,7 @@ static int check_key(const struct cove_apikey_row *k, void *arg)
 static void tenant_quotas_delete_and_key_list(void **state)
 {
         struct fx *f = *state;
-        struct cove_catalog *c = open_ok(f);
+        struct cove_catalog *c = f->c = open_ok(f); /* teardown closes it */
         struct cove_err err = {0};
         struct cove_tenant_row t = {0}, g;
         snprintf(t.id, sizeof(t.id), "ten_q");
