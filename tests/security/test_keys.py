@@ -271,3 +271,30 @@ def test_command_provider_kms_revoke_hang_garbage(coved_factory, tmp_path):
     r = subprocess.run(["pgrep", "-f", f"sleep 3600"], capture_output=True, text=True)
     assert not [p for p in r.stdout.split() if os.path.exists(f"/proc/{p}") and
                 kdir in open(f"/proc/{p}/cmdline").read()]
+
+
+def test_revoke_finish_policy_and_crash(coved_factory):
+    """policy finish: running sandboxes go on (exec works) but take no snapshot and cannot
+    pause; the revocation survives kill -9 of coved; tenant and API-key operations are in
+    the tenant's audit chain."""
+    d = coved_factory()
+    admin = d.client
+    tid, c = new_tenant(admin)
+    s = c.create(template="busybox")
+    st = c.post("/v1/keys/revoke", {"tenant": tid, "policy": "finish"})
+    assert st["policy"] == "finish" and st["sandboxes_stopped"] == 0
+    assert c.sandbox(s["id"])["state"] == "running"
+    assert c.exec(s["id"], "echo still")["stdout"] == "still\n"
+    c.expect_error("POST", f"/v1/sandboxes/{s['id']}/snapshots", 403, "key_revoked", body={})
+    c.expect_error("POST", f"/v1/sandboxes/{s['id']}/pause", 403, "key_revoked", body={})
+    assert c.sandbox(s["id"])["state"] == "running"
+    d.kill9()
+    d.start()
+    c = d.client.with_key(c.key)
+    c.expect_error("POST", "/v1/sandboxes", 403, "key_revoked", body={"template": "busybox"})
+    assert c.get("/v1/keys")["state"] == "revoked"
+    ev = c.get("/v1/audit")["events"]
+    kinds = {(e["kind"], e["action"]) for e in ev}
+    assert {("tenant", "create"), ("api_key", "create"), ("key", "revoke")} <= kinds
+    assert all(e["detail"].get("actor") for e in ev if e["kind"] in ("tenant", "api_key"))
+    assert d.client.get("/v1/audit/verify")["ok"] is True
