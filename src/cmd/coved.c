@@ -4,7 +4,7 @@
  *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
  *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
- *              [--key-cache-ttl S] */
+ *              [--key-cache-ttl S] [--encrypt-layers] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -29,7 +29,9 @@ static void usage(FILE *f)
                 "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
                 "             [--key-cache-ttl S]  unwrapped tenant keys are unwrapped again\n"
                 "                                through their provider after S seconds (default\n"
-                "                                60; 0 = every use)\n");
+                "                                60; 0 = every use)\n"
+                "             [--encrypt-layers]  sandboxes default to storage_encrypted (their\n"
+                "                                writable layer under fscrypt; no warm pool)\n");
 }
 
 int main(int argc, char **argv)
@@ -54,6 +56,7 @@ int main(int argc, char **argv)
             {"dns-upstream", required_argument, 0, 'U'},
             {"dns-static", required_argument, 0, 'D'},
             {"key-cache-ttl", required_argument, 0, 'K'},
+            {"encrypt-layers", no_argument, 0, 'X'},
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
@@ -132,6 +135,9 @@ int main(int argc, char **argv)
                                 fprintf(stderr, "coved: --key-cache-ttl takes 0 to 86400\n");
                                 return 2;
                         }
+                        break;
+                case 'X':
+                        o.encrypt_layers = 1;
                         break;
                 case 'h':
                         usage(stdout);

@@ -25,11 +25,17 @@ def new_tenant(admin):
 
 
 def grep_data(data_dir, needle):
-    """Regular files under data_dir (the mounted layer filesystem included) holding needle.
-    Reads only the data extents of sparse files (SEEK_DATA/SEEK_HOLE), in chunks."""
+    """Regular files under data_dir holding needle: what is at rest (the layer filesystem's
+    image and the layer images on it included), not the live views of running sandboxes'
+    layers mounted at ns/layers/<id> (those show whatever the sandbox can read). Reads only
+    the data extents of sparse files (SEEK_DATA/SEEK_HOLE), in chunks."""
     pat = needle.encode()
     hits = []
+    live = os.path.join(data_dir, "ns", "layers")
     for root, dirs, files in os.walk(data_dir):
+        if root == live:
+            dirs[:] = []
+            continue
         for f in files:
             p = os.path.join(root, f)
             try:
@@ -298,3 +304,56 @@ def test_revoke_finish_policy_and_crash(coved_factory):
     assert {("tenant", "create"), ("api_key", "create"), ("key", "revoke")} <= kinds
     assert all(e["detail"].get("actor") for e in ev if e["kind"] in ("tenant", "api_key"))
     assert d.client.get("/v1/audit/verify")["ok"] is True
+
+
+def test_encrypted_working_storage(coved_factory):
+    """storage_encrypted: true: the writable layer is fscrypt-encrypted under a key from the
+    tenant's DEK, so a marker written (and synced) inside a running sandbox is in no file of
+    the data dir; snapshot, pause/resume, fork and rewind work on it and keep it encrypted."""
+    d = coved_factory()
+    tid, c = new_tenant(d.client)
+    c.expect_error("POST", "/v1/sandboxes", 400, "bad_request",
+                   body={"template": "busybox", "storage_encrypted": "yes"})
+    s = c.create(template="busybox", storage_encrypted=True)
+    assert s["storage_encrypted"] is True
+    mark = "COVE-ENC-" + secrets.token_hex(12)
+    write_marker(c, s["id"], mark)
+    plain = c.create(template="busybox")
+    assert plain["storage_encrypted"] is False
+    pmark = "COVE-PLAIN-" + secrets.token_hex(12)
+    write_marker(c, plain["id"], pmark)
+    # the same search finds the unencrypted sandbox's marker: it is not blind
+    assert grep_data(d.data, pmark)
+    assert grep_data(d.data, mark) == [], "plaintext of an encrypted layer found at rest"
+    snap = c.post(f"/v1/sandboxes/{s['id']}/snapshots", {}, expect=(200, 201))
+    snap_id = (snap.get("snapshot") or snap)["id"]
+    c.exec(s["id"], "echo later > /root/later.txt && sync")
+    c.post(f"/v1/sandboxes/{s['id']}/pause", {})
+    r = c.post(f"/v1/sandboxes/{s['id']}/resume", {})
+    assert r["state"] == "running" and r["storage_encrypted"] is True
+    assert c.exec(s["id"], "cat /root/marker.txt /root/later.txt")["stdout"] == mark + "\nlater\n"
+    forks = c.post(f"/v1/sandboxes/{s['id']}/fork", {"snapshot_id": snap_id})["sandboxes"]
+    f = forks[0]
+    assert f["storage_encrypted"] is True
+    assert c.exec(f["id"], "cat /root/marker.txt")["stdout"] == mark + "\n"
+    c.exec(f["id"], "cp /root/marker.txt /root/again.txt && sync")
+    rw = c.post(f"/v1/sandboxes/{s['id']}/rewind", {"snapshot_id": snap_id})
+    assert rw["sandbox"]["storage_encrypted"] is True
+    assert c.exec(s["id"], "cat /root/marker.txt; ls /root")["stdout"].startswith(mark + "\n")
+    assert "later.txt" not in c.exec(s["id"], "ls /root")["stdout"]
+    assert grep_data(d.data, mark) == []
+    # revoke: the encrypted sandboxes stop like the others
+    st = c.post("/v1/keys/revoke", {"tenant": tid})
+    assert st["sandboxes_stopped"] >= 3
+    assert grep_data(d.data, mark) == [] and grep_data(d.data, pmark) == []
+
+
+def test_encrypt_layers_default(coved_factory):
+    d = coved_factory(extra_args=["--encrypt-layers"])
+    s = d.client.create(template="busybox")
+    assert s["storage_encrypted"] is True
+    mark = "COVE-DEF-" + secrets.token_hex(12)
+    write_marker(d.client, s["id"], mark)
+    assert grep_data(d.data, mark) == []
+    p = d.client.create(template="busybox", storage_encrypted=False)
+    assert p["storage_encrypted"] is False

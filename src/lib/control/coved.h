@@ -29,6 +29,7 @@ struct coved_options {
         struct coved_egress_options egress; /* gateway: pool, resolvers (control/egress.h) */
         int pool_size;       /* warm instances per template (-1: default 4, 0: none) */
         int key_cache_ttl_s; /* unwrapped data keys are re-unwrapped after this (-1: 60) */
+        int encrypt_layers;  /* 1: sandboxes default to storage_encrypted (no warm pool) */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -70,6 +71,7 @@ struct coved {
         int64_t started_at;
         pthread_mutex_t quota_mu; /* quota admission (control/tenant.h) */
         int64_t key_sweep_at;     /* mono ms of the last revoked-key sweep */
+        int encrypt_layers;       /* default of storage_encrypted on create */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),

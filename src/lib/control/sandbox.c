@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "control/coved.h"
 #include "control/egress.h"
 #include "control/retention.h"
@@ -52,10 +54,10 @@ json_t *cove_sandbox_json(const struct cove_sandbox_row *s)
         }
         if (o)
                 json_object_set_new(o, "snapshot_interval_s", json_integer(s->snapshot_interval_s));
-        /* the writable layer of ns sandboxes is not encrypted at rest (docs/security.md);
-         * snapshots of it are (AES-256-GCM under the tenant's key) */
+        /* the writable layer at rest: fscrypt under a key from the tenant's DEK when asked
+         * for at create (snapshots are always encrypted: docs/storage.md) */
         if (o)
-                json_object_set_new(o, "storage_encrypted", json_false());
+                json_object_set_new(o, "storage_encrypted", json_boolean(s->storage_encrypted));
         return o;
 }
 
@@ -174,6 +176,13 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "on_timeout must be \"kill\" or \"pause\" (got \"%s\")",
                                      s.on_timeout);
+        s.storage_encrypted = d->encrypt_layers;
+        json_t *enc = json_object_get(body, "storage_encrypted");
+        if (enc && !json_is_null(enc)) {
+                if (!json_is_boolean(enc))
+                        return bad(err, "%s must be a boolean", "storage_encrypted");
+                s.storage_encrypted = json_is_true(enc);
+        }
         json_t *ret = json_object_get(body, "retention");
         if (ret && !json_is_null(ret)) {
                 struct cove_retention pol;
@@ -238,7 +247,9 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         int64_t t0 = cove_mono_ns();
         /* a warm instance of this template and shape, if one is ready: it already has its
          * id, uid range, limits and a guest that answered the handshake */
-        int pooled = cove_node_pool_take(d->node, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
+        /* (an encrypted layer is keyed at its creation: never a warm one) */
+        int pooled = !s.storage_encrypted &&
+                     cove_node_pool_take(d->node, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
                                          (unsigned)s.disk_mb, s.id, sizeof(s.id), &s.uid_base) == 0;
         if (!pooled && (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
                         cove_node_uid_reserve(d->node, &s.uid_base, err) < 0)) {
@@ -261,6 +272,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 return -1;
         }
         if (!pooled) {
+                uint8_t key[COVE_FSCRYPT_KEY_LEN];
                 struct cove_instance_spec spec = {
                     .sandbox_id = s.id,
                     .rootfs = rootfs,
@@ -269,8 +281,13 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                     .disk_mb = (unsigned)s.disk_mb,
                     .uid_base = s.uid_base,
                     .uid_count = COVE_UID_RANGE,
+                    .layer_key = s.storage_encrypted ? key : NULL,
                 };
-                if (cove_node_start(d->node, &spec, err) < 0) {
+                int started = s.storage_encrypted ? coved_layer_key(d, tenant, s.id, key, err) : 0;
+                if (started == 0)
+                        started = cove_node_start(d->node, &spec, err);
+                OPENSSL_cleanse(key, sizeof(key));
+                if (started < 0) {
                         struct cove_err e2;
                         cove_node_stop(d->node, s.id, 1, &e2);
                         cove_node_uid_release(d->node, s.uid_base);

@@ -12,6 +12,8 @@
 
 #include "control/retention.h"
 #include "control/template.h"
+#include <openssl/crypto.h>
+
 #include "control/tenant.h"
 #include "crypto/keys.h"
 #include "store/snapshot.h"
@@ -197,7 +199,12 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         pthread_mutex_lock(&tm->io_mu);
         int tree_fd = -1;
         struct cove_layer_handle *h = NULL;
-        int r = cove_node_layer_open(d->node, img, 0, 0, &tree_fd, &h, err);
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int r = row->storage_encrypted ? coved_layer_key(d, row->tenant, row->id, key, err) : 0;
+        if (r == 0)
+                r = cove_node_layer_open(d->node, img, 0, 0, row->storage_encrypted ? key : NULL,
+                                         &tree_fd, &h, err);
+        OPENSSL_cleanse(key, sizeof(key));
         if (r == 0) {
                 r = cove_snapshot_capture_tree(tm->store, s.tenant, s.id,
                                                s.parent_id[0] ? s.parent_id : NULL, tree_fd, &st,
@@ -261,8 +268,9 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
 
 /* Fill a fresh layer image from snapshot snap (of tenant) into img. On failure nothing is
  * left; the error names the snapshot. */
-static int restore_image(struct coved *d, const char *tenant, const char *snap, unsigned disk_mb,
-                         char *img, size_t cap, struct cove_err *err)
+static int restore_image(struct coved *d, const char *tenant, const char *snap,
+                         const struct cove_sandbox_row *target, char *img, size_t cap,
+                         struct cove_err *err)
 {
         struct cove_tm *tm = d->tm;
         char rnd[32];
@@ -272,7 +280,14 @@ static int restore_image(struct coved *d, const char *tenant, const char *snap, 
         int tree_fd = -1;
         struct cove_layer_handle *h = NULL;
         struct cove_snapshot_stats st;
-        int r = cove_node_layer_open(d->node, img, 1, disk_mb, &tree_fd, &h, err);
+        /* an encrypted target's layer is encrypted from the first byte restored */
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int enc = target->storage_encrypted;
+        int r = enc ? coved_layer_key(d, target->tenant, target->id, key, err) : 0;
+        if (r == 0)
+                r = cove_node_layer_open(d->node, img, 1, (unsigned)target->disk_mb,
+                                         enc ? key : NULL, &tree_fd, &h, err);
+        OPENSSL_cleanse(key, sizeof(key));
         if (r == 0) {
                 r = cove_snapshot_restore_tree(tm->store, tenant, snap, tree_fd, &st, err);
                 if (tree_fd >= 0)
@@ -298,7 +313,11 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                 r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                   "template %s is not built on this node", row->template_name);
         uint32_t base = 0;
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        if (r == 0 && row->storage_encrypted)
+                r = coved_layer_key(d, row->tenant, row->id, key, err);
         if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
+                OPENSSL_cleanse(key, sizeof(key));
                 unlink(img);
                 return -1;
         }
@@ -311,8 +330,11 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
             .uid_base = base,
             .uid_count = COVE_UID_RANGE,
             .layer_image = img,
+            .layer_key = row->storage_encrypted ? key : NULL,
         };
-        if (cove_node_start(d->node, &spec, err) < 0) {
+        int started = cove_node_start(d->node, &spec, err);
+        OPENSSL_cleanse(key, sizeof(key));
+        if (started < 0) {
                 struct cove_err e2;
                 cove_node_stop(d->node, row->id, 1, &e2);
                 cove_node_uid_release(d->node, base);
@@ -446,7 +468,7 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
         char img[PATH_MAX];
-        r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img), err);
+        r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err);
         if (r == 0)
                 r = start_from_image(d, &row, img, err);
         if (r < 0) {
@@ -512,8 +534,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                 snprintf(undo.id, sizeof(undo.id), "%s", row.last_snapshot_id);
         }
         char img[PATH_MAX];
-        if ((r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img),
-                               err)) < 0) {
+        if ((r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: the sandbox was left as it was", id);
                 goto out;
         }
@@ -611,6 +632,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 s.disk_mb = src.disk_mb;
                 s.timeout_s = src.timeout_s;
                 s.snapshot_interval_s = src.snapshot_interval_s;
+                s.storage_encrypted = src.storage_encrypted;
                 s.metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
                 s.env_json = strdup(src.env_json ? src.env_json : "{}");
                 s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
@@ -624,8 +646,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                         r = d->cat_ops->sandbox_insert(d->cat, &s, err);
                 if (r == 0) {
                         snprintf(made[nmade++], 64, "%s", s.id);
-                        r = restore_image(d, snap.tenant, snap.id, (unsigned)s.disk_mb, img,
-                                          sizeof(img), err);
+                        r = restore_image(d, snap.tenant, snap.id, &s, img, sizeof(img), err);
                 }
                 if (r == 0)
                         r = start_from_image(d, &s, img, err);

@@ -52,6 +52,22 @@ int coved_key_gate(struct coved *d, const char *tenant, struct cove_err *err)
         return -1;
 }
 
+int coved_layer_key(struct coved *d, const char *tenant, const char *sandbox_id, uint8_t *out,
+                    struct cove_err *err)
+{
+        char dir[PATH_MAX];
+        coved_keys_dir(d, dir, sizeof(dir));
+        struct cove_tenant_keys *k = NULL;
+        if (cove_tenant_keys_open(dir, tenant, &k, err) < 0) {
+                if (err->kind != COVE_E_KEY_REVOKED && err->kind != COVE_E_BAD_REQUEST)
+                        err->kind = COVE_E_UNAVAILABLE;
+                return -1;
+        }
+        int rc = cove_fscrypt_key_derive(k, sandbox_id, out, err);
+        cove_tenant_keys_free(k);
+        return rc;
+}
+
 /* ---- quotas ---- */
 
 struct usage {

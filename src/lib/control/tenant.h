@@ -20,6 +20,11 @@ int coved_key_gate(struct coved *d, const char *tenant, struct cove_err *err);
 int coved_quota_admit(struct coved *d, const char *tenant, int sandboxes, int cpus, int memory_mb,
                       int storage_mb, struct cove_err *err);
 void coved_quota_lock(struct coved *d);
+/* The at-rest key of sandbox id's writable layer (64 bytes, from the tenant's DEK: label
+ * cove/v1/fscrypt/<id>), into out; callers wipe it (OPENSSL_cleanse) after use. Passes the
+ * key gate. */
+int coved_layer_key(struct coved *d, const char *tenant, const char *sandbox_id, uint8_t *out,
+                    struct cove_err *err);
 void coved_quota_unlock(struct coved *d);
 
 int coved_tenant_create(struct coved *d, const char *actor, json_t *body, json_t **out,

@@ -601,12 +601,13 @@ const char *cove_node_layer_dir(struct cove_node *n)
 }
 
 int cove_node_layer_open(struct cove_node *n, const char *image, int create, unsigned disk_mb,
-                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err)
+                         const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                         struct cove_err *err)
 {
         if (!n->cfg.rt_ops->layer_open)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "runtime %s has no layer images",
                                      n->cfg.rt_ops->name);
-        return n->cfg.rt_ops->layer_open(n->rt, image, create, disk_mb, tree_fd, h, err);
+        return n->cfg.rt_ops->layer_open(n->rt, image, create, disk_mb, key, tree_fd, h, err);
 }
 
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h)

@@ -72,7 +72,8 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
                              uint64_t *pause_ns, struct cove_err *err);
 const char *cove_node_layer_dir(struct cove_node *n); /* NULL when unsupported */
 int cove_node_layer_open(struct cove_node *n, const char *image, int create, unsigned disk_mb,
-                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
+                         const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                         struct cove_err *err);
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h);
 
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);

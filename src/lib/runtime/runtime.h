@@ -30,6 +30,10 @@ struct cove_instance_spec {
          * is ignored); the warm pool is not used. Refused (COVE_E_CONFLICT) while the image
          * is still open (close tree_fd and layer_close() first). NULL: empty layer. */
         const char *layer_image;
+        /* 64 bytes: encrypt the writable layer at rest with this key (ns: fscrypt v2 on the
+         * layer's upper and work dirs; a new layer is then never a warm one). The same key
+         * must be given to layer_open() for images of this layer. NULL: not encrypted. */
+        const uint8_t *layer_key;
 };
 
 /* A writable layer opened outside any instance, to read it (capture) or fill it (restore). */
@@ -97,7 +101,8 @@ struct cove_runtime_ops {
          * under it; close those first. Images from layer_snapshot() are clean (frozen), no
          * journal replay needed. */
         int (*layer_open)(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
-                          int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
+                          const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                          struct cove_err *err); /* key: as spec->layer_key */
         void (*layer_close)(struct cove_runtime *rt, struct cove_layer_handle *h);
 };
 

@@ -56,6 +56,7 @@ struct cove_sandbox_row {
         char *error;             /* last error message, owned, may be NULL */
         int snapshot_interval_s; /* rolling snapshots every N s while running; 0 = off */
         char *retention_json;    /* retention policy (JSON array), owned, NULL = default */
+        int storage_encrypted;   /* schema 4: the writable layer is encrypted at rest */
 };
 
 void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned strings */

@@ -111,14 +111,16 @@ static const char *const migrations[] = {
     "ALTER TABLE tenants ADD COLUMN max_cpus INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE tenants ADD COLUMN max_memory_mb INTEGER NOT NULL DEFAULT 0;"
     "ALTER TABLE tenants ADD COLUMN max_storage_mb INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE tenants ADD COLUMN deleted_at INTEGER NOT NULL DEFAULT 0;",
+    "ALTER TABLE tenants ADD COLUMN deleted_at INTEGER NOT NULL DEFAULT 0;"
+    /* and sandboxes whose writable layer is encrypted at rest (fscrypt, control/tenant.h) */
+    "ALTER TABLE sandboxes ADD COLUMN storage_encrypted INTEGER NOT NULL DEFAULT 0;",
 };
 #define SCHEMA_VERSION ((int)COVE_ARRAY_SIZE(migrations))
 
 #define SBX_COLS                                                                                   \
         "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
         " disk_mb, timeout_s, on_timeout, uid_base, node, last_snapshot_id, metadata_json,"        \
-        " env_json, error, snapshot_interval_s, retention_json"
+        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted"
 #define SNAP_COLS                                                                                  \
         "id, tenant, sandbox_id, parent_id, kind, created_at, label, size_bytes, new_bytes,"       \
         " pause_us, rolling"
@@ -184,13 +186,14 @@ static const char *const stmt_sql[ST__COUNT] = {
                    " FROM api_keys WHERE id = ?1",
     [ST_KEY_COUNT] = "SELECT count(*) FROM api_keys",
     [ST_SBX_INSERT] = "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
-                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
     [ST_SBX_UPDATE] = "UPDATE sandboxes SET state = ?3, template_name = ?4, runtime = ?5,"
                       " created_at = ?6, expires_at = ?7, cpus = ?8, memory_mb = ?9,"
                       " disk_mb = ?10, timeout_s = ?11, on_timeout = ?12, uid_base = ?13,"
                       " node = ?14, last_snapshot_id = ?15, metadata_json = ?16,"
                       " env_json = ?17, error = ?18, snapshot_interval_s = ?19,"
-                      " retention_json = ?20 WHERE id = ?1 AND tenant = ?2",
+                      " retention_json = ?20, storage_encrypted = ?21"
+                      " WHERE id = ?1 AND tenant = ?2",
     [ST_SBX_GET] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1",
     [ST_SBX_GET_T] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1 AND tenant = ?2",
     /* ?1 is NULL (any state) or ",s1,s2," built only from known state names. */
@@ -795,6 +798,7 @@ static void sbx_bind(sqlite3_stmt *st, const struct cove_sandbox_row *s)
         bind_text(st, 18, s->error);
         sqlite3_bind_int(st, 19, s->snapshot_interval_s);
         bind_text(st, 20, s->retention_json);
+        sqlite3_bind_int(st, 21, s->storage_encrypted ? 1 : 0);
 }
 
 /* Fill out from the current row of st (columns SBX_COLS); out owns its strings. */
@@ -822,6 +826,7 @@ static int sbx_read(sqlite3_stmt *st, struct cove_sandbox_row *out)
         out->error = col_dup(st, 17, NULL);
         out->snapshot_interval_s = sqlite3_column_int(st, 18);
         out->retention_json = col_dup(st, 19, NULL);
+        out->storage_encrypted = sqlite3_column_int(st, 20);
         if (!out->metadata_json || !out->env_json ||
             (!out->error && sqlite3_column_type(st, 17) != SQLITE_NULL) ||
             (!out->retention_json && sqlite3_column_type(st, 19) != SQLITE_NULL)) {
