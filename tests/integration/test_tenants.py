@@ -209,6 +209,10 @@ def test_cli_tenants_and_keys(coved, build_dir, tmp_path):
     assert r.returncode == 1 and "unauthorized" in r.stderr
     assert cove("keys", "frob", ok=False).returncode == 2
     assert cove("keys", "add", ok=False).returncode == 2
+    sb = json.loads(cove("create", "--template", "busybox", "--encrypted", "--json",
+                         key=key).stdout)
+    assert sb["storage_encrypted"] is True
+    cove("rm", sb["id"], key=key)
     out = cove("keys", "revoke", "--policy", "finish", key=key).stdout
     assert "revoked" in out and "policy finish" in out
     r = cove("create", "--template", "busybox", key=key, ok=False)
