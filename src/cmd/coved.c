@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "control/coved.h"
+#include "util/testhooks.h"
 
 static void usage(FILE *f)
 {
@@ -56,7 +57,8 @@ int main(int argc, char **argv)
             {"dns-upstream", required_argument, 0, 'U'},
             {"dns-static", required_argument, 0, 'D'},
             {"key-cache-ttl", required_argument, 0, 'K'},
-            {"encrypt-layers", no_argument, 0, 'X'},
+            {"encrypt-layers", no_argument, 0, 'Y'},
+            {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
@@ -136,9 +138,28 @@ int main(int argc, char **argv)
                                 return 2;
                         }
                         break;
-                case 'X':
+                case 'Y':
                         o.encrypt_layers = 1;
                         break;
+                case 'X': {
+                        /* fault injection and a shifted clock: never in production */
+                        const char *allow = getenv("COVE_TEST_HOOKS");
+                        if (!allow || strcmp(allow, "1")) {
+                                fprintf(stderr, "coved: --test-hooks is for tests only and "
+                                                "needs COVE_TEST_HOOKS=1 in the environment\n");
+                                return 2;
+                        }
+                        struct cove_err e = {0};
+                        if (cove_testhooks_open(optarg, &e) < 0) {
+                                fprintf(stderr, "coved: %s\n", e.msg);
+                                return 2;
+                        }
+                        fprintf(stderr,
+                                "coved: TEST HOOKS ON (%s): faults and clock may be "
+                                "injected\n",
+                                optarg);
+                        break;
+                }
                 case 'h':
                         usage(stdout);
                         return 0;
