@@ -668,18 +668,18 @@ void cove_layers_close(struct cove_layers *l)
  * the key lives with the superblock and goes with it) and return its identifier. */
 static int fscrypt_add(int fd, const uint8_t *key, uint8_t ident[16], struct cove_err *err)
 {
-        struct {
-                struct fscrypt_add_key_arg a;
-                uint8_t raw[COVE_LAYER_KEY_LEN];
-        } k;
-        memset(&k, 0, sizeof(k));
-        k.a.key_spec.type = FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER;
-        k.a.raw_size = COVE_LAYER_KEY_LEN;
-        memcpy(k.raw, key, COVE_LAYER_KEY_LEN);
-        int rc = ioctl(fd, FS_IOC_ADD_ENCRYPTION_KEY, &k);
+        /* the argument ends in a flexible array: the raw key follows it in one buffer */
+        _Alignas(struct fscrypt_add_key_arg)
+            uint8_t buf[sizeof(struct fscrypt_add_key_arg) + COVE_LAYER_KEY_LEN];
+        memset(buf, 0, sizeof(buf));
+        struct fscrypt_add_key_arg *a = (struct fscrypt_add_key_arg *)buf;
+        a->key_spec.type = FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER;
+        a->raw_size = COVE_LAYER_KEY_LEN;
+        memcpy(a->raw, key, COVE_LAYER_KEY_LEN);
+        int rc = ioctl(fd, FS_IOC_ADD_ENCRYPTION_KEY, a);
         int e = errno;
-        memcpy(ident, k.a.key_spec.u.identifier, 16);
-        explicit_bzero(&k, sizeof(k));
+        memcpy(ident, a->key_spec.u.identifier, 16);
+        explicit_bzero(buf, sizeof(buf));
         if (rc < 0)
                 return cove_err_set(err, e, "layer: add encryption key");
         return 0;
