@@ -4,7 +4,7 @@
  *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
  *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
- *              [--key-cache-ttl S] [--encrypt-layers] */
+ *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -28,6 +28,9 @@ static void usage(FILE *f)
                 "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
                 "                                (default: nameservers of /etc/resolv.conf)\n"
                 "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
+                "             [--runtime ns|vm]  default runtime (default: vm where /dev/kvm\n"
+                "                                works, else ns; both are available)\n"
+                "             [--vm-pool N]  warm vm sandboxes kept per template (default 0)\n"
                 "             [--key-cache-ttl S]  unwrapped tenant keys are unwrapped again\n"
                 "                                through their provider after S seconds (default\n"
                 "                                60; 0 = every use)\n"
@@ -41,7 +44,8 @@ int main(int argc, char **argv)
                                   .log_level = COVE_LOG_INFO,
                                   .default_timeout_s = 300,
                                   .pool_size = -1,
-                                  .key_cache_ttl_s = -1};
+                                  .key_cache_ttl_s = -1,
+                                  .vm_pool_size = 0};
         static const struct option opts[] = {
             {"data-dir", required_argument, 0, 'd'},
             {"listen", required_argument, 0, 'l'},
@@ -58,6 +62,8 @@ int main(int argc, char **argv)
             {"dns-static", required_argument, 0, 'D'},
             {"key-cache-ttl", required_argument, 0, 'K'},
             {"encrypt-layers", no_argument, 0, 'Y'},
+            {"runtime", required_argument, 0, 'R'},
+            {"vm-pool", required_argument, 0, 'V'},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -95,6 +101,20 @@ int main(int argc, char **argv)
                         o.pool_size = atoi(optarg);
                         if (o.pool_size < 0 || o.pool_size > 256) {
                                 fprintf(stderr, "coved: --pool takes 0 to 256\n");
+                                return 2;
+                        }
+                        break;
+                case 'R':
+                        if (strcmp(optarg, "ns") && strcmp(optarg, "vm")) {
+                                fprintf(stderr, "coved: --runtime takes ns or vm\n");
+                                return 2;
+                        }
+                        o.runtime = optarg;
+                        break;
+                case 'V':
+                        o.vm_pool_size = atoi(optarg);
+                        if (o.vm_pool_size < 0 || o.vm_pool_size > 64) {
+                                fprintf(stderr, "coved: --vm-pool takes 0 to 64\n");
                                 return 2;
                         }
                         break;

@@ -30,6 +30,8 @@ struct coved_options {
         int pool_size;       /* warm instances per template (-1: default 4, 0: none) */
         int key_cache_ttl_s; /* unwrapped data keys are re-unwrapped after this (-1: 60) */
         int encrypt_layers;  /* 1: sandboxes default to storage_encrypted (no warm pool) */
+        int vm_pool_size;    /* warm vm instances per template (0: none) */
+        const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +167,57 @@ static int op_begin(struct coved *d, const char *tenant, const char *id,
         return 0;
 }
 
+/* ---- full snapshots (vm: live memory, devices and disk as one image) ----
+ * The runtime writes the image into an unnamed temp file (O_TMPFILE: nothing to clean up
+ * after a crash); the store keeps it as one stream (2 MiB fixed chunks, zero chunks free). */
+
+static int tmpfile_fd(struct coved *d, struct cove_err *err)
+{
+        int fd = open(d->data_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        return fd < 0 ? cove_err_set(err, errno, "temp file in %s", d->data_dir) : fd;
+}
+
+static int capture_full(struct coved *d, struct cove_snapshot_row *s,
+                        struct cove_snapshot_stats *st, struct cove_err *err)
+{
+        int fd = tmpfile_fd(d, err);
+        if (fd < 0)
+                return -1;
+        uint64_t pause_ns = 0;
+        int r = cove_node_full_snapshot(d->node, s->sandbox_id, fd, &pause_ns, err);
+        s->pause_us = (int64_t)(pause_ns / 1000);
+        if (r == 0 && lseek(fd, 0, SEEK_SET) < 0)
+                r = cove_err_set(err, errno, "full snapshot");
+        if (r == 0) {
+                pthread_mutex_lock(&d->tm->io_mu);
+                r = cove_snapshot_capture_stream(d->tm->store, s->tenant, s->id,
+                                                 s->parent_id[0] ? s->parent_id : NULL, fd, st,
+                                                 err);
+                pthread_mutex_unlock(&d->tm->io_mu);
+                if (r < 0)
+                        store_err(err);
+        }
+        close(fd);
+        return r;
+}
+
+/* The image of full snapshot snap in a temp file (*fd), verified chunk by chunk. */
+static int restore_full(struct coved *d, const char *tenant, const char *snap, int *fd,
+                        struct cove_err *err)
+{
+        *fd = tmpfile_fd(d, err);
+        if (*fd < 0)
+                return -1;
+        struct cove_snapshot_stats st;
+        if (cove_snapshot_restore_stream(d->tm->store, tenant, snap, *fd, &st, err) < 0) {
+                close(*fd);
+                *fd = -1;
+                store_err(err);
+                return cove_err_wrap(err, "restore of snapshot %s failed", snap);
+        }
+        return 0;
+}
+
 /* ---- capture ---- */
 
 /* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
@@ -195,6 +247,17 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         uint64_t pause_ns = 0;
         int64_t t0 = cove_mono_ns();
         s.created_at = tm_now();
+        struct cove_snapshot_stats st;
+        memset(&st, 0, sizeof(st));
+        if (cove_node_has_full(d->node, row->id)) { /* vm: live memory too */
+                snprintf(s.kind, sizeof(s.kind), "full");
+                if (capture_full(d, &s, &st, err) < 0)
+                        return cove_err_wrap(err,
+                                             "snapshot of sandbox %s (previous snapshots "
+                                             "intact)",
+                                             row->id);
+                goto captured;
+        }
         if (cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
                 unlink(img);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
@@ -202,8 +265,6 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         s.pause_us = (int64_t)(pause_ns / 1000);
 
         /* the sandbox runs on; the rest is background work, one capture at a time */
-        struct cove_snapshot_stats st;
-        memset(&st, 0, sizeof(st));
         pthread_mutex_lock(&tm->io_mu);
         int tree_fd = -1;
         struct cove_layer_handle *h = NULL;
@@ -228,6 +289,7 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                 return cove_err_wrap(err, "snapshot of sandbox %s (previous snapshots intact)",
                                      row->id);
         }
+captured:
         s.size_bytes = st.size_bytes;
         s.new_bytes = st.new_bytes;
         if (d->cat_ops->snapshot_insert(d->cat, &s, err) < 0) {
@@ -310,9 +372,10 @@ static int restore_image(struct coved *d, const char *tenant, const char *snap,
         return 0;
 }
 
-/* Start row's sandbox on img (which the runtime takes over) with a new uid range. */
+/* Start row's sandbox on img (which the runtime takes over) with a new uid range; or, with
+ * img NULL, on the full snapshot image in full_fd (closed here). */
 static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const char *img,
-                            struct cove_err *err)
+                            int full_fd, struct cove_err *err)
 {
         char rootfs[PATH_MAX];
         int r =
@@ -326,11 +389,15 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                 r = coved_layer_key(d, row->tenant, row->id, key, err);
         if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
                 OPENSSL_cleanse(key, sizeof(key));
-                unlink(img);
+                if (img)
+                        unlink(img);
+                if (full_fd >= 0)
+                        close(full_fd);
                 return -1;
         }
         struct cove_instance_spec spec = {
             .sandbox_id = row->id,
+            .runtime = row->runtime,
             .rootfs = rootfs,
             .cpus = (unsigned)row->cpus,
             .memory_mb = (unsigned)row->memory_mb,
@@ -339,14 +406,19 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
             .uid_count = COVE_UID_RANGE,
             .layer_image = img,
             .layer_key = row->storage_encrypted ? key : NULL,
+            .full = !img,
+            .full_fd = full_fd,
         };
-        int started = cove_node_start(d->node, &spec, err);
+        r = cove_node_start(d->node, &spec, err);
         OPENSSL_cleanse(key, sizeof(key));
-        if (started < 0) {
+        if (full_fd >= 0)
+                close(full_fd);
+        if (r < 0) {
                 struct cove_err e2;
                 cove_node_stop(d->node, row->id, 1, &e2);
                 cove_node_uid_release(d->node, base);
-                unlink(img);
+                if (img)
+                        unlink(img);
                 if (err->kind == COVE_E_INTERNAL)
                         err->kind = COVE_E_UNAVAILABLE;
                 return -1;
@@ -476,11 +548,15 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
         char img[PATH_MAX];
+        int full_fd = -1;
         int64_t t1 = cove_mono_ns();
-        r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err);
+        if (!strcmp(snap.kind, "full"))
+                r = restore_full(d, row.tenant, snap.id, &full_fd, err);
+        else
+                r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err);
         int64_t t2 = cove_mono_ns();
         if (r == 0)
-                r = start_from_image(d, &row, img, err);
+                r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, full_fd, err);
         int64_t t3 = cove_mono_ns();
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
@@ -547,17 +623,25 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                 snprintf(undo.id, sizeof(undo.id), "%s", row.last_snapshot_id);
         }
         char img[PATH_MAX];
-        if ((r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err)) < 0) {
+        int full_fd = -1;
+        if (!strcmp(snap.kind, "full"))
+                r = restore_full(d, row.tenant, snap.id, &full_fd, err);
+        else
+                r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err);
+        if (r < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: the sandbox was left as it was", id);
                 goto out;
         }
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2); /* switch only now that the new layer is complete */
         if ((r = reload(d, id, &row, err)) < 0) {
-                unlink(img);
+                if (full_fd >= 0)
+                        close(full_fd);
+                else
+                        unlink(img);
                 goto out;
         }
-        if ((r = start_from_image(d, &row, img, err)) < 0) {
+        if ((r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, full_fd, err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: start from snapshot %s (undo with %s)",
                               id, snap.id, undo.id[0] ? undo.id : "-");
                 snprintf(row.state, sizeof(row.state), "error");
@@ -654,15 +738,20 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 s.created_at = tm_now();
                 snprintf(s.state, sizeof(s.state), "starting");
                 char img[PATH_MAX];
+                int full_fd = -1;
                 r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
                 if (r == 0)
                         r = d->cat_ops->sandbox_insert(d->cat, &s, err);
                 if (r == 0) {
                         snprintf(made[nmade++], 64, "%s", s.id);
-                        r = restore_image(d, snap.tenant, snap.id, &s, img, sizeof(img), err);
+                        if (!strcmp(snap.kind, "full"))
+                                r = restore_full(d, snap.tenant, snap.id, &full_fd, err);
+                        else
+                                r = restore_image(d, snap.tenant, snap.id, &s, img, sizeof(img),
+                                                  err);
                 }
                 if (r == 0)
-                        r = start_from_image(d, &s, img, err);
+                        r = start_from_image(d, &s, full_fd >= 0 ? NULL : img, full_fd, err);
                 if (r == 0) {
                         set_running(d, &s, snap.id);
                         r = row_write(d, &s, err);
