@@ -294,7 +294,9 @@ static void disk_limit(void **state)
         assert_int_equal(ask_int(&s, "fill 32 /b"), ENOSPC);
         assert_int_equal(ask_int(&s, "fill 32 /tmp/c"), ENOSPC);
         assert_int_equal(ask_int(&s, "rm /b"), 0);
-        assert_int_equal(ask_int(&s, "rm /tmp/c"), 0);
+        /* a full disk may already refuse the file's creation (copy-up of /tmp, a new inode) */
+        int rc = ask_int(&s, "rm /tmp/c");
+        assert_true(rc == 0 || rc == ENOENT);
         assert_int_equal(ask_int(&s, "fill 4 /d"), 0); /* space comes back */
         stop(&s);
 }
