@@ -36,6 +36,8 @@ static const struct verb verbs[] = {
     {"resume", cmd_resume, "start a paused sandbox from a snapshot"},
     {"rewind", cmd_rewind, "put a sandbox back to a snapshot (undoable)"},
     {"fork", cmd_fork, "new sandboxes from a snapshot"},
+    {"keys", cmd_keys, "tenant data keys: status, list, add, rotate, revoke"},
+    {"tenants", cmd_tenants, "tenants, their quotas and API keys (admin)"},
 };
 
 static void usage(FILE *f)

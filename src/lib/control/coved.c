@@ -17,6 +17,7 @@
 #include "control/audit.h"
 #include "control/snapshot.h"
 #include "control/template.h"
+#include "crypto/keys.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -115,7 +116,11 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         d->started_at = cove_now_ms();
         d->default_timeout_s = o->default_timeout_s > 0 ? o->default_timeout_s : 300;
         pthread_mutex_init(&d->mu, NULL);
+        pthread_mutex_init(&d->quota_mu, NULL);
+        d->encrypt_layers = o->encrypt_layers;
         pthread_cond_init(&d->cv, NULL);
+        cove_keys_cache_ttl_set(o->key_cache_ttl_s < 0 ? 60000
+                                                       : (int64_t)o->key_cache_ttl_s * 1000);
         if (!realpath(o->data_dir, d->data_dir)) {
                 if (cove_mkdir_p(o->data_dir, 0711, err) < 0 || !realpath(o->data_dir, d->data_dir))
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);
@@ -270,4 +275,5 @@ void coved_close(struct coved *d)
         if (d->cat)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;
+        cove_keys_cache_clear(); /* unwrapped data keys do not outlive coved */
 }

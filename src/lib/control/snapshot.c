@@ -14,6 +14,9 @@
 
 #include "control/retention.h"
 #include "control/template.h"
+#include <openssl/crypto.h>
+
+#include "control/tenant.h"
 #include "crypto/keys.h"
 #include "store/snapshot.h"
 #include "util/cleanup.h"
@@ -158,7 +161,7 @@ static int op_begin(struct coved *d, const char *tenant, const char *id,
 {
         if (cove_sandbox_load(d, tenant, id, row, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
+        if (need_store(d, err) < 0 || coved_key_gate(d, row->tenant, err) < 0) {
                 cove_sandbox_row_clear(row);
                 return -1;
         }
@@ -317,7 +320,12 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         pthread_mutex_lock(&tm->io_mu);
         int tree_fd = -1;
         struct cove_layer_handle *h = NULL;
-        int r = cove_node_layer_open(d->node, img, 0, 0, &tree_fd, &h, err);
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int r = row->storage_encrypted ? coved_layer_key(d, row->tenant, row->id, key, err) : 0;
+        if (r == 0)
+                r = cove_node_layer_open(d->node, img, 0, 0, row->storage_encrypted ? key : NULL,
+                                         &tree_fd, &h, err);
+        OPENSSL_cleanse(key, sizeof(key));
         if (r == 0) {
                 r = cove_snapshot_capture_tree(tm->store, s.tenant, s.id,
                                                s.parent_id[0] ? s.parent_id : NULL, tree_fd, &st,
@@ -391,8 +399,9 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, sandbox_id, &row, err) < 0)
                 return -1;
+        int gate = coved_key_gate(d, row.tenant, err);
         cove_sandbox_row_clear(&row);
-        if (need_store(d, err) < 0)
+        if (gate < 0 || need_store(d, err) < 0)
                 return -1;
         sbx_lock(d->tm, sandbox_id, 1);
         int r = reload(d, sandbox_id, &row, err);
@@ -407,8 +416,9 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
 
 /* Fill a fresh layer image from snapshot snap (of tenant) into img. On failure nothing is
  * left; the error names the snapshot. */
-static int restore_files(struct coved *d, const char *tenant, const char *snap, unsigned disk_mb,
-                         char *img, size_t cap, struct cove_err *err)
+static int restore_files(struct coved *d, const char *tenant, const char *snap,
+                         const struct cove_sandbox_row *target, char *img, size_t cap,
+                         struct cove_err *err)
 {
         struct cove_tm *tm = d->tm;
         char rnd[32];
@@ -418,7 +428,14 @@ static int restore_files(struct coved *d, const char *tenant, const char *snap, 
         int tree_fd = -1;
         struct cove_layer_handle *h = NULL;
         struct cove_snapshot_stats st;
-        int r = cove_node_layer_open(d->node, img, 1, disk_mb, &tree_fd, &h, err);
+        /* an encrypted target's layer is encrypted from the first byte restored */
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int enc = target->storage_encrypted;
+        int r = enc ? coved_layer_key(d, target->tenant, target->id, key, err) : 0;
+        if (r == 0)
+                r = cove_node_layer_open(d->node, img, 1, (unsigned)target->disk_mb,
+                                         enc ? key : NULL, &tree_fd, &h, err);
+        OPENSSL_cleanse(key, sizeof(key));
         if (r == 0) {
                 r = cove_snapshot_restore_tree(tm->store, tenant, snap, tree_fd, &st, err);
                 if (tree_fd >= 0)
@@ -470,10 +487,11 @@ static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, ch
 
 /* Both parts of snapshot snap: the layer into img, and for a full one the checkpoint into
  * mem (else ""). On failure nothing is left; the error names the snapshot. */
-static int restore_image(struct coved *d, const struct cove_snapshot_row *snap, unsigned disk_mb,
-                         char *img, size_t cap, char *mem, size_t mcap, struct cove_err *err)
+static int restore_image(struct coved *d, const struct cove_snapshot_row *snap,
+                         const struct cove_sandbox_row *target, char *img, size_t cap, char *mem,
+                         size_t mcap, struct cove_err *err)
 {
-        if (restore_files(d, snap->tenant, snap->id, disk_mb, img, cap, err) < 0)
+        if (restore_files(d, snap->tenant, snap->id, target, img, cap, err) < 0)
                 return -1;
         if (restore_mem(d, snap, mem, mcap, err) < 0) {
                 unlink(img);
@@ -506,8 +524,12 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                 r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                   "template %s is not built on this node", row->template_name);
         uint32_t base = 0;
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        if (r == 0 && row->storage_encrypted)
+                r = coved_layer_key(d, row->tenant, row->id, key, err);
         if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
                 struct cove_err e2;
+                OPENSSL_cleanse(key, sizeof(key));
                 if (img)
                         unlink(img);
                 if (mem && *mem)
@@ -527,10 +549,12 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
             .uid_count = COVE_UID_RANGE,
             .layer_image = img,
             .mem_image = mem && *mem ? mem : NULL,
+            .layer_key = row->storage_encrypted ? key : NULL,
             .full = !img,
             .full_fd = full_fd,
         };
         r = cove_node_start(d->node, &spec, err);
+        OPENSSL_cleanse(key, sizeof(key));
         if (full_fd >= 0)
                 close(full_fd);
         if (r < 0) {
@@ -654,7 +678,15 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         int64_t t0 = cove_mono_ns();
         snprintf(prev, sizeof(prev), "%s", row.state);
         snprintf(row.state, sizeof(row.state), "resuming");
-        if ((r = row_write(d, &row, err)) < 0)
+        /* a paused sandbox already counts as live (and its disk as storage) */
+        int was_live = !strcmp(prev, "paused");
+        coved_quota_lock(d);
+        r = coved_quota_admit(d, row.tenant, was_live ? 0 : 1, row.cpus, row.memory_mb,
+                              was_live ? 0 : row.disk_mb, err);
+        if (r == 0)
+                r = row_write(d, &row, err);
+        coved_quota_unlock(d);
+        if (r < 0)
                 goto out;
         /* a stopped sandbox may have left state behind (a crash): start from a clean slate */
         struct cove_err e2;
@@ -665,8 +697,7 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         if (is_vm_full(d, &snap))
                 r = restore_full(d, row.tenant, snap.id, &full_fd, err);
         else
-                r = restore_image(d, &snap, (unsigned)row.disk_mb, img, sizeof(img), mem,
-                                  sizeof(mem), err);
+                r = restore_image(d, &snap, &row, img, sizeof(img), mem, sizeof(mem), err);
         int64_t t2 = cove_mono_ns();
         if (r == 0)
                 r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, mem, full_fd, err);
@@ -740,8 +771,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         if (is_vm_full(d, &snap))
                 r = restore_full(d, row.tenant, snap.id, &full_fd, err);
         else
-                r = restore_image(d, &snap, (unsigned)row.disk_mb, img, sizeof(img), mem,
-                                  sizeof(mem), err);
+                r = restore_image(d, &snap, &row, img, sizeof(img), mem, sizeof(mem), err);
         if (r < 0) {
                 if (running)
                         unhold(d, id);
@@ -800,7 +830,16 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
         struct cove_sandbox_row src;
         if (cove_sandbox_load(d, tenant, id, &src, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
+        if (need_store(d, err) < 0 || coved_key_gate(d, src.tenant, err) < 0) {
+                cove_sandbox_row_clear(&src);
+                return -1;
+        }
+        /* admission for all forks at once (they start one by one below) */
+        coved_quota_lock(d);
+        int q = coved_quota_admit(d, src.tenant, count, count * src.cpus, count * src.memory_mb,
+                                  count * src.disk_mb, err);
+        coved_quota_unlock(d);
+        if (q < 0) {
                 cove_sandbox_row_clear(&src);
                 return -1;
         }
@@ -838,6 +877,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 s.disk_mb = src.disk_mb;
                 s.timeout_s = src.timeout_s;
                 s.snapshot_interval_s = src.snapshot_interval_s;
+                s.storage_encrypted = src.storage_encrypted;
                 s.metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
                 s.env_json = strdup(src.env_json ? src.env_json : "{}");
                 s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
@@ -855,8 +895,8 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                         if (is_vm_full(d, &snap))
                                 r = restore_full(d, snap.tenant, snap.id, &full_fd, err);
                         else
-                                r = restore_image(d, &snap, (unsigned)s.disk_mb, img, sizeof(img),
-                                                  mem, sizeof(mem), err);
+                                r = restore_image(d, &snap, &s, img, sizeof(img), mem, sizeof(mem),
+                                                  err);
                 }
                 if (r == 0)
                         r = start_from_image(d, &s, full_fd >= 0 ? NULL : img, mem, full_fd, err);

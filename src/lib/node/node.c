@@ -851,14 +851,15 @@ const char *cove_node_layer_dir(struct cove_node *n)
 }
 
 int cove_node_layer_open(struct cove_node *n, const char *image, int create, unsigned disk_mb,
-                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err)
+                         const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                         struct cove_err *err)
 {
         struct cove_runtime *rt;
         const struct cove_runtime_ops *o = layer_ops(n, &rt);
         if (!o->layer_open || !rt)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "runtime %s has no layer images",
                                      o->name);
-        return o->layer_open(rt, image, create, disk_mb, tree_fd, h, err);
+        return o->layer_open(rt, image, create, disk_mb, key, tree_fd, h, err);
 }
 
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h)

@@ -80,7 +80,8 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
                              uint64_t *pause_ns, struct cove_err *err);
 const char *cove_node_layer_dir(struct cove_node *n); /* NULL when unsupported */
 int cove_node_layer_open(struct cove_node *n, const char *image, int create, unsigned disk_mb,
-                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
+                         const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                         struct cove_err *err);
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h);
 
 /* Full snapshots (runtime.h full_*): 1 available, 0 not (why says), -1 self-check running. */

@@ -37,6 +37,10 @@ struct cove_instance_spec {
          * cove-guest, and takes the directory over like layer_image (removed afterwards, also
          * on failure). The instance comes back with inst->rechannel set. NULL: cold start. */
         const char *mem_image;
+        /* 64 bytes: encrypt the writable layer at rest with this key (ns: fscrypt v2 on the
+         * layer's upper and work dirs; a new layer is then never a warm one). The same key
+         * must be given to layer_open() for images of this layer. NULL: not encrypted. */
+        const uint8_t *layer_key;
         /* Restore from a full snapshot (live memory + disk, see full_snapshot): with full set,
          * full_fd is a readable image written by full_snapshot() (borrowed: the caller closes
          * it after start()). Only drivers with full_snapshot take it. */
@@ -112,7 +116,8 @@ struct cove_runtime_ops {
          * under it; close those first. Images from layer_snapshot() are clean (frozen), no
          * journal replay needed. */
         int (*layer_open)(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
-                          int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
+                          const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                          struct cove_err *err); /* key: as spec->layer_key */
         void (*layer_close)(struct cove_runtime *rt, struct cove_layer_handle *h);
 
         /* ---- full snapshots (files + memory + processes; optional, ns: CRIU) -------------
