@@ -15,6 +15,7 @@
 #include "control/retention.h"
 #include "control/template.h"
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "control/tenant.h"
 #include "crypto/keys.h"
@@ -33,6 +34,9 @@
 struct cove_tm {
         struct cove_store *store;
         char layer_dir[PATH_MAX]; /* "" when the runtime has no layer images */
+        /* CRIU checkpoints in flight (plaintext memory): on tmpfs, never on a disk where the
+         * blocks would outlive the delete (encrypted layers, revocation) */
+        char mem_dir[PATH_MAX];
         pthread_mutex_t mu;       /* busy, quit, kicked */
         pthread_cond_t cv;
         char (*busy)[64]; /* sandboxes with an operation in progress */
@@ -273,7 +277,7 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
 
         char img[PATH_MAX], mem[PATH_MAX];
         snprintf(img, sizeof(img), "%s/" IMG_SNAP "%s.img", tm->layer_dir, s.id);
-        snprintf(mem, sizeof(mem), "%s/" IMG_SNAP "%s.criu", tm->layer_dir, s.id);
+        snprintf(mem, sizeof(mem), "%s/" IMG_SNAP "%s.criu", tm->mem_dir, s.id);
         uint64_t pause_ns = 0;
         int64_t t0 = cove_mono_ns();
         s.created_at = tm_now();
@@ -467,7 +471,7 @@ static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, ch
                                      "snapshot %s is a full snapshot and this node cannot "
                                      "restore processes (%s)",
                                      snap->id, why);
-        snprintf(mem, cap, "%s/" IMG_RESTORE "%s-%s.criu", d->tm->layer_dir, snap->id, rnd);
+        snprintf(mem, cap, "%s/" IMG_RESTORE "%s-%s.criu", d->tm->mem_dir, snap->id, rnd);
         mem_id(snap->id, mid, sizeof(mid));
         int fd = mkdir(mem, 0700) < 0 ? -1 : open(mem, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         struct cove_snapshot_stats st;
@@ -1351,8 +1355,11 @@ void cove_tm_kick(struct coved *d)
 static void cleanup_crash(struct coved *d)
 {
         struct cove_tm *tm = d->tm;
-        if (tm->layer_dir[0]) {
-                cleanup_dir DIR *dh = opendir(tm->layer_dir);
+        const char *tmp_dirs[] = {tm->layer_dir, tm->mem_dir};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(tmp_dirs); i++) {
+                if (!tmp_dirs[i][0])
+                        continue;
+                cleanup_dir DIR *dh = opendir(tmp_dirs[i]);
                 struct dirent *de;
                 while (dh && (de = readdir(dh))) {
                         if (strncmp(de->d_name, IMG_SNAP, strlen(IMG_SNAP)) &&
@@ -1360,7 +1367,7 @@ static void cleanup_crash(struct coved *d)
                                 continue;
                         char p[PATH_MAX + 256];
                         struct cove_err e2;
-                        snprintf(p, sizeof(p), "%s/%s", tm->layer_dir, de->d_name);
+                        snprintf(p, sizeof(p), "%s/%s", tmp_dirs[i], de->d_name);
                         if (cove_rm_rf(p, &e2) == 0) /* a checkpoint's work dir too */
                                 cove_info(&d->log, "snapshot.recover", "removed temporary image %s",
                                           de->d_name);
@@ -1412,6 +1419,16 @@ int cove_tm_open(struct coved *d, struct cove_err *err)
         d->tm = tm;
         const char *ld = cove_node_layer_dir(d->node);
         snprintf(tm->layer_dir, sizeof(tm->layer_dir), "%s", ld ? ld : "");
+        { /* one tmpfs directory per data dir, root only */
+                unsigned char md[32];
+                unsigned mdl;
+                char hex[65];
+                EVP_Digest(d->data_dir, strlen(d->data_dir), md, &mdl, EVP_sha256(), NULL);
+                cove_hex(md, 32, hex);
+                snprintf(tm->mem_dir, sizeof(tm->mem_dir), "/dev/shm/cove-tm-%.16s", hex);
+                if (cove_mkdir_p(tm->mem_dir, 0700, err) < 0)
+                        return cove_err_wrap(err, "checkpoint dir %s", tm->mem_dir);
+        }
         char root[PATH_MAX], keys[PATH_MAX];
         snprintf(root, sizeof(root), "%s/store", d->data_dir);
         snprintf(keys, sizeof(keys), "%s/keys", d->data_dir);
@@ -1450,6 +1467,8 @@ void cove_tm_close(struct coved *d)
                 pthread_join(tm->thr, NULL);
         }
         cove_store_close(tm->store);
+        if (tm->mem_dir[0])
+                rmdir(tm->mem_dir); /* empty unless an operation is still in flight */
         free(tm->busy);
         pthread_mutex_destroy(&tm->io_mu);
         pthread_cond_destroy(&tm->cv);
