@@ -3,7 +3,8 @@
  *              [--templates busybox,base] [--guest-binary PATH] [--log-level debug|info|warn]
  *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
- *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]... */
+ *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
+ *              [--egress-ca-file PEM] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -24,7 +25,9 @@ static void usage(FILE *f)
                    "10.200.0.0/16)\n"
                    "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
                    "                                (default: nameservers of /etc/resolv.conf)\n"
-                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n");
+                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
+                   "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
+                   "                                (besides the system store; tests)\n");
 }
 
 int main(int argc, char **argv)
@@ -47,6 +50,7 @@ int main(int argc, char **argv)
             {"egress-pool", required_argument, 0, 'P'},
             {"dns-upstream", required_argument, 0, 'U'},
             {"dns-static", required_argument, 0, 'D'},
+            {"egress-ca-file", required_argument, 0, 'C'},
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
@@ -118,6 +122,9 @@ int main(int argc, char **argv)
                         }
                         statics[o.egress.nstatics++] = optarg;
                         o.egress.statics = statics;
+                        break;
+                case 'C':
+                        o.egress.ca_file = optarg;
                         break;
                 case 'h':
                         usage(stdout);

@@ -18,6 +18,7 @@
 #define COVE_KEY_INFO_CHUNK_NAME "cove/v1/chunk-name"
 #define COVE_KEY_INFO_CHUNK_ENC "cove/v1/chunk-enc"
 #define COVE_KEY_INFO_MANIFEST_ENC "cove/v1/manifest-enc"
+#define COVE_KEY_INFO_SECRETS "cove/v1/secrets" /* AES-256-GCM key: egress secrets */
 
 /* One tenant's subkeys. Allocated in locked memory by cove_tenant_keys_open(). */
 struct cove_tenant_keys {

@@ -5,8 +5,12 @@
 #include <netinet/in.h>
 #include <pthread.h>
 
+#include <openssl/ssl.h>
+
 #include "net/dnsmsg.h"
 #include "net/gateway.h"
+#include "net/http1.h"
+#include "net/mitm.h"
 #include "net/nft.h"
 
 #define GW_PINS_MAX 1024       /* pinned (name, address) pairs per sandbox */
@@ -15,6 +19,7 @@
 #define GW_BUF 65536           /* proxy buffer per direction */
 #define GW_PEEK_MS 10000       /* time to announce a name */
 #define GW_CONNECT_MS 10000
+#define GW_TLS_BUF (256 * 1024) /* intercepted: bound of each BIO and plaintext buffer */
 
 enum ev_kind {
         EV_WAKE = 1,
@@ -88,10 +93,26 @@ struct xbuf {
         int shut; /* write side shut down */
 };
 
+/* An intercepted connection (proxy.c): TLS terminated on both sides through memory BIOs,
+ * so the gateway thread alone moves bytes between sockets and OpenSSL (never blocks). */
+struct mitm_conn {
+        SSL *cssl, *ussl; /* sandbox side (server role), upstream side (client role) */
+        BIO *crb, *cwb, *urb, *uwb;
+        int chs, uhs;               /* handshakes done */
+        int ceof, ueof;             /* TCP EOF seen */
+        int cdone, udone;           /* TLS close_notify seen */
+        int closing;                /* a refusal is being flushed to the sandbox; then close */
+        struct cove_bytes c2u, u2c; /* plaintext waiting for SSL_write */
+        struct cove_h1 h1;
+};
+
 struct pconn {
         struct ev cev, uev;
         int cfd, ufd;
-        enum { PC_PEEK, PC_CONNECTING, PC_SPLICE } state;
+        enum { PC_PEEK, PC_CONNECTING, PC_SPLICE, PC_TLS } state;
+        struct cove_gateway *gw;
+        int intercept; /* a bound secret applies: terminate TLS (PC_TLS after connect) */
+        struct mitm_conn *m;
         struct sbx_view v;
         uint32_t dst;   /* network order */
         uint16_t dport; /* host order */
@@ -111,7 +132,8 @@ struct cove_gateway {
         struct slot *slots;
         int nslots, hint;
         struct cove_nft *nft;
-        char ifprefix[9]; /* "cv" + 6 characters of the table name: link names per coved */
+        struct cove_mitm *mitm; /* TLS interception (NULL: never intercept) */
+        char ifprefix[9];       /* "cv" + 6 characters of the table name: link names per coved */
         int dns_udp, dns_tcp, proxy_fd, up_fd, epfd, wake_fd;
         uint16_t dns_port, proxy_port;
         struct ev ev_wake, ev_dns_udp, ev_dns_tcp, ev_up, ev_proxy;
