@@ -13,6 +13,7 @@
 
 #include "api/e2b.h"
 #include "control/apikey.h"
+#include "control/secrets.h"
 #include "control/audit.h"
 #include "control/snapshot.h"
 #include "control/template.h"
@@ -159,6 +160,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .rt_ops = &cove_runtime_ns,
             .on_dead = coved_on_instance_dead,
             .on_stop = coved_egress_on_stop,
+            .on_ask = coved_on_ask,
             .arg = d,
         };
         /* the gateway before the node: stopping an instance detaches its link */

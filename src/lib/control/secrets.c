@@ -678,6 +678,34 @@ int coved_lease_delete(struct coved *d, const char *tenant, const char *id, stru
         return r;
 }
 
+json_t *coved_on_ask(void *arg, const char *sandbox_id, json_t *ask)
+{
+        struct coved *d = arg;
+        const char *bad = json_string_value(json_object_get(ask, "error"));
+        if (bad)
+                return json_pack("{s:b, s:s}", "ok", 0, "message", bad);
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        memset(&row, 0, sizeof(row));
+        int r = d->cat_ops->sandbox_get(d->cat, NULL, sandbox_id, &row, &err);
+        if (r != 0) {
+                cove_sandbox_row_clear(&row);
+                return json_pack("{s:b, s:s}", "ok", 0, "message", "unknown sandbox");
+        }
+        json_t *out = NULL;
+        r = coved_lease_request(d, row.tenant, sandbox_id,
+                                json_string_value(json_object_get(ask, "secret")),
+                                json_string_value(json_object_get(ask, "reason")),
+                                (int)json_integer_value(json_object_get(ask, "ttl_s")), &out, &err);
+        cove_sandbox_row_clear(&row);
+        if (r < 0) /* names of secrets are not secret; messages carry no value */
+                return json_pack("{s:b, s:s}", "ok", 0, "message", err.msg);
+        json_t *ans = json_pack("{s:b, s:O, s:O}", "ok", 1, "lease", json_object_get(out, "id"),
+                                "state", json_object_get(out, "state"));
+        json_decref(out);
+        return ans;
+}
+
 static int del_lease(const char *tenant, const char *key, const char *owner, const char *json,
                      void *arg)
 {

@@ -51,6 +51,8 @@ int coved_lease_list(struct coved *d, const char *tenant, const char *sandbox, j
 int coved_lease_answer(struct coved *d, const char *tenant, const char *id, int approve,
                        json_t *body, json_t **out, struct cove_err *err);
 int coved_lease_delete(struct coved *d, const char *tenant, const char *id, struct cove_err *err);
+/* node on_ask: a sandbox program asks for a credential (a pending lease). */
+json_t *coved_on_ask(void *arg, const char *sandbox_id, json_t *ask);
 /* The sandbox is gone: its leases go too. */
 void coved_leases_forget(struct coved *d, const char *tenant, const char *sandbox);
 

@@ -4,6 +4,8 @@
 #ifndef COVE_GUEST_GUEST_H
 #define COVE_GUEST_GUEST_H
 
+#include <stddef.h>
+
 #include "util/err.h"
 #include "util/log.h"
 
@@ -20,5 +22,12 @@ struct cove_guest_opts {
  * violation, a refused handshake or a system failure. In every case all processes it
  * started are killed (SIGKILL to their process groups) and reaped before it returns. */
 int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err);
+
+/* In-sandbox requests to the node (docs/guest-protocol.md, "Asks"). */
+#define COVE_ASK_SOCKET "cove-guest-ask" /* abstract unix socket name */
+#define COVE_ASK_MAX 4096                /* bytes of one request line */
+/* Client side (`cove-guest request-credential`): send one JSON line, get the answer line
+ * into out. 0 or -1 (out says why). */
+int cove_guest_ask(const char *line, char *out, size_t cap, int timeout_ms);
 
 #endif
