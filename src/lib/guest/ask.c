@@ -60,7 +60,7 @@ int g_ask_accept(struct cove_guest *g, struct cove_err *err)
         struct timeval tv = {.tv_sec = 1};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-        char buf[COVE_ASK_MAX + 1];
+        char buf[COVE_ASK_MAX + 1] = {0};
         size_t len = 0;
         while (len < sizeof(buf) && !memchr(buf, '\n', len)) {
                 ssize_t n = read(fd, buf + len, sizeof(buf) - len);

@@ -146,7 +146,7 @@ static void *io_main(void *arg)
                 }
                 /* on_dead stops the instance, which takes io_mu: call it after unlocking */
                 char dead[64][64];
-                int pooled[64];
+                int pooled[64] = {0};
                 int ndead = 0;
                 struct {
                         struct cove_chan *c;
