@@ -448,3 +448,66 @@ def test_control_signals_are_audited(env, mk):
     assert want <= got, got
     ok = c.get("/v1/audit/verify")
     assert ok["ok"] is True
+
+
+def cove_cli(d, build_dir, *args):
+    return subprocess.run([os.path.join(build_dir, "cove"), "--url",
+                           f"http://127.0.0.1:{d.port}", "--api-key", d.client.key, *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_audit_table_json_leases_and_verify_with_a_tampered_event(env, mk, build_dir):
+    import json
+    import sqlite3
+    d, _ = env
+    c = d.client
+    sid = mk()
+    run(c, sid, "curl -sS -m 10 https://allowed.test/cli")
+    wait_audit(c, sid, lambda e: e["action"] == "inject")
+    r = cove_cli(d, build_dir, "audit", "--sandbox", sid)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:6] == ["SEQ", "TIME", "SANDBOX", "KIND", "ACTION", "VERDICT"]
+    assert any(" inject " in x and "secret=GH" in x for x in lines)
+    assert VALUE not in r.stdout
+    r = cove_cli(d, build_dir, "audit", "--sandbox", sid, "--kind", "control", "--json")
+    evs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert evs and all(e["kind"] == "control" and e["sandbox"] == sid for e in evs)
+    # follow: prints what comes later
+    p = subprocess.Popen([os.path.join(build_dir, "cove"), "--url", f"http://127.0.0.1:{d.port}",
+                          "--api-key", c.key, "audit", "--sandbox", sid, "--kind", "control", "--follow", "--json",
+                          "--after", str(evs[-1]["seq"])],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        c.exec(sid, ["true"])
+        line = p.stdout.readline()
+        assert json.loads(line)["action"] == "exec"
+    finally:
+        p.kill()
+        p.wait()
+    # leases through the CLI
+    r = cove_cli(d, build_dir, "leases", "grant", sid, "GH", "--ttl", "60")
+    assert r.returncode == 0 and r.stdout.split()[1] == "active", r.stderr
+    lid = r.stdout.split()[0]
+    r = cove_cli(d, build_dir, "leases", "--sandbox", sid)
+    assert lid in r.stdout and "GH" in r.stdout
+    run(c, sid, "cove-guest request-credential TOK --reason cli")
+    pend = [x for x in c.get(f"/v1/sandboxes/{sid}/leases")["leases"] if x["state"] == "pending"]
+    r = cove_cli(d, build_dir, "leases", "approve", pend[0]["id"], "--ttl", "30")
+    assert r.returncode == 0 and "active" in r.stdout, r.stderr
+    assert cove_cli(d, build_dir, "leases", "revoke", lid).returncode == 0
+    assert cove_cli(d, build_dir, "leases", "deny", pend[0]["id"]).returncode == 1
+    # verify: intact, then one stored event changed behind coved's back
+    r = cove_cli(d, build_dir, "audit", "verify")
+    assert r.returncode == 0 and "intact" in r.stdout, r.stdout + r.stderr
+    target = evs[0]["seq"]
+    db = sqlite3.connect(os.path.join(d.data, "catalog.db"), timeout=30)
+    with db:
+        db.execute("DROP TRIGGER audit_events_no_update")
+        db.execute("UPDATE audit_events SET detail_json = '{\"cmd\":\"forged\"}' WHERE seq = ?",
+                   (target,))
+        db.execute("CREATE TRIGGER audit_events_no_update BEFORE UPDATE ON audit_events"
+                   "  BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END")
+    db.close()
+    r = cove_cli(d, build_dir, "audit", "verify")
+    assert r.returncode == 1 and f"BROKEN at event {target}" in r.stdout, r.stdout + r.stderr
