@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "control/coved.h"
 
@@ -54,6 +55,12 @@ int main(int argc, char **argv)
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
+        /* the egress proxy holds up to six fds per connection (two sockets, two pipes) */
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max < (1u << 20) ? rl.rlim_max : (1u << 20);
+                setrlimit(RLIMIT_NOFILE, &rl);
+        }
         static const char *upstreams[4], *statics[256];
         static char upstream_buf[4][64];
         int c;

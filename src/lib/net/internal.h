@@ -20,6 +20,7 @@
 #define GW_PEEK_MS 10000       /* time to announce a name */
 #define GW_CONNECT_MS 10000
 #define GW_TLS_BUF (256 * 1024) /* intercepted: bound of each BIO and plaintext buffer */
+#define GW_PIPE (256 * 1024)    /* spliced: pipe size per direction */
 
 enum ev_kind {
         EV_WAKE = 1,
@@ -120,6 +121,10 @@ struct pconn {
         const char *proto;
         char rule[COVE_POLICY_PATTERN_MAX];
         struct xbuf c2u, u2c;
+        /* PC_SPLICE through pipes (splice(2): bytes never enter user space); -1 when the
+         * pipes could not be made (then c2u/u2c copy) */
+        int pc[2], pu[2];
+        size_t nc, nu;         /* bytes sitting in each pipe */
         uint32_t cmask, umask; /* epoll interest registered */
         int64_t deadline_ms;
         struct pconn *next, *prev;

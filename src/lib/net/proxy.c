@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/netfilter_ipv4.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -45,6 +46,10 @@ static void pc_free(struct cove_gateway *gw, struct pconn *c, int reset)
         close(c->cfd);
         if (c->ufd >= 0)
                 close(c->ufd);
+        int pfd[] = {c->pc[0], c->pc[1], c->pu[0], c->pu[1]};
+        for (int i = 0; i < 4; i++)
+                if (pfd[i] >= 0)
+                        close(pfd[i]);
         if (c->prev)
                 c->prev->next = c->next;
         else
@@ -107,6 +112,15 @@ static void update(struct cove_gateway *gw, struct pconn *c)
                 if (c->ufd >= 0 && !m->ueof && BIO_ctrl_pending(m->urb) < GW_TLS_BUF)
                         um |= EPOLLIN;
                 if (c->ufd >= 0 && BIO_ctrl_pending(m->uwb))
+                        um |= EPOLLOUT;
+        } else if (c->pc[0] >= 0) { /* spliced */
+                if (!c->c2u.eof && !c->c2u.len && c->nc < GW_PIPE)
+                        cm |= EPOLLIN;
+                if (c->nu)
+                        cm |= EPOLLOUT;
+                if (!c->u2c.eof && c->nu < GW_PIPE)
+                        um |= EPOLLIN;
+                if (c->nc || c->c2u.len)
                         um |= EPOLLOUT;
         } else {
                 if (!c->c2u.eof && c->c2u.off + c->c2u.len < GW_BUF)
@@ -552,6 +566,61 @@ static int do_write(int fd, struct xbuf *x)
         return 0;
 }
 
+/* One direction through its pipe: src → pipe → dst; EOF on src becomes shutdown(SHUT_WR)
+ * on dst once the pipe is empty. -1 on an error. */
+static int splice_dir(int src, int dst, int p[2], size_t *inpipe, struct xbuf *x, uint64_t *ctr)
+{
+        for (int round = 0; round < 16; round++) {
+                int moved = 0;
+                if (!x->eof && !x->len && *inpipe < GW_PIPE) {
+                        ssize_t n = splice(src, NULL, p[1], NULL, GW_PIPE - *inpipe,
+                                           SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+                        if (n == 0) {
+                                x->eof = 1;
+                        } else if (n > 0) {
+                                *inpipe += (size_t)n;
+                                __atomic_fetch_add(ctr, (uint64_t)n, __ATOMIC_RELAXED);
+                                moved = 1;
+                        } else if (errno != EAGAIN && errno != EINTR) {
+                                return -1;
+                        }
+                }
+                if (*inpipe) {
+                        ssize_t n = splice(p[0], NULL, dst, NULL, *inpipe,
+                                           SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+                        if (n > 0) {
+                                *inpipe -= (size_t)n;
+                                moved = 1;
+                        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+                                return -1;
+                        }
+                }
+                if (!moved)
+                        break;
+        }
+        if (x->eof && !*inpipe && !x->len && !x->shut) {
+                shutdown(dst, SHUT_WR);
+                x->shut = 1;
+        }
+        return 0;
+}
+
+static void splice_begin(struct pconn *c)
+{
+        if (pipe2(c->pc, O_NONBLOCK | O_CLOEXEC) < 0) {
+                c->pc[0] = c->pc[1] = -1;
+                return;
+        }
+        if (pipe2(c->pu, O_NONBLOCK | O_CLOEXEC) < 0) {
+                close(c->pc[0]);
+                close(c->pc[1]);
+                c->pc[0] = c->pc[1] = c->pu[0] = c->pu[1] = -1;
+                return;
+        }
+        fcntl(c->pc[1], F_SETPIPE_SZ, GW_PIPE);
+        fcntl(c->pu[1], F_SETPIPE_SZ, GW_PIPE);
+}
+
 void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events)
 {
         if (c->state == PC_PEEK) {
@@ -586,7 +655,26 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
                         return;
                 }
                 c->state = PC_SPLICE;
+                splice_begin(c);
                 events = EPOLLOUT; /* flush what the client sent while we decided */
+        }
+        if (c->state == PC_SPLICE && c->pc[0] >= 0) {
+                /* the bytes read while deciding go first, by copy; then the pipes */
+                int bad = c->c2u.len && do_write(c->ufd, &c->c2u) < 0;
+                bad =
+                    bad || splice_dir(c->cfd, c->ufd, c->pc, &c->nc, &c->c2u, &gw->st.bytes_up) < 0;
+                bad = bad ||
+                      splice_dir(c->ufd, c->cfd, c->pu, &c->nu, &c->u2c, &gw->st.bytes_down) < 0;
+                if (bad) {
+                        pc_free(gw, c, 1);
+                        return;
+                }
+                if (c->c2u.shut && c->u2c.shut) {
+                        pc_free(gw, c, 0);
+                        return;
+                }
+                update(gw, c);
+                return;
         }
         if (c->state == PC_TLS) {
                 tls_pump(gw, c);
@@ -647,6 +735,7 @@ void proxy_on_accept(struct cove_gateway *gw)
                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
                 c->cfd = fd;
                 c->ufd = -1;
+                c->pc[0] = c->pc[1] = c->pu[0] = c->pu[1] = -1;
                 c->gw = gw;
                 c->v = v;
                 c->dst = dst.sin_addr.s_addr;
