@@ -367,6 +367,22 @@ def test_live_policy_removing_a_secret_stops_injection(env, mk):
     assert auth_of(got["/live2"]) is None
 
 
+def test_changing_or_deleting_a_secret_applies_to_running_sandboxes(env, mk):
+    d, up = env
+    c = d.client
+    spec = {"hosts": ["allowed.test"], "inject": {"header": "X-Rot", "format": "{value}"}}
+    c.put("/v1/secrets/ROT", {"value": "rot-one", **spec})
+    sid = mk(secrets=("ROT",))
+    n0 = len(up.requests())
+    run(c, sid, "curl -sS -m 10 https://allowed.test/rot1")
+    c.put("/v1/secrets/ROT", {"value": "rot-two", **spec})
+    run(c, sid, "curl -sS -m 10 https://allowed.test/rot2")
+    c.delete("/v1/secrets/ROT")
+    run(c, sid, "curl -sS -m 10 https://allowed.test/rot3")
+    got = {r["path"]: r["headers"].get("X-Rot") for r in reqs(up, n0)}
+    assert got == {"/rot1": "rot-one", "/rot2": "rot-two", "/rot3": None}
+
+
 def test_lease_injects_until_it_expires(env, mk):
     d, up = env
     c = d.client

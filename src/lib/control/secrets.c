@@ -14,6 +14,7 @@
 #include "control/coved.h"
 #include "control/egress.h"
 #include "crypto/keys.h"
+#include "net/gateway.h"
 #include "util/util.h"
 
 #define GCM_NONCE 12
@@ -196,6 +197,26 @@ static int store_doc(struct coved *d, const char *kind, const char *tenant, cons
         return r;
 }
 
+struct refresh_ctx {
+        struct coved *d;
+};
+
+static int refresh_one(const struct cove_sandbox_row *row, void *arg)
+{
+        struct refresh_ctx *rc = arg;
+        if (rc->d->gw && cove_gateway_attached(rc->d->gw, row->id, NULL))
+                coved_egress_refresh(rc->d, row->tenant, row->id);
+        return 0;
+}
+
+/* A secret changed or went: running sandboxes of the tenant get fresh injection tables. */
+static void refresh_tenant(struct coved *d, const char *tenant)
+{
+        struct refresh_ctx rc = {d};
+        struct cove_err e;
+        d->cat_ops->sandbox_list(d->cat, tenant, "running", refresh_one, &rc, &e);
+}
+
 int coved_secret_put(struct coved *d, const char *tenant, const char *name, json_t *body,
                      json_t **out, struct cove_err *err)
 {
@@ -296,6 +317,7 @@ int coved_secret_put(struct coved *d, const char *tenant, const char *name, json
                 *out = secret_public(name, doc);
                 cove_audit_log(d->audit, tenant, "", "control", "secret.put", "",
                                json_pack("{s:s}", "secret", name));
+                refresh_tenant(d, tenant);
         }
         json_decref(doc);
         return r;
@@ -339,9 +361,11 @@ int coved_secret_delete(struct coved *d, const char *tenant, const char *name, s
         int r = d->cat_ops->doc_delete(d->cat, "secret", tenant, name, err);
         if (r == 1)
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "secret %.64s not found", name);
-        if (r == 0)
+        if (r == 0) {
                 cove_audit_log(d->audit, tenant, "", "control", "secret.delete", "",
                                json_pack("{s:s}", "secret", name));
+                refresh_tenant(d, tenant);
+        }
         return r;
 }
 
