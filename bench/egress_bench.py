@@ -111,12 +111,13 @@ def main():
         c = d.client
         c.put("/v1/secrets/BENCH", {"value": "bench-token", "hosts": ["allowed.test"],
                                     "inject": {"header": "Authorization", "format": "Bearer {value}"}})
-        sb = c.create(template="base", egress={"allow": ["allowed.test", "other.test"],
+        sb = c.create(template="base", timeout_s=3600, egress={"allow": ["allowed.test", "other.test"],
                                                "secrets": ["BENCH"]})["id"]
         c.put_file(sb, "/tmp/client.py", CLIENT.encode())
         # in the background, polled: one long HTTP exec request would be cut by idle timeouts
-        c.exec(sb, ["/bin/sh", "-c", "python3 /tmp/client.py allowed.test sandbox other.test "
-                    ">/tmp/out.json 2>/tmp/err.txt; echo $? >/tmp/done &"])
+        c.exec(sb, ["/bin/sh", "-c", "(python3 /tmp/client.py allowed.test sandbox other.test "
+                    ">/tmp/out.json 2>/tmp/err.txt; echo $? >/tmp/done) </dev/null >/dev/null "
+                    "2>&1 &"])
         deadline = time.time() + 1800
         while c.exec(sb, ["/bin/sh", "-c", "test -e /tmp/done"])["exit_code"] != 0:
             if time.time() > deadline:

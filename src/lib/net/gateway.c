@@ -208,6 +208,7 @@ static void *gw_main(void *arg)
                                 break;
                         }
                 }
+                proxy_reap(gw);
                 pthread_mutex_lock(&gw->mu);
                 int changed = gw->epoch != gw->seen_epoch;
                 gw->seen_epoch = gw->epoch;
@@ -220,8 +221,10 @@ static void *gw_main(void *arg)
                         dns_tick(gw, now);
                         proxy_tick(gw, now);
                 }
+                proxy_reap(gw);
         }
         proxy_close_all(gw);
+        proxy_reap(gw);
         dns_close_all(gw);
         return NULL;
 }

@@ -112,6 +112,7 @@ struct pconn {
         int cfd, ufd;
         enum { PC_PEEK, PC_CONNECTING, PC_SPLICE, PC_TLS } state;
         struct cove_gateway *gw;
+        int dead;      /* closed; freed after the current epoll batch */
         int intercept; /* a bound secret applies: terminate TLS (PC_TLS after connect) */
         struct mitm_conn *m;
         struct sbx_view v;
@@ -147,6 +148,7 @@ struct cove_gateway {
         uint64_t epoch, seen_epoch; /* policy/attach changes (under mu) */
         struct pending pending[GW_PENDING_MAX];
         struct pconn *conns;
+        struct pconn *dead; /* closed connections, freed after each epoll batch */
         struct dns_tcp *dtcp;
         struct cove_gateway_stats st;
 };
@@ -180,5 +182,6 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
 void proxy_tick(struct cove_gateway *gw, int64_t now);
 void proxy_recheck(struct cove_gateway *gw);
 void proxy_close_all(struct cove_gateway *gw);
+void proxy_reap(struct cove_gateway *gw); /* free the connections closed in this batch */
 
 #endif

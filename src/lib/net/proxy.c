@@ -58,10 +58,25 @@ static void pc_free(struct cove_gateway *gw, struct pconn *c, int reset)
                 c->next->prev = c->prev;
         gw_view_release(&c->v);
         mitm_free(c->m);
+        c->m = NULL;
         free(c->c2u.b);
         free(c->u2c.b);
-        free(c);
+        c->c2u.b = c->u2c.b = NULL;
+        /* the rest waits for the end of the epoll batch: an event of the other fd of this
+         * connection may still be in it (proxy_reap) */
+        c->dead = 1;
+        c->next = gw->dead;
+        gw->dead = c;
         __atomic_fetch_sub(&gw->st.conns_open, 1, __ATOMIC_RELAXED);
+}
+
+void proxy_reap(struct cove_gateway *gw)
+{
+        while (gw->dead) {
+                struct pconn *c = gw->dead;
+                gw->dead = c->next;
+                free(c);
+        }
 }
 
 static json_t *detail(const struct pconn *c, const char *reason)
@@ -623,6 +638,8 @@ static void splice_begin(struct pconn *c)
 
 void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events)
 {
+        if (c->dead)
+                return;
         if (c->state == PC_PEEK) {
                 if (up)
                         return;
