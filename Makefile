@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-tm asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -18,6 +18,10 @@ test: all
 
 bench: bench-store
 	BUILD=$(BUILD) bench/run
+
+# time machine through the API (bench/timemachine.py): snapshot pause, pause/resume, fork of 10
+bench-tm: all
+	/usr/bin/python3 bench/timemachine.py --build $(BUILD) $(BENCH_TM_ARGS)
 
 # chunk store capture/restore/dedup figures (bench/chunkstore_bench.c); BENCH_STORE_ARGS e.g. --mb 256
 bench-store: all

@@ -113,15 +113,16 @@ def sandbox(coved):
 
 @pytest.fixture
 def coved_factory(request, build_dir, templates_dir, log_dir):
-    """start(data_dir=None, extra_args=(), start=True) → Coved. A data dir given by the
-    test is left in place (the test owns it); temp ones are removed."""
+    """start(data_dir=None, extra_args=(), start=True, env=None) → Coved. A data dir given
+    by the test is left in place (the test owns it); temp ones are removed. env: variables
+    added to coved's environment."""
     if not _is_root():
         pytest.skip("coved's namespace runtime needs root")
     started = []
 
-    def start(data_dir=None, extra_args=(), start=True):
+    def start(data_dir=None, extra_args=(), start=True, env=None):
         d = Coved(build_dir, data_dir=data_dir, templates_dir=templates_dir,
-                  extra_args=extra_args, log_dir=log_dir, start=start)
+                  extra_args=extra_args, log_dir=log_dir, start=start, env=env)
         started.append(d)
         return d
 

@@ -13,6 +13,7 @@
 #include <sys/resource.h>
 
 #include "control/coved.h"
+#include "util/testhooks.h"
 
 static void usage(FILE *f)
 {
@@ -52,6 +53,7 @@ int main(int argc, char **argv)
             {"dns-upstream", required_argument, 0, 'U'},
             {"dns-static", required_argument, 0, 'D'},
             {"egress-ca-file", required_argument, 0, 'C'},
+            {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
@@ -133,6 +135,25 @@ int main(int argc, char **argv)
                 case 'C':
                         o.egress.ca_file = optarg;
                         break;
+                case 'X': {
+                        /* fault injection and a shifted clock: never in production */
+                        const char *allow = getenv("COVE_TEST_HOOKS");
+                        if (!allow || strcmp(allow, "1")) {
+                                fprintf(stderr, "coved: --test-hooks is for tests only and "
+                                                "needs COVE_TEST_HOOKS=1 in the environment\n");
+                                return 2;
+                        }
+                        struct cove_err e = {0};
+                        if (cove_testhooks_open(optarg, &e) < 0) {
+                                fprintf(stderr, "coved: %s\n", e.msg);
+                                return 2;
+                        }
+                        fprintf(stderr,
+                                "coved: TEST HOOKS ON (%s): faults and clock may be "
+                                "injected\n",
+                                optarg);
+                        break;
+                }
                 case 'h':
                         usage(stdout);
                         return 0;

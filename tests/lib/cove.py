@@ -233,7 +233,7 @@ class Coved:
     templates come from templates_dir, shared across runs so base is built once."""
 
     def __init__(self, build_dir, data_dir=None, templates_dir=None, extra_args=(),
-                 log_dir=None, start=True):
+                 log_dir=None, start=True, env=None):
         self.bin = os.path.join(build_dir, "coved")
         if not os.access(self.bin, os.X_OK):
             raise CoveError(f"{self.bin} not built (make BUILD={os.path.basename(build_dir)})")
@@ -242,6 +242,7 @@ class Coved:
         os.makedirs(self.data, exist_ok=True)
         self.templates = templates_dir
         self.extra = list(extra_args)
+        self.env = dict(os.environ, **env) if env else None  # added to the environment
         # a link pool of its own unless the test names one: coveds of parallel runs on one
         # host must not hand out the same addresses
         if not any(a.startswith("--egress-pool") for a in self.extra):
@@ -280,7 +281,7 @@ class Coved:
         """Starts (or restarts) coved, waits for GET /healthz and reads admin.key."""
         self.port = free_port()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log,
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         probe = Client(self.port)
         deadline = time.time() + timeout

@@ -397,6 +397,100 @@ static void dedup(void **state)
         restore_ok(f->st, "t1", "c", f->src, f->dst);
 }
 
+/* Linux names are bytes: file names, symlink targets, hard links and xattr names that are
+ * not UTF-8 round-trip (a sandbox must not be able to make its snapshots fail with them). */
+static void odd_names(void **state)
+{
+        struct fx *f = *state;
+        f->st = open_store(f, NULL, 0, 0);
+        mkdir(f->src, 0755);
+        char p[300], q[300];
+        snprintf(p, sizeof(p), "%s/dir\xff", f->src);
+        assert_int_equal(mkdir(p, 0755), 0);
+        put_file(p, "f\xfe\x80", "payload", 7);
+        snprintf(p, sizeof(p), "%s/dir\xff/f\xfe\x80", f->src);
+        snprintf(q, sizeof(q), "%s/hard\xc3", f->src);
+        assert_int_equal(link(p, q), 0);
+        snprintf(q, sizeof(q), "%s/sym", f->src);
+        assert_int_equal(symlink("dir\xff/f\xfe\x80", q), 0);
+        if (setxattr(p, "user.\xff\xfe", "v", 1, 0) < 0)
+                print_message("odd_names: no user xattrs here (%s)\n", strerror(errno));
+        capture(f->st, "t1", "o", NULL, f->src, NULL);
+        restore_ok(f->st, "t1", "o", f->src, f->dst);
+        snprintf(p, sizeof(p), "%s/hard\xc3", f->dst);
+        snprintf(q, sizeof(q), "%s/dir\xff/f\xfe\x80", f->dst);
+        struct stat a, b;
+        assert_int_equal(stat(p, &a), 0);
+        assert_int_equal(stat(q, &b), 0);
+        assert_int_equal(a.st_ino, b.st_ino); /* still one file */
+        char v[8] = "";
+        if (getxattr(q, "user.\xff\xfe", v, sizeof(v)) >= 0)
+                assert_memory_equal(v, "v", 1);
+        /* and the parent of a later capture can be read (incremental path) */
+        struct cove_snapshot_stats s2 = {0};
+        capture(f->st, "t1", "o2", "o", f->src, &s2);
+        assert_true(s2.reused_bytes > 0);
+}
+
+static void first_chunk_path(struct fx *f, const char *tenant, char *out, size_t cap, int which);
+
+/* Unchanged files (size, mtime, ctime, inode) take their chunk lists from the parent without
+ * being read; a file rewritten with its old size and mtime put back is read again (its ctime
+ * moved); a parent whose chunk went missing makes the capture read and store it again. */
+static void incremental(void **state)
+{
+        struct fx *f = *state;
+        f->st = open_store(f, NULL, 0, 0);
+        make_tree(f->src, 1);
+        struct cove_snapshot_stats a = {0}, b = {0}, c = {0}, d = {0};
+        capture(f->st, "t1", "a", NULL, f->src, &a);
+        assert_int_equal(a.reused_bytes, 0);
+        capture(f->st, "t1", "b", "a", f->src, &b);
+        print_message("incremental: %llu of %llu bytes taken from the parent, %.1f ms vs %.1f ms\n",
+                      (unsigned long long)b.reused_bytes, (unsigned long long)b.size_bytes,
+                      b.ns_total / 1e6, a.ns_total / 1e6);
+        assert_int_equal(b.size_bytes, a.size_bytes);
+        assert_true(b.reused_bytes >= a.size_bytes * 9 / 10);
+        assert_int_equal(b.new_chunks, 0);
+        restore_ok(f->st, "t1", "b", f->src, f->dst);
+        /* same size, same mtime, different content */
+        char p[256];
+        snprintf(p, sizeof(p), "%s/big.bin", f->src);
+        struct stat st0;
+        assert_int_equal(stat(p, &st0), 0);
+        int fd = open(p, O_WRONLY);
+        assert_int_equal(pwrite(fd, "Y", 1, 10 << 20), 1);
+        struct timespec ts[2] = {st0.st_atim, st0.st_mtim};
+        assert_int_equal(futimens(fd, ts), 0);
+        close(fd);
+        capture(f->st, "t1", "c", "b", f->src, &c);
+        assert_true(c.new_chunks >= 1);
+        assert_true(c.reused_bytes < c.size_bytes);
+        restore_ok(f->st, "t1", "c", f->src, f->dst);
+        /* a chunk of c vanishes from the store: d must not name it blindly */
+        char victim[512];
+        struct cove_err err = {0};
+        for (int which = 0;; which++) { /* one that c (the current tree) needs */
+                first_chunk_path(f, "t1", victim, sizeof(victim), which);
+                char aside[600];
+                snprintf(aside, sizeof(aside), "%s.aside", victim);
+                assert_int_equal(rename(victim, aside), 0);
+                if (cove_snapshot_verify(f->st, "t1", "c", &err) < 0)
+                        break;
+                assert_int_equal(rename(aside, victim), 0);
+        }
+        capture(f->st, "t1", "d", "c", f->src, &d);
+        assert_true(d.new_chunks >= 1);
+        if (cove_snapshot_verify(f->st, "t1", "d", &err) < 0)
+                fail_msg("d: %s", err.msg);
+        restore_ok(f->st, "t1", "d", f->src, f->dst);
+        /* a parent that does not exist (deleted): everything is read, nothing breaks */
+        struct cove_snapshot_stats e = {0};
+        capture(f->st, "t1", "e", "nope", f->src, &e);
+        assert_int_equal(e.reused_bytes, 0);
+        restore_ok(f->st, "t1", "e", f->src, f->dst);
+}
+
 struct objlist {
         char names[4096][80];
         size_t n;
@@ -634,9 +728,9 @@ static void memory_stream(void **state)
 
 /* ---- fault injection ---- */
 
-enum { OP_WRITE, OP_FSYNC, OP_RENAME, OP_MKDIR };
+enum { OP_WRITE, OP_FSYNC, OP_RENAME, OP_MKDIR, OP_UNLINK };
 static int fi_op = -1, fi_at, fi_errno;
-static int fi_calls[4];
+static int fi_calls[5];
 
 static int fi_hit(int op)
 {
@@ -666,6 +760,14 @@ static int fi_fdatasync(int fd)
         }
         return fdatasync(fd);
 }
+static int fi_syncfs(int fd)
+{
+        if (fi_hit(OP_FSYNC)) {
+                errno = fi_errno;
+                return -1;
+        }
+        return syncfs(fd);
+}
 static int fi_rename(const char *a, const char *b)
 {
         if (fi_hit(OP_RENAME)) {
@@ -673,6 +775,14 @@ static int fi_rename(const char *a, const char *b)
                 return -1;
         }
         return rename(a, b);
+}
+static int fi_unlink(const char *p)
+{
+        if (fi_hit(OP_UNLINK)) {
+                errno = fi_errno;
+                return -1;
+        }
+        return unlink(p);
 }
 static int fi_mkdir(const char *p, mode_t m)
 {
@@ -682,6 +792,9 @@ static int fi_mkdir(const char *p, mode_t m)
         }
         return mkdir(p, m);
 }
+
+static void age_objects(const char *dir, time_t secs_ago);
+static int count_objects(const char *dir);
 
 static int count_temps(const char *dir)
 {
@@ -713,6 +826,7 @@ static void faults(void **state)
         io.write = fi_write;
         io.fsync = fi_fsync;
         io.fdatasync = fi_fdatasync;
+        io.syncfs = fi_syncfs;
         io.rename = fi_rename;
         io.mkdir = fi_mkdir;
         f->st = open_store(f, &io, 1, 0);
@@ -727,52 +841,139 @@ static void faults(void **state)
         const int ops[] = {OP_WRITE, OP_FSYNC, OP_RENAME, OP_MKDIR};
         const int errs[] = {ENOSPC, EIO};
         int runs = 0, k = 0;
-        for (size_t oi = 0; oi < 4; oi++) {
-                for (size_t ei = 0; ei < 2; ei++) {
-                        /* fresh content per combination, so there is something to write */
-                        put_gen(f->src, "new1.bin", 400000, 0, 1000 + (oi * 2 + ei) * 2);
-                        for (int n = 1;; n++) {
-                                char id[32];
-                                snprintf(id, sizeof(id), "x%d", k++);
-                                memset(fi_calls, 0, sizeof(fi_calls));
-                                fi_op = ops[oi];
-                                fi_at = n;
-                                fi_errno = errs[ei];
-                                int fd = open(f->src, O_RDONLY | O_DIRECTORY);
-                                struct cove_err err = {0};
-                                int rc = cove_snapshot_capture_tree(f->st, "t1", id, "base", fd,
-                                                                    NULL, &err);
-                                close(fd);
-                                fi_op = -1;
-                                runs++;
-                                if (rc == 0) {
-                                        print_message("faults: op %zu errno %d: %d calls\n", oi,
-                                                      errs[ei], n - 1);
-                                        /* n exceeds this op's calls: the capture is whole */
-                                        restore_ok(f->st, "t1", id, f->src, f->dst);
-                                        struct cove_err e2 = {0};
-                                        assert_int_equal(cove_snapshot_delete(f->st, "t1", id, &e2),
-                                                         0);
-                                        break;
+        /* a small change (a few chunks: fdatasync per object and directory) and a large one
+         * (groups of 8 or more: syncfs before and after the renames) */
+        for (size_t big = 0; big < 2; big++)
+                for (size_t oi = 0; oi < 4; oi++) {
+                        for (size_t ei = 0; ei < 2; ei++) {
+                                /* fresh content per combination, so there is something to write */
+                                put_gen(f->src, "new1.bin", big ? 1600000 : 400000, 0,
+                                        1000 + (big * 8 + oi * 2 + ei) * 2);
+                                for (int n = 1;; n++) {
+                                        char id[32];
+                                        snprintf(id, sizeof(id), "x%d", k++);
+                                        memset(fi_calls, 0, sizeof(fi_calls));
+                                        fi_op = ops[oi];
+                                        fi_at = n;
+                                        fi_errno = errs[ei];
+                                        int fd = open(f->src, O_RDONLY | O_DIRECTORY);
+                                        struct cove_err err = {0};
+                                        int rc = cove_snapshot_capture_tree(f->st, "t1", id, "base",
+                                                                            fd, NULL, &err);
+                                        close(fd);
+                                        fi_op = -1;
+                                        runs++;
+                                        if (rc == 0) {
+                                                print_message("faults: %s change, op %zu errno %d: "
+                                                              "%d calls\n",
+                                                              big ? "large" : "small", oi, errs[ei],
+                                                              n - 1);
+                                                /* n exceeds this op's calls: the capture is whole
+                                                 */
+                                                restore_ok(f->st, "t1", id, f->src, f->dst);
+                                                struct cove_err e2 = {0};
+                                                assert_int_equal(
+                                                    cove_snapshot_delete(f->st, "t1", id, &e2), 0);
+                                                break;
+                                        }
+                                        assert_true(err.errnum == errs[ei]);
+                                        assert_non_null(strstr(err.msg, id));
+                                        /* a failed capture leaves no manifest */
+                                        struct cove_snapshot_info info;
+                                        assert_int_equal(
+                                            cove_snapshot_info(f->st, "t1", id, &info, &err), -1);
+                                        /* the previous snapshot is intact */
+                                        restore_ok(f->st, "t1", "base", copy, f->dst);
+                                        assert_int_equal(cove_store_recover(f->st, &err), 0);
+                                        assert_int_equal(count_temps(f->root), 0);
+                                        assert_true(n < 2000);
                                 }
-                                assert_true(err.errnum == errs[ei]);
-                                assert_non_null(strstr(err.msg, id));
-                                /* a failed capture leaves no manifest */
-                                struct cove_snapshot_info info;
-                                assert_int_equal(cove_snapshot_info(f->st, "t1", id, &info, &err),
-                                                 -1);
-                                /* the previous snapshot is intact */
-                                restore_ok(f->st, "t1", "base", copy, f->dst);
-                                assert_int_equal(cove_store_recover(f->st, &err), 0);
-                                assert_int_equal(count_temps(f->root), 0);
-                                assert_true(n < 2000);
                         }
                 }
-        }
         print_message("faults: %d captures with an injected ENOSPC/EIO\n", runs);
         /* and a later capture works */
         capture(f->st, "t1", "after", "base", f->src, NULL);
         restore_ok(f->st, "t1", "after", f->src, f->dst);
+}
+
+/* GC and snapshot deletes with a failing rename (moving a chunk aside), unlink or directory
+ * fsync at every point: the error is reported, the kept snapshot restores, recover leaves
+ * no private files (an interrupted delete's chunk is put back), and a later GC finishes. */
+static void gc_faults(void **state)
+{
+        struct fx *f = *state;
+        struct cove_sysio io = cove_sysio_default;
+        io.fsync = fi_fsync;
+        io.fdatasync = fi_fdatasync;
+        io.syncfs = fi_syncfs;
+        io.rename = fi_rename;
+        io.unlink = fi_unlink;
+        f->st = open_store(f, &io, 1, 50);
+        char chunks[256], copy[256];
+        snprintf(chunks, sizeof(chunks), "%s/t1/chunks", f->root);
+        snprintf(copy, sizeof(copy), "%s/acopy", f->dir);
+        make_tree(f->src, 0);
+        capture(f->st, "t1", "a", NULL, f->src, NULL);
+        restore_ok(f->st, "t1", "a", f->src, copy);
+        int after_a = count_objects(chunks);
+        const int ops[] = {OP_RENAME, OP_UNLINK, OP_FSYNC};
+        const int errs[] = {ENOSPC, EIO};
+        const char *keep[] = {"a"};
+        int runs = 0, k = 0;
+        for (size_t oi = 0; oi < 3; oi++) {
+                for (size_t ei = 0; ei < 2; ei++) {
+                        /* garbage to collect: snapshot b with chunks of its own, deleted */
+                        char b[32];
+                        snprintf(b, sizeof(b), "b%d", k++);
+                        put_gen(f->src, "only-b.bin", 500000, 0, 300 + k);
+                        capture(f->st, "t1", b, "a", f->src, NULL);
+                        int garbage = count_objects(chunks) - after_a;
+                        assert_true(garbage > 2);
+                        struct cove_err err = {0};
+                        /* the manifest delete itself, failing at its unlink or dir fsync */
+                        if (ops[oi] != OP_RENAME) {
+                                memset(fi_calls, 0, sizeof(fi_calls));
+                                fi_op = ops[oi];
+                                fi_at = 1;
+                                fi_errno = errs[ei];
+                                int rc = cove_snapshot_delete(f->st, "t1", b, &err);
+                                fi_op = -1;
+                                assert_int_equal(rc, -1);
+                                assert_int_equal(err.errnum, errs[ei]);
+                                assert_non_null(strstr(err.msg, b));
+                                runs++;
+                        }
+                        struct cove_snapshot_info info;
+                        if (cove_snapshot_info(f->st, "t1", b, &info, &err) == 0)
+                                assert_int_equal(cove_snapshot_delete(f->st, "t1", b, &err), 0);
+                        for (int n = 1;; n++) {
+                                age_objects(f->root, 7200);
+                                memset(fi_calls, 0, sizeof(fi_calls));
+                                fi_op = ops[oi];
+                                fi_at = n;
+                                fi_errno = errs[ei];
+                                struct cove_gc_stats gs;
+                                int rc = cove_store_gc(f->st, "t1", keep, 1, &gs, &err);
+                                fi_op = -1;
+                                runs++;
+                                assert_int_equal(cove_store_recover(f->st, &err), 0);
+                                assert_int_equal(count_temps(f->root), 0);
+                                restore_ok(f->st, "t1", "a", copy, f->dst);
+                                if (rc == 0) {
+                                        /* n exceeds this op's calls: everything is swept */
+                                        assert_int_equal(count_objects(chunks), after_a);
+                                        print_message("gc_faults: op %zu errno %d: %d calls\n", oi,
+                                                      errs[ei], n - 1);
+                                        break;
+                                }
+                                assert_int_equal(err.errnum, errs[ei]);
+                                assert_non_null(strstr(err.msg, "gc of tenant t1"));
+                                assert_true(count_objects(chunks) >= after_a);
+                                assert_true(n < 1000);
+                        }
+                }
+        }
+        print_message("gc_faults: %d GCs and deletes with an injected ENOSPC/EIO\n", runs);
 }
 
 /* ---- kill -9 ---- */
@@ -799,7 +1000,9 @@ static void kill9(void **state)
                 pid_t pid = fork();
                 assert_true(pid >= 0);
                 if (pid == 0) {
-                        struct cove_store *st = open_store(f, NULL, 2, 0);
+                        /* grace 1 ms: GC may delete any chunk no kept manifest names */
+                        struct cove_store *st = open_store(f, NULL, 2, 1);
+                        char prev[32] = "";
                         for (unsigned i = 0;; i++) {
                                 unsigned seed = (unsigned)round * 1000 + i;
                                 gen_tree(work, seed);
@@ -807,8 +1010,24 @@ static void kill9(void **state)
                                 snprintf(id, sizeof(id), "k%u", seed);
                                 int fd = open(work, O_RDONLY | O_DIRECTORY);
                                 struct cove_err err = {0};
-                                cove_snapshot_capture_tree(st, "t1", id, NULL, fd, NULL, &err);
+                                int rc =
+                                    cove_snapshot_capture_tree(st, "t1", id, NULL, fd, NULL, &err);
                                 close(fd);
+                                if (rc < 0)
+                                        continue;
+                                /* every other round also drops the previous one and collects
+                                 * (stable.bin's chunks are shared and must survive) */
+                                if (round % 2 && prev[0]) {
+                                        cove_snapshot_delete(st, "t1", prev, &err);
+                                        char **keep;
+                                        size_t nk;
+                                        if (cove_snapshot_list(st, "t1", &keep, &nk, &err) == 0) {
+                                                cove_store_gc(st, "t1", (const char *const *)keep,
+                                                              nk, NULL, &err);
+                                                cove_snapshot_list_free(keep, nk);
+                                        }
+                                }
+                                snprintf(prev, sizeof(prev), "%s", id);
                         }
                 }
                 struct timespec ts = {0, (10 + rand() % 150) * 1000000L};
@@ -894,11 +1113,12 @@ static int count_objects(const char *dir)
         return (int)o.n;
 }
 
-/* A capture paused on its first fdatasync (after every chunk was named and deduped). */
+/* A capture paused on its first fdatasync or syncfs (after every chunk was named and
+ * deduped). */
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cv = PTHREAD_COND_INITIALIZER;
 static int gate_armed, gate_waiting, gate_open;
-static int gate_fdatasync(int fd)
+static void gate_pass(void)
 {
         pthread_mutex_lock(&gate_mu);
         if (gate_armed) {
@@ -909,7 +1129,16 @@ static int gate_fdatasync(int fd)
                 gate_armed = 0;
         }
         pthread_mutex_unlock(&gate_mu);
+}
+static int gate_fdatasync(int fd)
+{
+        gate_pass();
         return fdatasync(fd);
+}
+static int gate_syncfs(int fd)
+{
+        gate_pass();
+        return syncfs(fd);
 }
 
 struct cap_arg {
@@ -933,6 +1162,7 @@ static void gc(void **state)
         struct fx *f = *state;
         struct cove_sysio io = cove_sysio_default;
         io.fdatasync = gate_fdatasync;
+        io.syncfs = gate_syncfs;
         f->st = open_store(f, &io, 1, 50); /* grace 50 ms */
         char chunks[256];
         snprintf(chunks, sizeof(chunks), "%s/t1/chunks", f->root);
@@ -1017,12 +1247,15 @@ int main(void)
         const struct CMUnitTest tests[] = {
             cmocka_unit_test_setup_teardown(round_trip, setup, teardown),
             cmocka_unit_test_setup_teardown(dedup, setup, teardown),
+            cmocka_unit_test_setup_teardown(incremental, setup, teardown),
+            cmocka_unit_test_setup_teardown(odd_names, setup, teardown),
             cmocka_unit_test_setup_teardown(tenants_apart, setup, teardown),
             cmocka_unit_test_setup_teardown(no_plaintext, setup, teardown),
             cmocka_unit_test_setup_teardown(damaged_chunks, setup, teardown),
             cmocka_unit_test_setup_teardown(memory_stream, setup, teardown),
             cmocka_unit_test_setup_teardown(faults, setup, teardown),
             cmocka_unit_test_setup_teardown(gc, setup, teardown),
+            cmocka_unit_test_setup_teardown(gc_faults, setup, teardown),
             cmocka_unit_test_setup_teardown(kill9, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,6 +16,7 @@
 #include "crypto/keys.h"
 #include "store/snapshot.h"
 #include "util/cleanup.h"
+#include "util/testhooks.h"
 #include "util/util.h"
 
 #define FORK_MAX 20
@@ -96,6 +97,13 @@ json_t *cove_snapshot_json(const struct cove_snapshot_row *s)
                          s->label[0] ? json_string(s->label) : json_null(), "size_bytes",
                          (json_int_t)s->size_bytes, "new_bytes", (json_int_t)s->new_bytes,
                          "pause_ms", (double)s->pause_us / 1000.0, "rolling", s->rolling);
+}
+
+/* The time machine's clock: snapshot times, rolling schedule and retention. Wall clock,
+ * shifted in tests only (util/testhooks.h) so retention can be tested over days. */
+static int64_t tm_now(void)
+{
+        return cove_now_ms() + cove_testhooks_clock_offset_ms();
 }
 
 /* ---- rows ---- */
@@ -184,7 +192,7 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         snprintf(img, sizeof(img), "%s/" IMG_SNAP "%s.img", tm->layer_dir, s.id);
         uint64_t pause_ns = 0;
         int64_t t0 = cove_mono_ns();
-        s.created_at = cove_now_ms();
+        s.created_at = tm_now();
         if (cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
                 unlink(img);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
@@ -441,9 +449,12 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
         char img[PATH_MAX];
+        int64_t t1 = cove_mono_ns();
         r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img), err);
+        int64_t t2 = cove_mono_ns();
         if (r == 0)
                 r = start_from_image(d, &row, img, err);
+        int64_t t3 = cove_mono_ns();
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
                 if (reload(d, id, &row, &e2) == 0) {
@@ -468,8 +479,10 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         cove_tm_kick(d);
         coved_egress_refresh(d, row.tenant, id); /* a new instance: a new link */
         coved_audit_control(d, row.tenant, id, "resume", json_pack("{s:s}", "snapshot", snap.id));
-        cove_info(&d->log, "sandbox.resume", "sandbox %s resumed from snapshot %s in %.1f ms", id,
-                  snap.id, (double)(cove_mono_ns() - t0) / 1e6);
+        cove_info(&d->log, "sandbox.resume",
+                  "sandbox %s resumed from snapshot %s in %.1f ms (restore %.1f ms, start %.1f ms)",
+                  id, snap.id, (double)(cove_mono_ns() - t0) / 1e6, (double)(t2 - t1) / 1e6,
+                  (double)(t3 - t2) / 1e6);
         *out = cove_sandbox_json(&row);
 out:
         sbx_unlock(d->tm, id);
@@ -608,7 +621,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
                 /* a fork's first snapshot has the forked snapshot as parent */
                 snprintf(s.last_snapshot_id, sizeof(s.last_snapshot_id), "%s", snap.id);
-                s.created_at = cove_now_ms();
+                s.created_at = tm_now();
                 snprintf(s.state, sizeof(s.state), "starting");
                 char img[PATH_MAX];
                 r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
@@ -836,7 +849,7 @@ static int64_t roll(struct coved *d)
                         break;
                 int64_t last = l.v[i].since;
                 d->cat_ops->snapshot_list(d->cat, l.v[i].tenant, l.v[i].id, newest_cb, &last, &err);
-                int64_t wait = last + (int64_t)l.v[i].interval_s * 1000 - cove_now_ms();
+                int64_t wait = last + (int64_t)l.v[i].interval_s * 1000 - tm_now();
                 if (wait <= 0) {
                         if (sbx_lock(tm, l.v[i].id, 0) != 0) {
                                 next = next > 200 ? 200 : next; /* busy: try again soon */
@@ -1006,7 +1019,7 @@ static void *tm_main(void *arg)
                 int off = tm->rolling_off;
                 pthread_mutex_unlock(&tm->mu);
                 int64_t wait = off ? 5000 : roll(d);
-                int64_t now = cove_now_ms();
+                int64_t now = tm_now();
                 pthread_mutex_lock(&tm->mu);
                 int gc = tm->gc_wanted;
                 pthread_mutex_unlock(&tm->mu);
@@ -1112,7 +1125,10 @@ int cove_tm_open(struct coved *d, struct cove_err *err)
         snprintf(keys, sizeof(keys), "%s/keys", d->data_dir);
         if (cove_mkdir_p(keys, 0700, err) < 0)
                 return cove_err_wrap(err, "snapshot keys %s", keys);
-        struct cove_store_opts so = {.root = root, .keys_dir = keys};
+        struct cove_store_opts so = {.root = root,
+                                     .keys_dir = keys,
+                                     .io = cove_testhooks_io(),
+                                     .gc_grace_ms = cove_testhooks_gc_grace_ms()};
         if (cove_store_open(&so, &tm->store, err) < 0)
                 return cove_err_wrap(err, "snapshot store %s", root);
         cleanup_crash(d);

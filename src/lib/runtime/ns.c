@@ -228,9 +228,40 @@ static void setup_dev(int sfd)
                 child_fail(sfd, errno, "remount /dev read-only");
 }
 
+/* Close every fd >= 3 but the three given (async-signal-safe). */
+static void close_all_but(int x, int y, int z)
+{
+        int k[3] = {x, y, z};
+        for (int i = 0; i < 3; i++)
+                for (int j = i + 1; j < 3; j++)
+                        if (k[j] < k[i]) {
+                                int t = k[i];
+                                k[i] = k[j];
+                                k[j] = t;
+                        }
+        unsigned lo = 3;
+        for (int i = 0; i < 3; i++) {
+                if (k[i] < (int)lo)
+                        continue;
+                if ((unsigned)k[i] > lo)
+                        syscall(SYS_close_range, lo, (unsigned)k[i] - 1, 0);
+                lo = (unsigned)k[i] + 1;
+        }
+        syscall(SYS_close_range, lo, ~0U, 0);
+}
+
 static _Noreturn void child_main(struct child_args *a)
 {
         int sfd = a->sync_fd;
+        /* A child whose coved dies while it is set up must go too, or it waits in recv_fd()
+         * for ever and pins its copy of coved's mounts — every sandbox's layer then — and
+         * their loop devices (the "loop device outlives a kill -9" bug). EOF on the sync
+         * socket is not enough alone: every child holds copies of coved's fds, the parent's
+         * end of its own socketpair and of any other child's being set up at the same time
+         * among them. So: drop every inherited fd now (they close at exec anyway), and die
+         * with the parent (the credential change below clears this; it is set again there). */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close_all_but(sfd, a->chan_fd, a->guest_fd);
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);

@@ -136,6 +136,19 @@ static json_t *hex_json(const uint8_t *p, size_t n)
         return s;
 }
 
+/* A name field (path, link, target, xattr name): a JSON string when it is UTF-8, else
+ * <key>_hex with its bytes (Linux names are bytes; a sandbox may use any, and a manifest
+ * that cannot be written would disable its snapshots). */
+static int set_name(json_t *o, const char *key, const char *s)
+{
+        json_t *v = json_string(s);
+        if (v)
+                return json_object_set_new(o, key, v);
+        char k[32];
+        snprintf(k, sizeof(k), "%s_hex", key);
+        return json_object_set_new(o, k, hex_json((const uint8_t *)s, strlen(s)));
+}
+
 int cove_manifest_serialize(const struct cove_manifest *m, char **out, size_t *len,
                             struct cove_err *err)
 {
@@ -161,7 +174,7 @@ int cove_manifest_serialize(const struct cove_manifest *m, char **out, size_t *l
                         oom = 1;
                         break;
                 }
-                oom |= json_object_set_new(o, "path", json_string(e->path));
+                oom |= set_name(o, "path", e->path);
                 oom |= json_object_set_new(o, "type", json_string(cove_ent_type_name(e->type)));
                 oom |= json_object_set_new(o, "mode", json_integer(e->mode));
                 oom |= json_object_set_new(o, "uid", json_integer(e->uid));
@@ -169,19 +182,30 @@ int cove_manifest_serialize(const struct cove_manifest *m, char **out, size_t *l
                 oom |= json_object_set_new(o, "mtime_ns", json_integer(e->mtime_ns));
                 if (e->type == COVE_ENT_FILE)
                         oom |= json_object_set_new(o, "size", json_integer((json_int_t)e->size));
+                if (e->type == COVE_ENT_FILE && e->ctime_ns > 0) {
+                        oom |= json_object_set_new(o, "ctime_ns", json_integer(e->ctime_ns));
+                        oom |= json_object_set_new(o, "ino", json_integer((json_int_t)e->ino));
+                }
                 if (e->type == COVE_ENT_CHAR || e->type == COVE_ENT_BLOCK)
                         oom |= json_object_set_new(o, "rdev", json_integer((json_int_t)e->rdev));
                 if (e->target)
-                        oom |= json_object_set_new(o, "target", json_string(e->target));
+                        oom |= set_name(o, "target", e->target);
                 if (e->link)
-                        oom |= json_object_set_new(o, "link", json_string(e->link));
+                        oom |= set_name(o, "link", e->link);
                 if (e->nxattrs) {
                         json_t *xs = json_array();
                         oom |= !xs || json_object_set_new(o, "xattrs", xs);
-                        for (size_t j = 0; !oom && j < e->nxattrs; j++)
+                        /* [name, value hex], or [null, value hex, name hex] for a name
+                         * that is not UTF-8 */
+                        for (size_t j = 0; !oom && j < e->nxattrs; j++) {
+                                const struct cove_xattr *x = &e->xattrs[j];
+                                json_t *xn = json_string(x->name);
                                 oom |= json_array_append_new(
-                                    xs, json_pack("[s o]", e->xattrs[j].name,
-                                                  hex_json(e->xattrs[j].value, e->xattrs[j].len)));
+                                    xs, xn ? json_pack("[o o]", xn, hex_json(x->value, x->len))
+                                           : json_pack("[n o o]", hex_json(x->value, x->len),
+                                                       hex_json((const uint8_t *)x->name,
+                                                                strlen(x->name))));
+                        }
                 }
                 if (e->type == COVE_ENT_FILE && !e->link) {
                         json_t *cs = json_array();
@@ -277,16 +301,58 @@ static int get_id(json_t *root, const char *key, int nullable, char *out)
         return 0;
 }
 
+/* A name field written by set_name(): key as a string or key_hex (not both) into buf
+ * (cap bytes incl. the NUL); NULL when absent, "" with *bad set when malformed (a NUL inside,
+ * too long, not hex). */
+static const char *get_name(json_t *o, const char *key, char *buf, size_t cap, size_t *len,
+                            int *bad_out)
+{
+        char k[32];
+        snprintf(k, sizeof(k), "%s_hex", key);
+        json_t *v = json_object_get(o, key), *h = json_object_get(o, k);
+        *len = 0;
+        if (!v && !h)
+                return NULL;
+        if (v && h) {
+                *bad_out = 1;
+                return "";
+        }
+        if (v) {
+                if (!json_is_string(v) || json_string_length(v) >= cap ||
+                    strlen(json_string_value(v)) != json_string_length(v)) {
+                        *bad_out = 1;
+                        return "";
+                }
+                *len = json_string_length(v);
+                return json_string_value(v);
+        }
+        size_t n = json_is_string(h) ? json_string_length(h) / 2 : 0;
+        if (!json_is_string(h) || json_string_length(h) % 2 || n >= cap ||
+            unhex(json_string_value(h), n, (uint8_t *)buf) < 0) {
+                *bad_out = 1;
+                return "";
+        }
+        buf[n] = '\0';
+        if (strlen(buf) != n) {
+                *bad_out = 1;
+                return "";
+        }
+        *len = n;
+        return buf;
+}
+
 static int parse_entry(struct cove_manifest *m, json_t *o, size_t i, json_t *seen,
                        struct cove_err *err)
 {
         if (!json_is_object(o))
                 return bad(err, i, "not an object");
-        json_t *jp = json_object_get(o, "path"), *jt = json_object_get(o, "type");
-        if (!json_is_string(jp) || !json_is_string(jt))
+        char pbuf[COVE_PATH_MAX + 1], lbuf[COVE_PATH_MAX + 1], tbuf[COVE_PATH_MAX + 1];
+        int malformed = 0;
+        size_t plen, llen, tlen;
+        json_t *jt = json_object_get(o, "type");
+        const char *path = get_name(o, "path", pbuf, sizeof(pbuf), &plen, &malformed);
+        if (!path || malformed || !json_is_string(jt))
                 return bad(err, i, "path and type are required strings");
-        const char *path = json_string_value(jp);
-        size_t plen = json_string_length(jp);
         int root = i == 0;
         if (root ? strcmp(path, ".") != 0 : !path_ok(path, plen))
                 return bad(err, i, root ? "first entry must be \".\"" : "invalid path");
@@ -317,17 +383,23 @@ static int parse_entry(struct cove_manifest *m, json_t *o, size_t i, json_t *see
         if (!json_is_integer(jm))
                 return bad(err, i, "mtime_ns");
         e.mtime_ns = json_integer_value(jm);
+        if (e.type == COVE_ENT_FILE && json_object_get(o, "ctime_ns")) {
+                uint64_t ct, ino;
+                if (get_uint(o, "ctime_ns", INT64_MAX, &ct) < 0 ||
+                    get_uint(o, "ino", INT64_MAX, &ino) < 0)
+                        return bad(err, i, "ctime_ns/ino");
+                e.ctime_ns = (int64_t)ct;
+                e.ino = ino;
+        }
         if (e.type == COVE_ENT_CHAR || e.type == COVE_ENT_BLOCK) {
                 if (get_uint(o, "rdev", UINT64_MAX >> 1, &e.rdev) < 0)
                         return bad(err, i, "rdev");
         }
-        json_t *jtg = json_object_get(o, "target");
+        const char *jtg = get_name(o, "target", tbuf, sizeof(tbuf), &tlen, &malformed);
         if (e.type == COVE_ENT_SYMLINK) {
-                if (!json_is_string(jtg) || json_string_length(jtg) == 0 ||
-                    json_string_length(jtg) > COVE_PATH_MAX ||
-                    strlen(json_string_value(jtg)) != json_string_length(jtg))
+                if (!jtg || malformed || tlen == 0)
                         return bad(err, i, "symlink target");
-                e.target = (char *)json_string_value(jtg);
+                e.target = (char *)jtg;
         } else if (jtg) {
                 return bad(err, i, "target on a non-symlink");
         }
@@ -345,18 +417,18 @@ static int parse_entry(struct cove_manifest *m, json_t *o, size_t i, json_t *see
                 if (json_object_get(seen, path))
                         return bad(err, i, "duplicate path");
         }
-        json_t *jl = json_object_get(o, "link");
+        const char *jl = get_name(o, "link", lbuf, sizeof(lbuf), &llen, &malformed);
         if (jl) {
-                if (e.type != COVE_ENT_FILE || !json_is_string(jl) ||
-                    !path_ok(json_string_value(jl), json_string_length(jl)))
+                if (e.type != COVE_ENT_FILE || malformed || !path_ok(jl, llen))
                         return bad(err, i, "link");
-                json_t *lt = json_object_get(seen, json_string_value(jl));
+                json_t *lt = json_object_get(seen, jl);
                 /* 100 + type marks a file that is itself a link: links point at data. */
                 if (!lt || json_integer_value(lt) != COVE_ENT_FILE)
                         return bad(err, i, "link target is not an earlier file with data");
-                e.link = (char *)json_string_value(jl);
+                e.link = (char *)jl;
         }
-        if (json_object_set_new(seen, path, json_integer(e.link ? 100 + e.type : e.type)))
+        /* nocheck: keys are paths, which may be any bytes but NUL */
+        if (json_object_set_new_nocheck(seen, path, json_integer(e.link ? 100 + e.type : e.type)))
                 return cove_err_set(err, ENOMEM, "parse manifest");
         if (e.type == COVE_ENT_FILE && !e.link) {
                 if (get_uint(o, "size", INT64_MAX, &e.size) < 0)
@@ -372,11 +444,27 @@ static int parse_entry(struct cove_manifest *m, json_t *o, size_t i, json_t *see
                 for (size_t j = 0; j < json_array_size(xs); j++) {
                         json_t *x = json_array_get(xs, j);
                         json_t *xn = json_array_get(x, 0), *xv = json_array_get(x, 1);
-                        if (!json_is_array(x) || json_array_size(x) != 2 || !json_is_string(xn) ||
-                            !json_is_string(xv) || json_string_length(xn) == 0 ||
-                            json_string_length(xn) > COVE_XATTR_NAME_MAX ||
-                            strlen(json_string_value(xn)) != json_string_length(xn) ||
-                            json_string_length(xv) % 2 ||
+                        char nbuf[COVE_XATTR_NAME_MAX + 1];
+                        if (json_is_array(x) && json_array_size(x) == 3 && json_is_null(xn)) {
+                                /* a name that is not UTF-8, in hex */
+                                json_t *xh = json_array_get(x, 2);
+                                size_t nl = json_is_string(xh) ? json_string_length(xh) / 2 : 0;
+                                if (!json_is_string(xh) || json_string_length(xh) % 2 || nl == 0 ||
+                                    nl > COVE_XATTR_NAME_MAX ||
+                                    unhex(json_string_value(xh), nl, (uint8_t *)nbuf) < 0)
+                                        return bad(err, i, "xattr");
+                                nbuf[nl] = '\0';
+                                if (strlen(nbuf) != nl)
+                                        return bad(err, i, "xattr");
+                        } else if (!json_is_array(x) || json_array_size(x) != 2 ||
+                                   !json_is_string(xn) || json_string_length(xn) == 0 ||
+                                   json_string_length(xn) > COVE_XATTR_NAME_MAX ||
+                                   strlen(json_string_value(xn)) != json_string_length(xn)) {
+                                return bad(err, i, "xattr");
+                        } else {
+                                strcpy(nbuf, json_string_value(xn));
+                        }
+                        if (!json_is_string(xv) || json_string_length(xv) % 2 ||
                             json_string_length(xv) / 2 > COVE_XATTR_VALUE_MAX)
                                 return bad(err, i, "xattr");
                         size_t vl = json_string_length(xv) / 2;
@@ -387,7 +475,7 @@ static int parse_entry(struct cove_manifest *m, json_t *o, size_t i, json_t *see
                                 free(val);
                                 return bad(err, i, "xattr value is not hex");
                         }
-                        int rc = cove_mentry_add_xattr(ne, json_string_value(xn), val, vl);
+                        int rc = cove_mentry_add_xattr(ne, nbuf, val, vl);
                         free(val);
                         if (rc < 0)
                                 return cove_err_set(err, ENOMEM, "parse manifest");

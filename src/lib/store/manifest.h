@@ -51,10 +51,12 @@ struct cove_mentry {
         uint32_t mode; /* permission bits incl. setuid/setgid/sticky (07777) */
         uint32_t uid, gid;
         int64_t mtime_ns;
-        uint64_t size; /* files: bytes */
-        uint64_t rdev; /* char/block devices (overlayfs whiteouts are char 0/0) */
-        char *target;  /* symlink target */
-        char *link;    /* hard link: path of an earlier file entry with the data */
+        int64_t ctime_ns; /* files: change time, 0 = unknown (only to skip unchanged files) */
+        uint64_t ino;     /* files: inode number in the captured filesystem (likewise) */
+        uint64_t size;    /* files: bytes */
+        uint64_t rdev;    /* char/block devices (overlayfs whiteouts are char 0/0) */
+        char *target;     /* symlink target */
+        char *link;       /* hard link: path of an earlier file entry with the data */
         struct cove_xattr *xattrs;
         size_t nxattrs;
         size_t chunk_off, nchunks; /* into cove_manifest.chunks */

@@ -301,6 +301,8 @@ static void chunk_id(const struct tenant *t, const void *data, size_t len, uint8
 
 /* Seal plain into a new object: header || AES-256-GCM(zstd?(plain)) || tag, with
  * AD = header || ad. */
+#define SAMPLE_LEN 4096 /* compressibility probe of seal() */
+
 static int seal(struct worker *w, const uint8_t key[32], const char *magic, const void *ad,
                 size_t adlen, const uint8_t *plain, size_t len, int level, uint8_t **out,
                 size_t *outlen, struct cove_err *err)
@@ -314,7 +316,18 @@ static int seal(struct worker *w, const uint8_t key[32], const char *magic, cons
                 w->zbuf = nb;
                 w->zcap = bound;
         }
-        size_t z = ZSTD_compressCCtx(w->zc, w->zbuf, w->zcap, plain, len, level);
+        /* Incompressible data (media, archives, random) is most of what zstd -1 spends its
+         * time on: try a 4 KiB sample from the middle first and store the chunk as it is
+         * when the sample does not shrink by 1/32 (btrfs decides the same way). */
+        size_t z = len;
+        if (len >= 4 * SAMPLE_LEN) {
+                size_t sz = ZSTD_compressCCtx(w->zc, w->zbuf, w->zcap,
+                                              plain + len / 2 - SAMPLE_LEN / 2, SAMPLE_LEN, level);
+                if (!ZSTD_isError(sz) && sz < SAMPLE_LEN - SAMPLE_LEN / 32)
+                        z = ZSTD_compressCCtx(w->zc, w->zbuf, w->zcap, plain, len, level);
+        } else {
+                z = ZSTD_compressCCtx(w->zc, w->zbuf, w->zcap, plain, len, level);
+        }
         const uint8_t *body = plain;
         size_t blen = len;
         uint8_t flags = 0;
@@ -603,7 +616,9 @@ struct capture {
         struct cove_cdc cdc;
         uint8_t *segs[COVE_MANIFEST_MAX_CHUNKS >> SEG_SHIFT]; /* chunk ids by manifest index */
         pthread_mutex_t mu;                                   /* seen, failed/err */
-        struct idset seen; /* ids this capture references (also held in st->inflight) */
+        struct idset seen;         /* ids this capture references (also held in st->inflight) */
+        struct cove_manifest prev; /* the parent's manifest, when it could be read */
+        json_t *prev_idx;          /* path -> index into prev.entries of its files */
         int failed;
         struct cove_err err; /* first failure */
         struct pool pool;
@@ -840,6 +855,95 @@ static int cap_file_data(struct capture *c, int fd, uint64_t size, struct cove_m
         return 0;
 }
 
+/* The last entry is a file that did not change since the parent snapshot (same size,
+ * mtime, ctime and inode number: ctime cannot be set from user space, and a restored or
+ * forked tree has new ones): take its chunk list from the parent instead of reading and
+ * hashing it again. Each chunk is registered as in flight and touched first, exactly like
+ * a deduplicated one (see cove_store_gc); if one is gone, what was added is taken back and
+ * 0 returned, and the caller reads the file. 1: reused. */
+static int cap_reuse(struct capture *c, const struct stat *st, int64_t ctime_ns,
+                     struct cove_err *err)
+{
+        struct cove_store *s = c->st;
+        struct cove_manifest *m = &c->m;
+        json_t *v = c->prev_idx ? json_object_get(c->prev_idx, m->entries[m->n - 1].path) : NULL;
+        if (!v)
+                return 0;
+        const struct cove_mentry *pe = &c->prev.entries[json_integer_value(v)];
+        if (pe->ctime_ns != ctime_ns || pe->ino != (uint64_t)st->st_ino ||
+            pe->size != (uint64_t)st->st_size || pe->mtime_ns != m->entries[m->n - 1].mtime_ns)
+                return 0;
+        size_t off0 = m->nchunks;
+        uint64_t chunks0 = c->stats.chunks, holes0 = c->stats.holes;
+        for (size_t j = 0; j < pe->nchunks; j++) {
+                const struct cove_mchunk *pc = &c->prev.chunks[pe->chunk_off + j];
+                if (pc->hole) {
+                        if (cap_emit_hole(c, pc->len, err) < 0)
+                                return -1;
+                        continue;
+                }
+                pthread_mutex_lock(&s->mu);
+                int r = idset_add(&s->inflight, pc->id);
+                pthread_mutex_unlock(&s->mu);
+                if (r < 0)
+                        return cove_err_set(err, ENOMEM, "chunk registry");
+                char name[256];
+                chunk_obj_name(c->t->name, pc->id, name, sizeof(name));
+                int have = s->cs->ops->touch(s->cs, name, err);
+                if (have < 0)
+                        return -1;
+                if (!have) { /* collected meanwhile: read the file after all */
+                        m->nchunks = off0;
+                        m->entries[m->n - 1].nchunks = 0;
+                        c->stats.chunks = chunks0;
+                        c->stats.holes = holes0;
+                        return 0;
+                }
+                pthread_mutex_lock(&c->mu);
+                r = idset_add(&c->seen, pc->id);
+                pthread_mutex_unlock(&c->mu);
+                size_t k = m->nchunks;
+                if (r < 0)
+                        return cove_err_set(err, ENOMEM, "chunk registry");
+                if (k >= COVE_MANIFEST_MAX_CHUNKS)
+                        return cove_err_setk(err, COVE_E_LIMIT, 0, "more than %u chunks",
+                                             COVE_MANIFEST_MAX_CHUNKS);
+                if (!c->segs[k >> SEG_SHIFT] &&
+                    !(c->segs[k >> SEG_SHIFT] = malloc((size_t)32 << SEG_SHIFT)))
+                        return cove_err_set(err, ENOMEM, "chunk table");
+                if (cove_manifest_add_chunk(m, NULL, pc->len, 0) < 0)
+                        return cove_err_set(err, ENOMEM, "manifest");
+                memcpy(cap_idslot(c, k), pc->id, 32);
+                c->stats.chunks++;
+        }
+        m->entries[m->n - 1].size = pe->size;
+        c->stats.size_bytes += pe->size;
+        c->stats.reused_bytes += pe->size;
+        return 1;
+}
+
+static int load_manifest(struct cove_store *st, const struct tenant *t, const char *snap_id,
+                         struct cove_manifest *m, struct cove_err *err);
+
+/* Index the parent's files for cap_reuse(); a parent that cannot be read (deleted, from an
+ * older format, damaged) only means every file is read. */
+static void cap_load_prev(struct capture *c, const char *parent)
+{
+        struct cove_err e = {0};
+        if (load_manifest(c->st, c->t, parent, &c->prev, &e) < 0)
+                return;
+        if (strcmp(c->prev.kind, "files") || !(c->prev_idx = json_object()))
+                return;
+        for (size_t i = 0; i < c->prev.n; i++) {
+                const struct cove_mentry *pe = &c->prev.entries[i];
+                /* nocheck: paths are bytes, not necessarily UTF-8 */
+                if (pe->type == COVE_ENT_FILE && !pe->link && pe->ctime_ns > 0 &&
+                    json_object_set_new_nocheck(c->prev_idx, pe->path,
+                                                json_integer((json_int_t)i)) < 0)
+                        break; /* out of memory: the rest is read */
+        }
+}
+
 /* xattrs of an entry: through fd when given, else the path (l* calls, no following). */
 static int cap_xattrs(struct cove_mentry *e, int fd, const char *path, int follow,
                       struct cove_err *err)
@@ -971,13 +1075,22 @@ static int cap_one(struct capture *c, int dfd, const char *name, const char *pat
                                            ? 0
                                            : cove_err_set(err, ENOMEM, "manifest");
                         }
-                        json_object_set_new(c->links, key, json_string(path));
+                        json_object_set_new(c->links, key, json_string_nocheck(path));
                 }
+                e.ctime_ns = (int64_t)sx.stx_ctime.tv_sec * 1000000000LL + sx.stx_ctime.tv_nsec;
+                e.ino = (uint64_t)st.st_ino;
+                if (st.st_ino != sx.stx_ino || e.ctime_ns <= 0)
+                        e.ctime_ns = 0; /* replaced between statx and open: no reuse */
                 struct cove_mentry *ne = cove_manifest_add(&c->m, &e);
                 int rc = ne ? 0 : cove_err_set(err, ENOMEM, "manifest");
                 if (rc == 0)
                         rc = cap_xattrs(ne, fd, NULL, 0, err);
-                if (rc == 0)
+                int reused = 0;
+                if (rc == 0 && e.ctime_ns)
+                        rc = reused = cap_reuse(c, &st, e.ctime_ns, err);
+                if (rc == 1)
+                        rc = 0;
+                if (rc == 0 && !reused)
                         rc = cap_file_data(c, fd, (uint64_t)st.st_size, ne, err);
                 if (rc < 0 && !cap_failed(c))
                         cove_err_wrap(err, "%s", path);
@@ -1151,6 +1264,7 @@ static int capture_begin(struct capture *c, struct cove_store *st, const char *t
         memset(c, 0, sizeof(*c));
         pthread_mutex_init(&c->mu, NULL);
         cove_manifest_init(&c->m);
+        cove_manifest_init(&c->prev);
         c->st = st;
         c->snap_id = snap_id;
         if (check_ids(tenant, snap_id, parent, err) < 0)
@@ -1254,6 +1368,8 @@ static int capture_end(struct capture *c, int rc, struct cove_snapshot_stats *ou
         idset_free(&c->seen);
         free(c->buf);
         json_decref(c->links);
+        json_decref(c->prev_idx);
+        cove_manifest_clear(&c->prev);
         cove_manifest_clear(&c->m);
         pthread_mutex_destroy(&c->mu);
         return rc;
@@ -1268,6 +1384,8 @@ int cove_snapshot_capture_tree(struct cove_store *st, const char *tenant, const 
         if (!c)
                 return cove_err_set(err, ENOMEM, "snapshot %s", snap_id ? snap_id : "?");
         int rc = capture_begin(c, st, tenant, snap_id, parent_id, "files", err);
+        if (rc == 0 && parent_id)
+                cap_load_prev(c, parent_id);
         if (rc == 0) {
                 struct statx sx;
                 if (statx(dirfd, "", AT_EMPTY_PATH, STATX_BASIC_STATS | STATX_MNT_ID, &sx) < 0 ||

@@ -52,6 +52,7 @@ struct cove_snapshot_stats {
         uint64_t new_bytes;    /* plaintext bytes of chunks this snapshot added */
         uint64_t stored_bytes; /* bytes of objects it added (new chunks + manifest) */
         uint64_t chunks, new_chunks, holes;
+        uint64_t reused_bytes; /* bytes of unchanged files taken from the parent's manifest */
         /* Time per stage, summed over threads (ns): restore fills read/hash/.. too. */
         uint64_t ns_read, ns_chunk, ns_hash, ns_compress, ns_encrypt, ns_write, ns_total;
 };

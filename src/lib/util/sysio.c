@@ -19,6 +19,7 @@ const struct cove_sysio cove_sysio_default = {
     .pwrite = pwrite,
     .fsync = fsync,
     .fdatasync = fdatasync,
+    .syncfs = syncfs,
     .rename = rename,
     .mkdir = mkdir,
     .unlink = unlink,

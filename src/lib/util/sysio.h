@@ -15,6 +15,7 @@ struct cove_sysio {
         ssize_t (*pwrite)(int fd, const void *buf, size_t len, off_t off);
         int (*fsync)(int fd);
         int (*fdatasync)(int fd);
+        int (*syncfs)(int fd); /* the whole filesystem of fd: data, metadata, journal */
         int (*rename)(const char *from, const char *to);
         int (*mkdir)(const char *path, mode_t mode);
         int (*unlink)(const char *path);
