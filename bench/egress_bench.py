@@ -20,7 +20,7 @@ def https(addr, name, n, keepalive, verify):
     if not verify:
         ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE
     def conn():
-        return ctx.wrap_socket(socket.create_connection((addr, 443)), server_hostname=name)
+        return ctx.wrap_socket(socket.create_connection((addr, 443), timeout=20), server_hostname=name)
     def get(s):
         s.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % name.encode())
         buf = b""
