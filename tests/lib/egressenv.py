@@ -77,7 +77,9 @@ def serve(addr, port, tls=False):
     if tls:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(os.path.join(d, "cert.pem"), os.path.join(d, "key.pem"))
-        s.socket = ctx.wrap_socket(s.socket, server_side=True)
+        # the handshake in the connection's own thread, not in accept(): one stalled or
+        # reset handshake must not stop the whole TLS server
+        s.socket = ctx.wrap_socket(s.socket, server_side=True, do_handshake_on_connect=False)
     s.serve_forever()
 def hold(addr):
     l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
