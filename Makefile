@@ -26,6 +26,7 @@ bench-tm: all
 # chunk store capture/restore/dedup figures (bench/chunkstore_bench.c); BENCH_STORE_ARGS e.g. --mb 256
 bench-store: all
 	$(BUILD)/bench/chunkstore_bench $(BENCH_STORE_ARGS)
+	$(BUILD)/bench/keys_bench --kms tests/security/kms.sh
 
 asan:
 	$(MAKE) BUILD=build-asan MESON_OPTS="-Db_sanitize=address,undefined -Db_lundef=false" test

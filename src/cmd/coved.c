@@ -4,6 +4,7 @@
  *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
  *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
+ *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers]
  *              [--egress-ca-file PEM] */
 #include <getopt.h>
 #include <signal.h>
@@ -17,19 +18,28 @@
 
 static void usage(FILE *f)
 {
-        fprintf(f, "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
-                   "             [--templates NAME,...] [--guest-binary PATH]\n"
-                   "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n"
-                   "             [--e2b-api-listen HOST:PORT|none] "
-                   "[--e2b-sandbox-listen HOST:PORT|none]\n"
-                   "             [--pool N]   warm sandboxes kept per template (default 4)\n"
-                   "             [--egress-pool CIDR]  sandbox link addresses (default "
-                   "10.200.0.0/16)\n"
-                   "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
-                   "                                (default: nameservers of /etc/resolv.conf)\n"
-                   "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
-                   "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
-                   "                                (besides the system store; tests)\n");
+        fprintf(f,
+                "usage: coved --data-dir DIR [--listen HOST:PORT] [--templates-dir DIR]\n"
+                "             [--templates NAME,...] [--guest-binary PATH]\n"
+                "             [--log-level debug|info|warn|error] [--default-timeout SECONDS]\n"
+                "             [--e2b-api-listen HOST:PORT|none] "
+                "[--e2b-sandbox-listen HOST:PORT|none]\n"
+                "             [--pool N]   warm sandboxes kept per template (default 4)\n"
+                "             [--egress-pool CIDR]  sandbox link addresses (default "
+                "10.200.0.0/16)\n"
+                "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
+                "                                (default: nameservers of /etc/resolv.conf)\n"
+                "             [--dns-static NAME=IP]...  fixed answers of the node resolver\n"
+                "             [--runtime ns|vm]  default runtime (default: vm where /dev/kvm\n"
+                "                                works, else ns; both are available)\n"
+                "             [--vm-pool N]  warm vm sandboxes kept per template (default 0)\n"
+                "             [--key-cache-ttl S]  unwrapped tenant keys are unwrapped again\n"
+                "                                through their provider after S seconds (default\n"
+                "                                60; 0 = every use)\n"
+                "             [--encrypt-layers]  sandboxes default to storage_encrypted (their\n"
+                "                                writable layer under fscrypt; no warm pool)\n"
+                "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
+                "                                (besides the system store; tests)\n");
 }
 
 int main(int argc, char **argv)
@@ -37,7 +47,9 @@ int main(int argc, char **argv)
         struct coved_options o = {.listen = "127.0.0.1:7677",
                                   .log_level = COVE_LOG_INFO,
                                   .default_timeout_s = 300,
-                                  .pool_size = -1};
+                                  .pool_size = -1,
+                                  .key_cache_ttl_s = -1,
+                                  .vm_pool_size = 0};
         static const struct option opts[] = {
             {"data-dir", required_argument, 0, 'd'},
             {"listen", required_argument, 0, 'l'},
@@ -53,6 +65,10 @@ int main(int argc, char **argv)
             {"dns-upstream", required_argument, 0, 'U'},
             {"dns-static", required_argument, 0, 'D'},
             {"egress-ca-file", required_argument, 0, 'C'},
+            {"key-cache-ttl", required_argument, 0, 'K'},
+            {"encrypt-layers", no_argument, 0, 'Y'},
+            {"runtime", required_argument, 0, 'R'},
+            {"vm-pool", required_argument, 0, 'V'},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -99,6 +115,20 @@ int main(int argc, char **argv)
                                 return 2;
                         }
                         break;
+                case 'R':
+                        if (strcmp(optarg, "ns") && strcmp(optarg, "vm")) {
+                                fprintf(stderr, "coved: --runtime takes ns or vm\n");
+                                return 2;
+                        }
+                        o.runtime = optarg;
+                        break;
+                case 'V':
+                        o.vm_pool_size = atoi(optarg);
+                        if (o.vm_pool_size < 0 || o.vm_pool_size > 64) {
+                                fprintf(stderr, "coved: --vm-pool takes 0 to 64\n");
+                                return 2;
+                        }
+                        break;
                 case 'E':
                         o.e2b_api_listen = strcmp(optarg, "none") ? optarg : NULL;
                         break;
@@ -134,6 +164,16 @@ int main(int argc, char **argv)
                         break;
                 case 'C':
                         o.egress.ca_file = optarg;
+                        break;
+                case 'K':
+                        o.key_cache_ttl_s = atoi(optarg);
+                        if (o.key_cache_ttl_s < 0 || o.key_cache_ttl_s > 86400) {
+                                fprintf(stderr, "coved: --key-cache-ttl takes 0 to 86400\n");
+                                return 2;
+                        }
+                        break;
+                case 'Y':
+                        o.encrypt_layers = 1;
                         break;
                 case 'X': {
                         /* fault injection and a shifted clock: never in production */

@@ -45,9 +45,19 @@ static int fill(long mb, const char *path)
         static char buf[1 << 20];
         memset(buf, 'x', sizeof(buf));
         int e = 0;
-        for (long i = 0; i < mb && !e; i++)
-                if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf))
-                        e = errno ? errno : EIO;
+        /* a write that ends at the disk limit is short; the next one says why (ENOSPC) */
+        for (long i = 0; i < mb && !e; i++) {
+                size_t off = 0;
+                while (off < sizeof(buf) && !e) {
+                        ssize_t w = write(fd, buf + off, sizeof(buf) - off);
+                        if (w < 0)
+                                e = errno;
+                        else if (w == 0)
+                                e = EIO;
+                        else
+                                off += (size_t)w;
+                }
+        }
         if (!e && fsync(fd) < 0)
                 e = errno;
         close(fd);

@@ -74,11 +74,6 @@ def test_create_wrong_types(client, body):
     check_error(client.request("POST", "/v1/sandboxes", body, timeout=30), 400, "bad_request")
 
 
-def test_runtime_vm_unavailable(client):
-    check_error(client.request("POST", "/v1/sandboxes", {"template": "busybox", "runtime": "vm"}),
-                503, "unavailable")
-
-
 @pytest.mark.parametrize("body", [
     {"cmd": "ls", "wait": True}, {"cmd": [], "wait": True}, {"cmd": [1, 2], "wait": True},
     {"cmd": [""], "wait": True}, {"cmd": ["a\u0000b"], "wait": True}, {"shell": ["ls"]},

@@ -207,3 +207,39 @@ def test_audit_filters_and_chain(env, mk):
     v = c.get("/v1/audit/verify")
     assert v["ok"] is True and v["checked"] >= len(seqs) and v["first_broken_seq"] is None
     c.expect_error("GET", "/v1/audit?limit=0", 400, "bad_request")
+
+
+def _vm_missing():
+    import os
+    if not os.access(os.environ.get("COVE_QEMU", "/usr/bin/qemu-system-x86_64"), os.X_OK):
+        return "QEMU not installed (scripts/install-deps)"
+    kdir = os.environ.get("COVE_VM_KERNEL_DIR", "/var/cache/cove/vm")
+    if not os.access(os.path.join(kdir, "vmlinux"), os.R_OK):
+        return f"no guest kernel in {kdir} (scripts/install-deps)"
+    return None
+
+
+def test_vm_sandbox_egress_by_name_and_denied(env):
+    """A vm sandbox goes through the same gateway: QEMU's netns gets the sandbox's link,
+    the guest's packets are masqueraded to the sandbox address, the host rules apply."""
+    why = _vm_missing()
+    if why:
+        pytest.skip(why)
+    d, _ = env
+    c = d.client
+    sid = c.create(template="busybox", runtime="vm",
+                   egress={"allow": ["allowed.test:80"], "deny": []})["id"]
+    try:
+        rc, out, err = run(c, sid, "cat /etc/resolv.conf; nslookup allowed.test")
+        assert rc == 0 and UP1 in out, (out, err)
+        rc, out, _ = run(c, sid, "printf 'GET / HTTP/1.0\\r\\nHost: allowed.test\\r\\n\\r\\n' "
+                                 f"| nc -w 5 {UP1} 80")
+        assert f"hello allowed.test {UP1}" in out, out
+        # a name the policy does not allow: not resolved, not reachable
+        _, out, _ = run(c, sid, "nslookup other.test 2>&1")
+        assert UP2 not in out, out
+        _, out, _ = run(c, sid, "printf 'GET / HTTP/1.0\\r\\nHost: other.test\\r\\n\\r\\n' "
+                                f"| nc -w 3 {UP2} 80")
+        assert "hello" not in out, out
+    finally:
+        c.remove(sid)

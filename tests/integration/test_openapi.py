@@ -142,3 +142,28 @@ def test_errors_are_documented(client, method, path, body, status):
     spec_path = re.sub(r"sbx_[a-z]+", "{id}", path)
     assert str(status) in SPEC["paths"][spec_path][method.lower()]["responses"], \
         f"{method} {spec_path} answers {status}, which is not documented"
+
+
+def test_tenant_and_key_answers_match_schemas(client):
+    t = client.post("/v1/tenants", {"quotas": {"cpus": 2}}, expect=201)
+    check(t, response_schema("/v1/tenants", "post", 201))
+    check(client.get("/v1/tenants"), response_schema("/v1/tenants", "get", 200))
+    check(client.get(f"/v1/tenants/{t['id']}"), response_schema("/v1/tenants/{tid}", "get", 200))
+    check(client.put(f"/v1/tenants/{t['id']}/quotas", {"quotas": {"sandboxes": 1}}),
+          response_schema("/v1/tenants/{tid}/quotas", "put", 200))
+    k = client.post(f"/v1/tenants/{t['id']}/api-keys", {}, expect=201)
+    check(k, response_schema("/v1/tenants/{tid}/api-keys", "post", 201))
+    check(client.get(f"/v1/tenants/{t['id']}/api-keys"),
+          response_schema("/v1/tenants/{tid}/api-keys", "get", 200))
+    tc = client.with_key(k["key"])
+    check(tc.get("/v1/keys"), response_schema("/v1/keys", "get", 200))
+    check(client.post("/v1/keys/rotate", {"tenant": t["id"]}),
+          response_schema("/v1/keys/rotate", "post", 200))
+    check(client.get(f"/v1/keys?tenant={t['id']}"), response_schema("/v1/keys", "get", 200))
+    check(client.get("/v1/keys?all=true"), {"$ref": "#/components/schemas/KeyStatusList"})
+    r = tc.post("/v1/keys/revoke", {"tenant": t["id"], "policy": "finish"})
+    check(r, response_schema("/v1/keys/revoke", "post", 200))
+    e = tc.request("POST", "/v1/sandboxes", {"template": "busybox"})
+    assert e.status == 403 and "403" in SPEC["paths"]["/v1/sandboxes"]["post"]["responses"]
+    check(e.json(), response_schema("/v1/sandboxes", "post", 403))
+    client.delete(f"/v1/tenants/{t['id']}")

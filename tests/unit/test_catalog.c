@@ -533,6 +533,71 @@ static void op_cost(void **state)
         assert_true(get < 1000.0);
 }
 
+static int count_tenant(const struct cove_tenant_row *t, void *arg)
+{
+        (void)t;
+        (*(int *)arg)++;
+        return 0;
+}
+
+static int check_key(const struct cove_apikey_row *k, void *arg)
+{
+        assert_string_equal(k->salt_hex, ""); /* a list never hands out salt or hash */
+        assert_string_equal(k->hash_hex, "");
+        (*(int *)arg)++;
+        return 0;
+}
+
+/* Schema 4: quotas round-trip, deletion is one-way and hides the tenant from the list, and
+ * a tenant's key list carries no secrets. */
+static void tenant_quotas_delete_and_key_list(void **state)
+{
+        struct fx *f = *state;
+        struct cove_catalog *c = f->c = open_ok(f); /* teardown closes it */
+        struct cove_err err = {0};
+        struct cove_tenant_row t = {0}, g;
+        snprintf(t.id, sizeof(t.id), "ten_q");
+        snprintf(t.name, sizeof(t.name), "q");
+        t.created_at = 5;
+        t.max_sandboxes = 3;
+        t.max_cpus = 4;
+        t.max_memory_mb = 1024;
+        t.max_storage_mb = 1 << 20;
+        assert_int_equal(ops->tenant_put(c, &t, &err), 0);
+        assert_int_equal(ops->tenant_get(c, "ten_q", &g, &err), 0);
+        assert_int_equal(g.max_sandboxes, 3);
+        assert_int_equal(g.max_cpus, 4);
+        assert_int_equal(g.max_memory_mb, 1024);
+        assert_int_equal(g.max_storage_mb, 1 << 20);
+        assert_int_equal(g.deleted_at, 0);
+        add_tenant(c, "ten_other");
+        int n = 0;
+        assert_int_equal(ops->tenant_list(c, count_tenant, &n, &err), 0);
+        assert_int_equal(n, 2);
+        struct cove_apikey_row k = {0};
+        snprintf(k.id, sizeof(k.id), "key_aaaaaaaaaaaaaaaaaaaa");
+        snprintf(k.tenant, sizeof(k.tenant), "ten_q");
+        memset(k.salt_hex, 'a', 64);
+        memset(k.hash_hex, 'b', 64);
+        k.created_at = 7;
+        assert_int_equal(ops->apikey_put(c, &k, &err), 0);
+        n = 0;
+        assert_int_equal(ops->apikey_list(c, "ten_q", check_key, &n, &err), 0);
+        assert_int_equal(n, 1);
+        n = 0;
+        assert_int_equal(ops->apikey_list(c, "ten_other", check_key, &n, &err), 0);
+        assert_int_equal(n, 0);
+        g.deleted_at = 99;
+        assert_int_equal(ops->tenant_put(c, &g, &err), 0);
+        g.deleted_at = 0; /* a put never undeletes */
+        assert_int_equal(ops->tenant_put(c, &g, &err), 0);
+        assert_int_equal(ops->tenant_get(c, "ten_q", &g, &err), 0);
+        assert_int_equal(g.deleted_at, 99);
+        n = 0;
+        assert_int_equal(ops->tenant_list(c, count_tenant, &n, &err), 0);
+        assert_int_equal(n, 1);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
@@ -544,6 +609,7 @@ int main(void)
             cmocka_unit_test_setup_teardown(list_callback_reenters_and_stops, setup, teardown),
             cmocka_unit_test_setup_teardown(sigkill_midwrite_keeps_db_intact, setup, teardown),
             cmocka_unit_test_setup_teardown(op_cost, setup, teardown),
+            cmocka_unit_test_setup_teardown(tenant_quotas_delete_and_key_list, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

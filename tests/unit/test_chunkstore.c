@@ -191,18 +191,31 @@ static void keys(void **state)
         assert_memory_equal(a, b, 32);
         assert_int_equal(cove_dek_load(kd, "bob", 1, c, &err), 0);
         assert_memory_not_equal(a, c, 32);
-        snprintf(p, sizeof(p), "%s/alice.dek", kd);
+        /* the DEK is stored only wrapped, in a 0600 record (crypto/keys.h) */
+        snprintf(p, sizeof(p), "%s/alice.key", kd);
         struct stat st;
         assert_int_equal(stat(p, &st), 0);
         assert_int_equal(st.st_mode & 0777, 0600);
         assert_int_equal(cove_dek_load(kd, "../etc", 1, a, &err), -1);
         assert_int_equal(cove_dek_load(kd, "", 1, a, &err), -1);
-        /* a key file readable by others or of the wrong size is refused */
+        /* a record readable by others is refused (noticed at once, cache or not) */
         chmod(p, 0644);
-        assert_int_equal(cove_dek_load(kd, "alice", 1, a, &err), -1);
+        assert_int_equal(cove_dek_load(kd, "alice", 1, b, &err), -1);
         chmod(p, 0600);
-        assert_int_equal(truncate(p, 31), 0);
-        assert_int_equal(cove_dek_load(kd, "alice", 1, a, &err), -1);
+        assert_int_equal(cove_dek_load(kd, "alice", 1, b, &err), 0);
+        assert_memory_equal(a, b, 32);
+        /* a legacy plain key file readable by others or of the wrong size is refused */
+        snprintf(p, sizeof(p), "%s/dave.dek", kd);
+        int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, a, 31), 31);
+        close(fd);
+        assert_int_equal(cove_dek_load(kd, "dave", 1, a, &err), -1);
+        assert_int_equal(truncate(p, 32), 0);
+        chmod(p, 0644);
+        assert_int_equal(cove_dek_load(kd, "dave", 1, a, &err), -1);
+        chmod(p, 0600);
+        assert_int_equal(cove_dek_load(kd, "dave", 1, a, &err), 0);
         struct cove_tenant_keys *k1, *k2;
         assert_int_equal(cove_tenant_keys_open(kd, "bob", &k1, &err), 0);
         assert_int_equal(cove_tenant_keys_open(kd, "carol", &k2, &err), 0);

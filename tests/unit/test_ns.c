@@ -294,7 +294,9 @@ static void disk_limit(void **state)
         assert_int_equal(ask_int(&s, "fill 32 /b"), ENOSPC);
         assert_int_equal(ask_int(&s, "fill 32 /tmp/c"), ENOSPC);
         assert_int_equal(ask_int(&s, "rm /b"), 0);
-        assert_int_equal(ask_int(&s, "rm /tmp/c"), 0);
+        /* a full disk may already refuse the file's creation (copy-up of /tmp, a new inode) */
+        int rc = ask_int(&s, "rm /tmp/c");
+        assert_true(rc == 0 || rc == ENOENT);
         assert_int_equal(ask_int(&s, "fill 4 /d"), 0); /* space comes back */
         stop(&s);
 }
@@ -782,7 +784,7 @@ static void snapshot_restore(void **state)
         /* the snapshot, read-only: the state at the snapshot, in sandbox ids */
         int tfd = -1;
         struct cove_layer_handle *h = NULL;
-        if (cove_runtime_ns.layer_open(rt, snap, 0, 0, &tfd, &h, &err) < 0)
+        if (cove_runtime_ns.layer_open(rt, snap, 0, 0, NULL, &tfd, &h, &err) < 0)
                 fail_msg("layer_open: %s", err.msg);
         struct stat st;
         read_at(tfd, "root/a", buf, sizeof(buf));
@@ -809,7 +811,7 @@ static void snapshot_restore(void **state)
         /* restore into a fresh image, then a new sandbox (another uid range) takes it */
         int rfd = -1;
         struct cove_layer_handle *rh = NULL;
-        if (cove_runtime_ns.layer_open(rt, img, 1, 512, &rfd, &rh, &err) < 0)
+        if (cove_runtime_ns.layer_open(rt, img, 1, 512, NULL, &rfd, &rh, &err) < 0)
                 fail_msg("layer_open create: %s", err.msg);
         sh("cp -a /proc/%d/fd/%d/. /proc/%d/fd/%d/", (int)getpid(), tfd, (int)getpid(), rfd);
         close(tfd);
@@ -839,7 +841,7 @@ static void snapshot_restore(void **state)
         char snap2[PATH_MAX];
         snprintf(snap2, sizeof(snap2), "%s/snap2-%s.img", dir, r.id);
         assert_int_equal(cove_runtime_ns.layer_snapshot(rt, &r.inst, r.id, snap2, &pause, &err), 0);
-        assert_int_equal(cove_runtime_ns.layer_open(rt, snap2, 0, 0, &tfd, &h, &err), 0);
+        assert_int_equal(cove_runtime_ns.layer_open(rt, snap2, 0, 0, NULL, &tfd, &h, &err), 0);
         assert_int_equal(fstatat(tfd, "root/b", &st, AT_SYMLINK_NOFOLLOW), 0);
         assert_int_equal(st.st_uid, 0); /* sandbox ids on disk, whatever the range */
         close(tfd);
@@ -848,7 +850,7 @@ static void snapshot_restore(void **state)
         assert_int_equal(cove_runtime_ns.layer_snapshot(rt, &r.inst, r.id, snap2, &pause, &err),
                          -1);
         assert_int_equal(err.errnum, EEXIST);
-        assert_int_equal(cove_runtime_ns.layer_open(rt, img, 0, 0, &tfd, &h, &err), -1);
+        assert_int_equal(cove_runtime_ns.layer_open(rt, img, 0, 0, NULL, &tfd, &h, &err), -1);
         assert_int_equal(err.kind, COVE_E_NOT_FOUND);
         stop(&r);
         stop(&s);

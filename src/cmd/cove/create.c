@@ -25,6 +25,7 @@ static void help(void)
              "  -e, --env K=V     environment variable for every process (repeatable)\n"
              "  -m, --metadata K=V  label (repeatable; filter with 'cove ls --metadata')\n"
              "  --no-wait         return at once even if the sandbox is still starting\n"
+             "  --encrypted       encrypt its writable disk at rest (never a warm sandbox)\n"
              "  --json            print the sandbox object");
 }
 
@@ -37,6 +38,7 @@ enum {
         OPT_TIMEOUT,
         OPT_ON_TIMEOUT,
         OPT_NO_WAIT,
+        OPT_ENCRYPTED,
 };
 
 /* Poll until the sandbox leaves `starting`, so the id we print is usable right away. */
@@ -87,6 +89,7 @@ int cmd_create(struct cli *c, int argc, char **argv)
             {"env", required_argument, NULL, 'e'},
             {"metadata", required_argument, NULL, 'm'},
             {"no-wait", no_argument, NULL, OPT_NO_WAIT},
+            {"encrypted", no_argument, NULL, OPT_ENCRYPTED},
             CLI_GLOBAL_OPTIONS,
             {0},
         };
@@ -156,6 +159,9 @@ int cmd_create(struct cli *c, int argc, char **argv)
                         break;
                 case OPT_NO_WAIT:
                         wait = false;
+                        break;
+                case OPT_ENCRYPTED:
+                        json_object_set_new(req, "storage_encrypted", json_true());
                         break;
                 default:
                         rc = cli_usage_error("create", "bad option");

@@ -38,6 +38,8 @@ static const struct verb verbs[] = {
     {"fork", cmd_fork, "new sandboxes from a snapshot"},
     {"audit", cmd_audit, "show (--follow) or verify the audit log"},
     {"leases", cmd_leases, "credential leases: list, grant, approve, deny, revoke"},
+    {"keys", cmd_keys, "tenant data keys: status, list, add, rotate, revoke"},
+    {"tenants", cmd_tenants, "tenants, their quotas and API keys (admin)"},
 };
 
 static void usage(FILE *f)

@@ -309,5 +309,17 @@ const struct cove_route cove_routes[] = {
     {"GET", "/v1/audit/verify", cove_h_audit_verify, NULL, 0},
     {"GET", "/v1/templates", h_templates, NULL, 0},
     {"POST", "/v1/templates", h_template_build, NULL, 0},
+    {"POST", "/v1/tenants", cove_h_tenant_create, NULL, 0},
+    {"GET", "/v1/tenants", cove_h_tenant_list, NULL, 0},
+    {"GET", "/v1/tenants/{tid}", cove_h_tenant_get, NULL, 0},
+    {"DELETE", "/v1/tenants/{tid}", cove_h_tenant_delete, NULL, 0},
+    {"PUT", "/v1/tenants/{tid}/quotas", cove_h_tenant_quotas, NULL, 0},
+    {"POST", "/v1/tenants/{tid}/api-keys", cove_h_apikey_create, NULL, 0},
+    {"GET", "/v1/tenants/{tid}/api-keys", cove_h_apikey_list, NULL, 0},
+    {"DELETE", "/v1/tenants/{tid}/api-keys/{kid}", cove_h_apikey_revoke, NULL, 0},
+    {"GET", "/v1/keys", cove_h_keys_get, NULL, 0},
+    {"POST", "/v1/keys", cove_h_keys_add, NULL, 0},
+    {"POST", "/v1/keys/rotate", cove_h_keys_rotate, NULL, 0},
+    {"POST", "/v1/keys/revoke", cove_h_keys_revoke, NULL, 0},
 };
 const size_t cove_nroutes = sizeof(cove_routes) / sizeof(cove_routes[0]);

@@ -41,6 +41,19 @@ int cove_h_pause(void *app, struct cove_req *r);
 int cove_h_resume(void *app, struct cove_req *r);
 int cove_h_rewind(void *app, struct cove_req *r);
 int cove_h_fork(void *app, struct cove_req *r);
+/* tenants, API keys, data keys (routes_tenants.c) */
+int cove_h_tenant_create(void *app, struct cove_req *r);
+int cove_h_tenant_list(void *app, struct cove_req *r);
+int cove_h_tenant_get(void *app, struct cove_req *r);
+int cove_h_tenant_delete(void *app, struct cove_req *r);
+int cove_h_tenant_quotas(void *app, struct cove_req *r);
+int cove_h_apikey_create(void *app, struct cove_req *r);
+int cove_h_apikey_list(void *app, struct cove_req *r);
+int cove_h_apikey_revoke(void *app, struct cove_req *r);
+int cove_h_keys_get(void *app, struct cove_req *r);
+int cove_h_keys_add(void *app, struct cove_req *r);
+int cove_h_keys_rotate(void *app, struct cove_req *r);
+int cove_h_keys_revoke(void *app, struct cove_req *r);
 
 int cove_exec_request_build(json_t *body, const char *env_json, json_t **req, json_t **cmd,
                             char *why, size_t cap);

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "api/routes.h"
+#include "control/tenant.h"
 #include "control/snapshot.h"
 
 /* Parse the optional JSON body; NULL means the error was answered. */
@@ -51,6 +52,8 @@ int cove_h_snapshot_get(void *app, struct cove_req *r)
         struct cove_err err;
         struct cove_snapshot_row s;
         int rc = cove_snapshot_load(d, r->tenant, r->params[0], &s, &err);
+        if (rc == 0) /* reading a snapshot needs the tenant's key (after the 404 check) */
+                rc = coved_key_gate(d, s.tenant, &err);
         return reply(r, rc, 200, rc < 0 ? NULL : cove_snapshot_json(&s), &err);
 }
 

@@ -2,6 +2,7 @@
  * exist), then the node (runtime state on the host), then reconciliation of the two, and
  * only then the HTTP front end, so no request sees a half-reconciled node. */
 #include "control/coved.h"
+#include "runtime/vm.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -17,6 +18,7 @@
 #include "control/audit.h"
 #include "control/snapshot.h"
 #include "control/template.h"
+#include "crypto/keys.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -88,7 +90,8 @@ static int build_templates(struct coved *d, const char *list, struct cove_err *e
 }
 
 /* One warm pool per built template of the list, in the default shape. */
-static int start_pools(struct coved *d, const char *list, int size, struct cove_err *err)
+static int start_pools(struct coved *d, const char *runtime, const char *list, int size,
+                       struct cove_err *err)
 {
         char buf[512];
         snprintf(buf, sizeof(buf), "%s", list);
@@ -97,10 +100,11 @@ static int start_pools(struct coved *d, const char *list, int size, struct cove_
                 char rootfs[PATH_MAX];
                 if (cove_template_lookup(d->templates_dir, t, rootfs, sizeof(rootfs), NULL) != 0)
                         continue;
-                if (cove_node_pool_add(d->node, rootfs, COVE_DEFAULT_CPUS, COVE_DEFAULT_MEMORY_MB,
-                                       COVE_DEFAULT_DISK_MB, size, err) < 0)
+                if (cove_node_pool_add(d->node, runtime, rootfs, COVE_DEFAULT_CPUS,
+                                       COVE_DEFAULT_MEMORY_MB, COVE_DEFAULT_DISK_MB, size, err) < 0)
                         return cove_err_wrap(err, "warm pool of %s", t);
-                cove_info(&d->log, "pool", "keeping %d warm sandboxes of template %s", size, t);
+                cove_info(&d->log, "pool", "keeping %d warm %s sandboxes of template %s", size,
+                          runtime, t);
         }
         return 0;
 }
@@ -113,7 +117,11 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         d->started_at = cove_now_ms();
         d->default_timeout_s = o->default_timeout_s > 0 ? o->default_timeout_s : 300;
         pthread_mutex_init(&d->mu, NULL);
+        pthread_mutex_init(&d->quota_mu, NULL);
+        d->encrypt_layers = o->encrypt_layers;
         pthread_cond_init(&d->cv, NULL);
+        cove_keys_cache_ttl_set(o->key_cache_ttl_s < 0 ? 60000
+                                                       : (int64_t)o->key_cache_ttl_s * 1000);
         if (!realpath(o->data_dir, d->data_dir)) {
                 if (cove_mkdir_p(o->data_dir, 0711, err) < 0 || !realpath(o->data_dir, d->data_dir))
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);
@@ -158,11 +166,29 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .data_dir = d->data_dir,
             .guest_binary = d->guest_binary,
             .rt_ops = &cove_runtime_ns,
+            .rt_alt_ops = &cove_runtime_vm,
             .on_dead = coved_on_instance_dead,
             .on_stop = coved_egress_on_stop,
             .on_ask = coved_on_ask,
             .arg = d,
         };
+        /* vm is the default where KVM gives it hardware isolation at full speed; under TCG
+         * (no /dev/kvm) it works but slower, so ns stays the default there */
+        const char *def = o->runtime ? o->runtime : cove_vm_kvm_usable() ? "vm" : "ns";
+        if (!strcmp(def, "vm")) {
+                char why[256];
+                if (cove_vm_unavailable(why, sizeof(why))) {
+                        if (o->runtime) {
+                                cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "%s", why);
+                                goto fail;
+                        }
+                        cove_warn(&d->log, "coved.start", "KVM works but %s: default runtime ns",
+                                  why);
+                } else {
+                        nc.rt_ops = &cove_runtime_vm;
+                        nc.rt_alt_ops = &cove_runtime_ns;
+                }
+        }
         /* the gateway before the node: stopping an instance detaches its link */
         if (coved_egress_open(d, &o->egress, err) < 0)
                 goto fail;
@@ -172,8 +198,11 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         coved_reconcile(d);
         if (cove_tm_open(d, err) < 0)
                 goto fail;
-        if (start_pools(d, o->templates ? o->templates : "busybox",
+        if (start_pools(d, "ns", o->templates ? o->templates : "busybox",
                         o->pool_size < 0 ? 4 : o->pool_size, err) < 0)
+                goto fail;
+        if (o->vm_pool_size > 0 &&
+            start_pools(d, "vm", o->templates ? o->templates : "busybox", o->vm_pool_size, err) < 0)
                 goto fail;
         int e = pthread_create(&d->timer, NULL, coved_timer_main, d);
         if (e) {
@@ -248,4 +277,5 @@ void coved_close(struct coved *d)
         if (d->cat)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;
+        cove_keys_cache_clear(); /* unwrapped data keys do not outlive coved */
 }

@@ -27,7 +27,11 @@ struct coved_options {
         const char *e2b_api_listen;         /* E2B control plane "HOST:PORT"; NULL for none */
         const char *e2b_sandbox_listen;     /* E2B in-sandbox (envd) surface; NULL for none */
         struct coved_egress_options egress; /* gateway: pool, resolvers (control/egress.h) */
-        int pool_size; /* warm instances per template (-1: default 4, 0: none) */
+        int pool_size;       /* warm instances per template (-1: default 4, 0: none) */
+        int key_cache_ttl_s; /* unwrapped data keys are re-unwrapped after this (-1: 60) */
+        int encrypt_layers;  /* 1: sandboxes default to storage_encrypted (no warm pool) */
+        int vm_pool_size;    /* warm vm instances per template (0: none) */
+        const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -67,6 +71,9 @@ struct coved {
         int timer_started;
         struct coved_metrics m;
         int64_t started_at;
+        pthread_mutex_t quota_mu; /* quota admission (control/tenant.h) */
+        int64_t key_sweep_at;     /* mono ms of the last revoked-key sweep */
+        int encrypt_layers;       /* default of storage_encrypted on create */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
@@ -98,6 +105,9 @@ void coved_reconcile(struct coved *d);
  * (why_stopped) when it has none. */
 void cove_sandbox_settle(struct coved *d, const char *id, const char *why_paused,
                          const char *why_stopped);
+/* Stop sandbox id's instance, remove its host state (working storage included) and mark
+ * it stopped with why (the tenant's key was revoked). */
+void cove_sandbox_stop_purge(struct coved *d, const char *id, const char *why);
 
 /* HTTP routes (api/routes.c). */
 extern const struct cove_route cove_routes[];

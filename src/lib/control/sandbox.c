@@ -9,12 +9,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "control/coved.h"
 #include "control/egress.h"
 #include "control/secrets.h"
 #include "control/retention.h"
 #include "control/snapshot.h"
 #include "control/template.h"
+#include "control/tenant.h"
+#include "crypto/keys.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -51,6 +55,10 @@ json_t *cove_sandbox_json(const struct cove_sandbox_row *s)
         }
         if (o)
                 json_object_set_new(o, "snapshot_interval_s", json_integer(s->snapshot_interval_s));
+        /* the writable layer at rest: fscrypt under a key from the tenant's DEK when asked
+         * for at create (snapshots are always encrypted: docs/storage.md) */
+        if (o)
+                json_object_set_new(o, "storage_encrypted", json_boolean(s->storage_encrypted));
         return o;
 }
 
@@ -159,16 +167,34 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
             int_field(body, "snapshot_interval_s", 0, 7 * 24 * 3600, &s.snapshot_interval_s, err) <
                 0)
                 return -1;
-        if (runtime[0] && strcmp(runtime, s.runtime) != 0)
-                return cove_err_setk(
-                    err, strcmp(runtime, "vm") ? COVE_E_BAD_REQUEST : COVE_E_UNAVAILABLE, 0,
-                    "runtime \"%s\" is not available on this node (available: "
-                    "%s)",
-                    runtime, s.runtime);
+        if (runtime[0]) {
+                if (cove_node_runtime_check(d->node, runtime, err) < 0)
+                        return -1;
+                snprintf(s.runtime, sizeof(s.runtime), "%s", runtime);
+        }
+        /* a vm's rolling snapshot is a full one (its RAM too, the VM stopped while written):
+         * off unless asked for */
+        if (!strcmp(s.runtime, "vm") && !json_object_get(body, "snapshot_interval_s"))
+                s.snapshot_interval_s = 0;
         if (strcmp(s.on_timeout, "kill") != 0 && strcmp(s.on_timeout, "pause") != 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "on_timeout must be \"kill\" or \"pause\" (got \"%s\")",
                                      s.on_timeout);
+        /* encrypted layers are an ns feature (vm disks: LUKS from cove_disk_key_derive, not
+         * yet): --encrypt-layers is the ns default, asking for it on vm is refused */
+        int is_ns = !strcmp(s.runtime, "ns");
+        s.storage_encrypted = d->encrypt_layers && is_ns;
+        json_t *enc = json_object_get(body, "storage_encrypted");
+        if (enc && !json_is_null(enc)) {
+                if (!json_is_boolean(enc))
+                        return bad(err, "%s must be a boolean", "storage_encrypted");
+                s.storage_encrypted = json_is_true(enc);
+                if (s.storage_encrypted && !is_ns)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "storage_encrypted needs runtime ns (runtime %s "
+                                             "disks are not encrypted yet)",
+                                             s.runtime);
+        }
         json_t *ret = json_object_get(body, "retention");
         if (ret && !json_is_null(ret)) {
                 struct cove_retention pol;
@@ -218,20 +244,38 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 cove_sandbox_row_clear(&s);
                 return -1;
         }
+        /* the tenant's key must unwrap and its quotas allow the shape: checked before
+         * anything is made, so a refusal leaves nothing behind */
+        if (coved_key_gate(d, tenant, err) < 0) {
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        coved_quota_lock(d);
+        if (coved_quota_admit(d, tenant, 1, s.cpus, s.memory_mb, s.disk_mb, err) < 0) {
+                coved_quota_unlock(d);
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
         int64_t t0 = cove_mono_ns();
         /* a warm instance of this template and shape, if one is ready: it already has its
          * id, uid range, limits and a guest that answered the handshake */
-        int pooled = cove_node_pool_take(d->node, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
-                                         (unsigned)s.disk_mb, s.id, sizeof(s.id), &s.uid_base) == 0;
+        /* (an encrypted layer is keyed at its creation: never a warm one) */
+        int pooled =
+            !s.storage_encrypted &&
+            cove_node_pool_take(d->node, s.runtime, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
+                                (unsigned)s.disk_mb, s.id, sizeof(s.id), &s.uid_base) == 0;
         if (!pooled && (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
                         cove_node_uid_reserve(d->node, &s.uid_base, err) < 0)) {
+                coved_quota_unlock(d);
                 cove_sandbox_row_clear(&s);
                 return -1;
         }
         s.created_at = cove_now_ms();
         s.expires_at = s.created_at + (int64_t)s.timeout_s * 1000;
         snprintf(s.state, sizeof(s.state), pooled ? "running" : "starting");
-        if (d->cat_ops->sandbox_insert(d->cat, &s, err) < 0) {
+        int ins = d->cat_ops->sandbox_insert(d->cat, &s, err);
+        coved_quota_unlock(d); /* the row counts from here on */
+        if (ins < 0) {
                 struct cove_err e2;
                 if (pooled)
                         cove_node_stop(d->node, s.id, 1, &e2); /* releases its uid range */
@@ -241,16 +285,23 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 return -1;
         }
         if (!pooled) {
+                uint8_t key[COVE_FSCRYPT_KEY_LEN];
                 struct cove_instance_spec spec = {
                     .sandbox_id = s.id,
+                    .runtime = s.runtime,
                     .rootfs = rootfs,
                     .cpus = (unsigned)s.cpus,
                     .memory_mb = (unsigned)s.memory_mb,
                     .disk_mb = (unsigned)s.disk_mb,
                     .uid_base = s.uid_base,
                     .uid_count = COVE_UID_RANGE,
+                    .layer_key = s.storage_encrypted ? key : NULL,
                 };
-                if (cove_node_start(d->node, &spec, err) < 0) {
+                int started = s.storage_encrypted ? coved_layer_key(d, tenant, s.id, key, err) : 0;
+                if (started == 0)
+                        started = cove_node_start(d->node, &spec, err);
+                OPENSSL_cleanse(key, sizeof(key));
+                if (started < 0) {
                         struct cove_err e2;
                         cove_node_stop(d->node, s.id, 1, &e2);
                         cove_node_uid_release(d->node, s.uid_base);
@@ -448,6 +499,26 @@ void cove_sandbox_settle(struct coved *d, const char *id, const char *why_paused
         cove_sandbox_row_clear(&row);
 }
 
+void cove_sandbox_stop_purge(struct coved *d, const char *id, const char *why)
+{
+        struct cove_err err;
+        if (cove_node_stop(d->node, id, 1, &err) < 0)
+                cove_warn(&d->log, "sandbox.stop", "%s", err.msg);
+        struct cove_sandbox_row row;
+        memset(&row, 0, sizeof(row));
+        if (d->cat_ops->sandbox_get(d->cat, NULL, id, &row, &err) == 0 &&
+            strcmp(row.state, "paused") != 0 && strcmp(row.state, "stopped") != 0) {
+                row.uid_base = 0;
+                row.expires_at = 0;
+                snprintf(row.state, sizeof(row.state), "stopped");
+                free(row.error);
+                row.error = strdup(why);
+                if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
+                        cove_warn(&d->log, "sandbox.stop", "sandbox %s: %s", id, err.msg);
+        }
+        cove_sandbox_row_clear(&row);
+}
+
 void coved_on_instance_dead(void *arg, const char *id, const char *why)
 {
         struct coved *d = arg;
@@ -528,6 +599,7 @@ void *coved_timer_main(void *arg)
                         mark(d, x.ids[i], "stopped", "timeout reached");
                 }
                 free(x.ids);
+                coved_key_sweep(d); /* keys revoked in a KMS: within the cache TTL */
                 pthread_mutex_lock(&d->mu);
                 d->m.timeouts_fired += x.n;
                 if (d->quitting)
@@ -535,8 +607,11 @@ void *coved_timer_main(void *arg)
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 int64_t wait_ms = x.next ? x.next - cove_now_ms() : 60000;
+                int64_t ttl = cove_keys_cache_ttl() < 1000 ? 1000 : cove_keys_cache_ttl();
                 if (wait_ms > 60000)
                         wait_ms = 60000;
+                if (wait_ms > ttl) /* the key sweep's period */
+                        wait_ms = ttl;
                 if (wait_ms < 10)
                         wait_ms = 10;
                 ts.tv_sec += wait_ms / 1000;

@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,9 @@
 #include "control/egress.h"
 #include "control/retention.h"
 #include "control/template.h"
+#include <openssl/crypto.h>
+
+#include "control/tenant.h"
 #include "crypto/keys.h"
 #include "store/snapshot.h"
 #include "util/cleanup.h"
@@ -156,11 +160,62 @@ static int op_begin(struct coved *d, const char *tenant, const char *id,
 {
         if (cove_sandbox_load(d, tenant, id, row, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
+        if (need_store(d, err) < 0 || coved_key_gate(d, row->tenant, err) < 0) {
                 cove_sandbox_row_clear(row);
                 return -1;
         }
         sbx_lock(d->tm, id, 1);
+        return 0;
+}
+
+/* ---- full snapshots (vm: live memory, devices and disk as one image) ----
+ * The runtime writes the image into an unnamed temp file (O_TMPFILE: nothing to clean up
+ * after a crash); the store keeps it as one stream (2 MiB fixed chunks, zero chunks free). */
+
+static int tmpfile_fd(struct coved *d, struct cove_err *err)
+{
+        int fd = open(d->data_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        return fd < 0 ? cove_err_set(err, errno, "temp file in %s", d->data_dir) : fd;
+}
+
+static int capture_full(struct coved *d, struct cove_snapshot_row *s,
+                        struct cove_snapshot_stats *st, struct cove_err *err)
+{
+        int fd = tmpfile_fd(d, err);
+        if (fd < 0)
+                return -1;
+        uint64_t pause_ns = 0;
+        int r = cove_node_full_snapshot(d->node, s->sandbox_id, fd, &pause_ns, err);
+        s->pause_us = (int64_t)(pause_ns / 1000);
+        if (r == 0 && lseek(fd, 0, SEEK_SET) < 0)
+                r = cove_err_set(err, errno, "full snapshot");
+        if (r == 0) {
+                pthread_mutex_lock(&d->tm->io_mu);
+                r = cove_snapshot_capture_stream(d->tm->store, s->tenant, s->id,
+                                                 s->parent_id[0] ? s->parent_id : NULL, fd, st,
+                                                 err);
+                pthread_mutex_unlock(&d->tm->io_mu);
+                if (r < 0)
+                        store_err(err);
+        }
+        close(fd);
+        return r;
+}
+
+/* The image of full snapshot snap in a temp file (*fd), verified chunk by chunk. */
+static int restore_full(struct coved *d, const char *tenant, const char *snap, int *fd,
+                        struct cove_err *err)
+{
+        *fd = tmpfile_fd(d, err);
+        if (*fd < 0)
+                return -1;
+        struct cove_snapshot_stats st;
+        if (cove_snapshot_restore_stream(d->tm->store, tenant, snap, *fd, &st, err) < 0) {
+                close(*fd);
+                *fd = -1;
+                store_err(err);
+                return cove_err_wrap(err, "restore of snapshot %s failed", snap);
+        }
         return 0;
 }
 
@@ -193,6 +248,17 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         uint64_t pause_ns = 0;
         int64_t t0 = cove_mono_ns();
         s.created_at = tm_now();
+        struct cove_snapshot_stats st;
+        memset(&st, 0, sizeof(st));
+        if (cove_node_has_full(d->node, row->id)) { /* vm: live memory too */
+                snprintf(s.kind, sizeof(s.kind), "full");
+                if (capture_full(d, &s, &st, err) < 0)
+                        return cove_err_wrap(err,
+                                             "snapshot of sandbox %s (previous snapshots "
+                                             "intact)",
+                                             row->id);
+                goto captured;
+        }
         if (cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
                 unlink(img);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
@@ -200,12 +266,15 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         s.pause_us = (int64_t)(pause_ns / 1000);
 
         /* the sandbox runs on; the rest is background work, one capture at a time */
-        struct cove_snapshot_stats st;
-        memset(&st, 0, sizeof(st));
         pthread_mutex_lock(&tm->io_mu);
         int tree_fd = -1;
         struct cove_layer_handle *h = NULL;
-        int r = cove_node_layer_open(d->node, img, 0, 0, &tree_fd, &h, err);
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int r = row->storage_encrypted ? coved_layer_key(d, row->tenant, row->id, key, err) : 0;
+        if (r == 0)
+                r = cove_node_layer_open(d->node, img, 0, 0, row->storage_encrypted ? key : NULL,
+                                         &tree_fd, &h, err);
+        OPENSSL_cleanse(key, sizeof(key));
         if (r == 0) {
                 r = cove_snapshot_capture_tree(tm->store, s.tenant, s.id,
                                                s.parent_id[0] ? s.parent_id : NULL, tree_fd, &st,
@@ -221,6 +290,7 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                 return cove_err_wrap(err, "snapshot of sandbox %s (previous snapshots intact)",
                                      row->id);
         }
+captured:
         s.size_bytes = st.size_bytes;
         s.new_bytes = st.new_bytes;
         if (d->cat_ops->snapshot_insert(d->cat, &s, err) < 0) {
@@ -255,8 +325,9 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, sandbox_id, &row, err) < 0)
                 return -1;
+        int gate = coved_key_gate(d, row.tenant, err);
         cove_sandbox_row_clear(&row);
-        if (need_store(d, err) < 0)
+        if (gate < 0 || need_store(d, err) < 0)
                 return -1;
         sbx_lock(d->tm, sandbox_id, 1);
         int r = reload(d, sandbox_id, &row, err);
@@ -271,8 +342,9 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
 
 /* Fill a fresh layer image from snapshot snap (of tenant) into img. On failure nothing is
  * left; the error names the snapshot. */
-static int restore_image(struct coved *d, const char *tenant, const char *snap, unsigned disk_mb,
-                         char *img, size_t cap, struct cove_err *err)
+static int restore_image(struct coved *d, const char *tenant, const char *snap,
+                         const struct cove_sandbox_row *target, char *img, size_t cap,
+                         struct cove_err *err)
 {
         struct cove_tm *tm = d->tm;
         char rnd[32];
@@ -282,7 +354,14 @@ static int restore_image(struct coved *d, const char *tenant, const char *snap, 
         int tree_fd = -1;
         struct cove_layer_handle *h = NULL;
         struct cove_snapshot_stats st;
-        int r = cove_node_layer_open(d->node, img, 1, disk_mb, &tree_fd, &h, err);
+        /* an encrypted target's layer is encrypted from the first byte restored */
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int enc = target->storage_encrypted;
+        int r = enc ? coved_layer_key(d, target->tenant, target->id, key, err) : 0;
+        if (r == 0)
+                r = cove_node_layer_open(d->node, img, 1, (unsigned)target->disk_mb,
+                                         enc ? key : NULL, &tree_fd, &h, err);
+        OPENSSL_cleanse(key, sizeof(key));
         if (r == 0) {
                 r = cove_snapshot_restore_tree(tm->store, tenant, snap, tree_fd, &st, err);
                 if (tree_fd >= 0)
@@ -297,9 +376,10 @@ static int restore_image(struct coved *d, const char *tenant, const char *snap, 
         return 0;
 }
 
-/* Start row's sandbox on img (which the runtime takes over) with a new uid range. */
+/* Start row's sandbox on img (which the runtime takes over) with a new uid range; or, with
+ * img NULL, on the full snapshot image in full_fd (closed here). */
 static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const char *img,
-                            struct cove_err *err)
+                            int full_fd, struct cove_err *err)
 {
         char rootfs[PATH_MAX];
         int r =
@@ -308,12 +388,20 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                 r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                   "template %s is not built on this node", row->template_name);
         uint32_t base = 0;
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        if (r == 0 && row->storage_encrypted)
+                r = coved_layer_key(d, row->tenant, row->id, key, err);
         if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
-                unlink(img);
+                OPENSSL_cleanse(key, sizeof(key));
+                if (img)
+                        unlink(img);
+                if (full_fd >= 0)
+                        close(full_fd);
                 return -1;
         }
         struct cove_instance_spec spec = {
             .sandbox_id = row->id,
+            .runtime = row->runtime,
             .rootfs = rootfs,
             .cpus = (unsigned)row->cpus,
             .memory_mb = (unsigned)row->memory_mb,
@@ -321,12 +409,20 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
             .uid_base = base,
             .uid_count = COVE_UID_RANGE,
             .layer_image = img,
+            .layer_key = row->storage_encrypted ? key : NULL,
+            .full = !img,
+            .full_fd = full_fd,
         };
-        if (cove_node_start(d->node, &spec, err) < 0) {
+        r = cove_node_start(d->node, &spec, err);
+        OPENSSL_cleanse(key, sizeof(key));
+        if (full_fd >= 0)
+                close(full_fd);
+        if (r < 0) {
                 struct cove_err e2;
                 cove_node_stop(d->node, row->id, 1, &e2);
                 cove_node_uid_release(d->node, base);
-                unlink(img);
+                if (img)
+                        unlink(img);
                 if (err->kind == COVE_E_INTERNAL)
                         err->kind = COVE_E_UNAVAILABLE;
                 return -1;
@@ -443,17 +539,29 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         int64_t t0 = cove_mono_ns();
         snprintf(prev, sizeof(prev), "%s", row.state);
         snprintf(row.state, sizeof(row.state), "resuming");
-        if ((r = row_write(d, &row, err)) < 0)
+        /* a paused sandbox already counts as live (and its disk as storage) */
+        int was_live = !strcmp(prev, "paused");
+        coved_quota_lock(d);
+        r = coved_quota_admit(d, row.tenant, was_live ? 0 : 1, row.cpus, row.memory_mb,
+                              was_live ? 0 : row.disk_mb, err);
+        if (r == 0)
+                r = row_write(d, &row, err);
+        coved_quota_unlock(d);
+        if (r < 0)
                 goto out;
         /* a stopped sandbox may have left state behind (a crash): start from a clean slate */
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
         char img[PATH_MAX];
+        int full_fd = -1;
         int64_t t1 = cove_mono_ns();
-        r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img), err);
+        if (!strcmp(snap.kind, "full"))
+                r = restore_full(d, row.tenant, snap.id, &full_fd, err);
+        else
+                r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err);
         int64_t t2 = cove_mono_ns();
         if (r == 0)
-                r = start_from_image(d, &row, img, err);
+                r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, full_fd, err);
         int64_t t3 = cove_mono_ns();
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
@@ -522,18 +630,25 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                 snprintf(undo.id, sizeof(undo.id), "%s", row.last_snapshot_id);
         }
         char img[PATH_MAX];
-        if ((r = restore_image(d, row.tenant, snap.id, (unsigned)row.disk_mb, img, sizeof(img),
-                               err)) < 0) {
+        int full_fd = -1;
+        if (!strcmp(snap.kind, "full"))
+                r = restore_full(d, row.tenant, snap.id, &full_fd, err);
+        else
+                r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err);
+        if (r < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: the sandbox was left as it was", id);
                 goto out;
         }
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2); /* switch only now that the new layer is complete */
         if ((r = reload(d, id, &row, err)) < 0) {
-                unlink(img);
+                if (full_fd >= 0)
+                        close(full_fd);
+                else
+                        unlink(img);
                 goto out;
         }
-        if ((r = start_from_image(d, &row, img, err)) < 0) {
+        if ((r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, full_fd, err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: start from snapshot %s (undo with %s)",
                               id, snap.id, undo.id[0] ? undo.id : "-");
                 snprintf(row.state, sizeof(row.state), "error");
@@ -578,7 +693,16 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
         struct cove_sandbox_row src;
         if (cove_sandbox_load(d, tenant, id, &src, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0) {
+        if (need_store(d, err) < 0 || coved_key_gate(d, src.tenant, err) < 0) {
+                cove_sandbox_row_clear(&src);
+                return -1;
+        }
+        /* admission for all forks at once (they start one by one below) */
+        coved_quota_lock(d);
+        int q = coved_quota_admit(d, src.tenant, count, count * src.cpus, count * src.memory_mb,
+                                  count * src.disk_mb, err);
+        coved_quota_unlock(d);
+        if (q < 0) {
                 cove_sandbox_row_clear(&src);
                 return -1;
         }
@@ -616,6 +740,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 s.disk_mb = src.disk_mb;
                 s.timeout_s = src.timeout_s;
                 s.snapshot_interval_s = src.snapshot_interval_s;
+                s.storage_encrypted = src.storage_encrypted;
                 s.metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
                 s.env_json = strdup(src.env_json ? src.env_json : "{}");
                 s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
@@ -624,16 +749,20 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 s.created_at = tm_now();
                 snprintf(s.state, sizeof(s.state), "starting");
                 char img[PATH_MAX];
+                int full_fd = -1;
                 r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
                 if (r == 0)
                         r = d->cat_ops->sandbox_insert(d->cat, &s, err);
                 if (r == 0) {
                         snprintf(made[nmade++], 64, "%s", s.id);
-                        r = restore_image(d, snap.tenant, snap.id, (unsigned)s.disk_mb, img,
-                                          sizeof(img), err);
+                        if (!strcmp(snap.kind, "full"))
+                                r = restore_full(d, snap.tenant, snap.id, &full_fd, err);
+                        else
+                                r = restore_image(d, snap.tenant, snap.id, &s, img, sizeof(img),
+                                                  err);
                 }
                 if (r == 0)
-                        r = start_from_image(d, &s, img, err);
+                        r = start_from_image(d, &s, full_fd >= 0 ? NULL : img, full_fd, err);
                 if (r == 0) {
                         set_running(d, &s, snap.id);
                         r = row_write(d, &s, err);

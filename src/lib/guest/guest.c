@@ -291,6 +291,36 @@ out:
         return r;
 }
 
+/* A vm guest may be a clone of a template snapshot: every clone meets its own node here, and
+ * takes from it its hostname, the wall clock and fresh entropy, so no two clones share ids
+ * or RNG state. Fields are optional and bounded; bad ones are ignored. */
+static void vm_identity(json_t *h)
+{
+        const char *host = json_string_value(json_object_get(h, "hostname"));
+        if (host && strlen(host) <= 64)
+                sethostname(host, strlen(host));
+        json_t *t = json_object_get(h, "time_ns");
+        if (json_is_integer(t) && json_integer_value(t) > 0) {
+                json_int_t ns = json_integer_value(t);
+                struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+                clock_settime(CLOCK_REALTIME, &ts);
+        }
+        const char *seed = json_string_value(json_object_get(h, "seed"));
+        unsigned char buf[64];
+        size_t n = 0;
+        while (seed && n < sizeof(buf) && seed[2 * n] && seed[2 * n + 1]) {
+                char hx[3] = {seed[2 * n], seed[2 * n + 1], 0};
+                char *end;
+                long v = strtol(hx, &end, 16);
+                if (*end)
+                        break;
+                buf[n++] = (unsigned char)v;
+        }
+        if (n >= 16)
+                cove_guest_vm_seed(buf, n);
+        explicit_bzero(buf, sizeof(buf));
+}
+
 /* Returns 0, or -1 with err: a refused handshake (after answering it). */
 static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct cove_err *err)
 {
@@ -309,6 +339,8 @@ static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct
                          (long long)json_integer_value(v), COVE_PROTO_VERSION);
         else
                 msg[0] = 0;
+        if (!msg[0] && g->vm)
+                vm_identity(h);
         json_decref(h);
         json_t *o = msg[0] ? json_pack("{s:i, s:b, s:s}", "version", COVE_PROTO_VERSION, "ok", 0,
                                        "message", msg)
@@ -354,6 +386,15 @@ static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struc
                         g_stdin_data(g, f->id, f->flags, f->payload, f->len);
                 return 0;
         }
+        case COVE_F_HELLO:
+                /* a vm restored from a full snapshot (resume, rewind, fork) meets a new node
+                 * session on the same port: shake hands again and take the new identity.
+                 * Processes keep running; the new node knows none of the old ones (it drops
+                 * their output), so their streams are effectively detached. */
+                if (g->vm)
+                        return handle_hello(g, f, err);
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "channel: second HELLO from the node");
         default:
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "channel: unexpected frame type %u from the node", f->type);
@@ -444,6 +485,7 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                 g->asks[i].fd = -1;
         g->log = opts->log;
         g->pid1 = getpid() == 1;
+        g->vm = opts->vm != 0;
         g->s_chan = (struct gsrc){GS_CHAN, g};
         g->s_sig = (struct gsrc){GS_SIG, g};
         int ret = -1;

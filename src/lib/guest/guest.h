@@ -12,6 +12,7 @@
 struct cove_guest_opts {
         int channel_fd;             /* connected byte stream to the node; owned by the guest */
         const struct cove_log *log; /* diagnostics (never secrets); NULL: none */
+        int vm; /* init of a vm sandbox: HELLO's hostname, time and seed apply to the system */
 };
 
 /* Run the guest until the channel ends. Takes ownership of opts->channel_fd.
@@ -29,5 +30,13 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err);
 /* Client side (`cove-guest request-credential`): send one JSON line, get the answer line
  * into out. 0 or -1 (out says why). */
 int cove_guest_ask(const char *line, char *out, size_t cap, int timeout_ms);
+/* vm sandboxes (vminit.c): as PID 1 of the initramfs, load the modules, switch to the root
+ * disk, set up /dev, /proc, /sys and open the virtio-serial port (*chan_fd). */
+int cove_guest_vm_init(int *chan_fd, struct cove_err *err);
+/* Wait until the node has connected to the port's host end. */
+int cove_guest_vm_wait_node(int fd);
+/* Mix a seed from the node into the kernel's RNG (credited). */
+void cove_guest_vm_seed(const unsigned char *seed, size_t len);
+_Noreturn void cove_guest_vm_poweroff(void);
 
 #endif

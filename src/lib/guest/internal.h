@@ -65,6 +65,7 @@ struct cove_guest {
         int sigfd;
         int rootfd;       /* O_PATH "/" for openat2 RESOLVE_IN_ROOT */
         bool pid1;        /* we are PID 1: reap adopted orphans too */
+        bool vm;          /* init of a vm sandbox: HELLO sets hostname, clock, entropy */
         bool chan_paused; /* a stdin window is full: stop reading the channel */
         const struct cove_log *log;
         struct cove_decoder dec;

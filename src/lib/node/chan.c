@@ -334,19 +334,36 @@ static int send_json(struct cove_chan *c, uint8_t type, uint32_t id, json_t *obj
 int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname, int timeout_ms,
                     struct cove_err *err)
 {
-        json_t *h = json_pack("{s:i, s:s, s:s}", "version", COVE_PROTO_VERSION, "token", token,
-                              "hostname", hostname);
+        /* a vm guest may be one of many clones of a snapshot: it takes its wall clock and
+         * fresh entropy from here (an ns guest shares the host's and ignores both) */
+        uint8_t rnd[32];
+        char seed[65];
+        if (cove_random(rnd, sizeof(rnd), err) < 0)
+                return -1;
+        cove_hex(rnd, sizeof(rnd), seed);
+        explicit_bzero(rnd, sizeof(rnd));
+        struct timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        json_t *h = json_pack("{s:i, s:s, s:s, s:s, s:I}", "version", COVE_PROTO_VERSION, "token",
+                              token, "hostname", hostname, "seed", seed, "time_ns",
+                              (json_int_t)wall.tv_sec * 1000000000LL + wall.tv_nsec);
+        explicit_bzero(seed, sizeof(seed));
         int r = send_json(c, COVE_F_HELLO, 0, h, err);
         json_decref(h);
         if (r < 0)
                 return -1;
         struct timespec dl;
         abs_deadline(&dl, timeout_ms);
+        int stale = 0;
         for (;;) {
                 struct cove_frame f;
                 int n = cove_decoder_next(&c->dec, &f, err);
                 if (n < 0)
                         return cove_err_wrap(err, "sandbox %s: handshake", c->sandbox_id);
+                if (n == 1 && f.type != COVE_F_HELLO &&
+                    (f.type == COVE_F_OUT || f.type == COVE_F_EXIT || f.type == COVE_F_EVENT) &&
+                    ++stale <= 4096)
+                        continue; /* a restored vm's output of its previous session */
                 if (n == 1) {
                         if (f.type != COVE_F_HELLO)
                                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,

@@ -20,6 +20,8 @@ struct inst {
         struct inst *next;
         char id[64];
         struct cove_instance ri;
+        const struct cove_runtime_ops *ops; /* its driver */
+        struct cove_runtime *rt;
         struct cove_chan *chan;
         uint32_t uid_base;
         int stopping;      /* cove_node_stop owns it now: no on_dead callback */
@@ -33,6 +35,7 @@ struct inst {
  * final id, uid range and limits; taking it hands all of that to the new sandbox. */
 struct pool {
         struct pool *next;
+        char runtime[16];
         char rootfs[PATH_MAX];
         unsigned cpus, memory_mb, disk_mb;
         int target;          /* instances to keep ready */
@@ -46,8 +49,10 @@ struct cove_node {
         char data_dir[PATH_MAX];
         char guest[PATH_MAX];
         struct cove_runtime *rt;
-        pthread_mutex_t mu;     /* instances, uid slots */
-        pthread_cond_t stop_cv; /* an instance being stopped left the list (with mu) */
+        struct cove_runtime *rt_alt; /* NULL when cfg.rt_alt_ops is absent or cannot run */
+        char alt_why[256];           /* why rt_alt is NULL */
+        pthread_mutex_t mu;          /* instances, uid slots */
+        pthread_cond_t stop_cv;      /* an instance being stopped left the list (with mu) */
         struct inst *insts;
         int ninsts;
         uint8_t slots[COVE_UID_SLOTS];
@@ -73,6 +78,8 @@ struct cove_node {
 
 struct spawn_job {
         struct spawn_job *next;
+        const struct cove_runtime_ops *ops;
+        struct cove_runtime *rt;
         const struct cove_instance_spec *spec;
         struct cove_instance *inst;
         struct cove_err *err;
@@ -91,7 +98,7 @@ static void *spawner_main(void *arg)
                 struct spawn_job *j = n->sp_head;
                 n->sp_head = j->next;
                 pthread_mutex_unlock(&n->sp_mu);
-                int rc = n->cfg.rt_ops->start(n->rt, j->spec, j->inst, j->err);
+                int rc = j->ops->start(j->rt, j->spec, j->inst, j->err);
                 pthread_mutex_lock(&n->sp_mu);
                 j->rc = rc;
                 j->done = 1;
@@ -101,10 +108,11 @@ static void *spawner_main(void *arg)
         return NULL;
 }
 
-static int spawn(struct cove_node *n, const struct cove_instance_spec *spec,
-                 struct cove_instance *inst, struct cove_err *err)
+static int spawn(struct cove_node *n, const struct cove_runtime_ops *ops, struct cove_runtime *rt,
+                 const struct cove_instance_spec *spec, struct cove_instance *inst,
+                 struct cove_err *err)
 {
-        struct spawn_job j = {.spec = spec, .inst = inst, .err = err};
+        struct spawn_job j = {.ops = ops, .rt = rt, .spec = spec, .inst = inst, .err = err};
         pthread_mutex_lock(&n->sp_mu);
         struct spawn_job **tail = &n->sp_head;
         while (*tail)
@@ -252,6 +260,15 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 cove_err_wrap(err, "runtime %s", cfg->rt_ops->name);
                 goto fail;
         }
+        if (cfg->rt_alt_ops) {
+                struct cove_err e2;
+                n->rt_alt = cfg->rt_alt_ops->open(n->data_dir, &e2);
+                if (!n->rt_alt) {
+                        snprintf(n->alt_why, sizeof(n->alt_why), "%s", e2.msg);
+                        cove_info(cfg->log, "node", "runtime %s unavailable: %s",
+                                  cfg->rt_alt_ops->name, e2.msg);
+                }
+        }
         n->epfd = epoll_create1(EPOLL_CLOEXEC);
         n->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (n->epfd < 0 || n->wake_fd < 0) {
@@ -279,6 +296,8 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
         }
         return n;
 fail:
+        if (n->rt_alt)
+                cfg->rt_alt_ops->close(n->rt_alt);
         if (n->rt)
                 cfg->rt_ops->close(n->rt);
         if (n->epfd >= 0)
@@ -292,6 +311,51 @@ fail:
 const char *cove_node_runtime_name(const struct cove_node *n)
 {
         return n->cfg.rt_ops->name;
+}
+
+/* The driver for a runtime name (NULL: default), or NULL with err. */
+static int pick(const struct cove_node *n, const char *runtime, const struct cove_runtime_ops **ops,
+                struct cove_runtime **rt, struct cove_err *err)
+{
+        if (!runtime || !*runtime || !strcmp(runtime, n->cfg.rt_ops->name)) {
+                *ops = n->cfg.rt_ops;
+                *rt = n->rt;
+                return 0;
+        }
+        if (n->cfg.rt_alt_ops && !strcmp(runtime, n->cfg.rt_alt_ops->name)) {
+                if (!n->rt_alt)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                             "runtime \"%s\" is not available on this node: %s",
+                                             runtime, n->alt_why);
+                *ops = n->cfg.rt_alt_ops;
+                *rt = n->rt_alt;
+                return 0;
+        }
+        return cove_err_setk(
+            err, strcmp(runtime, "vm") ? COVE_E_BAD_REQUEST : COVE_E_UNAVAILABLE, 0,
+            "runtime \"%.32s\" is not available on this node (available: %s%s%s)", runtime,
+            n->cfg.rt_ops->name, n->rt_alt ? ", " : "", n->rt_alt ? n->cfg.rt_alt_ops->name : "");
+}
+
+int cove_node_runtime_check(const struct cove_node *n, const char *runtime, struct cove_err *err)
+{
+        const struct cove_runtime_ops *ops;
+        struct cove_runtime *rt;
+        return pick(n, runtime, &ops, &rt, err);
+}
+
+/* Clear what an instance of id may have left, whichever driver ran it. */
+static int cleanup_any(struct cove_node *n, const char *id, const char *sd, int purge,
+                       struct cove_err *err)
+{
+        int r = n->cfg.rt_ops->cleanup_stale(n->rt, id, sd, purge, err);
+        if (n->rt_alt) {
+                struct cove_err e2;
+                if (n->cfg.rt_alt_ops->cleanup_stale(n->rt_alt, id, sd, purge, r < 0 ? &e2 : err) <
+                    0)
+                        r = -1;
+        }
+        return r;
 }
 
 int cove_node_uid_reserve(struct cove_node *n, uint32_t *base, struct cove_err *err)
@@ -356,13 +420,19 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
         spec->guest_binary = n->guest;
         if (!spec->uid_count)
                 spec->uid_count = COVE_UID_RANGE;
+        const struct cove_runtime_ops *ops;
+        struct cove_runtime *rt;
+        if (pick(n, spec->runtime, &ops, &rt, err) < 0)
+                return -1;
         struct inst *in = calloc(1, sizeof(*in));
         if (!in)
                 return cove_err_set(err, ENOMEM, "instance");
         snprintf(in->id, sizeof(in->id), "%s", spec->sandbox_id);
         in->uid_base = spec->uid_base;
         in->ri.chan_fd = -1;
-        if (spawn(n, spec, &in->ri, err) < 0) {
+        in->ops = ops;
+        in->rt = rt;
+        if (spawn(n, ops, rt, spec, &in->ri, err) < 0) {
                 free(in);
                 return cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
         }
@@ -398,7 +468,7 @@ fail:
                 cove_chan_unref(in->chan);
         {
                 struct cove_err e2;
-                n->cfg.rt_ops->stop(n->rt, &in->ri, spec->sandbox_id, sd, 0, &e2);
+                in->ops->stop(in->rt, &in->ri, spec->sandbox_id, sd, 0, &e2);
         }
         free(in);
         return -1;
@@ -502,6 +572,7 @@ static void *refill_main(void *arg)
                 if (r == 0) {
                         struct cove_instance_spec spec = {
                             .sandbox_id = id,
+                            .runtime = want->runtime,
                             .rootfs = want->rootfs,
                             .cpus = want->cpus,
                             .memory_mb = want->memory_mb,
@@ -522,7 +593,7 @@ static void *refill_main(void *arg)
                                 struct cove_err e2;
                                 char sd[PATH_MAX];
                                 state_dir_of(n, id, sd, sizeof(sd));
-                                n->cfg.rt_ops->cleanup_stale(n->rt, id, sd, 1, &e2);
+                                cleanup_any(n, id, sd, 1, &e2);
                                 cove_rm_rf(sd, &e2);
                                 cove_node_uid_release(n, uid);
                         }
@@ -539,14 +610,18 @@ static void *refill_main(void *arg)
         return NULL;
 }
 
-int cove_node_pool_add(struct cove_node *n, const char *rootfs, unsigned cpus, unsigned memory_mb,
-                       unsigned disk_mb, int size, struct cove_err *err)
+int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
+                       unsigned memory_mb, unsigned disk_mb, int size, struct cove_err *err)
 {
         if (size <= 0)
                 return 0;
+        if (cove_node_runtime_check(n, runtime, err) < 0)
+                return -1;
         struct pool *p = calloc(1, sizeof(*p));
         if (!p)
                 return cove_err_set(err, ENOMEM, "warm pool");
+        snprintf(p->runtime, sizeof(p->runtime), "%s",
+                 runtime && *runtime ? runtime : n->cfg.rt_ops->name);
         snprintf(p->rootfs, sizeof(p->rootfs), "%s", rootfs);
         p->cpus = cpus;
         p->memory_mb = memory_mb;
@@ -571,14 +646,17 @@ int cove_node_pool_add(struct cove_node *n, const char *rootfs, unsigned cpus, u
         return 0;
 }
 
-int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus, unsigned memory_mb,
-                        unsigned disk_mb, char *id, size_t cap, uint32_t *uid_base)
+int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
+                        unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
+                        uint32_t *uid_base)
 {
         int r = 1;
+        if (!runtime || !*runtime)
+                runtime = n->cfg.rt_ops->name;
         pthread_mutex_lock(&n->mu);
         for (struct pool *p = n->pools; p; p = p->next) {
-                if (strcmp(p->rootfs, rootfs) || p->cpus != cpus || p->memory_mb != memory_mb ||
-                    p->disk_mb != disk_mb)
+                if (strcmp(p->runtime, runtime) || strcmp(p->rootfs, rootfs) || p->cpus != cpus ||
+                    p->memory_mb != memory_mb || p->disk_mb != disk_mb)
                         continue;
                 for (struct inst *in = n->insts; in && r; in = in->next) {
                         if (in->pool != p || in->stopping || in->warming ||
@@ -603,11 +681,13 @@ int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus, 
 int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,
                              uint64_t *pause_ns, struct cove_err *err)
 {
-        if (!n->cfg.rt_ops->layer_snapshot)
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "runtime %s cannot snapshot sandboxes", n->cfg.rt_ops->name);
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
+        if (in && !in->ops->layer_snapshot) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "runtime %s cannot snapshot sandboxes", in->ops->name);
+        }
         /* stopping excludes it: a stop may free it once mu is released; while stopping is 0
          * and we hold a snapshot mark, cove_node_stop waits (snapshotting flag) */
         if (!in || in->stopping || in->pool) {
@@ -617,8 +697,7 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
         }
         in->busy++;
         pthread_mutex_unlock(&n->mu);
-        int r =
-            n->cfg.rt_ops->layer_snapshot(n->rt, &in->ri, sandbox_id, dest_image, pause_ns, err);
+        int r = in->ops->layer_snapshot(in->rt, &in->ri, sandbox_id, dest_image, pause_ns, err);
         pthread_mutex_lock(&n->mu);
         in->busy--;
         pthread_cond_broadcast(&n->stop_cv);
@@ -626,24 +705,80 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
         return r;
 }
 
+int cove_node_full_snapshot(struct cove_node *n, const char *sandbox_id, int out_fd,
+                            uint64_t *pause_ns, struct cove_err *err)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        if (!in || in->stopping || in->pool) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                                     sandbox_id);
+        }
+        if (!in->ops->full_snapshot) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "runtime %s cannot take full snapshots", in->ops->name);
+        }
+        in->busy++;
+        pthread_mutex_unlock(&n->mu);
+        int r = in->ops->full_snapshot(in->rt, &in->ri, out_fd, pause_ns, err);
+        pthread_mutex_lock(&n->mu);
+        in->busy--;
+        pthread_cond_broadcast(&n->stop_cv);
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
+int cove_node_has_full(struct cove_node *n, const char *sandbox_id)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        int r = in && !in->stopping && !in->pool && in->ops->full_snapshot;
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
+/* Layer images belong to the driver that has them (ns), default or not. */
+static const struct cove_runtime_ops *layer_ops(struct cove_node *n, struct cove_runtime **rt)
+{
+        if (n->cfg.rt_ops->layer_open) {
+                *rt = n->rt;
+                return n->cfg.rt_ops;
+        }
+        if (n->rt_alt && n->cfg.rt_alt_ops->layer_open) {
+                *rt = n->rt_alt;
+                return n->cfg.rt_alt_ops;
+        }
+        *rt = NULL;
+        return n->cfg.rt_ops;
+}
+
 const char *cove_node_layer_dir(struct cove_node *n)
 {
-        return n->cfg.rt_ops->layer_dir ? n->cfg.rt_ops->layer_dir(n->rt) : NULL;
+        struct cove_runtime *rt;
+        const struct cove_runtime_ops *o = layer_ops(n, &rt);
+        return o->layer_dir && rt ? o->layer_dir(rt) : NULL;
 }
 
 int cove_node_layer_open(struct cove_node *n, const char *image, int create, unsigned disk_mb,
-                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err)
+                         const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                         struct cove_err *err)
 {
-        if (!n->cfg.rt_ops->layer_open)
+        struct cove_runtime *rt;
+        const struct cove_runtime_ops *o = layer_ops(n, &rt);
+        if (!o->layer_open || !rt)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "runtime %s has no layer images",
-                                     n->cfg.rt_ops->name);
-        return n->cfg.rt_ops->layer_open(n->rt, image, create, disk_mb, tree_fd, h, err);
+                                     o->name);
+        return o->layer_open(rt, image, create, disk_mb, key, tree_fd, h, err);
 }
 
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h)
 {
-        if (h && n->cfg.rt_ops->layer_close)
-                n->cfg.rt_ops->layer_close(n->rt, h);
+        struct cove_runtime *rt;
+        const struct cove_runtime_ops *o = layer_ops(n, &rt);
+        if (h && o->layer_close && rt)
+                o->layer_close(rt, h);
 }
 
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed)
@@ -651,8 +786,10 @@ void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint
         *ready = 0;
         *taken = *missed = 0;
         pthread_mutex_lock(&n->mu);
+        /* ready = takeable now: not those still warming up */
+        for (struct inst *in = n->insts; in; in = in->next)
+                *ready += in->pool && !in->stopping && !in->warming;
         for (struct pool *p = n->pools; p; p = p->next) {
-                *ready += pool_idle_locked(n, p);
                 *taken += p->taken;
                 *missed += p->missed;
         }
@@ -681,8 +818,8 @@ int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, st
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
                                   sandbox_id);
         else
-                r = freeze ? n->cfg.rt_ops->freeze(n->rt, &in->ri, err)
-                           : n->cfg.rt_ops->thaw(n->rt, &in->ri, err);
+                r = freeze ? in->ops->freeze(in->rt, &in->ri, err)
+                           : in->ops->thaw(in->rt, &in->ri, err);
         pthread_mutex_unlock(&n->mu);
         return r;
 }
@@ -696,10 +833,10 @@ int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, 
         if (!in)
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
                                   sandbox_id);
-        else if (!n->cfg.rt_ops->usage)
+        else if (!in->ops->usage)
                 r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "runtime has no usage figures");
         else
-                r = n->cfg.rt_ops->usage(n->rt, &in->ri, mem, cpu, err);
+                r = in->ops->usage(in->rt, &in->ri, mem, cpu, err);
         pthread_mutex_unlock(&n->mu);
         return r;
 }
@@ -722,14 +859,14 @@ int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struc
         pthread_mutex_unlock(&n->mu);
         int r;
         if (!in) {
-                r = n->cfg.rt_ops->cleanup_stale(n->rt, sandbox_id, sd, purge, err);
+                r = cleanup_any(n, sandbox_id, sd, purge, err);
         } else {
                 /* take the channel out of the I/O loop first, so no callback runs on it */
                 pthread_mutex_lock(&n->io_mu);
                 epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(in->chan), NULL);
                 pthread_mutex_unlock(&n->io_mu);
                 cove_chan_close(in->chan, "sandbox stopped");
-                r = n->cfg.rt_ops->stop(n->rt, &in->ri, sandbox_id, sd, purge, err);
+                r = in->ops->stop(in->rt, &in->ri, sandbox_id, sd, purge, err);
                 pthread_mutex_lock(&n->mu);
                 for (struct inst **pp = &n->insts; *pp; pp = &(*pp)->next)
                         if (*pp == in) {
@@ -804,6 +941,8 @@ void cove_node_free(struct cove_node *n)
         ssize_t w = write(n->wake_fd, &one, sizeof(one));
         (void)w;
         pthread_join(n->io, NULL);
+        if (n->rt_alt)
+                n->cfg.rt_alt_ops->close(n->rt_alt);
         n->cfg.rt_ops->close(n->rt);
         close(n->epfd);
         close(n->wake_fd);

@@ -22,7 +22,10 @@ struct cove_node_config {
         const struct cove_log *log;
         const char *data_dir;                  /* state lives in data_dir/sandboxes/<id> */
         const char *guest_binary;              /* static cove-guest */
-        const struct cove_runtime_ops *rt_ops; /* the driver for this node (ns now) */
+        const struct cove_runtime_ops *rt_ops; /* the node's default driver */
+        /* A second driver (ns + vm), chosen per instance by spec->runtime; NULL: none. When
+         * it cannot run here, instances asking for it fail with its reason. */
+        const struct cove_runtime_ops *rt_alt_ops;
         /* Called from the I/O thread when an instance's channel dies on its own (guest
          * exited, protocol violation), not when cove_node_stop() ends it. */
         void (*on_dead)(void *arg, const char *sandbox_id, const char *why);
@@ -39,14 +42,18 @@ struct cove_node_config {
 struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_err *err);
 /* Stops every instance (purge=0) and the I/O thread. */
 void cove_node_free(struct cove_node *n);
-const char *cove_node_runtime_name(const struct cove_node *n);
+const char *cove_node_runtime_name(const struct cove_node *n); /* the default */
+/* 0 when runtime (a driver name) can start instances here; else -1 with the reason
+ * (UNAVAILABLE for a known driver that cannot run on this host, BAD_REQUEST otherwise). */
+int cove_node_runtime_check(const struct cove_node *n, const char *runtime, struct cove_err *err);
 
 /* Reserve a uid range: a free one (base 0) or, after a restart, a given one.
  * Returns 0 and *base, or -1 (LIMIT when none is free, CONFLICT when taken). */
 int cove_node_uid_reserve(struct cove_node *n, uint32_t *base, struct cove_err *err);
 void cove_node_uid_release(struct cove_node *n, uint32_t base);
 
-/* Start an instance (spec->state_dir and guest_binary are filled by the node), shake
+/* Start an instance (spec->state_dir and guest_binary are filled by the node; spec->runtime
+ * NULL = the default driver), shake
  * hands with its guest and start reading its channel. */
 int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct cove_err *err);
 /* The channel of a running instance, referenced (cove_chan_unref when done), or NULL. */
@@ -64,20 +71,29 @@ pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id);
  * starting one. Pooled instances are ordinary instances with their final id and uid range
  * but belong to no sandbox until taken; a crash leaves them as orphan state dirs, which
  * the restart's reconciliation removes. */
-int cove_node_pool_add(struct cove_node *n, const char *rootfs, unsigned cpus, unsigned memory_mb,
-                       unsigned disk_mb, int size, struct cove_err *err);
+int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
+                       unsigned memory_mb, unsigned disk_mb, int size, struct cove_err *err);
 /* Take a ready instance of that shape: 0 with its id and uid range (now the caller's, as if
  * cove_node_start had made it), 1 when none is ready (start one cold). */
-int cove_node_pool_take(struct cove_node *n, const char *rootfs, unsigned cpus, unsigned memory_mb,
-                        unsigned disk_mb, char *id, size_t cap, uint32_t *uid_base);
+int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
+                        unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
+                        uint32_t *uid_base);
 /* Time machine passthroughs to the runtime (runtime.h documents them). snapshot: -1 with
  * UNAVAILABLE when the runtime cannot, CONFLICT when the sandbox has no instance. */
 int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,
                              uint64_t *pause_ns, struct cove_err *err);
 const char *cove_node_layer_dir(struct cove_node *n); /* NULL when unsupported */
 int cove_node_layer_open(struct cove_node *n, const char *image, int create, unsigned disk_mb,
-                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
+                         const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                         struct cove_err *err);
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h);
+
+/* Full snapshot passthrough (runtime.h): -1 with UNAVAILABLE when the instance's runtime
+ * has none, CONFLICT when the sandbox has no instance. cove_node_has_full: 1 when the
+ * sandbox's running instance can take one. */
+int cove_node_full_snapshot(struct cove_node *n, const char *sandbox_id, int out_fd,
+                            uint64_t *pause_ns, struct cove_err *err);
+int cove_node_has_full(struct cove_node *n, const char *sandbox_id);
 
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,

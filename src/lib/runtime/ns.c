@@ -470,7 +470,7 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 goto fail;
         cg_created = 1;
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
-                                    spec->layer_image, err);
+                                    spec->layer_image, spec->layer_key, err);
         if (lc < 0)
                 goto fail;
         layer_created = lc;
@@ -735,13 +735,14 @@ static const char *ns_layer_dir(struct cove_runtime *rt)
 }
 
 static int ns_layer_open(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
-                         int *tree_fd, struct cove_layer_handle **h, struct cove_err *err)
+                         const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                         struct cove_err *err)
 {
         struct cove_layer_handle *lh = calloc(1, sizeof(*lh));
         if (!lh)
                 return cove_err_set(err, ENOMEM, "ns: layer open");
         lh->rw = create;
-        lh->mfd = cove_layer_image_open(rt->layers, image, create, disk_mb, tree_fd, err);
+        lh->mfd = cove_layer_image_open(rt->layers, image, create, disk_mb, key, tree_fd, err);
         if (lh->mfd < 0) {
                 free(lh);
                 return cove_err_wrap(err, "ns");

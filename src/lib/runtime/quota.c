@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/fscrypt.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -182,6 +183,8 @@ static int run_mkfs(const char *image, struct cove_err *err)
                         "0",
                         "-E",
                         "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+                        "-O",
+                        "encrypt", /* fscrypt (a keyed layer); costs nothing otherwise */
                         (char *)image,
                         NULL};
         if (run_prog(argv, "e2fsprogs", err) < 0)
@@ -193,7 +196,8 @@ static int run_mkfs(const char *image, struct cove_err *err)
 static int golden_for(struct cove_layers *l, uint64_t mb, char *out, size_t cap,
                       struct cove_err *err)
 {
-        snprintf(out, cap, "%s/%llu.img", l->golden, (unsigned long long)mb);
+        /* "-e": formatted with the encrypt feature (older data dirs keep their <mb>.img) */
+        snprintf(out, cap, "%s/%llu-e.img", l->golden, (unsigned long long)mb);
         if (access(out, F_OK) == 0)
                 return 0;
         pthread_mutex_lock(&l->lock);
@@ -660,12 +664,51 @@ void cove_layers_close(struct cove_layers *l)
         free(l);
 }
 
-/* A new image <img> for layer <id>, mounted there: a warm one when ready, else built now. */
+/* fscrypt v2: add key (COVE_LAYER_KEY_LEN bytes) to the filesystem of fd (any fd on it;
+ * the key lives with the superblock and goes with it) and return its identifier. */
+static int fscrypt_add(int fd, const uint8_t *key, uint8_t ident[16], struct cove_err *err)
+{
+        /* the argument ends in a flexible array: the raw key follows it in one buffer */
+        _Alignas(struct fscrypt_add_key_arg)
+            uint8_t buf[sizeof(struct fscrypt_add_key_arg) + COVE_LAYER_KEY_LEN];
+        memset(buf, 0, sizeof(buf));
+        struct fscrypt_add_key_arg *a = (struct fscrypt_add_key_arg *)buf;
+        a->key_spec.type = FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER;
+        a->raw_size = COVE_LAYER_KEY_LEN;
+        memcpy(a->raw, key, COVE_LAYER_KEY_LEN);
+        int rc = ioctl(fd, FS_IOC_ADD_ENCRYPTION_KEY, a);
+        int e = errno;
+        memcpy(ident, a->key_spec.u.identifier, 16);
+        explicit_bzero(buf, sizeof(buf));
+        if (rc < 0)
+                return cove_err_set(err, e, "layer: add encryption key");
+        return 0;
+}
+
+/* Encrypt the (empty) directory name under dfd with the key ident (AES-256-XTS contents,
+ * AES-256-CTS names). */
+static int fscrypt_policy(int dfd, const char *name, const uint8_t ident[16], struct cove_err *err)
+{
+        cleanup_close int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct fscrypt_policy_v2 p;
+        memset(&p, 0, sizeof(p));
+        p.version = FSCRYPT_POLICY_V2;
+        p.contents_encryption_mode = FSCRYPT_MODE_AES_256_XTS;
+        p.filenames_encryption_mode = FSCRYPT_MODE_AES_256_CTS;
+        p.flags = FSCRYPT_POLICY_FLAGS_PAD_32;
+        memcpy(p.master_key_identifier, ident, 16);
+        if (fd < 0 || ioctl(fd, FS_IOC_SET_ENCRYPTION_POLICY, &p) < 0)
+                return cove_err_set(err, errno, "layer: encrypt %s", name);
+        return 0;
+}
+
+/* A new image <img> for layer <id>, mounted there: a warm one when ready (and no key: warm
+ * layers already have their dirs), else built now. */
 static int layer_create_mounted(struct cove_layers *l, const char *id, const char *img, uint64_t mb,
-                                struct cove_err *err)
+                                int no_pool, struct cove_err *err)
 {
         struct pool_entry e;
-        if (pool_take(l, mb, &e)) {
+        if (!no_pool && pool_take(l, mb, &e)) {
                 /* an image with a loop device stays attached across a rename */
                 int rc = 0;
                 if (renameat(l->pool_fd, e.name, l->img_fd, img) < 0)
@@ -763,8 +806,10 @@ static int layer_adopt(struct cove_layers *l, const char *img, const char *from,
 }
 
 int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb, uid_t owner,
-                       gid_t group, const char *from_image, struct cove_err *err)
+                       gid_t group, const char *from_image, const uint8_t *key,
+                       struct cove_err *err)
 {
+        uint8_t ident[16];
         if (check_id(id, err) < 0)
                 return -1;
         char img[256];
@@ -786,7 +831,7 @@ int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb,
         if (limit_mb) {
                 if (faccessat(l->img_fd, img, F_OK, 0) < 0) {
                         created = 1;
-                        if (layer_create_mounted(l, id, img, limit_mb, err) < 0)
+                        if (layer_create_mounted(l, id, img, limit_mb, key != NULL, err) < 0)
                                 goto fail;
                 } else if (!is_mountpoint(l->fd, id)) {
                         cleanup_close int m = loop_fsmount(l->img_fd, img, err);
@@ -802,15 +847,27 @@ int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb,
                 cove_err_set(err, errno, "layer: open %s/%s", l->dir, id);
                 goto fail;
         }
+        if (key && !limit_mb) {
+                cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "layer: encryption needs a disk limit");
+                goto fail;
+        }
+        if (key && fscrypt_add(fd, key, ident, err) < 0)
+                goto fail;
         static const struct {
                 const char *name;
                 mode_t mode;
         } subs[] = {{"upper", 0755}, {"work", 0700}, {"mnt", 0755}};
         for (size_t i = 0; i < COVE_ARRAY_SIZE(subs); i++) {
-                if (mkdirat(fd, subs[i].name, subs[i].mode) < 0 && errno != EEXIST) {
+                int made = mkdirat(fd, subs[i].name, subs[i].mode) == 0;
+                if (!made && errno != EEXIST) {
                         cove_err_set(err, errno, "layer: mkdir %s/%s", id, subs[i].name);
                         goto fail;
                 }
+                /* a new layer's upper and work are encrypted while still empty; an adopted
+                 * or reused one has its policy already and only needed the key */
+                if (made && key && strcmp(subs[i].name, "mnt") != 0 &&
+                    fscrypt_policy(fd, subs[i].name, ident, err) < 0)
+                        goto fail;
                 if (fchownat(fd, subs[i].name, owner, group, AT_SYMLINK_NOFOLLOW) < 0) {
                         cove_err_set(err, errno, "layer: chown %s/%s", id, subs[i].name);
                         goto fail;
@@ -919,8 +976,9 @@ int cove_layer_snapshot(struct cove_layers *l, const char *id, const char *dest,
 }
 
 int cove_layer_image_open(struct cove_layers *l, const char *image, int create, unsigned disk_mb,
-                          int *tree_fd, struct cove_err *err)
+                          const uint8_t *key, int *tree_fd, struct cove_err *err)
 {
+        uint8_t ident[16];
         if (!image || image[0] != '/')
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
                                      "layer image: want an absolute path");
@@ -945,6 +1003,10 @@ int cove_layer_image_open(struct cove_layers *l, const char *image, int create, 
                         cove_err_set(err, errno, "layer image %s: make layer dirs", image);
                         goto fail;
                 }
+                if (key && (fscrypt_add(root, key, ident, err) < 0 ||
+                            fscrypt_policy(root, "upper", ident, err) < 0 ||
+                            fscrypt_policy(root, "work", ident, err) < 0))
+                        goto fail;
         } else {
                 img = open(image, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
                 if (img < 0)
@@ -953,6 +1015,11 @@ int cove_layer_image_open(struct cove_layers *l, const char *image, int create, 
                                              errno, "layer image %s", image);
                 if ((m = loop_fsmount_fd(img, image, "ext4", 1, err)) < 0)
                         return cove_err_wrap(err, "layer image");
+                /* (the fsmount fd is O_PATH: ioctls need a real open of the root) */
+                if (key && ((root = openat(m, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 ||
+                            fscrypt_add(root, key, ident, err) < 0))
+                        return cove_err_wrap(err, "layer image %s%s", image,
+                                             root < 0 ? ": open root" : "");
         }
         *tree_fd = openat(m, "upper", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (*tree_fd < 0) {

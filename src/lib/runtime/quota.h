@@ -32,6 +32,11 @@
 
 struct cove_layers;
 
+/* fscrypt (policy v2) key of a layer: with a key, a new layer's upper/ and work/ are
+ * encrypted (AES-256-XTS/CTS) and every mount of its image gets the key added; a keyed new
+ * layer never comes from the warm pool. NULL: unencrypted. */
+#define COVE_LAYER_KEY_LEN 64
+
 /* Set up <ns_dir>/layers and the layer filesystem (formatted on first use, mounted, or reused
  * when a crashed owner left it mounted); reclaim what a crashed owner left in pool/ (loop
  * devices on its images, the images); with pool_n > 0 start the refill thread keeping pool_n
@@ -55,7 +60,8 @@ const char *cove_layers_image_dir(const struct cove_layers *l);
  * when an existing one was reused, -1 on failure (a newly created layer is removed again, a
  * reused one unmounted). A new layer with a limit comes from the warm pool when one is ready. */
 int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb, uid_t owner,
-                       gid_t group, const char *from_image, struct cove_err *err);
+                       gid_t group, const char *from_image, const uint8_t *key,
+                       struct cove_err *err);
 /* 1 when layers/<id> is a mounted image (stores sandbox ids), 0 for a plain directory. */
 int cove_layer_has_image(struct cove_layers *l, const char *id);
 /* Thaw (a crash mid-snapshot leaves it frozen) and unmount layers/<id> (lazily: a
@@ -76,6 +82,6 @@ int cove_layer_snapshot(struct cove_layers *l, const char *id, const char *dest,
  * read-write. Returns the mount fd (close it, and *tree_fd and every fd under it, to release
  * the mount and its loop device) or -1 (a created image is removed again). */
 int cove_layer_image_open(struct cove_layers *l, const char *image, int create, unsigned disk_mb,
-                          int *tree_fd, struct cove_err *err);
+                          const uint8_t *key, int *tree_fd, struct cove_err *err);
 
 #endif

@@ -13,6 +13,7 @@
 /* What a driver needs to start one instance. All strings are borrowed for the call. */
 struct cove_instance_spec {
         const char *sandbox_id;   /* sbx_…; also the hostname */
+        const char *runtime;      /* driver name for the node to pick ("ns", "vm"); NULL: default */
         const char *rootfs;       /* template rootfs directory (read-only lower layer) */
         const char *state_dir;    /* per-sandbox directory the driver owns (upper, work, …) */
         const char *guest_binary; /* absolute path of the static cove-guest binary */
@@ -30,6 +31,15 @@ struct cove_instance_spec {
          * is ignored); the warm pool is not used. Refused (COVE_E_CONFLICT) while the image
          * is still open (close tree_fd and layer_close() first). NULL: empty layer. */
         const char *layer_image;
+        /* 64 bytes: encrypt the writable layer at rest with this key (ns: fscrypt v2 on the
+         * layer's upper and work dirs; a new layer is then never a warm one). The same key
+         * must be given to layer_open() for images of this layer. NULL: not encrypted. */
+        const uint8_t *layer_key;
+        /* Restore from a full snapshot (live memory + disk, see full_snapshot): with full set,
+         * full_fd is a readable image written by full_snapshot() (borrowed: the caller closes
+         * it after start()). Only drivers with full_snapshot take it. */
+        int full;
+        int full_fd;
 };
 
 /* A writable layer opened outside any instance, to read it (capture) or fill it (restore). */
@@ -97,10 +107,20 @@ struct cove_runtime_ops {
          * under it; close those first. Images from layer_snapshot() are clean (frozen), no
          * journal replay needed. */
         int (*layer_open)(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
-                          int *tree_fd, struct cove_layer_handle **h, struct cove_err *err);
+                          const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
+                          struct cove_err *err); /* key: as spec->layer_key */
         void (*layer_close)(struct cove_runtime *rt, struct cove_layer_handle *h);
+
+        /* ---- full snapshots (live memory; vm) ------------------------------------------
+         * Write the instance's whole state (memory, devices, disk) as one image into out_fd
+         * (a regular file, empty, read-write) while the instance is stopped; it then runs on.
+         * *pause_ns says how long it was stopped. A sandbox started with spec->full on that
+         * image continues exactly there (a counter in RAM goes on). Optional (NULL). */
+        int (*full_snapshot)(struct cove_runtime *rt, struct cove_instance *inst, int out_fd,
+                             uint64_t *pause_ns, struct cove_err *err);
 };
 
 extern const struct cove_runtime_ops cove_runtime_ns;
+extern const struct cove_runtime_ops cove_runtime_vm; /* runtime/vm.h */
 
 #endif

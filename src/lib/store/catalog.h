@@ -17,7 +17,12 @@ struct cove_tenant_row {
         char id[64]; /* "ten_…" or "default" */
         char name[128];
         int64_t created_at; /* unix ms */
+        /* quotas (schema 4), 0 = unlimited: live sandboxes, and the cpus / memory_mb of the
+         * running ones and disk_mb of the live ones summed */
+        int64_t max_sandboxes, max_cpus, max_memory_mb, max_storage_mb;
+        int64_t deleted_at; /* unix ms; 0 = live. Deletion is one-way (a put never undoes it) */
 };
+typedef int (*cove_tenant_cb)(const struct cove_tenant_row *row, void *arg); /* <0 stops */
 
 struct cove_apikey_row {
         char id[64]; /* public key id, "key_…", part of the key string */
@@ -28,6 +33,7 @@ struct cove_apikey_row {
         int revoked;
         int64_t created_at;
 };
+typedef int (*cove_apikey_cb)(const struct cove_apikey_row *row, void *arg); /* <0 stops */
 
 struct cove_sandbox_row {
         char id[64]; /* "sbx_…" */
@@ -50,6 +56,7 @@ struct cove_sandbox_row {
         char *error;             /* last error message, owned, may be NULL */
         int snapshot_interval_s; /* rolling snapshots every N s while running; 0 = off */
         char *retention_json;    /* retention policy (JSON array), owned, NULL = default */
+        int storage_encrypted;   /* schema 4: the writable layer is encrypted at rest */
 };
 
 void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned strings */
@@ -102,12 +109,20 @@ struct cove_catalog_ops {
         void (*close)(struct cove_catalog *c);
         int (*schema_version)(struct cove_catalog *c, int *version, struct cove_err *err);
 
-        /* Insert, or rename an existing tenant (created_at kept). */
+        /* Insert, or update name, quotas and deleted_at of an existing tenant (created_at
+         * kept). */
         int (*tenant_put)(struct cove_catalog *c, const struct cove_tenant_row *t,
                           struct cove_err *err);
         /* Returns 0 found, 1 not found, -1 error. */
         int (*tenant_get)(struct cove_catalog *c, const char *id, struct cove_tenant_row *out,
                           struct cove_err *err);
+
+        /* Live (not deleted) tenants, oldest first; cb runs after the lock is released. */
+        int (*tenant_list)(struct cove_catalog *c, cove_tenant_cb cb, void *arg,
+                           struct cove_err *err);
+        /* A tenant's keys, oldest first, revoked too; salt_hex/hash_hex are left empty. */
+        int (*apikey_list)(struct cove_catalog *c, const char *tenant, cove_apikey_cb cb, void *arg,
+                           struct cove_err *err);
 
         /* Insert a key, or update admin/revoked of an existing one. Tenant, salt and hash
          * never change (COVE_E_CONFLICT), and revoked never goes back to 0. The tenant must

@@ -105,7 +105,16 @@ static const char *const migrations[] = {
     "  policy_json TEXT NOT NULL CHECK (json_valid(policy_json)),"
     "  updated_at INTEGER NOT NULL"
     ");",
-    /* 4: egress secrets (value encrypted under the tenant's key: control/secrets.h) and
+    /* 4: tenants: quotas (0 = unlimited) and soft deletion (rows stay: snapshots and audit
+     * events refer to them) */
+    "ALTER TABLE tenants ADD COLUMN max_sandboxes INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE tenants ADD COLUMN max_cpus INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE tenants ADD COLUMN max_memory_mb INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE tenants ADD COLUMN max_storage_mb INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE tenants ADD COLUMN deleted_at INTEGER NOT NULL DEFAULT 0;"
+    /* and sandboxes whose writable layer is encrypted at rest (fscrypt, control/tenant.h) */
+    "ALTER TABLE sandboxes ADD COLUMN storage_encrypted INTEGER NOT NULL DEFAULT 0;",
+    /* 5: egress secrets (value encrypted under the tenant's key: control/secrets.h) and
      * credential leases, as JSON documents keyed by (kind, tenant, key) */
     "CREATE TABLE egress_docs ("
     "  kind TEXT NOT NULL CHECK (kind IN ('secret', 'lease')),"
@@ -123,17 +132,21 @@ static const char *const migrations[] = {
 #define SBX_COLS                                                                                   \
         "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
         " disk_mb, timeout_s, on_timeout, uid_base, node, last_snapshot_id, metadata_json,"        \
-        " env_json, error, snapshot_interval_s, retention_json"
+        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted"
 #define SNAP_COLS                                                                                  \
         "id, tenant, sandbox_id, parent_id, kind, created_at, label, size_bytes, new_bytes,"       \
         " pause_us, rolling"
 
+#define TENANT_COLS                                                                                \
+        "id, name, created_at, max_sandboxes, max_cpus, max_memory_mb, max_storage_mb, deleted_at"
 #define AUDIT_COLS "seq, at, tenant, sandbox, kind, action, verdict, detail_json, prev_hash, hash"
 
 enum stmt_id {
         ST_VERSION,
         ST_TENANT_PUT,
         ST_TENANT_GET,
+        ST_TENANT_LIST,
+        ST_KEY_LIST,
         ST_KEY_PUT,
         ST_KEY_GET,
         ST_KEY_COUNT,
@@ -166,9 +179,17 @@ enum stmt_id {
 
 static const char *const stmt_sql[ST__COUNT] = {
     [ST_VERSION] = "SELECT coalesce(max(version), 0) FROM schema_migrations",
-    [ST_TENANT_PUT] = "INSERT INTO tenants(id, name, created_at) VALUES (?1, ?2, ?3)"
-                      " ON CONFLICT(id) DO UPDATE SET name = excluded.name",
-    [ST_TENANT_GET] = "SELECT id, name, created_at FROM tenants WHERE id = ?1",
+    [ST_TENANT_PUT] = "INSERT INTO tenants(" TENANT_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,"
+                      " ?8) ON CONFLICT(id) DO UPDATE SET name = excluded.name,"
+                      " max_sandboxes = excluded.max_sandboxes, max_cpus = excluded.max_cpus,"
+                      " max_memory_mb = excluded.max_memory_mb,"
+                      " max_storage_mb = excluded.max_storage_mb,"
+                      " deleted_at = max(deleted_at, excluded.deleted_at)",
+    [ST_TENANT_GET] = "SELECT " TENANT_COLS " FROM tenants WHERE id = ?1",
+    [ST_TENANT_LIST] = "SELECT " TENANT_COLS " FROM tenants WHERE deleted_at = 0"
+                       " ORDER BY created_at, rowid",
+    [ST_KEY_LIST] = "SELECT id, tenant, salt_hex, hash_hex, admin, revoked, created_at"
+                    " FROM api_keys WHERE tenant = ?1 ORDER BY created_at, rowid",
     /* A key's tenant, salt and hash never change, and a revoked key stays revoked:
      * a conflicting put updates nothing and is reported as a conflict. */
     [ST_KEY_PUT] = "INSERT INTO api_keys(id, tenant, salt_hex, hash_hex, admin, revoked,"
@@ -181,13 +202,14 @@ static const char *const stmt_sql[ST__COUNT] = {
                    " FROM api_keys WHERE id = ?1",
     [ST_KEY_COUNT] = "SELECT count(*) FROM api_keys",
     [ST_SBX_INSERT] = "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
-                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
     [ST_SBX_UPDATE] = "UPDATE sandboxes SET state = ?3, template_name = ?4, runtime = ?5,"
                       " created_at = ?6, expires_at = ?7, cpus = ?8, memory_mb = ?9,"
                       " disk_mb = ?10, timeout_s = ?11, on_timeout = ?12, uid_base = ?13,"
                       " node = ?14, last_snapshot_id = ?15, metadata_json = ?16,"
                       " env_json = ?17, error = ?18, snapshot_interval_s = ?19,"
-                      " retention_json = ?20 WHERE id = ?1 AND tenant = ?2",
+                      " retention_json = ?20, storage_encrypted = ?21"
+                      " WHERE id = ?1 AND tenant = ?2",
     [ST_SBX_GET] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1",
     [ST_SBX_GET_T] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1 AND tenant = ?2",
     /* ?1 is NULL (any state) or ",s1,s2," built only from known state names. */
@@ -547,10 +569,104 @@ static int sqlite_tenant_put(struct cove_catalog *c, const struct cove_tenant_ro
         bind_text(s, 1, t->id);
         bind_text(s, 2, t->name);
         sqlite3_bind_int64(s, 3, t->created_at);
+        sqlite3_bind_int64(s, 4, t->max_sandboxes);
+        sqlite3_bind_int64(s, 5, t->max_cpus);
+        sqlite3_bind_int64(s, 6, t->max_memory_mb);
+        sqlite3_bind_int64(s, 7, t->max_storage_mb);
+        sqlite3_bind_int64(s, 8, t->deleted_at);
         int rc = step_durable(c, s);
         int r = rc == SQLITE_OK ? 0 : db_err(c->db, rc, err, "put tenant %s", t->id);
         done(s);
         pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int tenant_cols(sqlite3_stmt *s, struct cove_tenant_row *out)
+{
+        memset(out, 0, sizeof(*out));
+        int r = col_copy(s, 0, out->id, sizeof(out->id)) < 0 ||
+                        col_copy(s, 1, out->name, sizeof(out->name)) < 0
+                    ? -1
+                    : 0;
+        out->created_at = sqlite3_column_int64(s, 2);
+        out->max_sandboxes = sqlite3_column_int64(s, 3);
+        out->max_cpus = sqlite3_column_int64(s, 4);
+        out->max_memory_mb = sqlite3_column_int64(s, 5);
+        out->max_storage_mb = sqlite3_column_int64(s, 6);
+        out->deleted_at = sqlite3_column_int64(s, 7);
+        return r;
+}
+
+static int sqlite_tenant_list(struct cove_catalog *c, cove_tenant_cb cb, void *arg,
+                              struct cove_err *err)
+{
+        /* rows are collected under the lock and handed to cb after it (cb may call us) */
+        struct cove_tenant_row *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0, rc;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *s = c->st[ST_TENANT_LIST];
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+                if (n == cap) {
+                        cap = cap ? 2 * cap : 16;
+                        struct cove_tenant_row *nr = realloc(rows, cap * sizeof(*rows));
+                        if (!nr) {
+                                r = cove_err_set(err, ENOMEM, "catalog: list tenants");
+                                break;
+                        }
+                        rows = nr;
+                }
+                if (tenant_cols(s, &rows[n]) == 0)
+                        n++;
+        }
+        if (r == 0 && rc != SQLITE_DONE)
+                r = db_err(c->db, rc, err, "list tenants");
+        done(s);
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (cb(&rows[i], arg) < 0)
+                        break;
+        free(rows);
+        return r;
+}
+
+static int sqlite_apikey_list(struct cove_catalog *c, const char *tenant, cove_apikey_cb cb,
+                              void *arg, struct cove_err *err)
+{
+        struct cove_apikey_row *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0, rc;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *s = c->st[ST_KEY_LIST];
+        bind_text(s, 1, tenant);
+        while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+                if (n == cap) {
+                        cap = cap ? 2 * cap : 16;
+                        struct cove_apikey_row *nr = realloc(rows, cap * sizeof(*rows));
+                        if (!nr) {
+                                r = cove_err_set(err, ENOMEM, "catalog: list api keys");
+                                break;
+                        }
+                        rows = nr;
+                }
+                struct cove_apikey_row *k = &rows[n];
+                memset(k, 0, sizeof(*k));
+                if (col_copy(s, 0, k->id, sizeof(k->id)) < 0 ||
+                    col_copy(s, 1, k->tenant, sizeof(k->tenant)) < 0)
+                        continue;
+                k->admin = sqlite3_column_int(s, 4);
+                k->revoked = sqlite3_column_int(s, 5);
+                k->created_at = sqlite3_column_int64(s, 6);
+                n++; /* salt and hash are not handed out by a list */
+        }
+        if (r == 0 && rc != SQLITE_DONE)
+                r = db_err(c->db, rc, err, "list api keys of %s", tenant);
+        done(s);
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (cb(&rows[i], arg) < 0)
+                        break;
+        free(rows);
         return r;
 }
 
@@ -562,14 +678,11 @@ static int sqlite_tenant_get(struct cove_catalog *c, const char *id, struct cove
         bind_text(s, 1, id);
         int r, rc = sqlite3_step(s);
         if (rc == SQLITE_ROW) {
-                memset(out, 0, sizeof(*out));
-                if (col_copy(s, 0, out->id, sizeof(out->id)) < 0 ||
-                    col_copy(s, 1, out->name, sizeof(out->name)) < 0)
+                if (tenant_cols(s, out) < 0)
                         r = cove_err_set(err, 0, "catalog: get tenant %s: stored field too long",
                                          id);
                 else
                         r = 0;
-                out->created_at = sqlite3_column_int64(s, 2);
         } else if (rc == SQLITE_DONE) {
                 r = 1;
         } else {
@@ -711,6 +824,7 @@ static void sbx_bind(sqlite3_stmt *st, const struct cove_sandbox_row *s)
         bind_text(st, 18, s->error);
         sqlite3_bind_int(st, 19, s->snapshot_interval_s);
         bind_text(st, 20, s->retention_json);
+        sqlite3_bind_int(st, 21, s->storage_encrypted ? 1 : 0);
 }
 
 /* Fill out from the current row of st (columns SBX_COLS); out owns its strings. */
@@ -738,6 +852,7 @@ static int sbx_read(sqlite3_stmt *st, struct cove_sandbox_row *out)
         out->error = col_dup(st, 17, NULL);
         out->snapshot_interval_s = sqlite3_column_int(st, 18);
         out->retention_json = col_dup(st, 19, NULL);
+        out->storage_encrypted = sqlite3_column_int(st, 20);
         if (!out->metadata_json || !out->env_json ||
             (!out->error && sqlite3_column_type(st, 17) != SQLITE_NULL) ||
             (!out->retention_json && sqlite3_column_type(st, 19) != SQLITE_NULL)) {
@@ -1367,6 +1482,8 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .schema_version = sqlite_schema_version,
     .tenant_put = sqlite_tenant_put,
     .tenant_get = sqlite_tenant_get,
+    .tenant_list = sqlite_tenant_list,
+    .apikey_list = sqlite_apikey_list,
     .apikey_put = sqlite_apikey_put,
     .apikey_get = sqlite_apikey_get,
     .apikey_count = sqlite_apikey_count,

@@ -217,6 +217,14 @@ static struct tenant *tenant_get(struct cove_store *st, const char *name, struct
                 cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid tenant name");
                 return NULL;
         }
+        /* every use passes the key gate (crypto/keys.h): a revoked key stops captures,
+         * restores and reads at once even though the subkeys below stay cached */
+        if (!st->keys_dir) {
+                cove_err_set(err, 0, "store opened without a keys directory");
+                return NULL;
+        }
+        if (cove_key_check(st->keys_dir, name, 1, err) < 0)
+                return NULL;
         pthread_mutex_lock(&st->mu);
         struct tenant *t;
         for (t = st->tenants; t; t = t->next)

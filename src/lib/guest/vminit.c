@@ -1,0 +1,264 @@
+/* cove-guest as the init of a vm sandbox's initramfs (docs/vm.md): load the virtio and ext4
+ * modules listed in /modules/order, mount the root disk (/dev/vda, the sandbox's qcow2 overlay
+ * over the template's ext4 image) and switch to it, set up /dev, /proc, /sys, then wait for
+ * the node on the virtio-serial port and hand that fd to the ordinary guest loop. Everything
+ * else (exec, files, PTY) is the same code as in an ns sandbox. */
+#include "guest/guest.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/reboot.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/random.h>
+
+#define VM_PORT_NAME "cove" /* virtserialport name=cove on the QEMU side */
+#define VM_ROOT_DEV "/dev/vda"
+
+static void nap_ms(long ms)
+{
+        struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+                ;
+}
+
+/* Wait (bounded) for a device node the kernel creates asynchronously. */
+static int wait_path(const char *p, int timeout_ms)
+{
+        for (int t = 0; t < timeout_ms; t += 2) {
+                if (access(p, F_OK) == 0)
+                        return 0;
+                nap_ms(2);
+        }
+        return access(p, F_OK);
+}
+
+/* The port's /dev node (vport<N>p<M>, numbered by probe order) by its name, waiting for the
+ * driver to announce it. */
+static int find_port(char *out, size_t cap, int timeout_ms)
+{
+        for (int t = 0; t < timeout_ms; t += 2) {
+                DIR *d = opendir("/sys/class/virtio-ports");
+                struct dirent *e;
+                while (d && (e = readdir(d))) {
+                        if (e->d_name[0] == '.' || strlen(e->d_name) > 32)
+                                continue;
+                        char p[96], name[32] = "";
+                        snprintf(p, sizeof(p), "/sys/class/virtio-ports/%s/name", e->d_name);
+                        int fd = open(p, O_RDONLY | O_CLOEXEC);
+                        if (fd < 0)
+                                continue;
+                        ssize_t n = read(fd, name, sizeof(name) - 1);
+                        close(fd);
+                        name[n > 0 ? n : 0] = 0;
+                        name[strcspn(name, "\n")] = 0;
+                        snprintf(out, cap, "/dev/%s", e->d_name);
+                        if (strcmp(name, VM_PORT_NAME) == 0 && access(out, F_OK) == 0) {
+                                closedir(d);
+                                return 0;
+                        }
+                }
+                if (d)
+                        closedir(d);
+                nap_ms(2);
+        }
+        return -1;
+}
+
+static int load_modules(struct cove_err *err)
+{
+        FILE *f = fopen("/modules/order", "re");
+        if (!f)
+                return cove_err_set(err, errno, "open /modules/order");
+        char line[128];
+        int r = 0;
+        while (r == 0 && fgets(line, sizeof(line), f)) {
+                line[strcspn(line, "\r\n")] = 0;
+                if (!line[0] || strchr(line, '/'))
+                        continue;
+                char path[160];
+                snprintf(path, sizeof(path), "/modules/%s", line);
+                int fd = open(path, O_RDONLY | O_CLOEXEC);
+                if (fd < 0) {
+                        r = cove_err_set(err, errno, "open module %s", line);
+                        break;
+                }
+                if (syscall(SYS_finit_module, fd, "", 0) < 0 && errno != EEXIST)
+                        r = cove_err_set(err, errno, "load module %s", line);
+                close(fd);
+                unlink(path); /* the initramfs stays in RAM: give the memory back */
+        }
+        fclose(f);
+        return r;
+}
+
+static int mkmount(const char *src, const char *dst, const char *type, unsigned long flags,
+                   const char *data, struct cove_err *err)
+{
+        mkdir(dst, 0755);
+        if (mount(src, dst, type, flags, data) < 0)
+                return cove_err_set(err, errno, "mount %s on %s", type ? type : src, dst);
+        return 0;
+}
+
+static int if_up(int s, const char *name, uint32_t ip, uint32_t mask)
+{
+        struct ifreq ifr;
+        memset(&ifr, 0, sizeof(ifr));
+        strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
+        if (ip) {
+                struct sockaddr_in *a = (struct sockaddr_in *)&ifr.ifr_addr;
+                a->sin_family = AF_INET;
+                a->sin_addr.s_addr = htonl(ip);
+                if (ioctl(s, SIOCSIFADDR, &ifr) < 0)
+                        return -1;
+                a->sin_addr.s_addr = htonl(mask);
+                if (ioctl(s, SIOCSIFNETMASK, &ifr) < 0)
+                        return -1;
+        }
+        if (ioctl(s, SIOCGIFFLAGS, &ifr) < 0)
+                return -1;
+        ifr.ifr_flags |= IFF_UP;
+        return ioctl(s, SIOCSIFFLAGS, &ifr);
+}
+
+/* lo, and eth0 when the VM has a network device: 169.254.100.2/30 with the default route
+ * via 169.254.100.1, QEMU's tap in its own netns, which forwards and masquerades to the
+ * sandbox's egress link (docs/vm.md). The same in every VM. */
+static void net_up(void)
+{
+        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (s < 0)
+                return;
+        if_up(s, "lo", 0, 0);
+        if (if_nametoindex("eth0") && if_up(s, "eth0", 0xa9fe6402u, 0xfffffffcu) == 0) {
+                struct rtentry rt;
+                memset(&rt, 0, sizeof(rt));
+                struct sockaddr_in *gw = (struct sockaddr_in *)&rt.rt_gateway;
+                struct sockaddr_in *dst = (struct sockaddr_in *)&rt.rt_dst;
+                struct sockaddr_in *msk = (struct sockaddr_in *)&rt.rt_genmask;
+                gw->sin_family = dst->sin_family = msk->sin_family = AF_INET;
+                gw->sin_addr.s_addr = htonl(0xa9fe6401u);
+                rt.rt_flags = RTF_UP | RTF_GATEWAY;
+                ioctl(s, SIOCADDRT, &rt);
+        }
+        close(s);
+}
+
+int cove_guest_vm_init(int *chan_fd, struct cove_err *err)
+{
+        umask(022);
+        if (mkmount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755", err) < 0 ||
+            mkmount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, err) < 0 ||
+            mkmount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL, err) < 0)
+                return -1;
+        if (load_modules(err) < 0)
+                return -1;
+        if (wait_path(VM_ROOT_DEV, 5000) < 0)
+                return cove_err_set(err, errno, "root disk %s", VM_ROOT_DEV);
+        if (mkmount(VM_ROOT_DEV, "/newroot", "ext4", MS_NOATIME, NULL, err) < 0)
+                return -1;
+        /* /dev, /proc, /sys move along; then the disk becomes / (switch_root without exec:
+         * this process keeps running from the initramfs copy it was loaded from) */
+        static const char *const moves[] = {"/dev", "/proc", "/sys"};
+        for (size_t i = 0; i < sizeof(moves) / sizeof(moves[0]); i++) {
+                char dst[32];
+                snprintf(dst, sizeof(dst), "/newroot%s", moves[i]);
+                mkdir(dst, 0755);
+                if (mount(moves[i], dst, NULL, MS_MOVE, NULL) < 0)
+                        return cove_err_set(err, errno, "move %s", moves[i]);
+        }
+        if (chdir("/newroot") < 0 || mount(".", "/", NULL, MS_MOVE, NULL) < 0 || chroot(".") < 0 ||
+            chdir("/") < 0)
+                return cove_err_set(err, errno, "switch to the root disk");
+        mkdir("/dev/pts", 0755);
+        if (mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                  "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
+                return cove_err_set(err, errno, "mount devpts");
+        unlink("/dev/ptmx");
+        if (symlink("pts/ptmx", "/dev/ptmx") < 0)
+                return cove_err_set(err, errno, "/dev/ptmx");
+        mkdir("/dev/shm", 01777);
+        mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
+        symlink("/proc/self/fd", "/dev/fd");
+        symlink("/proc/self/fd/0", "/dev/stdin");
+        symlink("/proc/self/fd/1", "/dev/stdout");
+        symlink("/proc/self/fd/2", "/dev/stderr");
+        net_up();
+
+        char port[300];
+        if (find_port(port, sizeof(port), 5000) < 0)
+                return cove_err_set(err, ENOENT, "guest channel: no virtio-serial port named %s",
+                                    VM_PORT_NAME);
+        int fd = open(port, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+                return cove_err_set(err, errno, "open %s", port);
+        *chan_fd = fd;
+        return 0;
+}
+
+int cove_guest_vm_wait_node(int fd)
+{
+        /* The port reports POLLHUP until the node has connected to its end; no event
+         * announces the connection that poll() could wait for, so look every 2 ms. A
+         * template snapshot is taken while its guest waits here, so every clone starts
+         * here and meets its own node connection. */
+        for (;;) {
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                int n = poll(&p, 1, -1);
+                if (n < 0 && errno != EINTR)
+                        return -1;
+                if (n > 0 && !(p.revents & POLLHUP))
+                        return 0;
+                nap_ms(2);
+        }
+}
+
+void cove_guest_vm_seed(const unsigned char *seed, size_t len)
+{
+        struct {
+                struct rand_pool_info info;
+                unsigned char buf[64];
+        } rp;
+        if (len > sizeof(rp.buf))
+                len = sizeof(rp.buf);
+        memset(&rp, 0, sizeof(rp));
+        rp.info.entropy_count = (int)(len * 8);
+        rp.info.buf_size = (int)len;
+        memcpy(rp.buf, seed, len);
+        int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+        if (fd >= 0) {
+                if (ioctl(fd, RNDADDENTROPY, &rp) < 0) {
+                        /* mixed in without credit at least */
+                        ssize_t w = write(fd, seed, len);
+                        (void)w;
+                }
+                /* a ready crng only takes new input at its next scheduled reseed (up to a
+                 * minute away): until then clones of one snapshot would produce the same
+                 * bytes. Reseed now. */
+                ioctl(fd, RNDRESEEDCRNG);
+                close(fd);
+        }
+        explicit_bzero(&rp, sizeof(rp));
+}
+
+_Noreturn void cove_guest_vm_poweroff(void)
+{
+        sync();
+        reboot(RB_POWER_OFF);
+        for (;;)
+                pause();
+}
