@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-tm asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-tm bench-full asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -27,6 +27,10 @@ bench-tm: all
 bench-store: all
 	$(BUILD)/bench/chunkstore_bench $(BENCH_STORE_ARGS)
 	$(BUILD)/bench/keys_bench --kms tests/security/kms.sh
+
+# full snapshots (CRIU) of a sandbox holding 100 MB in RAM; BENCH_FULL_ARGS e.g. --mb 200 --runs 5
+bench-full: all
+	BUILD=$(BUILD) python3 bench/full_snapshot_bench.py $(BENCH_FULL_ARGS)
 
 asan:
 	$(MAKE) BUILD=build-asan MESON_OPTS="-Db_sanitize=address,undefined -Db_lundef=false" test

@@ -6,6 +6,8 @@ import assert from 'node:assert/strict'
 import { Sandbox, CommandExitError, FileType, NotFoundError } from 'e2b'
 
 const TEMPLATE = process.env.COVE_E2B_TEMPLATE || 'base'
+// what a pause keeps on this coved: "full" (memory and processes, CRIU) or "files"
+const FULL = process.env.COVE_SNAPSHOTS === 'full'
 for (const v of ['E2B_API_URL', 'E2B_SANDBOX_URL', 'E2B_API_KEY'])
   if (!process.env[v]) throw new Error(`${v} is not set (see tests/integration/test_e2b.py)`)
 
@@ -110,10 +112,47 @@ async function api(method, path, body) {
   return { status: res.status, body: text ? JSON.parse(text) : null }
 }
 
-// Pause is cove's time machine: a snapshot of kind "files" (the ns runtime has no memory
-// snapshots), so a resumed sandbox has its files and none of its processes.
+// Pause is cove's time machine: a snapshot of kind "full" where the node has CRIU (memory
+// and processes are kept, as on E2B), else of kind "files" (a resumed sandbox has its files
+// and none of its processes).
 describe('pause and resume', () => {
-  test('pause keeps files, not processes; connect resumes', async () => {
+  test('pause keeps a running process; connect resumes it', { skip: !FULL && 'this coved has no full snapshots (COVE_SNAPSHOTS=files)' }, async () => {
+    const sbx = await newSandbox()
+    await sbx.files.write('keep/notes.txt', 'kept across pause\n')
+    const before = []
+    const bg = await sbx.commands.run('i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done', {
+      background: true,
+      onStdout: (d) => before.push(...d.split('\n').filter(Boolean).map(Number)),
+    })
+    const bgEnd = bg.wait().then(
+      (r) => ({ ok: r }),
+      (e) => ({ err: e }),
+    )
+    await until('the counter to count', async () => before.length >= 5)
+    assert.equal(await sbx.pause({ keepMemory: true }), true)
+    assert.equal((await sbx.getInfo()).state, 'paused')
+    // as on E2B, a pause cuts open streams; the process itself is kept
+    assert.ok((await bgEnd).err, 'the stream should end with the pause')
+    const last = before[before.length - 1]
+
+    const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 90_000 })
+    assert.equal(await again.isRunning(), true)
+    assert.equal(await again.files.read('keep/notes.txt'), 'kept across pause\n')
+    const procs = await again.commands.list()
+    const p = procs.find((x) => x.args.some((a) => a.includes('i=$((i+1))')))
+    assert.ok(p, `the counter is not in the process list: ${JSON.stringify(procs)}`)
+    const after = []
+    const h = await again.commands.connect(p.pid, {
+      onStdout: (d) => after.push(...d.split('\n').filter(Boolean).map(Number)),
+    })
+    await until('the counter to print after the resume', async () => after.length >= 3)
+    // it goes on from its own memory: a fresh process would start at 1
+    assert.ok(after[0] > 1 && after[0] >= last - 5, `counter after resume ${after} (last before ${last})`)
+    assert.ok(after[2] > after[0])
+    await h.kill()
+  })
+
+  test('pause keeps files, not processes; connect resumes', { skip: FULL && 'this coved keeps processes across a pause (COVE_SNAPSHOTS=full)' }, async () => {
     const tag = `pause-${Date.now()}`
     const sbx = await newSandbox({ metadata: { tag } })
     await sbx.files.write('keep/notes.txt', 'kept across pause\n')
@@ -216,14 +255,19 @@ describe('pause and resume', () => {
     assert.equal((await plain.getInfo()).lifecycle?.onTimeout, 'kill')
   })
 
-  test('memory-keeping pause and auto-resume are refused, not ignored', async () => {
+  test('memory-keeping pause: accepted with full snapshots, refused without; auto-resume refused', async () => {
     const sbx = await newSandbox()
-    await assert.rejects(sbx.pause({ keepMemory: true }), /keepMemory/)
-    assert.equal(await sbx.isRunning(), true)
-    await assert.rejects(
-      Sandbox.create(TEMPLATE, { lifecycle: { onTimeout: { action: 'pause', keepMemory: true } } }),
-      /keepMemory/,
-    )
+    if (FULL) {
+      const auto = await newSandbox({ lifecycle: { onTimeout: { action: 'pause', keepMemory: true } } })
+      assert.equal(await auto.isRunning(), true)
+    } else {
+      await assert.rejects(sbx.pause({ keepMemory: true }), /keepMemory/)
+      assert.equal(await sbx.isRunning(), true)
+      await assert.rejects(
+        Sandbox.create(TEMPLATE, { lifecycle: { onTimeout: { action: 'pause', keepMemory: true } } }),
+        /keepMemory/,
+      )
+    }
     await assert.rejects(
       Sandbox.create(TEMPLATE, { lifecycle: { onTimeout: 'pause', autoResume: true } }),
       /autoResume/,

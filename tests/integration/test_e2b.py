@@ -64,7 +64,9 @@ def test_e2b_sdk(sdk_dir, coved_factory):
                E2B_API_URL=f"http://127.0.0.1:{api}",
                E2B_SANDBOX_URL=f"http://127.0.0.1:{sbx}",
                E2B_API_KEY=e2b_key(d.client.key),
-               COVE_E2B_TEMPLATE=os.environ.get("COVE_E2B_TEMPLATE", "base"))
+               COVE_E2B_TEMPLATE=os.environ.get("COVE_E2B_TEMPLATE", "base"),
+               # "full": pause keeps running processes (CRIU); "files": it keeps files only
+               COVE_SNAPSHOTS=d.client.snapshot_kind())
     env.pop("E2B_DEBUG", None)
     r = subprocess.run(["node", "--test", "--test-concurrency=1", "--test-reporter=tap",
                         "e2b.test.mjs"], cwd=sdk_dir, env=env, capture_output=True, text=True,

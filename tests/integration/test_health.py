@@ -4,7 +4,9 @@
 def test_healthz(client):
     r = client.request("GET", "/healthz", auth=False)
     assert r.status == 200
-    assert r.json() == {"ok": True}
+    # snapshots: what a snapshot of a running sandbox keeps here (CRIU self-check result)
+    assert r.json()["ok"] is True and r.json()["snapshots"] in ("full", "files", "checking")
+    assert set(r.json()) == {"ok", "snapshots"}
 
 
 def test_no_key_is_401_with_error_shape(client):

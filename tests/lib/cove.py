@@ -121,6 +121,18 @@ class Client:
                             f"{r.body[:300]!r}")
         return e
 
+    def snapshot_kind(self, timeout=60):
+        """The kind snapshots of running sandboxes have on this coved ("full" or "files", from
+        /healthz), once its start-up CRIU self-check is done."""
+        deadline = time.time() + timeout
+        while True:
+            k = self.get("/healthz", auth=False).get("snapshots")
+            if k != "checking":
+                return k
+            if time.time() > deadline:
+                raise CoveError(f"/healthz still says snapshots: checking after {timeout} s")
+            time.sleep(0.05)
+
     # -- sandboxes ---------------------------------------------------------------------
     def create(self, template="busybox", **fields):
         fields["template"] = template

@@ -81,7 +81,7 @@ def test_memory_bomb_oom_killed_inside(client, coved):
         assert "rc=137" in r["stdout"], f"memory bomb not killed by the OOM killer: {r}"
         # PID 1 (the guest) survived and the sandbox still execs
         r = sh(client, sid, "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo alive")
-        assert r["stdout"].startswith("/.cove/guest") and r["stdout"].endswith("alive\n"), r
+        assert r["stdout"].startswith("/dev/.cove-guest") and r["stdout"].endswith("alive\n"), r
         oc = cgroup_file(sid, "memory", "memory.events") or \
             cgroup_file(sid, "memory", "memory.oom_control")
         if oc:

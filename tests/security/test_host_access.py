@@ -83,7 +83,7 @@ def test_only_sandbox_processes_visible(client, sandbox, coved):
            "echo; ps")
     procs = [l for l in r["stdout"].split("\n\n")[0].splitlines() if l.strip()]
     # pid 1 is the guest; the rest is the shell of this exec and its children
-    assert any(l.startswith("1 /.cove/guest") for l in procs), procs
+    assert any(l.startswith("1 /dev/.cove-guest") for l in procs), procs
     assert len(procs) < 10, f"too many processes visible inside: {procs}"
     for l in procs:
         assert "coved" not in l and "pytest" not in l, f"host process visible inside: {l}"
@@ -110,3 +110,23 @@ def test_cannot_signal_host_processes(client, sandbox, coved):
     finally:
         victim.kill()
         victim.wait()
+
+
+@pytest.mark.root
+def test_guest_binary_is_a_read_only_bind(client, sandbox, coved):
+    # PID 1 runs /dev/.cove-guest, a read-only, nosuid bind of the host's binary (so that a
+    # checkpoint finds it in the sandbox's own mount namespace): the sandbox's root can
+    # neither write it, nor replace it, nor remount it writable; the host file stays as is
+    host = os.path.join(os.path.dirname(coved.bin), "cove-guest")
+    st0 = os.stat(host)
+    r = sh(client, sandbox["id"],
+           "(echo x >> /dev/.cove-guest) 2>&1; (echo x > /proc/1/exe) 2>&1; "
+           "rm -f /dev/.cove-guest 2>&1; mount -o remount,rw /dev/.cove-guest 2>&1; "
+           "grep ' /dev/.cove-guest ' /proc/self/mountinfo | cut -d' ' -f6; readlink /proc/1/exe")
+    out = r["stdout"].splitlines()
+    assert len(out) == 6, out
+    assert all(("Read-only" in l or "denied" in l or "busy" in l) for l in out[:4]), out
+    assert out[4].startswith("ro,nosuid,nodev"), out
+    assert out[5] == "/dev/.cove-guest", out
+    st1 = os.stat(host)
+    assert (st1.st_size, st1.st_mtime_ns, st1.st_mode) == (st0.st_size, st0.st_mtime_ns, st0.st_mode)

@@ -272,6 +272,14 @@ static int nonempty(json_t *v)
                !(json_is_array(v) && json_array_size(v) == 0);
 }
 
+/* Whether pauses here keep memory and processes (runtime full snapshots, CRIU); waits for
+ * coved's start-up self-check when it still runs (1-3 s), as a pause itself would. */
+static int full_snapshots(struct cove_e2b *e)
+{
+        char why[320];
+        return cove_node_full_wait(e->d->node, 60000, why, sizeof(why)) == 1;
+}
+
 /* POST /sandboxes and /v2/sandboxes: build cove's create body from E2B's NewSandbox. */
 static int h_create(void *app, struct cove_req *r)
 {
@@ -286,9 +294,10 @@ static int h_create(void *app, struct cove_req *r)
                 why = "templateID is required (cove templates: base, busybox)";
         else if (to && !json_is_null(to) && !json_is_integer(to))
                 why = "timeout must be an integer number of seconds";
-        else if (json_is_true(json_object_get(b, "autoPauseMemory")))
-                why = "onTimeout.keepMemory is not supported: cove's pause keeps the sandbox's "
-                      "files, not its memory (running processes end); use keepMemory: false";
+        else if (json_is_true(json_object_get(b, "autoPauseMemory")) && !full_snapshots(e))
+                why = "onTimeout.keepMemory is not supported on this node: it has no full "
+                      "snapshots (CRIU), so a pause keeps the sandbox's files, not its memory "
+                      "(running processes end); use keepMemory: false";
         else if (json_is_true(json_object_get(json_object_get(b, "autoResume"), "enabled")))
                 why = "lifecycle.autoResume is not supported: resume a paused sandbox with "
                       "Sandbox.connect()";
@@ -476,8 +485,9 @@ static int h_connect(void *app, struct cove_req *r)
 }
 
 /* POST /sandboxes/{id}/pause → 204; 409 when already paused (the SDK's pause() then
- * answers false). What is kept is the sandbox's files (a snapshot of kind "files"): its
- * processes end. So an explicit {"memory": true} is refused rather than ignored. */
+ * answers false). On a node with full snapshots (CRIU) the pause keeps memory and running
+ * processes, as E2B's does; without, only the sandbox's files are kept (a snapshot of kind
+ * "files": its processes end), so an explicit {"memory": true} is refused, not ignored. */
 static int h_pause(void *app, struct cove_req *r)
 {
         struct cove_e2b *e = app;
@@ -487,11 +497,13 @@ static int h_pause(void *app, struct cove_req *r)
                 return 0;
         int memory = json_is_true(json_object_get(b, "memory"));
         json_decref(b);
-        if (memory)
+        /* a vm sandbox's pause always keeps memory; an ns one's where CRIU works */
+        if (memory && !cove_node_has_full(e->d->node, r->params[0]) && !full_snapshots(e))
                 return reply_error(r, 400,
-                                   "keepMemory is not supported: cove's pause keeps the "
-                                   "sandbox's files, not its memory (running processes end); "
-                                   "pause without keepMemory or with keepMemory: false");
+                                   "keepMemory is not supported on this node: it has no full "
+                                   "snapshots (CRIU), so a pause keeps the sandbox's files, not "
+                                   "its memory (running processes end); pause without "
+                                   "keepMemory or with keepMemory: false");
         struct cove_sandbox_row row;
         if (load_known(e, r, &row, 1) < 0)
                 return 0;

@@ -44,9 +44,21 @@ int cove_api_auth(void *app, struct cove_req *r, const char *authorization, stru
         return 0;
 }
 
+/* "full" when snapshots of running sandboxes keep memory and processes (CRIU self-check
+ * passed), "files" when not, "checking" while the start-up self-check runs; the reason is in
+ * coved's log (event snapshot.full), not here: /healthz needs no key */
+static const char *snapshot_kind(struct coved *d, int *st)
+{
+        char why[320];
+        *st = cove_node_full_status(d->node, why, sizeof(why));
+        return *st == 1 ? "full" : *st == 0 ? "files" : "checking";
+}
+
 static int h_health(void *app, struct cove_req *r)
 {
-        return cove_reply_json(r, 200, json_pack("{s:b}", "ok", 1));
+        int st;
+        return cove_reply_json(
+            r, 200, json_pack("{s:b, s:s}", "ok", 1, "snapshots", snapshot_kind(app, &st)));
 }
 
 static int count_state(const struct cove_sandbox_row *row, void *arg)
@@ -74,7 +86,9 @@ static int h_metrics(void *app, struct cove_req *r)
         int pool_ready;
         uint64_t pool_taken, pool_missed;
         cove_node_pool_stats(d->node, &pool_ready, &pool_taken, &pool_missed);
-        char buf[4096];
+        int full;
+        snapshot_kind(d, &full);
+        char buf[4608];
         size_t o = 0;
         o += (size_t)snprintf(buf + o, sizeof(buf) - o,
                               "# HELP cove_sandboxes Sandboxes in the catalog by state.\n"
@@ -108,13 +122,16 @@ static int h_metrics(void *app, struct cove_req *r)
             "# TYPE cove_pool_taken_total counter\ncove_pool_taken_total %llu\n"
             "# HELP cove_pool_missed_total Creates of a pooled shape that found it empty.\n"
             "# TYPE cove_pool_missed_total counter\ncove_pool_missed_total %llu\n"
+            "# HELP cove_full_snapshots Full snapshots (memory and processes, CRIU) available: "
+            "1 yes, 0 no (files only), -1 self-check running.\n"
+            "# TYPE cove_full_snapshots gauge\ncove_full_snapshots %d\n"
             "# HELP cove_uptime_seconds Seconds since coved started.\n"
             "# TYPE cove_uptime_seconds gauge\ncove_uptime_seconds %.3f\n",
             cove_node_count(d->node), (unsigned long long)cove_http_requests(d->http),
             (unsigned long long)m.creates, (unsigned long long)m.create_failures,
             (double)m.create_ns_sum / 1e9, (unsigned long long)m.deletes,
             (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired, pool_ready,
-            (unsigned long long)pool_taken, (unsigned long long)pool_missed,
+            (unsigned long long)pool_taken, (unsigned long long)pool_missed, full,
             (double)(cove_now_ms() - d->started_at) / 1000.0);
         return cove_reply_text(r, 200, "text/plain; version=0.0.4", buf);
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "control/egress.h"
@@ -28,6 +29,7 @@
 #define THIN_EVERY_MS 30000
 #define IMG_SNAP "tm-snap-"
 #define IMG_RESTORE "tm-restore-"
+#define MEM_SUFFIX "-mem" /* store id of a full snapshot's checkpoint: <snapshot id>-mem */
 
 struct cove_tm {
         struct cove_store *store;
@@ -221,10 +223,37 @@ static int restore_full(struct coved *d, const char *tenant, const char *snap, i
 
 /* ---- capture ---- */
 
+static void mem_id(const char *snap_id, char *out, size_t cap)
+{
+        snprintf(out, cap, "%s" MEM_SUFFIX, snap_id);
+}
+
+/* How long an operation waits for coved's start-up CRIU self-check (1-3 s) before it takes
+ * a files snapshot, or refuses to restore a full one. */
+#define FULL_WAIT_MS 60000
+
+/* Whether snapshots of running sandboxes are full ones on this node (runtime + self-check). */
+static int full_ok(struct coved *d)
+{
+        char why[320];
+        return cove_node_full_wait(d->node, FULL_WAIT_MS, why, sizeof(why)) == 1;
+}
+
+static void unhold(struct coved *d, const char *id)
+{
+        struct cove_err e2;
+        cove_node_freeze(d->node, id, 0, &e2);
+}
+
 /* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
- * is in the catalog and the sandbox's last_snapshot_id names it (row is reloaded). */
+ * is in the catalog and the sandbox's last_snapshot_id names it (row is reloaded).
+ * hold: the sandbox is about to be stopped or replaced (pause, rewind): after a full dump it
+ * stays frozen, so nothing runs past the state it will resume from; the caller stops it, or
+ * thaws it (unhold) when it changes its mind. On failure it always runs on. */
+
 static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const char *label,
-                          int rolling, struct cove_snapshot_row *out, struct cove_err *err)
+                          int rolling, int hold, struct cove_snapshot_row *out,
+                          struct cove_err *err)
 {
         struct cove_tm *tm = d->tm;
         if (need_store(d, err) < 0)
@@ -243,13 +272,18 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         snprintf(s.label, sizeof(s.label), "%s", label ? label : "");
         s.rolling = rolling;
 
-        char img[PATH_MAX];
+        char img[PATH_MAX], mem[PATH_MAX];
         snprintf(img, sizeof(img), "%s/" IMG_SNAP "%s.img", tm->layer_dir, s.id);
+        snprintf(mem, sizeof(mem), "%s/" IMG_SNAP "%s.criu", tm->layer_dir, s.id);
         uint64_t pause_ns = 0;
         int64_t t0 = cove_mono_ns();
         s.created_at = tm_now();
-        struct cove_snapshot_stats st;
+        struct cove_snapshot_stats st, mst;
         memset(&st, 0, sizeof(st));
+        memset(&mst, 0, sizeof(mst));
+        char mid[80];
+        mem_id(s.id, mid, sizeof(mid));
+        int full = 0;                               /* an ns checkpoint (CRIU) was taken */
         if (cove_node_has_full(d->node, row->id)) { /* vm: live memory too */
                 snprintf(s.kind, sizeof(s.kind), "full");
                 if (capture_full(d, &s, &st, err) < 0)
@@ -259,7 +293,25 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                                              row->id);
                 goto captured;
         }
-        if (cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
+        /* ns: full (files + memory + processes) with CRIU when the node can; rolling snapshots
+         * stay files: a checkpoint stops the sandbox for the whole dump (hundreds of ms for
+         * 100 MB), too long to do every minute without the agent noticing */
+        full = !rolling && full_ok(d);
+        if (full) {
+                struct cove_err fe;
+                if (cove_node_full_dump(d->node, row->id, img, mem, hold, &pause_ns, &fe) < 0) {
+                        /* e.g. a TCP connection or an egress link CRIU cannot take along:
+                         * the files are still worth a snapshot */
+                        cove_warn(&d->log, "snapshot.full",
+                                  "sandbox %s: full snapshot failed, taking files only: %s",
+                                  row->id, fe.msg);
+                        unlink(img);
+                        full = 0;
+                } else {
+                        snprintf(s.kind, sizeof(s.kind), "full");
+                }
+        }
+        if (!full && cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
                 unlink(img);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
         }
@@ -283,19 +335,44 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
                         close(tree_fd);
                 cove_node_layer_close(d->node, h);
         }
+        if (r == 0 && full) {
+                /* the checkpoint directory, as a tree: content-defined chunks dedup memory
+                 * pages far better than fixed 2 MiB ones (an idle sandbox's next checkpoint
+                 * differs in a few pages); encrypted like everything else */
+                int mfd = open(mem, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                r = mfd < 0 ? cove_err_set(err, errno, "open %s", mem)
+                            : cove_snapshot_capture_tree(tm->store, s.tenant, mid, NULL, mfd, &mst,
+                                                         err);
+                if (mfd >= 0)
+                        close(mfd);
+                if (r < 0) {
+                        struct cove_err e2;
+                        cove_snapshot_delete(tm->store, s.tenant, s.id, &e2);
+                }
+        }
         pthread_mutex_unlock(&tm->io_mu);
         unlink(img);
+        if (full) {
+                struct cove_err e2;
+                cove_rm_rf(mem, &e2);
+        }
         if (r < 0) {
+                if (hold && full)
+                        unhold(d, row->id);
                 store_err(err);
                 return cove_err_wrap(err, "snapshot of sandbox %s (previous snapshots intact)",
                                      row->id);
         }
 captured:
-        s.size_bytes = st.size_bytes;
-        s.new_bytes = st.new_bytes;
+        s.size_bytes = st.size_bytes + mst.size_bytes;
+        s.new_bytes = st.new_bytes + mst.new_bytes;
         if (d->cat_ops->snapshot_insert(d->cat, &s, err) < 0) {
                 struct cove_err e2;
                 cove_snapshot_delete(tm->store, s.tenant, s.id, &e2);
+                if (full)
+                        cove_snapshot_delete(tm->store, s.tenant, mid, &e2);
+                if (hold && full)
+                        unhold(d, row->id);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
         }
         if (reload(d, row->id, row, err) == 0) {
@@ -303,10 +380,11 @@ captured:
                 row_write(d, row, err);
         }
         cove_info(&d->log, "snapshot.take",
-                  "sandbox %s snapshot %s%s: %llu bytes (%llu new), paused %.2f ms, %.1f ms total",
-                  s.sandbox_id, s.id, rolling ? " (rolling)" : "", (unsigned long long)s.size_bytes,
-                  (unsigned long long)s.new_bytes, (double)s.pause_us / 1000.0,
-                  (double)(cove_mono_ns() - t0) / 1e6);
+                  "sandbox %s snapshot %s (%s%s): %llu bytes (%llu new), paused %.2f ms, %.1f ms "
+                  "total",
+                  s.sandbox_id, s.id, s.kind, rolling ? ", rolling" : "",
+                  (unsigned long long)s.size_bytes, (unsigned long long)s.new_bytes,
+                  (double)s.pause_us / 1000.0, (double)(cove_mono_ns() - t0) / 1e6);
         if (!rolling)
                 coved_audit_control(d, s.tenant, s.sandbox_id, "snapshot",
                                     json_pack("{s:s, s:s}", "snapshot", s.id, "kind", s.kind));
@@ -332,7 +410,7 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
         sbx_lock(d->tm, sandbox_id, 1);
         int r = reload(d, sandbox_id, &row, err);
         if (r == 0)
-                r = capture_locked(d, &row, label, rolling, out, err);
+                r = capture_locked(d, &row, label, rolling, 0, out, err);
         sbx_unlock(d->tm, sandbox_id);
         cove_sandbox_row_clear(&row);
         return r;
@@ -342,7 +420,7 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
 
 /* Fill a fresh layer image from snapshot snap (of tenant) into img. On failure nothing is
  * left; the error names the snapshot. */
-static int restore_image(struct coved *d, const char *tenant, const char *snap,
+static int restore_files(struct coved *d, const char *tenant, const char *snap,
                          const struct cove_sandbox_row *target, char *img, size_t cap,
                          struct cove_err *err)
 {
@@ -376,10 +454,72 @@ static int restore_image(struct coved *d, const char *tenant, const char *snap,
         return 0;
 }
 
-/* Start row's sandbox on img (which the runtime takes over) with a new uid range; or, with
- * img NULL, on the full snapshot image in full_fd (closed here). */
+/* A full snapshot's checkpoint into a temporary directory mem (the runtime takes it over at
+ * start); mem is "" for a files snapshot. On failure nothing is left. */
+static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, char *mem, size_t cap,
+                       struct cove_err *err)
+{
+        mem[0] = 0;
+        if (strcmp(snap->kind, "full"))
+                return 0;
+        char rnd[32], mid[80];
+        if (cove_id_new("", rnd, sizeof(rnd), err) < 0)
+                return -1;
+        char why[320];
+        if (cove_node_full_wait(d->node, FULL_WAIT_MS, why, sizeof(why)) != 1)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "snapshot %s is a full snapshot and this node cannot "
+                                     "restore processes (%s)",
+                                     snap->id, why);
+        snprintf(mem, cap, "%s/" IMG_RESTORE "%s-%s.criu", d->tm->layer_dir, snap->id, rnd);
+        mem_id(snap->id, mid, sizeof(mid));
+        int fd = mkdir(mem, 0700) < 0 ? -1 : open(mem, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        struct cove_snapshot_stats st;
+        int r = fd < 0 ? cove_err_set(err, errno, "create %s", mem)
+                       : cove_snapshot_restore_tree(d->tm->store, snap->tenant, mid, fd, &st, err);
+        if (fd >= 0)
+                close(fd);
+        if (r < 0) {
+                struct cove_err e2;
+                cove_rm_rf(mem, &e2);
+                mem[0] = 0;
+                store_err(err);
+                return cove_err_wrap(err, "restore of snapshot %s failed", snap->id);
+        }
+        return 0;
+}
+
+/* Both parts of snapshot snap: the layer into img, and for a full one the checkpoint into
+ * mem (else ""). On failure nothing is left; the error names the snapshot. */
+static int restore_image(struct coved *d, const struct cove_snapshot_row *snap,
+                         const struct cove_sandbox_row *target, char *img, size_t cap, char *mem,
+                         size_t mcap, struct cove_err *err)
+{
+        if (restore_files(d, snap->tenant, snap->id, target, img, cap, err) < 0)
+                return -1;
+        if (restore_mem(d, snap, mem, mcap, err) < 0) {
+                unlink(img);
+                return -1;
+        }
+        return 0;
+}
+
+/* A vm full snapshot is one memory image (capture_full); an ns one is a files tree plus its
+ * checkpoint (<id>-mem). */
+static int is_vm_full(struct coved *d, const struct cove_snapshot_row *snap)
+{
+        struct cove_snapshot_info info;
+        struct cove_err e2;
+        return !strcmp(snap->kind, "full") &&
+               cove_snapshot_info(d->tm->store, snap->tenant, snap->id, &info, &e2) == 0 &&
+               !strcmp(info.kind, "memory");
+}
+
+/* Start row's sandbox on img (and, for an ns full snapshot, the checkpoint mem; both taken
+ * over by the runtime) with a new uid range; or, with img NULL, on the vm full snapshot image
+ * in full_fd (closed here). */
 static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const char *img,
-                            int full_fd, struct cove_err *err)
+                            const char *mem, int full_fd, struct cove_err *err)
 {
         char rootfs[PATH_MAX];
         int r =
@@ -392,9 +532,12 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
         if (r == 0 && row->storage_encrypted)
                 r = coved_layer_key(d, row->tenant, row->id, key, err);
         if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
+                struct cove_err e2;
                 OPENSSL_cleanse(key, sizeof(key));
                 if (img)
                         unlink(img);
+                if (mem && *mem)
+                        cove_rm_rf(mem, &e2);
                 if (full_fd >= 0)
                         close(full_fd);
                 return -1;
@@ -409,6 +552,7 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
             .uid_base = base,
             .uid_count = COVE_UID_RANGE,
             .layer_image = img,
+            .mem_image = mem && *mem ? mem : NULL,
             .layer_key = row->storage_encrypted ? key : NULL,
             .full = !img,
             .full_fd = full_fd,
@@ -467,7 +611,7 @@ int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json
                 goto out;
         struct cove_snapshot_row snap;
         struct cove_err e2;
-        if ((r = capture_locked(d, &row, "pause", 0, &snap, err)) < 0) {
+        if ((r = capture_locked(d, &row, "pause", 0, 1, &snap, err)) < 0) {
                 cove_err_wrap(err, "pause");
                 if (reload(d, id, &row, &e2) == 0 && !strcmp(row.state, "pausing")) {
                         snprintf(row.state, sizeof(row.state), "running");
@@ -552,16 +696,16 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         /* a stopped sandbox may have left state behind (a crash): start from a clean slate */
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
-        char img[PATH_MAX];
+        char img[PATH_MAX], mem[PATH_MAX] = "";
         int full_fd = -1;
         int64_t t1 = cove_mono_ns();
-        if (!strcmp(snap.kind, "full"))
+        if (is_vm_full(d, &snap))
                 r = restore_full(d, row.tenant, snap.id, &full_fd, err);
         else
-                r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err);
+                r = restore_image(d, &snap, &row, img, sizeof(img), mem, sizeof(mem), err);
         int64_t t2 = cove_mono_ns();
         if (r == 0)
-                r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, full_fd, err);
+                r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, mem, full_fd, err);
         int64_t t3 = cove_mono_ns();
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
@@ -621,7 +765,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         if (running) {
                 char label[LABEL_MAX + 1];
                 snprintf(label, sizeof(label), "before rewind to %s", snap.id);
-                if ((r = capture_locked(d, &row, label, 0, &undo, err)) < 0) {
+                if ((r = capture_locked(d, &row, label, 0, 1, &undo, err)) < 0) {
                         cove_err_wrap(err, "rewind of sandbox %s: no undo point, nothing changed",
                                       id);
                         goto out;
@@ -629,13 +773,15 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         } else {
                 snprintf(undo.id, sizeof(undo.id), "%s", row.last_snapshot_id);
         }
-        char img[PATH_MAX];
+        char img[PATH_MAX], mem[PATH_MAX] = "";
         int full_fd = -1;
-        if (!strcmp(snap.kind, "full"))
+        if (is_vm_full(d, &snap))
                 r = restore_full(d, row.tenant, snap.id, &full_fd, err);
         else
-                r = restore_image(d, row.tenant, snap.id, &row, img, sizeof(img), err);
+                r = restore_image(d, &snap, &row, img, sizeof(img), mem, sizeof(mem), err);
         if (r < 0) {
+                if (running)
+                        unhold(d, id);
                 cove_err_wrap(err, "rewind of sandbox %s: the sandbox was left as it was", id);
                 goto out;
         }
@@ -646,9 +792,11 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                         close(full_fd);
                 else
                         unlink(img);
+                if (mem[0])
+                        cove_rm_rf(mem, &e2);
                 goto out;
         }
-        if ((r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, full_fd, err)) < 0) {
+        if ((r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, mem, full_fd, err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: start from snapshot %s (undo with %s)",
                               id, snap.id, undo.id[0] ? undo.id : "-");
                 snprintf(row.state, sizeof(row.state), "error");
@@ -714,7 +862,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 sbx_lock(d->tm, id, 1);
                 r = reload(d, id, &src, err);
                 if (r == 0)
-                        r = capture_locked(d, &src, "fork", 0, &snap, err);
+                        r = capture_locked(d, &src, "fork", 0, 0, &snap, err);
                 sbx_unlock(d->tm, id);
         } else {
                 r = pick_snapshot(d, src.tenant, body, src.last_snapshot_id, 0, &snap, err);
@@ -748,21 +896,21 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 snprintf(s.last_snapshot_id, sizeof(s.last_snapshot_id), "%s", snap.id);
                 s.created_at = tm_now();
                 snprintf(s.state, sizeof(s.state), "starting");
-                char img[PATH_MAX];
+                char img[PATH_MAX], mem[PATH_MAX] = "";
                 int full_fd = -1;
                 r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
                 if (r == 0)
                         r = d->cat_ops->sandbox_insert(d->cat, &s, err);
                 if (r == 0) {
                         snprintf(made[nmade++], 64, "%s", s.id);
-                        if (!strcmp(snap.kind, "full"))
+                        if (is_vm_full(d, &snap))
                                 r = restore_full(d, snap.tenant, snap.id, &full_fd, err);
                         else
-                                r = restore_image(d, snap.tenant, snap.id, &s, img, sizeof(img),
+                                r = restore_image(d, &snap, &s, img, sizeof(img), mem, sizeof(mem),
                                                   err);
                 }
                 if (r == 0)
-                        r = start_from_image(d, &s, full_fd >= 0 ? NULL : img, full_fd, err);
+                        r = start_from_image(d, &s, full_fd >= 0 ? NULL : img, mem, full_fd, err);
                 if (r == 0) {
                         set_running(d, &s, snap.id);
                         r = row_write(d, &s, err);
@@ -863,6 +1011,12 @@ int cove_snapshot_remove(struct coved *d, const char *tenant, const char *snap_i
         /* the row is gone, so it is no longer listed; a manifest left by a failure here is
          * an orphan that the next start removes */
         if (d->tm && d->tm->store && cove_snapshot_delete(d->tm->store, s.tenant, s.id, &e2) < 0 &&
+            e2.kind != COVE_E_NOT_FOUND)
+                cove_warn(&d->log, "snapshot.delete", "%s", e2.msg);
+        char mid[80];
+        mem_id(s.id, mid, sizeof(mid));
+        if (!strcmp(s.kind, "full") && d->tm && d->tm->store &&
+            cove_snapshot_delete(d->tm->store, s.tenant, mid, &e2) < 0 &&
             e2.kind != COVE_E_NOT_FOUND)
                 cove_warn(&d->log, "snapshot.delete", "%s", e2.msg);
         if (d->tm) {
@@ -988,7 +1142,7 @@ static int64_t roll(struct coved *d)
                         memset(&row, 0, sizeof(row));
                         int r = reload(d, l.v[i].id, &row, &err);
                         if (r == 0 && !strcmp(row.state, "running"))
-                                r = capture_locked(d, &row, NULL, 1, NULL, &err);
+                                r = capture_locked(d, &row, NULL, 1, 0, NULL, &err);
                         sbx_unlock(tm, l.v[i].id);
                         cove_sandbox_row_clear(&row);
                         if (r < 0 && err.kind == COVE_E_UNAVAILABLE &&
@@ -1115,11 +1269,26 @@ static void thin(struct coved *d, int64_t now)
         while (dh && (de = readdir(dh))) {
                 if (!cove_tenant_name_valid(de->d_name))
                         continue;
-                const char **keep_ids = calloc(all.n ? all.n : 1, sizeof(*keep_ids));
+                const char **keep_ids = calloc(all.n ? 2 * all.n : 1, sizeof(*keep_ids));
+                char(*mids)[80] = calloc(all.n ? all.n : 1, sizeof(*mids));
                 size_t n = 0;
-                for (size_t i = 0; keep_ids && i < all.n; i++)
-                        if (!strcmp(all.v[i].tenant, de->d_name))
+                for (size_t i = 0; keep_ids && mids && i < all.n; i++)
+                        if (!strcmp(all.v[i].tenant, de->d_name)) {
                                 keep_ids[n++] = all.v[i].id;
+                                struct cove_snapshot_info mi;
+                                struct cove_err e2;
+                                /* an ns full snapshot's checkpoint (a vm one has none) */
+                                if (!strcmp(all.v[i].kind, "full")) {
+                                        mem_id(all.v[i].id, mids[i], sizeof(mids[i]));
+                                        if (cove_snapshot_info(tm->store, de->d_name, mids[i], &mi,
+                                                               &e2) == 0)
+                                                keep_ids[n++] = mids[i];
+                                }
+                        }
+                if (!mids) {
+                        free(keep_ids);
+                        keep_ids = NULL;
+                }
                 struct cove_gc_stats gs;
                 memset(&gs, 0, sizeof(gs));
                 pthread_mutex_lock(&tm->io_mu);
@@ -1127,6 +1296,7 @@ static void thin(struct coved *d, int64_t now)
                     keep_ids ? cove_store_gc(tm->store, de->d_name, keep_ids, n, &gs, &err) : -1;
                 pthread_mutex_unlock(&tm->io_mu);
                 free(keep_ids);
+                free(mids);
                 if (r < 0)
                         cove_warn(&d->log, "snapshot.gc", "tenant %s: %s", de->d_name, err.msg);
                 else if (gs.swept)
@@ -1204,7 +1374,10 @@ static void cleanup_crash(struct coved *d)
                         if (strncmp(de->d_name, IMG_SNAP, strlen(IMG_SNAP)) &&
                             strncmp(de->d_name, IMG_RESTORE, strlen(IMG_RESTORE)))
                                 continue;
-                        if (unlinkat(dirfd(dh), de->d_name, 0) == 0)
+                        char p[PATH_MAX + 256];
+                        struct cove_err e2;
+                        snprintf(p, sizeof(p), "%s/%s", tm->layer_dir, de->d_name);
+                        if (cove_rm_rf(p, &e2) == 0) /* a checkpoint's work dir too */
                                 cove_info(&d->log, "snapshot.recover", "removed temporary image %s",
                                           de->d_name);
                 }
@@ -1226,7 +1399,13 @@ static void cleanup_crash(struct coved *d)
                 }
                 for (size_t i = 0; i < n; i++) {
                         struct cove_snapshot_row s;
-                        if (d->cat_ops->snapshot_get(d->cat, NULL, ids[i], &s, &err) != 1)
+                        /* a checkpoint (<id>-mem) lives as long as its snapshot's row */
+                        char base[80];
+                        snprintf(base, sizeof(base), "%s", ids[i]);
+                        size_t bl = strlen(base), sl = strlen(MEM_SUFFIX);
+                        if (bl > sl && !strcmp(base + bl - sl, MEM_SUFFIX))
+                                base[bl - sl] = 0;
+                        if (d->cat_ops->snapshot_get(d->cat, NULL, base, &s, &err) != 1)
                                 continue;
                         if (cove_snapshot_delete(tm->store, de->d_name, ids[i], &err) == 0)
                                 cove_info(&d->log, "snapshot.recover",

@@ -14,6 +14,7 @@
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -322,6 +323,36 @@ static void vm_identity(json_t *h)
 }
 
 /* Returns 0, or -1 with err: a refused handshake (after answering it). */
+/* The processes still running, for a node that meets this guest again after a restore
+ * (rechannel): [{pid, cmd, stdin, pty}], cmd from /proc/<pid>/cmdline (bounded). Empty on a
+ * fresh start. */
+static json_t *running_procs(struct cove_guest *g)
+{
+        json_t *a = json_array();
+        for (size_t i = 0; i < g->nprocs; i++) {
+                const struct gproc *p = g->procs[i];
+                if (!p || p->reaped || p->dead)
+                        continue;
+                char path[64], buf[4096];
+                snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)p->pid);
+                json_t *cmd = json_array();
+                int fd = open(path, O_RDONLY | O_CLOEXEC);
+                ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof(buf) - 1);
+                if (fd >= 0)
+                        close(fd);
+                for (ssize_t k = 0; n > 0 && k < n && json_array_size(cmd) < 64;) {
+                        buf[n] = 0;
+                        json_t *arg = json_string(buf + k); /* NULL when not UTF-8 */
+                        json_array_append_new(cmd, arg ? arg : json_string("?"));
+                        k += (ssize_t)strlen(buf + k) + 1;
+                }
+                json_array_append_new(a,
+                                      json_pack("{s:i, s:o, s:b, s:b}", "pid", (int)p->pid, "cmd",
+                                                cmd, "stdin", p->stdin_open, "pty", p->pty));
+        }
+        return a;
+}
+
 static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct cove_err *err)
 {
         json_t *h = json_loadb((const char *)f->payload, f->len, 0, NULL);
@@ -344,7 +375,8 @@ static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct
         json_decref(h);
         json_t *o = msg[0] ? json_pack("{s:i, s:b, s:s}", "version", COVE_PROTO_VERSION, "ok", 0,
                                        "message", msg)
-                           : json_pack("{s:i, s:b}", "version", COVE_PROTO_VERSION, "ok", 1);
+                           : json_pack("{s:i, s:b, s:o}", "version", COVE_PROTO_VERSION, "ok", 1,
+                                       "procs", running_procs(g));
         if (g_send_json(g, COVE_F_HELLO, 0, o, err) < 0)
                 return -1;
         if (msg[0])
@@ -355,6 +387,66 @@ static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct
 struct loop_state {
         bool hello_done;
 };
+
+/* A HELLO after the handshake with {"rechannel":true}: this guest was restored from a
+ * checkpoint (CRIU) and its channel is a temporary one the node made on the host. The
+ * channel must live in the sandbox's own network namespace (a later checkpoint finds unix
+ * sockets only there), so the guest makes a new pair here, sends the node its end over the
+ * temporary channel (one byte with SCM_RIGHTS), takes the other as its channel and waits
+ * for an ordinary handshake on it. Process state stays as it was. */
+static int handle_rechannel(struct cove_guest *g, struct loop_state *ls, const struct cove_frame *f,
+                            struct cove_err *err)
+{
+        json_t *h = json_loadb((const char *)f->payload, f->len, 0, NULL);
+        int ok = json_is_object(h) && json_is_true(json_object_get(h, "rechannel")) &&
+                 json_integer_value(json_object_get(h, "version")) == COVE_PROTO_VERSION;
+        json_decref(h);
+        if (!ok)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "channel: second HELLO that is not a rechannel request");
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+                return cove_err_set(err, errno, "rechannel: socketpair");
+        char byte = 'R';
+        struct iovec iov = {&byte, 1};
+        union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+        } u;
+        memset(&u, 0, sizeof(u));
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = u.buf,
+                             .msg_controllen = sizeof(u.buf)};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &sv[1], sizeof(int));
+        ssize_t n;
+        do
+                n = sendmsg(g->chan, &msg, MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        close(sv[1]);
+        if (n != 1) {
+                close(sv[0]);
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, errno, "rechannel: send");
+        }
+        /* the temporary channel's last reference goes: epoll forgets it by itself */
+        if (dup3(sv[0], g->chan, O_CLOEXEC) < 0) {
+                int e = errno;
+                close(sv[0]);
+                return cove_err_set(err, e, "rechannel: dup3");
+        }
+        close(sv[0]);
+        cove_decoder_free(&g->dec);
+        if (cove_decoder_init(&g->dec, COVE_FRAME_MAX, err) < 0)
+                return -1;
+        if (g_epoll_add(g, g->chan, EPOLLIN, &g->s_chan) < 0)
+                return cove_err_set(err, errno, "rechannel: epoll");
+        ls->hello_done = false;
+        return 0;
+}
 
 static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struct cove_frame *f,
                         struct cove_err *err)
@@ -370,6 +462,14 @@ static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struc
                 return 0;
         }
         switch (f->type) {
+        case COVE_F_HELLO:
+                /* a vm restored from a full snapshot (resume, rewind, fork) meets a new node
+                 * session on the same port: shake hands again and take the new identity.
+                 * Processes keep running; the reply lists them, so the new node adopts them.
+                 * An ns guest restored by CRIU is asked to move to a new channel first. */
+                if (g->vm)
+                        return handle_hello(g, f, err);
+                return handle_rechannel(g, ls, f, err);
         case COVE_F_REQ:
                 if (f->id == 0)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
@@ -386,15 +486,6 @@ static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struc
                         g_stdin_data(g, f->id, f->flags, f->payload, f->len);
                 return 0;
         }
-        case COVE_F_HELLO:
-                /* a vm restored from a full snapshot (resume, rewind, fork) meets a new node
-                 * session on the same port: shake hands again and take the new identity.
-                 * Processes keep running; the new node knows none of the old ones (it drops
-                 * their output), so their streams are effectively detached. */
-                if (g->vm)
-                        return handle_hello(g, f, err);
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "channel: second HELLO from the node");
         default:
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "channel: unexpected frame type %u from the node", f->type);

@@ -331,6 +331,43 @@ static int send_json(struct cove_chan *c, uint8_t type, uint32_t id, json_t *obj
 
 /* ---- handshake ------------------------------------------------------------------ */
 
+static struct proc *find_proc(struct cove_chan *c, uint32_t pid);
+
+/* Processes a guest restored from a checkpoint still runs (its HELLO reply's "procs"):
+ * they join the process list with a fresh event history (tag "", started now), so their
+ * output can be followed again. Hostile input: bounded count, pids and types checked. */
+static void adopt_procs(struct cove_chan *c, json_t *procs)
+{
+        if (!json_is_array(procs))
+                return;
+        pthread_mutex_lock(&c->mu);
+        for (size_t i = 0; i < json_array_size(procs) && c->nprocs < MAX_PROCS; i++) {
+                json_t *e = json_array_get(procs, i), *jp = json_object_get(e, "pid");
+                json_t *cmd = json_object_get(e, "cmd");
+                if (!json_is_integer(jp) || json_integer_value(jp) <= 0 ||
+                    json_integer_value(jp) > 0x7fffffff || !json_is_array(cmd) ||
+                    json_array_size(cmd) > 64 || find_proc(c, (uint32_t)json_integer_value(jp)))
+                        continue;
+                int strings = 1;
+                for (size_t k = 0; k < json_array_size(cmd); k++)
+                        strings &= json_is_string(json_array_get(cmd, k));
+                struct proc *p = strings ? calloc(1, sizeof(*p)) : NULL;
+                if (!p)
+                        continue;
+                p->pid = (uint32_t)json_integer_value(jp);
+                p->cmd = json_deep_copy(cmd);
+                p->started_at = cove_now_ms();
+                p->running = 1;
+                p->stdin_open = json_is_true(json_object_get(e, "stdin"));
+                cove_replay_init(&p->rb, PROC_REPLAY_BYTES, PROC_REPLAY_EVENTS);
+                cove_replay_append(&p->rb, COVE_EV_START, NULL, 0);
+                p->next = c->procs;
+                c->procs = p;
+                c->nprocs++;
+        }
+        pthread_mutex_unlock(&c->mu);
+}
+
 int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname, int timeout_ms,
                     struct cove_err *err)
 {
@@ -375,6 +412,8 @@ int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname
                         int ok =
                             json_is_object(j) && json_is_true(json_object_get(j, "ok")) &&
                             json_integer_value(json_object_get(j, "version")) == COVE_PROTO_VERSION;
+                        if (ok)
+                                adopt_procs(c, json_object_get(j, "procs"));
                         json_decref(j);
                         if (!ok)
                                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,

@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "proto/frame.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -73,6 +74,10 @@ struct cove_node {
         pthread_cond_t pool_cv;
         pthread_t refill;
         int refill_started;
+        pthread_t fullcheck; /* the runtime's full-snapshot self-check, once at start */
+        int fullcheck_started;
+        int fullcheck_done;     /* with mu; full_cv is broadcast when it is set */
+        pthread_cond_t full_cv; /* CLOCK_MONOTONIC */
         int pool_quit;
 };
 
@@ -137,6 +142,41 @@ static struct inst *find_locked(struct cove_node *n, const char *id)
         for (struct inst *i = n->insts; i; i = i->next)
                 if (!strcmp(i->id, id))
                         return i;
+        return NULL;
+}
+
+/* The driver with checkpoints (ns: CRIU), default or alternative, or NULL. */
+static const struct cove_runtime_ops *ckpt_ops(const struct cove_node *n, struct cove_runtime **rt)
+{
+        if (n->cfg.rt_ops->full_status) {
+                *rt = n->rt;
+                return n->cfg.rt_ops;
+        }
+        if (n->rt_alt && n->cfg.rt_alt_ops && n->cfg.rt_alt_ops->full_status) {
+                *rt = n->rt_alt;
+                return n->cfg.rt_alt_ops;
+        }
+        *rt = NULL;
+        return NULL;
+}
+
+static void *fullcheck_main(void *arg)
+{
+        struct cove_node *n = arg;
+        struct cove_runtime *rt;
+        const struct cove_runtime_ops *o = ckpt_ops(n, &rt);
+        o->full_selfcheck(rt, n->guest);
+        char why[320];
+        int st = o->full_status(rt, why, sizeof(why));
+        if (st == 1)
+                cove_info(n->cfg.log, "snapshot.full", "full snapshots available: %s", why);
+        else
+                cove_warn(n->cfg.log, "snapshot.full",
+                          "full snapshots unavailable (snapshots are kind files): %s", why);
+        pthread_mutex_lock(&n->mu);
+        n->fullcheck_done = 1;
+        pthread_cond_broadcast(&n->full_cv);
+        pthread_mutex_unlock(&n->mu);
         return NULL;
 }
 
@@ -246,6 +286,7 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 pthread_condattr_init(&ca);
                 pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
                 pthread_cond_init(&n->pool_cv, &ca);
+                pthread_cond_init(&n->full_cv, &ca);
                 pthread_condattr_destroy(&ca);
         }
         pthread_mutex_init(&n->io_mu, NULL);
@@ -294,6 +335,12 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 pthread_join(n->spawner, NULL);
                 goto fail;
         }
+        pthread_mutex_lock(&n->mu);
+        struct cove_runtime *crt;
+        const struct cove_runtime_ops *co = ckpt_ops(n, &crt);
+        if (co && co->full_selfcheck && pthread_create(&n->fullcheck, NULL, fullcheck_main, n) == 0)
+                n->fullcheck_started = 1;
+        pthread_mutex_unlock(&n->mu);
         return n;
 fail:
         if (n->rt_alt)
@@ -438,6 +485,19 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
         }
         int fd = in->ri.chan_fd;
         in->ri.chan_fd = -1;
+        if (in->ri.rechannel) {
+                /* restored from a checkpoint: move the guest to a channel of its own netns */
+                int nfd = cove_frame_rechannel(fd, HELLO_TIMEOUT_MS, err);
+                close(fd);
+                fd = nfd;
+                if (fd < 0) {
+                        cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
+                        struct cove_err e2;
+                        n->cfg.rt_ops->stop(n->rt, &in->ri, spec->sandbox_id, sd, 0, &e2);
+                        free(in);
+                        return -1;
+                }
+        }
         in->chan = cove_chan_new(fd, spec->sandbox_id, n->cfg.log, err);
         uint8_t tok[16];
         char token[33];
@@ -705,6 +765,66 @@ int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const 
         return r;
 }
 
+int cove_node_full_status(struct cove_node *n, char *why, size_t cap)
+{
+        struct cove_runtime *rt;
+        const struct cove_runtime_ops *o = ckpt_ops(n, &rt);
+        if (!o) {
+                snprintf(why, cap, "no runtime here takes checkpoints (CRIU)");
+                return 0;
+        }
+        return o->full_status(rt, why, cap);
+}
+
+int cove_node_full_wait(struct cove_node *n, int timeout_ms, char *why, size_t cap)
+{
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+                dl.tv_sec++;
+                dl.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&n->mu);
+        while (n->fullcheck_started && !n->fullcheck_done &&
+               pthread_cond_timedwait(&n->full_cv, &n->mu, &dl) == 0)
+                ;
+        pthread_mutex_unlock(&n->mu);
+        return cove_node_full_status(n, why, cap);
+}
+
+int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char *dest_image,
+                        const char *dest_mem, int leave_frozen, uint64_t *pause_ns,
+                        struct cove_err *err)
+{
+        char why[320];
+        if (cove_node_full_status(n, why, sizeof(why)) != 1)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "this node cannot take full snapshots of ns sandboxes");
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        if (!in || in->stopping || in->pool) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                                     sandbox_id);
+        }
+        if (!in->ops->full_dump) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "runtime %s cannot take checkpoints", in->ops->name);
+        }
+        in->busy++;
+        pthread_mutex_unlock(&n->mu);
+        int r = in->ops->full_dump(in->rt, &in->ri, sandbox_id, dest_image, dest_mem, leave_frozen,
+                                   pause_ns, err);
+        pthread_mutex_lock(&n->mu);
+        in->busy--;
+        pthread_cond_broadcast(&n->stop_cv);
+        pthread_mutex_unlock(&n->mu);
+        return r;
+}
+
 int cove_node_full_snapshot(struct cove_node *n, const char *sandbox_id, int out_fd,
                             uint64_t *pause_ns, struct cove_err *err)
 {
@@ -916,6 +1036,8 @@ void cove_node_free(struct cove_node *n)
         pthread_mutex_unlock(&n->mu);
         if (refill)
                 pthread_join(n->refill, NULL);
+        if (n->fullcheck_started)
+                pthread_join(n->fullcheck, NULL);
         for (;;) {
                 char id[64];
                 int purge = 0;

@@ -88,6 +88,16 @@ int cove_node_layer_open(struct cove_node *n, const char *image, int create, uns
                          struct cove_err *err);
 void cove_node_layer_close(struct cove_node *n, struct cove_layer_handle *h);
 
+/* Full snapshots (runtime.h full_*): 1 available, 0 not (why says), -1 self-check running. */
+int cove_node_full_status(struct cove_node *n, char *why, size_t cap);
+/* The same, after waiting (at most timeout_ms) for the start-up self-check to finish. */
+int cove_node_full_wait(struct cove_node *n, int timeout_ms, char *why, size_t cap);
+/* A full snapshot of a running instance: layer image at dest_image and checkpoint directory
+ * at dest_mem; leave_frozen: the instance stays frozen (the caller stops it or thaws it with
+ * cove_node_freeze). UNAVAILABLE when the runtime cannot, CONFLICT without an instance. */
+int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char *dest_image,
+                        const char *dest_mem, int leave_frozen, uint64_t *pause_ns,
+                        struct cove_err *err);
 /* Full snapshot passthrough (runtime.h): -1 with UNAVAILABLE when the instance's runtime
  * has none, CONFLICT when the sandbox has no instance. cove_node_has_full: 1 when the
  * sandbox's running instance can take one. */

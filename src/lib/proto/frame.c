@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -172,4 +173,78 @@ int cove_frame_write_timeout(int fd, uint8_t type, uint8_t flags, uint32_t id, c
                              uint32_t len, int timeout_ms, struct cove_err *err)
 {
         return frame_write(fd, type, flags, id, payload, len, timeout_ms < 0 ? 0 : timeout_ms, err);
+}
+
+int cove_frame_rechannel(int fd, int timeout_ms, struct cove_err *err)
+{
+        static const char hello[] = "{\"version\":1,\"rechannel\":true}";
+        _Static_assert(COVE_PROTO_VERSION == 1, "rechannel HELLO names the version");
+        if (cove_frame_write_timeout(fd, COVE_F_HELLO, 0, 0, hello, sizeof(hello) - 1, timeout_ms,
+                                     err) < 0)
+                return cove_err_wrap(err, "rechannel");
+        /* The restored guest may send frames (output of its processes) before it sees the
+         * HELLO; they belong to the old session and are dropped. Its answer is one byte 'R'
+         * carrying the new channel (SCM_RIGHTS), the last byte it ever writes here. */
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        static __thread uint8_t buf[64 * 1024];
+        for (;;) {
+                struct timespec now;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                long left = timeout_ms - ((now.tv_sec - t0.tv_sec) * 1000L +
+                                          (now.tv_nsec - t0.tv_nsec) / 1000000L);
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                int pr = left > 0 ? poll(&p, 1, (int)left) : 0;
+                if (pr < 0 && errno == EINTR)
+                        continue;
+                if (pr <= 0)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, pr == 0 ? ETIMEDOUT : errno,
+                                             "rechannel: no answer from the guest");
+                struct iovec iov = {buf, sizeof(buf)};
+                union {
+                        char b[CMSG_SPACE(sizeof(int) * 4)];
+                        struct cmsghdr align;
+                } u;
+                struct msghdr msg = {.msg_iov = &iov,
+                                     .msg_iovlen = 1,
+                                     .msg_control = u.b,
+                                     .msg_controllen = sizeof(u.b)};
+                ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+                if (n < 0 && (errno == EINTR || errno == EAGAIN))
+                        continue;
+                if (n <= 0)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, n < 0 ? errno : EPIPE,
+                                             "rechannel: the guest closed the channel");
+                int got = -1, extra = 0;
+                for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+                        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                                continue;
+                        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                        for (size_t i = 0; i < k; i++) {
+                                int f;
+                                memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                                if (got < 0)
+                                        got = f;
+                                else {
+                                        close(f);
+                                        extra = 1;
+                                }
+                        }
+                }
+                if (got < 0 && !(msg.msg_flags & MSG_CTRUNC))
+                        continue; /* old frames */
+                /* the guest is hostile: exactly one fd, after an 'R', a unix stream socket */
+                int dom = 0, type = 0;
+                socklen_t sl = sizeof(dom);
+                if (got < 0 || buf[n - 1] != 'R' || extra || (msg.msg_flags & MSG_CTRUNC) ||
+                    getsockopt(got, SOL_SOCKET, SO_DOMAIN, &dom, &sl) < 0 || dom != AF_UNIX ||
+                    (sl = sizeof(type), getsockopt(got, SOL_SOCKET, SO_TYPE, &type, &sl) < 0) ||
+                    type != SOCK_STREAM) {
+                        if (got >= 0)
+                                close(got);
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, EPROTO,
+                                             "rechannel: the guest did not hand over a channel");
+                }
+                return got;
+        }
 }

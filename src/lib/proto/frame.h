@@ -82,4 +82,10 @@ int cove_frame_write(int fd, uint8_t type, uint8_t flags, uint32_t id, const voi
 int cove_frame_write_timeout(int fd, uint8_t type, uint8_t flags, uint32_t id, const void *payload,
                              uint32_t len, int timeout_ms, struct cove_err *err);
 
+/* Node side of a rechannel (a guest restored from a checkpoint, see guest.c): send the
+ * rechannel HELLO on fd (a temporary channel) and receive the guest's new channel end. Returns
+ * the new fd (an AF_UNIX stream socket, close-on-exec) or -1 with err (UNAVAILABLE). fd stays
+ * open; the caller closes it and does the ordinary handshake on the new one. */
+int cove_frame_rechannel(int fd, int timeout_ms, struct cove_err *err);
+
 #endif

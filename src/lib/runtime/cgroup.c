@@ -489,3 +489,9 @@ int cove_cgroup_exists(const struct cove_cgroups *cg, const char *id)
         }
         return 0;
 }
+
+int cove_cgroup_freezer_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap)
+{
+        int i = hier_of(cg, CG_FREEZER);
+        return i < 0 ? -1 : grp_path(cg, i, id, NULL, out, cap);
+}

@@ -44,4 +44,7 @@ int cove_cgroup_usage(const struct cove_cgroups *cg, const char *id, uint64_t *m
 /* Whether cove/<id> exists in any hierarchy (for tests and reconciliation). */
 int cove_cgroup_exists(const struct cove_cgroups *cg, const char *id);
 
+/* The directory of cove/<id> in the freezer hierarchy (for CRIU's --freeze-cgroup). */
+int cove_cgroup_freezer_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap);
+
 #endif

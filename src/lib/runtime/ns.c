@@ -42,10 +42,12 @@
  *
  * coved is multi-threaded, so the child of clone() only uses async-signal-safe calls and
  * memory prepared before the clone; the seccomp program is compiled once at open(). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <net/if.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -56,12 +58,18 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/capability.h>
 #include <linux/close_range.h>
 
+#include <pthread.h>
+
+#include "proto/frame.h"
 #include "runtime/cgroup.h"
+#include "runtime/criu.h"
 #include "runtime/quota.h"
 #include "runtime/runtime.h"
 #include "runtime/seccomp_filter.h"
@@ -71,6 +79,9 @@
 #define NS_PIDS_DEFAULT 1024
 #define NS_ID_MAX 128
 #define NS_CHAN_FD 3
+/* where the sandbox sees cove-guest (a read-only bind mount of the host's binary) */
+#define NS_GUEST_REL "dev/.cove-guest" /* relative to the new root before pivot_root */
+#define COVE_NS_GUEST_PATH "/" NS_GUEST_REL
 #define NS_POOL_DEFAULT 4 /* warm layers per disk size */
 #define NS_POOL_MAX 64
 
@@ -79,6 +90,13 @@ struct cove_runtime {
         struct cove_layers *layers; /* per-sandbox layer images */
         struct cove_cgroups *cg;    /* cgroup layout */
         struct sock_fprog filter;   /* compiled seccomp policy */
+        struct cove_criu criu;      /* full snapshots: what was found */
+        pthread_mutex_t full_mu;    /* full_state, full_why */
+        int full_state;             /* 1 available, 0 not, -1 self-check running */
+        char full_why[320];
+        /* the self-check's instance: one per data dir (cgroups are host-wide; two coveds
+         * never share a data dir), so a restart after a crash mid-check cleans its leftovers */
+        char check_id[48];
 };
 
 struct ns_inst {
@@ -91,8 +109,7 @@ struct child_args {
         const char *id;
         char layer[PATH_MAX]; /* <layers>/<id> */
         int sync_fd;          /* child end of the sync socketpair */
-        int chan_fd;          /* sandbox end of the guest channel */
-        int guest_fd;         /* O_PATH fd of the guest binary */
+        int guest_fd;         /* O_PATH fd of the guest binary (host) */
 };
 
 /* What the child reports when a step fails (EOF on the sync socket means exec succeeded). */
@@ -194,7 +211,7 @@ static int mount_at(const char *src, const char *dst, const char *type, unsigned
         return mount(src, dst, type, flags, data);
 }
 
-static void setup_dev(int sfd)
+static void setup_dev(int sfd, int gtree)
 {
         static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
         if (mount_at("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
@@ -211,6 +228,16 @@ static void setup_dev(int sfd)
                 if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
                         child_fail(sfd, errno, "bind /dev node");
         }
+        /* cove-guest itself: a read-only bind of the host's binary, so that the sandbox's
+         * PID 1 runs a file of its own mount namespace (a checkpoint (CRIU) must find the
+         * executable there; an exec through an fd of the host's namespace it cannot dump) */
+        int gfd = open(NS_GUEST_REL, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0555);
+        if (gfd < 0)
+                child_fail(sfd, errno, "create the guest mount point");
+        close(gfd);
+        if (move_mount(gtree, "", AT_FDCWD, NS_GUEST_REL, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                child_fail(sfd, errno, "attach the guest binary");
+        close(gtree);
         if (mkdir("dev/pts", 0755) < 0 ||
             mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
                   "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
@@ -261,13 +288,19 @@ static _Noreturn void child_main(struct child_args *a)
          * among them. So: drop every inherited fd now (they close at exec anyway), and die
          * with the parent (the credential change below clears this; it is set again there). */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
-        close_all_but(sfd, a->chan_fd, a->guest_fd);
+        close_all_but(sfd, sfd, sfd); /* the guest channel is made below, the binary is a mount */
         sigset_t all;
         sigemptyset(&all);
         sigprocmask(SIG_SETMASK, &all, NULL);
         for (int s = 1; s < NSIG; s++)
                 signal(s, SIG_DFL); /* errors for SIGKILL/SIGSTOP and RT signals are harmless */
 
+        int pair[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0 ||
+            send_fd(sfd, pair[0]) < 0)
+                child_fail(sfd, errno, "guest channel");
+        close(pair[0]);
+        int chan = pair[1];
         /* Opened as host root (owner of data_dir) before the uid changes; later lookups go
          * through /proc/self/fd so the sandbox uid needs no access to data_dir. */
         int lfd = open(a->layer, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -275,7 +308,8 @@ static _Noreturn void child_main(struct child_args *a)
                 child_fail(sfd, errno, "open layer dir");
         int tree = recv_fd(sfd); /* also waits until the uid map and cgroups are in place */
         int ltree = tree < 0 ? -1 : recv_fd(sfd);
-        if (tree < 0 || ltree < 0)
+        int gtree = ltree < 0 ? -1 : recv_fd(sfd);
+        if (tree < 0 || ltree < 0 || gtree < 0)
                 _exit(127); /* the parent gave up */
         /* raw syscalls: glibc's wrappers broadcast the change to every thread of coved they
          * know of, threads that do not exist in this child; one caught mid-creation at clone
@@ -334,7 +368,7 @@ static _Noreturn void child_main(struct child_args *a)
             mount(NULL, "proc/sys", NULL,
                   MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
                 child_fail(sfd, errno, "make /proc/sys read-only");
-        setup_dev(sfd);
+        setup_dev(sfd, gtree);
         /* best effort: with a net namespace of its own the kernel allows it; else no /sys */
         mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
 
@@ -364,16 +398,19 @@ static _Noreturn void child_main(struct child_args *a)
         /* every inherited fd of coved closes at exec; only the channel stays, as fd 3 */
         if (syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
                 child_fail(sfd, errno, "close_range");
-        if (dup2(a->chan_fd, NS_CHAN_FD) < 0)
+        if (dup2(chan, NS_CHAN_FD) < 0)
                 child_fail(sfd, errno, "channel fd");
 
+        /* the sandbox's session is its own (a checkpoint needs its session leader inside) */
+        if (setsid() < 0)
+                child_fail(sfd, errno, "setsid");
         int rc = cove_seccomp_install(&a->rt->filter);
         if (rc < 0)
                 child_fail(sfd, -rc, "install seccomp filter");
-        char *const argv[] = {"/.cove/guest", "--channel-fd", "3", NULL};
+        char *const argv[] = {COVE_NS_GUEST_PATH, "--channel-fd", "3", NULL};
         char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                               NULL};
-        syscall(SYS_execveat, a->guest_fd, "", argv, envp, AT_EMPTY_PATH);
+        execve(COVE_NS_GUEST_PATH, argv, envp);
         child_fail(sfd, errno, "exec guest");
 }
 
@@ -439,17 +476,28 @@ static int protect_from_oom(pid_t pid, struct cove_err *err)
         return 0;
 }
 
+static void criu_mounts_release(const char *state_dir);
+
 static void reap(pid_t pid)
 {
         while (waitpid(pid, NULL, __WALL) < 0 && errno == EINTR)
                 ;
 }
 
+static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *spec,
+                      struct cove_instance *inst, struct cove_err *err);
+
 static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *spec,
                     struct cove_instance *inst, struct cove_err *err)
 {
-        if (check_spec(spec, err) < 0)
+        if (check_spec(spec, err) < 0) {
+                struct cove_err e2;
+                if (spec->mem_image)
+                        cove_rm_rf(spec->mem_image, &e2);
                 return -1;
+        }
+        if (spec->mem_image)
+                return ns_restore(rt, spec, inst, err);
         const char *id = spec->sandbox_id;
         struct ns_inst *priv = calloc(1, sizeof(*priv));
         if (!priv)
@@ -459,8 +507,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         memset(&a, 0, sizeof(a));
         a.rt = rt;
         a.id = priv->id;
-        a.sync_fd = a.chan_fd = a.guest_fd = -1;
-        int chan[2] = {-1, -1}, sync[2] = {-1, -1}, tree = -1, ltree = -1, userns = -1;
+        a.sync_fd = a.guest_fd = -1;
+        int chan[2] = {-1, -1}, sync[2] = {-1, -1}, tree = -1, ltree = -1, gtree = -1, userns = -1;
         int layer_created = 0, layer_mounted = 0, cg_created = 0;
         pid_t pid = -1;
 
@@ -483,13 +531,11 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                              spec->guest_binary);
                 goto fail;
         }
-        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0 ||
-            socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sync) < 0) {
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sync) < 0) {
                 cove_err_set(err, errno, "socketpair");
                 goto fail;
         }
         a.sync_fd = sync[1];
-        a.chan_fd = chan[1];
 
         pid = (pid_t)syscall(SYS_clone,
                              CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET |
@@ -503,8 +549,14 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 child_main(&a);
         close(sync[1]);
         sync[1] = -1;
-        close(chan[1]);
-        chan[1] = -1;
+        /* the guest channel is made by the child, in the sandbox's network namespace, so
+         * that a checkpoint (CRIU) finds the guest's end there (unix sockets belong to the
+         * netns they were made in); its first message is the node's end */
+        chan[0] = recv_fd(sync[0]);
+        if (chan[0] < 0) {
+                cove_err_set(err, EPROTO, "sandbox setup: no guest channel");
+                goto fail;
+        }
 
         if (write_map(pid, "uid_map", spec->uid_base, spec->uid_count, err) < 0 ||
             write_map(pid, "gid_map", spec->uid_base, spec->uid_count, err) < 0)
@@ -547,7 +599,15 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                         goto fail;
                 }
         }
-        if (send_fd(sync[0], tree) < 0 || send_fd(sync[0], ltree) < 0) {
+        gtree = open_tree(a.guest_fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+        memset(&attr, 0, sizeof(attr));
+        attr.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        if (gtree < 0 || mount_setattr(gtree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+                cove_err_set(err, errno, "bind %s", spec->guest_binary);
+                goto fail;
+        }
+        if (send_fd(sync[0], tree) < 0 || send_fd(sync[0], ltree) < 0 ||
+            send_fd(sync[0], gtree) < 0) {
                 cove_err_set(err, errno, "pass template and layer to the sandbox");
                 goto fail;
         }
@@ -555,6 +615,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         tree = -1;
         close(ltree);
         ltree = -1;
+        close(gtree);
+        gtree = -1;
         close(userns);
         userns = -1;
         struct child_msg m;
@@ -592,6 +654,8 @@ fail:
                 close(tree);
         if (ltree >= 0)
                 close(ltree);
+        if (gtree >= 0)
+                close(gtree);
         if (userns >= 0)
                 close(userns);
         if (a.guest_fd >= 0)
@@ -637,6 +701,8 @@ static int teardown(struct cove_runtime *rt, const char *id, const char *state_d
         int rc = 0;
         struct cove_err e2;
         struct cove_err *e = err;
+        if (state_dir)
+                criu_mounts_release(state_dir); /* a restore interrupted by a crash */
         if (cove_cgroup_kill(rt->cg, id, e) < 0) {
                 rc = -1;
                 e = &e2;
@@ -762,6 +828,620 @@ static void ns_layer_close(struct cove_runtime *rt, struct cove_layer_handle *h)
         free(h);
 }
 
+/* ---- full snapshots (CRIU; runtime/criu.h) ----
+ *
+ * Dump: freeze the cgroup, `criu dump --leave-running` through that freezer (CRIU leaves it
+ * frozen as it found it), clone the layer (cove_layer_snapshot), thaw. Files and processes
+ * are from the same instant; the pause is freeze to thaw.
+ * Restore: the layer image is prepared as for a cold start; the sandbox's root is built on
+ * the host this time (CRIU restores the mount namespace itself and wants the root as a
+ * path): the template and the layer idmapped through a throwaway user namespace with the
+ * sandbox's map, and an overlayfs (userxattr, same on-disk format as the sandbox's own)
+ * over them at <state>/criu-root; `criu restore --root` binds it into the restored mount
+ * namespace, and coved detaches its host mounts right after. CRIU restores the user, pid,
+ * net, ipc, uts and mount namespaces, seccomp, and every process; the restored tree is put
+ * into the sandbox's cgroup (criu runs in it), and its root becomes coved's child
+ * (--restore-sibling from the spawner thread, as a cold start). The guest channel comes back
+ * as a temporary socket pair from coved (--inherit-fd); the node then moves the guest to a
+ * channel made in the sandbox's own netns (cove_frame_rechannel), where the next dump finds
+ * it. A fork (another uid range) gets the user namespace map rewritten and its hostname set.
+ */
+
+#define CRIU_META "cove.meta"
+#define CHECK_UID_BASE (0x10000000u - 0x10000u) /* below the node's ranges */
+
+static void set_full(struct cove_runtime *rt, int state, const char *why)
+{
+        pthread_mutex_lock(&rt->full_mu);
+        rt->full_state = state;
+        snprintf(rt->full_why, sizeof(rt->full_why), "%s", why ? why : "");
+        pthread_mutex_unlock(&rt->full_mu);
+}
+
+static int ns_full_status(struct cove_runtime *rt, char *why, size_t cap)
+{
+        pthread_mutex_lock(&rt->full_mu);
+        int st = rt->full_state;
+        if (why && cap)
+                snprintf(why, cap, "%s", rt->full_why);
+        pthread_mutex_unlock(&rt->full_mu);
+        return st;
+}
+
+static int read_uid_base(pid_t pid, uint32_t *base)
+{
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/uid_map", (int)pid);
+        FILE *f = fopen(p, "re");
+        unsigned a = 1, b = 0, c = 0;
+        int n = f ? fscanf(f, "%u %u %u", &a, &b, &c) : 0;
+        if (f)
+                fclose(f);
+        if (n != 3 || a != 0)
+                return -1;
+        *base = b;
+        return 0;
+}
+
+/* CRIU dumps a veth whose peer is on the host (the egress link) but cannot restore it
+ * ("Unknown peer net namespace"), and the node plumbs links itself: a sandbox with any
+ * interface but lo gets a files snapshot instead (the caller falls back). */
+static int only_loopback(pid_t pid, struct cove_err *err)
+{
+        char p[64], line[256];
+        snprintf(p, sizeof(p), "/proc/%d/net/dev", (int)pid);
+        FILE *f = fopen(p, "re");
+        if (!f)
+                return cove_err_set(err, errno, "ns: %s", p);
+        int n = 0, other = 0;
+        while (fgets(line, sizeof(line), f))
+                if (n++ >= 2) { /* two header lines */
+                        char *c = strchr(line, ':');
+                        char *s = line;
+                        while (*s == ' ')
+                                s++;
+                        if (c && (c - s != 2 || strncmp(s, "lo", 2)))
+                                other = 1;
+                }
+        fclose(f);
+        if (other)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "the sandbox has a network link (egress), which a checkpoint "
+                                     "cannot take along");
+        return 0;
+}
+
+static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
+                        const char *dest_image, const char *dest_mem, int leave_frozen,
+                        uint64_t *pause_ns, struct cove_err *err)
+{
+        struct ns_inst *priv = inst->priv;
+        const char *id = priv ? priv->id : sandbox_id;
+        if (!priv || inst->pid <= 0)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "ns: full snapshot: not running");
+        if (ns_full_status(rt, NULL, 0) != 1 && strcmp(id, rt->check_id))
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "ns: full snapshots unavailable on this node");
+        char fz[PATH_MAX], chp[64];
+        const char *dir = dest_mem;
+        snprintf(chp, sizeof(chp), "/proc/%d/fd/%d", (int)inst->pid, NS_CHAN_FD);
+        struct stat cst;
+        uint32_t base = 0;
+        if (stat(chp, &cst) < 0 || !S_ISSOCK(cst.st_mode) || read_uid_base(inst->pid, &base) < 0)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, errno,
+                                     "ns: full snapshot %s: no guest channel", id);
+        if (cove_cgroup_freezer_dir(rt->cg, id, fz, sizeof(fz)) < 0)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "ns: no freezer cgroup");
+        if (only_loopback(inst->pid, err) < 0)
+                return -1;
+        struct cove_err e2;
+        if (mkdir(dir, 0700) < 0)
+                return cove_err_set(err, errno, "ns: full snapshot: mkdir %s", dir);
+        int64_t t0 = cove_mono_ns();
+        int rc = cove_cgroup_freeze(rt->cg, id, 1, err);
+        if (rc == 0)
+                rc = cove_criu_dump(&rt->criu, inst->pid, dir, fz, (uint64_t)cst.st_ino, err);
+        uint64_t lpause = 0;
+        if (rc == 0)
+                rc = cove_layer_snapshot(rt->layers, id, dest_image, &lpause, err);
+        *pause_ns = (uint64_t)(cove_mono_ns() - t0);
+        if ((rc < 0 || !leave_frozen) &&
+            cove_cgroup_freeze(rt->cg, id, 0, rc == 0 ? err : &e2) < 0 && rc == 0) {
+                unlink(dest_image);
+                rc = -1;
+        }
+        if (!leave_frozen)
+                *pause_ns = (uint64_t)(cove_mono_ns() - t0);
+        if (rc == 0) {
+                /* what the restore needs besides criu's images; criu's log is not kept */
+                char meta[128], mp[PATH_MAX + 16];
+                int n = snprintf(meta, sizeof(meta), "chan_ino=%llu\nuid_base=%u\n",
+                                 (unsigned long long)cst.st_ino, base);
+                snprintf(mp, sizeof(mp), "%s/" CRIU_META, dir);
+                cleanup_close int mfd = open(mp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+                if (mfd < 0 || write(mfd, meta, (size_t)n) != n || fsync(mfd) < 0) {
+                        cove_err_set(err, errno, "ns: full snapshot: write %s", mp);
+                        unlink(dest_image);
+                        rc = -1;
+                        if (leave_frozen)
+                                cove_cgroup_freeze(rt->cg, id, 0, &e2);
+                }
+                snprintf(mp, sizeof(mp), "%s/dump.log", dir);
+                unlink(mp);
+        }
+        if (rc < 0) {
+                cove_rm_rf(dir, &e2);
+                return cove_err_wrap(err, "ns: full snapshot %s", id);
+        }
+        return 0;
+}
+
+static int read_meta(const char *dir, uint64_t *ino, uint32_t *base, struct cove_err *err)
+{
+        char p[PATH_MAX + 16];
+        snprintf(p, sizeof(p), "%s/" CRIU_META, dir);
+        FILE *f = fopen(p, "re");
+        unsigned long long i = 0;
+        unsigned b = 0;
+        int n = f ? fscanf(f, "chan_ino=%llu uid_base=%u", &i, &b) : 0;
+        if (f)
+                fclose(f);
+        if (n != 2 || !i || !b)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, EBADMSG,
+                                     "ns: checkpoint without its metadata");
+        *ino = i;
+        *base = b;
+        return 0;
+}
+
+/* A user namespace with the sandbox's map, only to idmap mounts with; fd or -1. */
+static int userns_with_map(uint32_t base, uint32_t count, struct cove_err *err)
+{
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return cove_err_set(err, errno, "ns: pipe");
+        pid_t c = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, NULL, NULL, NULL, NULL);
+        if (c < 0) {
+                close(p[0]);
+                close(p[1]);
+                return cove_err_set(err, errno, "ns: clone user namespace");
+        }
+        if (c == 0) {
+                char b;
+                close(p[1]);
+                while (read(p[0], &b, 1) < 0 && errno == EINTR)
+                        ;
+                _exit(0);
+        }
+        close(p[0]);
+        int fd = -1;
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/ns/user", (int)c);
+        if (write_map(c, "uid_map", base, count, err) == 0 &&
+            write_map(c, "gid_map", base, count, err) == 0) {
+                fd = open(path, O_RDONLY | O_CLOEXEC);
+                if (fd < 0)
+                        cove_err_set(err, errno, "ns: open %s", path);
+        }
+        close(p[1]);
+        reap(c);
+        return fd;
+}
+
+static void criu_mounts_release(const char *state_dir)
+{
+        static const char *const m[] = {"criu-root", "criu-layer", "criu-lower"};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(m); i++) {
+                char p[PATH_MAX];
+                snprintf(p, sizeof(p), "%s/%s", state_dir, m[i]);
+                while (umount2(p, MNT_DETACH) == 0)
+                        ;
+                rmdir(p);
+        }
+}
+
+static int attach_at(int tree, const char *state_dir, const char *name, char *out, size_t cap,
+                     struct cove_err *err)
+{
+        snprintf(out, cap, "%s/%s", state_dir, name);
+        if (mkdir(out, 0700) < 0 && errno != EEXIST)
+                return cove_err_set(err, errno, "ns: mkdir %s", out);
+        if (move_mount(tree, "", AT_FDCWD, out, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                return cove_err_set(err, errno, "ns: attach %s", out);
+        return 0;
+}
+
+struct ovl_job {
+        const char *lower, *upper, *work;
+        uint32_t base;
+        int fd, errnum;
+};
+
+/* Mount the overlay with the credentials the sandbox's own mount would have: overlayfs
+ * works in its upper/work dirs as its mounter, and host uid 0 has no mapping through the
+ * idmapped layer (EOVERFLOW, then a read-only overlay); fsuid/fsgid = the sandbox's root
+ * (disk id 0) with every capability effective does. Per-thread credentials, on a thread of
+ * its own that ends right after. */
+static void *ovl_main(void *arg)
+{
+        struct ovl_job *j = arg;
+        struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+        struct __user_cap_data_struct cap[2];
+        syscall(SYS_setfsgid, j->base);
+        syscall(SYS_setfsuid, j->base);
+        if (syscall(SYS_capget, &hdr, cap) == 0) {
+                cap[0].effective = cap[0].permitted;
+                cap[1].effective = cap[1].permitted;
+                syscall(SYS_capset, &hdr, cap);
+        }
+        int fs = fsopen("overlay", FSOPEN_CLOEXEC);
+        if (fs < 0 || fsconfig(fs, FSCONFIG_SET_STRING, "lowerdir", j->lower, 0) < 0 ||
+            fsconfig(fs, FSCONFIG_SET_STRING, "upperdir", j->upper, 0) < 0 ||
+            fsconfig(fs, FSCONFIG_SET_STRING, "workdir", j->work, 0) < 0 ||
+            fsconfig(fs, FSCONFIG_SET_FLAG, "userxattr", NULL, 0) < 0 ||
+            fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+                j->errnum = errno;
+        else if ((j->fd = fsmount(fs, FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV)) < 0)
+                j->errnum = errno;
+        if (fs >= 0)
+                close(fs);
+        return NULL;
+}
+
+/* The sandbox's root as it will see it, built on the host at <state>/criu-root. */
+static int host_root(struct cove_runtime *rt, const struct cove_instance_spec *spec, uint32_t base,
+                     char *root, size_t rcap, struct cove_err *err)
+{
+        int userns = userns_with_map(base, spec->uid_count ? spec->uid_count : 65536, err);
+        if (userns < 0)
+                return -1;
+        int rc = -1, tree = -1, ltree = -1, mfd = -1;
+        char lower[PATH_MAX], layer[PATH_MAX], lp[PATH_MAX], upper[PATH_MAX + 8],
+            work[PATH_MAX + 8];
+        struct mount_attr attr;
+        memset(&attr, 0, sizeof(attr));
+        attr.userns_fd = (uint64_t)userns;
+        attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV;
+        tree = open_tree(AT_FDCWD, spec->rootfs, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (tree < 0 || mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+                cove_err_set(err, errno, "ns: idmap %s", spec->rootfs);
+                goto out;
+        }
+        if (attach_at(tree, spec->state_dir, "criu-lower", lower, sizeof(lower), err) < 0)
+                goto out;
+        snprintf(lp, sizeof(lp), "%s/%s", cove_layers_path(rt->layers), spec->sandbox_id);
+        attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+        ltree = open_tree(AT_FDCWD, lp, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (ltree < 0 || mount_setattr(ltree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+                cove_err_set(err, errno, "ns: idmap layer %s", lp);
+                goto out;
+        }
+        if (attach_at(ltree, spec->state_dir, "criu-layer", layer, sizeof(layer), err) < 0)
+                goto out;
+        snprintf(upper, sizeof(upper), "%s/upper", layer);
+        snprintf(work, sizeof(work), "%s/work", layer);
+        struct ovl_job j = {lower, upper, work, base, -1, 0};
+        pthread_t t;
+        if (pthread_create(&t, NULL, ovl_main, &j) != 0) {
+                cove_err_set(err, EAGAIN, "ns: overlay thread");
+                goto out;
+        }
+        pthread_join(t, NULL);
+        mfd = j.fd;
+        if (mfd < 0) {
+                cove_err_set(err, j.errnum, "ns: overlay for the restore");
+                goto out;
+        }
+        if (attach_at(mfd, spec->state_dir, "criu-root", root, rcap, err) < 0)
+                goto out;
+        /* overlayfs falls back to read-only when it cannot use its work dir: refuse that */
+        struct statvfs sv;
+        if (statvfs(root, &sv) < 0 || (sv.f_flag & ST_RDONLY)) {
+                cove_err_setk(err, COVE_E_UNAVAILABLE, EROFS, "ns: the restored root is read-only");
+                goto out;
+        }
+        rc = 0;
+out:
+        for (int *f = (int[]){tree, ltree, mfd, userns}, i = 0; i < 4; i++)
+                if (f[i] >= 0)
+                        close(f[i]);
+        if (rc < 0)
+                criu_mounts_release(spec->state_dir);
+        return rc;
+}
+
+/* CRIU reads some images from inside the restored user namespace, some of them before the
+ * task's credentials are set up there (no capability over any file yet): the images are
+ * readable by anyone who can reach them, which is nobody but host root and the restore
+ * (they sit in the 0700 state dir, criu opens them through its own directory fd, and they
+ * are deleted right after the restore); owned by the sandbox's root. */
+static int own_tree(const char *dir, uint32_t uid, struct cove_err *err)
+{
+        cleanup_dir DIR *d = opendir(dir);
+        if (!d)
+                return cove_err_set(err, errno, "ns: %s", dir);
+        struct dirent *de;
+        while ((de = readdir(d)))
+                if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+                    (fchownat(dirfd(d), de->d_name, uid, uid, AT_SYMLINK_NOFOLLOW) < 0 ||
+                     fchmodat(dirfd(d), de->d_name, 0644, 0) < 0))
+                        return cove_err_set(err, errno, "ns: chown %s", de->d_name);
+        if (chown(dir, uid, uid) < 0 || chmod(dir, 0755) < 0)
+                return cove_err_set(err, errno, "ns: chown %s", dir);
+        return 0;
+}
+
+struct cg_prep {
+        struct cove_runtime *rt;
+        const char *id;
+};
+
+static int prep_cgroup(void *arg, pid_t child, struct cove_err *err)
+{
+        struct cg_prep *p = arg;
+        return cove_cgroup_attach(p->rt->cg, p->id, child, err);
+}
+
+struct uts_job {
+        pid_t pid;
+        const char *name;
+        int rc;
+};
+
+static void *uts_main(void *arg)
+{
+        struct uts_job *j = arg;
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/ns/uts", (int)j->pid);
+        int fd = open(p, O_RDONLY | O_CLOEXEC);
+        j->rc =
+            fd >= 0 && setns(fd, CLONE_NEWUTS) == 0 && sethostname(j->name, strlen(j->name)) == 0
+                ? 0
+                : -errno;
+        if (fd >= 0)
+                close(fd);
+        return NULL;
+}
+
+/* sethostname in the restored sandbox's uts namespace, from a thread that ends right after
+ * (setns changes only the calling thread) */
+static int set_hostname(pid_t pid, const char *name, struct cove_err *err)
+{
+        struct uts_job j = {pid, name, 0};
+        pthread_t t;
+        if (pthread_create(&t, NULL, uts_main, &j) != 0)
+                return cove_err_set(err, EAGAIN, "ns: hostname thread");
+        pthread_join(t, NULL);
+        if (j.rc < 0)
+                return cove_err_set(err, -j.rc, "ns: set hostname %s", name);
+        return 0;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+        cleanup_close int in = open(from, O_RDONLY | O_CLOEXEC);
+        cleanup_close int out =
+            in < 0 ? -1 : open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+        char buf[8192];
+        ssize_t n;
+        while (out >= 0 && (n = read(in, buf, sizeof(buf))) > 0)
+                if (write(out, buf, (size_t)n) != n)
+                        break;
+}
+
+static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *spec,
+                      struct cove_instance *inst, struct cove_err *err)
+{
+        const char *id = spec->sandbox_id;
+        struct ns_inst *priv = calloc(1, sizeof(*priv));
+        char dir[PATH_MAX], root[PATH_MAX];
+        int chan[2] = {-1, -1}, cg_created = 0, layer_created = 0, layer_mounted = 0;
+        pid_t pid = -1;
+        struct cove_err e2;
+        if (!priv) {
+                cove_rm_rf(spec->mem_image, &e2);
+                if (spec->layer_image)
+                        unlink(spec->layer_image);
+                return cove_err_set(err, ENOMEM, "ns: restore %s", id);
+        }
+        strcpy(priv->id, id);
+        snprintf(dir, sizeof(dir), "%s", spec->mem_image);
+        criu_mounts_release(spec->state_dir);
+        uint64_t ino = 0;
+        uint32_t old_base = 0;
+        if (read_meta(dir, &ino, &old_base, err) < 0 ||
+            cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
+            own_tree(dir, spec->uid_base, err) < 0)
+                goto fail_early;
+        struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
+                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
+        if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
+                goto fail;
+        cg_created = 1;
+        int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
+                                    spec->layer_image, spec->layer_key, err);
+        if (lc < 0)
+                goto fail;
+        layer_created = lc;
+        layer_mounted = 1;
+        if (!cove_layer_has_image(rt->layers, id)) {
+                cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "ns: a full restore needs a layer image");
+                goto fail;
+        }
+        if (host_root(rt, spec, spec->uid_base, root, sizeof(root), err) < 0)
+                goto fail;
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, chan) < 0) {
+                cove_err_set(err, errno, "ns: socketpair");
+                goto fail;
+        }
+        struct cg_prep prep = {rt, id};
+        int rc =
+            cove_criu_restore(&rt->criu, dir, root, chan[1], ino, prep_cgroup, &prep, &pid, err);
+        criu_mounts_release(spec->state_dir); /* the sandbox has its own copy now */
+        close(chan[1]);
+        chan[1] = -1;
+        if (rc < 0) {
+                pid = -1;
+                goto fail;
+        }
+        /* a fork is another sandbox: its own hostname (the dump carries the source's) */
+        if (set_hostname(pid, id, err) < 0)
+                goto fail;
+        cove_rm_rf(dir, &e2);
+        inst->pid = pid;
+        inst->chan_fd = chan[0];
+        inst->rechannel = 1;
+        inst->priv = priv;
+        return 0;
+fail_early:
+        if (spec->layer_image)
+                unlink(spec->layer_image);
+fail:
+        if (pid > 0) {
+                kill(pid, SIGKILL);
+                reap(pid);
+        }
+        for (int i = 0; i < 2; i++)
+                if (chan[i] >= 0)
+                        close(chan[i]);
+        criu_mounts_release(spec->state_dir);
+        if (cg_created) {
+                cove_cgroup_kill(rt->cg, id, NULL);
+                cove_cgroup_remove(rt->cg, id, NULL);
+        }
+        if (layer_created)
+                cove_layer_remove(rt->layers, id, NULL);
+        else if (layer_mounted)
+                cove_layer_release(rt->layers, id, NULL);
+        {
+                /* criu's log of the failed restore stays next to the sandbox's state */
+                char from[PATH_MAX + 16], to[PATH_MAX + 32];
+                snprintf(from, sizeof(from), "%s/restore.log", dir);
+                snprintf(to, sizeof(to), "%s/criu-restore.log", spec->state_dir);
+                copy_file(from, to);
+        }
+        cove_rm_rf(dir, &e2);
+        free(priv);
+        return cove_err_wrap(err, "ns: restore %s", id);
+}
+
+/* handshake on a channel fd (the self-check's stand-in for the node) */
+static int check_hello(int fd, struct cove_err *err)
+{
+        static const char h[] = "{\"version\":1,\"token\":\"0\",\"hostname\":\"check\"}";
+        if (cove_frame_write_timeout(fd, COVE_F_HELLO, 0, 0, h, sizeof(h) - 1, 5000, err) < 0)
+                return -1;
+        uint8_t hdr[COVE_FRAME_HDR];
+        size_t got = 0;
+        while (got < sizeof(hdr)) {
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                if (poll(&p, 1, 5000) <= 0)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT, "no HELLO");
+                ssize_t n = read(fd, hdr + got, sizeof(hdr) - got);
+                if (n <= 0)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, EPIPE, "channel closed");
+                got += (size_t)n;
+        }
+        struct cove_frame f;
+        if (cove_frame_hdr_decode(hdr, COVE_FRAME_MAX, &f, err) < 0 || f.type != COVE_F_HELLO)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, EPROTO, "bad HELLO");
+        char body[256];
+        if (f.len >= sizeof(body))
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, EPROTO, "bad HELLO");
+        got = 0;
+        while (got < f.len) {
+                struct pollfd p = {.fd = fd, .events = POLLIN};
+                ssize_t n = poll(&p, 1, 5000) > 0 ? read(fd, body + got, f.len - got) : -1;
+                if (n <= 0)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, EPIPE, "short HELLO");
+                got += (size_t)n;
+        }
+        body[got] = 0;
+        if (!strstr(body, "\"ok\":true") && !strstr(body, "\"ok\": true"))
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, EPROTO, "guest refused the HELLO");
+        return 0;
+}
+
+static void ns_full_selfcheck(struct cove_runtime *rt, const char *guest_binary)
+{
+        if (!rt->criu.found) {
+                set_full(rt, 0, rt->criu.why);
+                return;
+        }
+        const char *id = rt->check_id;
+        char rootfs[PATH_MAX], state[PATH_MAX], img[PATH_MAX], mem[PATH_MAX];
+        snprintf(rootfs, sizeof(rootfs), "%s/criu-check-root", rt->ns_dir);
+        snprintf(state, sizeof(state), "%s/criu-check-state", rt->ns_dir);
+        snprintf(img, sizeof(img), "%s/%s.img", cove_layers_image_dir(rt->layers), id);
+        snprintf(mem, sizeof(mem), "%s/%s.criu", cove_layers_image_dir(rt->layers), id);
+        struct cove_err err, e2;
+        memset(&err, 0, sizeof(err));
+        unlink(img);
+        cove_rm_rf(mem, &e2);
+        /* an empty root with the directories every template has (criu restore wants /tmp) */
+        mkdir(rootfs, 0755);
+        for (const char *const *d = (const char *const[]){"tmp", "dev", "proc", "sys", NULL}; *d;
+             d++) {
+                char p[PATH_MAX + 8];
+                snprintf(p, sizeof(p), "%s/%s", rootfs, *d);
+                mkdir(p, 0755);
+        }
+        /* what a check interrupted by a crash left: processes, cgroups, layer, mounts */
+        ns_cleanup_stale(rt, id, state, 1, &e2);
+        mkdir(state, 0700);
+        int64_t t0 = cove_mono_ns();
+        struct cove_instance_spec spec = {.sandbox_id = id,
+                                          .rootfs = rootfs,
+                                          .state_dir = state,
+                                          .guest_binary = guest_binary,
+                                          .disk_mb = 16,
+                                          .memory_mb = 256,
+                                          .uid_base = CHECK_UID_BASE,
+                                          .uid_count = 65536};
+        struct cove_instance inst = {.chan_fd = -1};
+        const char *step = "start";
+        int ok = 0, nfd = -1;
+        uint64_t pause = 0;
+        if (ns_start(rt, &spec, &inst, &err) < 0)
+                goto out;
+        step = "handshake";
+        if (check_hello(inst.chan_fd, &err) < 0)
+                goto out;
+        step = "dump";
+        if (ns_full_dump(rt, &inst, id, img, mem, 0, &pause, &err) < 0)
+                goto out;
+        ns_stop(rt, &inst, id, NULL, 1, &e2);
+        inst = (struct cove_instance){.chan_fd = -1};
+        step = "restore";
+        spec.layer_image = img;
+        spec.mem_image = mem;
+        if (ns_start(rt, &spec, &inst, &err) < 0)
+                goto out;
+        step = "rechannel";
+        nfd = cove_frame_rechannel(inst.chan_fd, 5000, &err);
+        if (nfd < 0 || check_hello(nfd, &err) < 0)
+                goto out;
+        ok = 1;
+out:
+        if (nfd >= 0)
+                close(nfd);
+        if (inst.priv || inst.pid > 0)
+                ns_stop(rt, &inst, id, NULL, 1, &e2);
+        ns_cleanup_stale(rt, id, NULL, 1, &e2);
+        unlink(img);
+        cove_rm_rf(mem, &e2);
+        if (ok) /* a failed restore left criu's log in <state>/criu-restore.log */
+                cove_rm_rf(state, &e2);
+        char why[320];
+        if (ok)
+                snprintf(why, sizeof(why), "criu %s at %s: self-check passed in %.0f ms",
+                         rt->criu.version, rt->criu.path, (double)(cove_mono_ns() - t0) / 1e6);
+        else
+                snprintf(why, sizeof(why), "criu %s self-check failed at %s: %s", rt->criu.version,
+                         step, err.msg);
+        set_full(rt, ok, why);
+}
+
 static void ns_close(struct cove_runtime *rt)
 {
         if (!rt)
@@ -769,6 +1449,7 @@ static void ns_close(struct cove_runtime *rt)
         cove_layers_close(rt->layers);
         cove_cgroups_free(rt->cg);
         free(rt->filter.filter);
+        pthread_mutex_destroy(&rt->full_mu);
         free(rt);
 }
 
@@ -783,6 +1464,15 @@ static struct cove_runtime *ns_open(const char *data_dir, struct cove_err *err)
                 cove_err_set(err, ENOMEM, "ns runtime");
                 return NULL;
         }
+        pthread_mutex_init(&rt->full_mu, NULL);
+        rt->full_state = -1;
+        snprintf(rt->full_why, sizeof(rt->full_why), "self-check not run yet");
+        cove_criu_detect(&rt->criu);
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a of the data dir */
+        for (const char *c = data_dir; *c; c++)
+                h = (h ^ (uint8_t)*c) * 1099511628211ULL;
+        snprintf(rt->check_id, sizeof(rt->check_id), "cove-criu-check-%016llx",
+                 (unsigned long long)h);
         if (snprintf(rt->ns_dir, sizeof(rt->ns_dir), "%s/ns", data_dir) >=
             (int)sizeof(rt->ns_dir)) {
                 cove_err_set(err, ENAMETOOLONG, "ns runtime: data dir");
@@ -831,4 +1521,7 @@ const struct cove_runtime_ops cove_runtime_ns = {
     .layer_dir = ns_layer_dir,
     .layer_open = ns_layer_open,
     .layer_close = ns_layer_close,
+    .full_status = ns_full_status,
+    .full_selfcheck = ns_full_selfcheck,
+    .full_dump = ns_full_dump,
 };

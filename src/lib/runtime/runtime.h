@@ -5,6 +5,7 @@
 #ifndef COVE_RUNTIME_RUNTIME_H
 #define COVE_RUNTIME_RUNTIME_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -31,6 +32,11 @@ struct cove_instance_spec {
          * is ignored); the warm pool is not used. Refused (COVE_E_CONFLICT) while the image
          * is still open (close tree_fd and layer_close() first). NULL: empty layer. */
         const char *layer_image;
+        /* Full restore (ns with CRIU): the checkpoint directory made by full_dump() together
+         * with layer_image; start() restores the processes from it instead of booting
+         * cove-guest, and takes the directory over like layer_image (removed afterwards, also
+         * on failure). The instance comes back with inst->rechannel set. NULL: cold start. */
+        const char *mem_image;
         /* 64 bytes: encrypt the writable layer at rest with this key (ns: fscrypt v2 on the
          * layer's upper and work dirs; a new layer is then never a warm one). The same key
          * must be given to layer_open() for images of this layer. NULL: not encrypted. */
@@ -49,7 +55,10 @@ struct cove_layer_handle;
 struct cove_instance {
         pid_t pid;   /* host pid of the instance's init (cove-guest, or QEMU for vm) */
         int chan_fd; /* node end of the guest channel; the node takes it (sets -1) */
-        void *priv;  /* driver state */
+        /* restored from a checkpoint: chan_fd is a temporary channel; the node moves the
+         * guest to a new one (cove_frame_rechannel) before the handshake */
+        int rechannel;
+        void *priv; /* driver state */
 };
 
 struct cove_runtime;
@@ -111,6 +120,22 @@ struct cove_runtime_ops {
                           struct cove_err *err); /* key: as spec->layer_key */
         void (*layer_close)(struct cove_runtime *rt, struct cove_layer_handle *h);
 
+        /* ---- full snapshots (files + memory + processes; optional, ns: CRIU) -------------
+         * 1 when full snapshots work on this node, 0 when not (why says), -1 while the
+         * start-up self-check still runs. */
+        int (*full_status)(struct cove_runtime *rt, char *why, size_t cap);
+        /* The start-up self-check (a real dump and restore of a sandbox-shaped instance);
+         * the node runs it once, on a thread of its own, after open(). */
+        void (*full_selfcheck)(struct cove_runtime *rt, const char *guest_binary);
+        /* A consistent full snapshot: the instance is frozen, its processes dumped (a
+         * checkpoint directory created at dest_mem: CRIU's images and the driver's metadata)
+         * and its layer cloned (dest_image, as layer_snapshot), then thawed; *pause_ns is
+         * freeze to thaw. The instance keeps running, or with leave_frozen stays frozen (a
+         * pause: nothing may run after the state it resumes from; the caller stops the
+         * instance, or thaws it with thaw()). On failure neither exists and it runs on. */
+        int (*full_dump)(struct cove_runtime *rt, struct cove_instance *inst,
+                         const char *sandbox_id, const char *dest_image, const char *dest_mem,
+                         int leave_frozen, uint64_t *pause_ns, struct cove_err *err);
         /* ---- full snapshots (live memory; vm) ------------------------------------------
          * Write the instance's whole state (memory, devices, disk) as one image into out_fd
          * (a regular file, empty, read-write) while the instance is stopped; it then runs on.

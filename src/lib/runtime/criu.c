@@ -1,0 +1,391 @@
+/* CRIU runner and the user namespace map rewrite (runtime/criu.h). */
+#include "runtime/criu.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <linux/close_range.h>
+
+#include "util/cleanup.h"
+#include "util/util.h"
+
+#define ARGS_MAX 48
+
+/* ---- running criu ---- */
+
+struct run {
+        char *argv[ARGS_MAX];
+        int argc;
+        char bufs[ARGS_MAX][PATH_MAX + 64];
+};
+
+static void arg(struct run *r, const char *fmt, const char *s)
+{
+        if (r->argc >= ARGS_MAX - 1)
+                return;
+        snprintf(r->bufs[r->argc], sizeof(r->bufs[0]), fmt, s);
+        r->argv[r->argc] = r->bufs[r->argc];
+        r->argc++;
+        r->argv[r->argc] = NULL;
+}
+
+static void tail_log(const char *log, char *out, size_t cap)
+{
+        /* the first "Error" line of criu's log that is not noise says what went wrong */
+        out[0] = 0;
+        FILE *f = fopen(log, "re");
+        if (!f)
+                return;
+        char line[512];
+        while (fgets(line, sizeof(line), f)) {
+                if (!strstr(line, "Error (") || strstr(line, "RLIMIT_NOFILE") ||
+                    strstr(line, "tables") || strstr(line, "cgroupd") || strstr(line, "FAILED"))
+                        continue;
+                line[strcspn(line, "\n")] = 0;
+                snprintf(out, cap, "%s", line);
+                break;
+        }
+        fclose(f);
+}
+
+/* fork + exec criu with fd keep_fd (or -1) as fd 3; bounded by timeout_ms. Returns criu's
+ * exit status (0 ok) or -1 with err. */
+static int run_criu(const struct cove_criu *c, struct run *r, int keep_fd, int timeout_ms,
+                    cove_criu_prep_fn prep, void *prep_arg, const char *log, struct cove_err *err)
+{
+        char *const envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                              "CRIU_FAULT=130", NULL};
+        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+        int go[2];
+        if (devnull < 0 || pipe2(go, O_CLOEXEC) < 0) {
+                if (devnull >= 0)
+                        close(devnull);
+                return cove_err_set(err, errno, "criu: prepare");
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+                int e = errno;
+                close(devnull);
+                close(go[0]);
+                close(go[1]);
+                return cove_err_set(err, e, "criu: fork");
+        }
+        if (pid == 0) {
+                /* async-signal-safe only: coved is multi-threaded */
+                setpgid(0, 0);
+                char b;
+                close(go[1]);
+                if (read(go[0], &b, 1) != 1)
+                        _exit(126);
+                if (dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
+                        _exit(126);
+                if (keep_fd >= 0 && dup2(keep_fd, 3) < 0)
+                        _exit(126);
+                syscall(SYS_close_range, keep_fd >= 0 ? 4 : 3, ~0U, CLOSE_RANGE_CLOEXEC);
+                execve(c->path, r->argv, envp);
+                _exit(127);
+        }
+        close(go[0]);
+        close(devnull);
+        setpgid(pid, pid);
+        if (prep && prep(prep_arg, pid, err) < 0) {
+                close(go[1]);
+                kill(pid, SIGKILL);
+                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                        ;
+                return -1;
+        }
+        if (write(go[1], "g", 1) != 1) {
+                /* the child is gone already: its status says why */
+        }
+        close(go[1]);
+        /* bounded: poll the child's pidfd until it exits or the deadline passes */
+        int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        int64_t deadline = cove_mono_ns() + (int64_t)timeout_ms * 1000000;
+        int timed_out = 1;
+        while (pfd >= 0) {
+                int64_t left = (deadline - cove_mono_ns()) / 1000000;
+                if (left <= 0)
+                        break;
+                struct pollfd p = {.fd = pfd, .events = POLLIN};
+                if (poll(&p, 1, (int)(left > 1000 ? 1000 : left)) > 0) {
+                        timed_out = 0;
+                        break;
+                }
+        }
+        if (pfd >= 0)
+                close(pfd);
+        if (timed_out) {
+                kill(-pid, SIGKILL); /* criu and its helpers: SIGTERM does not stop a hung one */
+                kill(pid, SIGKILL);
+        }
+        int st = 0;
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+                ;
+        if (timed_out)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT,
+                                     "criu %s: no answer within %d s (killed)", r->argv[1],
+                                     timeout_ms / 1000);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+                return 0;
+        char why[320];
+        tail_log(log, why, sizeof(why));
+        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "criu %s failed (%s %d)%s%s", r->argv[1],
+                             WIFEXITED(st) ? "exit" : "signal",
+                             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), why[0] ? ": " : "",
+                             why);
+}
+
+static int version_of(const char *path, char *out, size_t cap)
+{
+        char cmd[PATH_MAX + 64];
+        snprintf(cmd, sizeof(cmd), "'%s' --version 2>/dev/null", path);
+        FILE *p = popen(cmd, "re");
+        if (!p)
+                return -1;
+        char line[128];
+        int ok = -1;
+        while (fgets(line, sizeof(line), p))
+                if (!strncmp(line, "Version: ", 9)) {
+                        line[strcspn(line, "\n")] = 0;
+                        snprintf(out, cap, "%s", line + 9);
+                        ok = 0;
+                }
+        pclose(p);
+        return ok;
+}
+
+void cove_criu_detect(struct cove_criu *c)
+{
+        memset(c, 0, sizeof(*c));
+        const char *env = getenv("COVE_CRIU");
+        if (env && (!strcmp(env, "off") || !*env)) {
+                snprintf(c->why, sizeof(c->why), "criu hidden (COVE_CRIU=off)");
+                return;
+        }
+        static const char *const cands[] = {"/usr/local/sbin/criu", "/usr/local/lib/cove/criu/criu",
+                                            "/usr/sbin/criu", "/sbin/criu"};
+        if (env) {
+                if (env[0] != '/' || access(env, X_OK) < 0) {
+                        snprintf(c->why, sizeof(c->why), "COVE_CRIU=%s: not an executable path",
+                                 env);
+                        return;
+                }
+                snprintf(c->path, sizeof(c->path), "%s", env);
+        } else {
+                for (size_t i = 0; i < COVE_ARRAY_SIZE(cands) && !c->path[0]; i++)
+                        if (access(cands[i], X_OK) == 0)
+                                snprintf(c->path, sizeof(c->path), "%s", cands[i]);
+                if (!c->path[0]) {
+                        snprintf(c->why, sizeof(c->why), "criu not installed");
+                        return;
+                }
+        }
+        if (version_of(c->path, c->version, sizeof(c->version)) < 0 || atoi(c->version) < 4) {
+                snprintf(c->why, sizeof(c->why), "%s: version %s, want >= 4", c->path,
+                         c->version[0] ? c->version : "unknown");
+                c->path[0] = 0;
+                return;
+        }
+        struct run r = {.argc = 0};
+        arg(&r, "%s", c->path);
+        arg(&r, "%s", "check");
+        struct cove_err e;
+        if (run_criu(c, &r, -1, 20000, NULL, NULL, "/dev/null", &e) < 0) {
+                snprintf(c->why, sizeof(c->why), "criu %s: `criu check` failed", c->version);
+                return;
+        }
+        c->found = 1;
+}
+
+int cove_criu_dump(const struct cove_criu *c, pid_t pid, const char *dir, const char *freezer_dir,
+                   uint64_t chan_ino, struct cove_err *err)
+{
+        if (!c->found)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "criu unavailable: %s", c->why);
+        struct run *r = calloc(1, sizeof(*r));
+        if (!r)
+                return cove_err_set(err, ENOMEM, "criu dump");
+        char num[32], ext[64], log[PATH_MAX];
+        snprintf(num, sizeof(num), "%d", (int)pid);
+        snprintf(ext, sizeof(ext), "unix[%llu]", (unsigned long long)chan_ino);
+        snprintf(log, sizeof(log), "%s/dump.log", dir);
+        arg(r, "%s", c->path);
+        arg(r, "%s", "dump");
+        arg(r, "-t%s", num);
+        arg(r, "-D%s", dir);
+        arg(r, "%s", "-odump.log");
+        arg(r, "%s", "-v2");
+        arg(r, "--external=%s", ext);     /* the guest channel: the node's end is outside */
+        arg(r, "%s", "--external=mnt[]"); /* /dev nodes and cove-guest: binds of host files */
+        arg(r, "%s", "--manage-cgroups=ignore");
+        arg(r, "--freeze-cgroup=%s", freezer_dir);
+        arg(r, "%s", "--network-lock=nftables");
+        arg(r, "%s", "--ghost-limit=64M");
+        arg(r, "%s", "--leave-running");
+        int rc = run_criu(c, r, -1, COVE_CRIU_TIMEOUT_MS, NULL, NULL, log, err);
+        free(r);
+        return rc;
+}
+
+int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *root, int chan_fd,
+                      uint64_t chan_ino, cove_criu_prep_fn prep, void *prep_arg, pid_t *pid,
+                      struct cove_err *err)
+{
+        if (!c->found)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "criu unavailable: %s", c->why);
+        struct run *r = calloc(1, sizeof(*r));
+        if (!r)
+                return cove_err_set(err, ENOMEM, "criu restore");
+        char inh[64], pidf[PATH_MAX], log[PATH_MAX];
+        snprintf(inh, sizeof(inh), "fd[3]:socket:[%llu]", (unsigned long long)chan_ino);
+        snprintf(pidf, sizeof(pidf), "%s/restore.pid", dir);
+        snprintf(log, sizeof(log), "%s/restore.log", dir);
+        unlink(pidf);
+        arg(r, "%s", c->path);
+        arg(r, "%s", "restore");
+        arg(r, "-D%s", dir);
+        arg(r, "%s", "-orestore.log");
+        arg(r, "%s", "-v2");
+        arg(r, "--root=%s", root);
+        arg(r, "--inherit-fd=%s", inh);
+        arg(r, "%s", "--external=mnt[]");
+        arg(r, "%s", "--manage-cgroups=ignore");
+        arg(r, "%s", "--network-lock=nftables");
+        arg(r, "--pidfile=%s", pidf);
+        arg(r, "%s", "--restore-detached");
+        arg(r, "%s", "--restore-sibling");
+        int rc = run_criu(c, r, chan_fd, COVE_CRIU_TIMEOUT_MS, prep, prep_arg, log, err);
+        free(r);
+        if (rc < 0)
+                return -1;
+        char buf[32] = "";
+        cleanup_close int fd = open(pidf, O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof(buf) - 1);
+        long v = n > 0 ? (buf[n] = 0, strtol(buf, NULL, 10)) : 0;
+        if (v <= 1 || v > INT_MAX)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "criu restore: no pid file");
+        *pid = (pid_t)v;
+        return 0;
+}
+
+static int pwrite_all(int fd, const void *buf, size_t n, off_t off)
+{
+        const char *p = buf;
+        while (n) {
+                ssize_t w = pwrite(fd, p, n, off);
+                if (w < 0 && errno == EINTR)
+                        continue;
+                if (w <= 0)
+                        return -1;
+                p += w;
+                n -= (size_t)w;
+                off += w;
+        }
+        return 0;
+}
+
+/* ---- user namespace map rewrite (userns-N.img: UsernsEntry{repeated UidGidExtent
+ * uid_map = 1, gid_map = 2}, UidGidExtent{first = 1, lower_first = 2, count = 3}) ---- */
+
+static int varint(const uint8_t *b, size_t n, size_t *p, uint64_t *v)
+{
+        *v = 0;
+        for (int s = 0; s < 64; s += 7) {
+                if (*p >= n)
+                        return -1;
+                uint8_t c = b[(*p)++];
+                *v |= (uint64_t)(c & 0x7f) << s;
+                if (!(c & 0x80))
+                        return 0;
+        }
+        return -1;
+}
+
+static size_t put_varint(uint8_t *b, uint64_t v)
+{
+        size_t n = 0;
+        do {
+                uint8_t c = v & 0x7f;
+                v >>= 7;
+                b[n++] = c | (v ? 0x80 : 0);
+        } while (v);
+        return n;
+}
+
+int cove_criu_userns_rebase(const char *dir, uint32_t from, uint32_t to, struct cove_err *err)
+{
+        if (from == to)
+                return 0;
+        cleanup_dir DIR *d = opendir(dir);
+        if (!d)
+                return cove_err_set(err, errno, "criu rebase: %s", dir);
+        struct dirent *de;
+        int done = 0;
+        while ((de = readdir(d))) {
+                if (strncmp(de->d_name, "userns-", 7))
+                        continue;
+                uint8_t in[4096], out[4096];
+                cleanup_close int fd = openat(dirfd(d), de->d_name, O_RDWR | O_CLOEXEC);
+                ssize_t n = fd < 0 ? -1 : pread(fd, in, sizeof(in), 0);
+                if (n < 12 || n == (ssize_t)sizeof(in))
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, EBADMSG,
+                                             "criu rebase: %s unreadable", de->d_name);
+                uint32_t len = (uint32_t)in[8] | (uint32_t)in[9] << 8 | (uint32_t)in[10] << 16 |
+                               (uint32_t)in[11] << 24;
+                if ((size_t)len + 12 != (size_t)n)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, EBADMSG,
+                                             "criu rebase: %s: one entry expected", de->d_name);
+                const uint8_t *b = in + 12;
+                size_t p = 0, o = 12;
+                memcpy(out, in, 8);
+                while (p < len) {
+                        uint64_t key, sl;
+                        if (varint(b, len, &p, &key) < 0 || (key != 0x0a && key != 0x12) ||
+                            varint(b, len, &p, &sl) < 0 || sl > len - p)
+                                goto bad;
+                        uint8_t sub[64];
+                        size_t so = 0, end = p + sl;
+                        while (p < end) {
+                                uint64_t k, val;
+                                if (varint(b, end, &p, &k) < 0 || (k & 7) != 0 ||
+                                    varint(b, end, &p, &val) < 0 || so + 20 > sizeof(sub))
+                                        goto bad;
+                                if (k >> 3 == 2 && val >= from && val < (uint64_t)from + 65536)
+                                        val = val - from + to;
+                                so += put_varint(sub + so, k);
+                                so += put_varint(sub + so, val);
+                        }
+                        if (o + 2 + so > sizeof(out))
+                                goto bad;
+                        out[o++] = (uint8_t)key;
+                        o += put_varint(out + o, so);
+                        memcpy(out + o, sub, so);
+                        o += so;
+                }
+                uint32_t nl = (uint32_t)(o - 12);
+                out[8] = (uint8_t)nl;
+                out[9] = (uint8_t)(nl >> 8);
+                out[10] = (uint8_t)(nl >> 16);
+                out[11] = (uint8_t)(nl >> 24);
+                if (ftruncate(fd, 0) < 0 || pwrite_all(fd, out, o, 0) < 0)
+                        return cove_err_set(err, errno, "criu rebase: write %s", de->d_name);
+                done = 1;
+        }
+        if (!done)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, ENOENT,
+                                     "criu rebase: no user namespace image");
+        return 0;
+bad:
+        return cove_err_setk(err, COVE_E_UNAVAILABLE, EBADMSG, "criu rebase: malformed image");
+}

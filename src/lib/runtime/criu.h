@@ -1,0 +1,52 @@
+/* CRIU for full snapshots of ns sandboxes (docs/storage.md "Full snapshots").
+ *
+ * CRIU is optional: coved finds a criu binary (COVE_CRIU=/path, or "off" to hide it; else
+ * /usr/local/sbin/criu, /usr/sbin/criu), wants version >= 4 and `criu check` to pass, and the
+ * ns driver then runs a real dump and restore of a sandbox-shaped instance (runtime/ns.c)
+ * before it reports full snapshots as available. Every criu run is bounded (SIGKILL of its
+ * process group at the deadline: a hung restore ignores SIGTERM) and runs with
+ * CRIU_FAULT=130 (this host's nested virtualisation never fires CRIU's hardware breakpoint;
+ * the fault switch makes it step through syscalls instead). The images of one dump are a
+ * directory; the time machine stores it as a tree (content-defined chunks: a page that
+ * changed costs its ~64 KiB chunk, not a 2 MiB one). */
+#ifndef COVE_RUNTIME_CRIU_H
+#define COVE_RUNTIME_CRIU_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "util/err.h"
+
+#define COVE_CRIU_TIMEOUT_MS 60000
+
+struct cove_criu {
+        char path[4096];  /* the criu binary; "" when none */
+        char version[32]; /* "4.1.1" */
+        int found;        /* a criu >= 4 whose `criu check` passed */
+        char why[256];    /* why not, when !found */
+};
+
+/* Detect criu (does not run the sandbox self-check; ns.c does). Never fails: c->found says. */
+void cove_criu_detect(struct cove_criu *c);
+
+/* Called in the forked child's parent before the child execs criu (e.g. to put it into the
+ * sandbox's cgroup); non-zero aborts. */
+typedef int (*cove_criu_prep_fn)(void *arg, pid_t child, struct cove_err *err);
+
+/* criu dump of the process tree rooted at pid into dir (exists, empty), leaving it running.
+ * freezer_dir: the tree's freezer cgroup (CRIU freezes through it and leaves it as it found
+ * it: frozen stays frozen). chan_ino: inode of the guest channel socket (external). */
+int cove_criu_dump(const struct cove_criu *c, pid_t pid, const char *dir, const char *freezer_dir,
+                   uint64_t chan_ino, struct cove_err *err);
+/* criu restore of dir as a sibling of the caller (the restored root becomes the calling
+ * thread's child), detached, with root as its / and chan_fd as the guest channel (the dump's
+ * chan_ino). *pid: host pid of the restored root. */
+int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *root, int chan_fd,
+                      uint64_t chan_ino, cove_criu_prep_fn prep, void *prep_arg, pid_t *pid,
+                      struct cove_err *err);
+
+/* Rewrite the user namespace map of the dump in dir from host uid base `from` to `to` (a
+ * restore into another uid range: fork). 0 when nothing had to change. */
+int cove_criu_userns_rebase(const char *dir, uint32_t from, uint32_t to, struct cove_err *err);
+
+#endif
