@@ -4,12 +4,14 @@
  *              [--default-timeout S] [--e2b-api-listen HOST:PORT|none]
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
  *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
- *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers] */
+ *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers]
+ *              [--egress-ca-file PEM] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "control/coved.h"
 #include "util/testhooks.h"
@@ -35,7 +37,9 @@ static void usage(FILE *f)
                 "                                through their provider after S seconds (default\n"
                 "                                60; 0 = every use)\n"
                 "             [--encrypt-layers]  sandboxes default to storage_encrypted (their\n"
-                "                                writable layer under fscrypt; no warm pool)\n");
+                "                                writable layer under fscrypt; no warm pool)\n"
+                "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
+                "                                (besides the system store; tests)\n");
 }
 
 int main(int argc, char **argv)
@@ -60,6 +64,7 @@ int main(int argc, char **argv)
             {"egress-pool", required_argument, 0, 'P'},
             {"dns-upstream", required_argument, 0, 'U'},
             {"dns-static", required_argument, 0, 'D'},
+            {"egress-ca-file", required_argument, 0, 'C'},
             {"key-cache-ttl", required_argument, 0, 'K'},
             {"encrypt-layers", no_argument, 0, 'Y'},
             {"runtime", required_argument, 0, 'R'},
@@ -68,6 +73,12 @@ int main(int argc, char **argv)
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
+        /* the egress proxy holds up to six fds per connection (two sockets, two pipes) */
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max < (1u << 20) ? rl.rlim_max : (1u << 20);
+                setrlimit(RLIMIT_NOFILE, &rl);
+        }
         static const char *upstreams[4], *statics[256];
         static char upstream_buf[4][64];
         int c;
@@ -150,6 +161,9 @@ int main(int argc, char **argv)
                         }
                         statics[o.egress.nstatics++] = optarg;
                         o.egress.statics = statics;
+                        break;
+                case 'C':
+                        o.egress.ca_file = optarg;
                         break;
                 case 'K':
                         o.key_cache_ttl_s = atoi(optarg);

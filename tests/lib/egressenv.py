@@ -21,14 +21,43 @@ from cove import Coved
 NS = "cove-test-up"
 UP1, UP2 = "203.0.113.2", "203.0.113.3"
 STATICS = [f"allowed.test={UP1}", f"other.test={UP2}", "lo.test=127.0.0.1",
-           "meta.test=169.254.169.254", "priv.test=10.1.2.3", f"www.allowed.test={UP1}"]
+           "meta.test=169.254.169.254", "priv.test=10.1.2.3", f"www.allowed.test={UP1}",
+           f"bad.test={UP1}"]  # bad.test: the upstream's certificate does not name it
 
 SERVER = r'''
-import os, socket, ssl, sys, threading, http.server, socketserver
+import json, os, socket, ssl, sys, threading, http.server, socketserver
 d = sys.argv[1]
+lock = threading.Lock()
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    def record(self, body=b""):
+        with lock, open(os.path.join(d, "requests.log"), "a") as f:
+            f.write(json.dumps({"server": self.server.server_address[0],
+                                "tls": isinstance(self.connection, ssl.SSLSocket),
+                                "method": self.command, "path": self.path,
+                                "headers": dict(self.headers.items()),
+                                "body": body.decode("latin-1")}) + "\n")
+    def do_POST(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                n = int(self.rfile.readline().split(b";")[0], 16)
+                if n == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""): pass
+                    break
+                body += self.rfile.read(n); self.rfile.readline()
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.record(body)
+        out = ("posted %d\n" % len(body)).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(out))); self.end_headers()
+        self.wfile.write(out)
     def do_GET(self):
+        self.record()
+        if self.path.startswith("/redirect?to="):
+            self.send_response(302); self.send_header("Location", self.path[len("/redirect?to="):])
+            self.send_header("Content-Length", "0"); self.end_headers()
+            return
         if self.path.startswith("/big"):
             n = int(self.path.split("/")[-1])
             self.send_response(200); self.send_header("Content-Length", str(n)); self.end_headers()
@@ -48,7 +77,9 @@ def serve(addr, port, tls=False):
     if tls:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(os.path.join(d, "cert.pem"), os.path.join(d, "key.pem"))
-        s.socket = ctx.wrap_socket(s.socket, server_side=True)
+        # the handshake in the connection's own thread, not in accept(): one stalled or
+        # reset handshake must not stop the whole TLS server
+        s.socket = ctx.wrap_socket(s.socket, server_side=True, do_handshake_on_connect=False)
     s.serve_forever()
 def hold(addr):
     l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -114,6 +145,19 @@ class Upstream:
             time.sleep(0.05)
         time.sleep(0.2)
 
+    def requests(self):
+        """Every request the upstream servers received (server, tls, method, path, headers,
+        body), oldest first."""
+        import json
+        try:
+            with open(os.path.join(self.dir, "requests.log")) as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except OSError:
+            return []
+
+    def ca_file(self):
+        return os.path.join(self.dir, "cert.pem")
+
     def udp_log(self):
         try:
             with open(os.path.join(self.dir, "udp.log")) as f:
@@ -134,8 +178,10 @@ class Upstream:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_coved(build_dir, templates_dir, log_dir):
+def start_coved(build_dir, templates_dir, log_dir, ca_file=None):
     args = ["--pool", "0", "--templates", "busybox,base"]
+    if ca_file:
+        args += ["--egress-ca-file", ca_file]
     for s in STATICS:
         args += ["--dns-static", s]
     return Coved(build_dir, templates_dir=templates_dir, extra_args=args, log_dir=log_dir)

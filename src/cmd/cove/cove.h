@@ -51,6 +51,8 @@ int cmd_pause(struct cli *c, int argc, char **argv);
 int cmd_resume(struct cli *c, int argc, char **argv);
 int cmd_rewind(struct cli *c, int argc, char **argv);
 int cmd_fork(struct cli *c, int argc, char **argv);
+int cmd_audit(struct cli *c, int argc, char **argv); /* audit.c: audit log and leases */
+int cmd_leases(struct cli *c, int argc, char **argv);
 int cmd_keys(struct cli *c, int argc, char **argv); /* keys.c: keys and tenants */
 int cmd_tenants(struct cli *c, int argc, char **argv);
 

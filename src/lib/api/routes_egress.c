@@ -1,5 +1,6 @@
-/* Egress policy and audit routes: PUT/GET /v1/sandboxes/{id}/egress, GET /v1/audit,
- * GET /v1/audit/verify (docs/api.md, docs/egress.md). */
+/* Egress policy, secrets, leases and audit routes: PUT/GET /v1/sandboxes/{id}/egress,
+ * /v1/secrets[/{name}], /v1/sandboxes/{id}/leases, /v1/leases[/{lid}[/approve|/deny]],
+ * GET /v1/audit, GET /v1/audit/verify (docs/api.md, docs/egress.md). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +8,7 @@
 #include "api/routes.h"
 #include "control/audit.h"
 #include "control/egress.h"
+#include "control/secrets.h"
 
 #define AUDIT_LIMIT_DEFAULT 1000
 #define AUDIT_LIMIT_MAX 10000
@@ -22,6 +24,105 @@ int cove_h_egress_put(void *app, struct cove_req *r)
         int rc = coved_egress_put(d, r->tenant, r->params[0], body, &out, &err);
         json_decref(body);
         return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 200, out);
+}
+
+static int reply(struct cove_req *r, int rc, unsigned status, json_t *out, struct cove_err *err)
+{
+        return rc < 0 ? cove_reply_err(r, err) : cove_reply_json(r, status, out);
+}
+
+int cove_h_secret_put(void *app, struct cove_req *r)
+{
+        json_t *body = cove_req_json(r, 0);
+        if (!body)
+                return 0;
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = coved_secret_put(app, r->tenant, r->params[0], body, &out, &err);
+        json_decref(body); /* the value: jansson frees it (not wiped; coved's own heap) */
+        return reply(r, rc, 200, out, &err);
+}
+
+int cove_h_secret_get(void *app, struct cove_req *r)
+{
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = coved_secret_get(app, r->tenant, r->params[0], &out, &err);
+        return reply(r, rc, 200, out, &err);
+}
+
+int cove_h_secret_list(void *app, struct cove_req *r)
+{
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = coved_secret_list(app, r->tenant, &out, &err);
+        return reply(r, rc, 200, out, &err);
+}
+
+int cove_h_secret_delete(void *app, struct cove_req *r)
+{
+        struct cove_err err;
+        if (coved_secret_delete(app, r->tenant, r->params[0], &err) < 0)
+                return cove_reply_err(r, &err);
+        return cove_reply_empty(r, 204);
+}
+
+int cove_h_lease_create(void *app, struct cove_req *r)
+{
+        json_t *body = cove_req_json(r, 0);
+        if (!body)
+                return 0;
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = coved_lease_create(app, r->tenant, r->params[0], body, &out, &err);
+        json_decref(body);
+        return reply(r, rc, 201, out, &err);
+}
+
+int cove_h_lease_list_sbx(void *app, struct cove_req *r)
+{
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = coved_lease_list(app, r->tenant, r->params[0], &out, &err);
+        return reply(r, rc, 200, out, &err);
+}
+
+int cove_h_lease_list(void *app, struct cove_req *r)
+{
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = coved_lease_list(app, r->tenant, NULL, &out, &err);
+        return reply(r, rc, 200, out, &err);
+}
+
+static int answer_lease(void *app, struct cove_req *r, int approve)
+{
+        json_t *body = cove_req_json(r, 1);
+        if (!body)
+                return 0;
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = coved_lease_answer(app, r->tenant, r->params[0], approve, body, &out, &err);
+        json_decref(body);
+        return reply(r, rc, 200, out, &err);
+}
+
+int cove_h_lease_approve(void *app, struct cove_req *r)
+{
+        return answer_lease(app, r, 1);
+}
+
+int cove_h_lease_deny(void *app, struct cove_req *r)
+{
+        return answer_lease(app, r, 0);
+}
+
+int cove_h_lease_delete(void *app, struct cove_req *r)
+{
+        struct cove_err err;
+        if (coved_lease_delete(app, r->tenant, r->params[0], &err) < 0)
+                return cove_reply_err(r, &err);
+        return cove_reply_empty(r, 204);
 }
 
 int cove_h_egress_get(void *app, struct cove_req *r)

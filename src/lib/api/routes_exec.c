@@ -479,6 +479,13 @@ int cove_h_exec(void *app, struct cove_req *r)
         int wait = json_is_true(w);
         /* wait mode takes every event: hold the process so nothing is dropped unseen */
         int rc = cove_chan_exec_ex(c, req, tag, cmd_desc, wait, &pid, &err);
+        if (rc == 0) {
+                json_t *cmd = json_object_get(body, "cmd");
+                json_t *a0 = json_is_array(cmd) ? json_array_get(cmd, 0) : cmd;
+                coved_audit_control(d, r->tenant, r->params[0], "exec",
+                                    json_pack("{s:i, s:s}", "pid", (int)pid, "cmd",
+                                              json_is_string(a0) ? json_string_value(a0) : ""));
+        }
         json_decref(req);
         json_decref(cmd_desc);
         json_decref(body);

@@ -203,6 +203,9 @@ int cove_h_file_put(void *app, struct cove_req *r)
                 return cove_reply_err(r, &p->err);
         json_t *e = clean_entry(entry);
         json_decref(entry);
+        coved_audit_control(
+            d, r->tenant, r->params[0], "file.write",
+            json_pack("{s:s}", "path", cove_req_query(r, "path") ? cove_req_query(r, "path") : ""));
         return cove_reply_json(r, 200, e ? e : json_object());
 }
 

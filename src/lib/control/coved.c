@@ -14,6 +14,7 @@
 
 #include "api/e2b.h"
 #include "control/apikey.h"
+#include "control/secrets.h"
 #include "control/audit.h"
 #include "control/snapshot.h"
 #include "control/template.h"
@@ -168,6 +169,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .rt_alt_ops = &cove_runtime_vm,
             .on_dead = coved_on_instance_dead,
             .on_stop = coved_egress_on_stop,
+            .on_ask = coved_on_ask,
             .arg = d,
         };
         /* vm is the default where KVM gives it hardware isolation at full speed; under TCG

@@ -19,7 +19,9 @@ struct coved_egress_options {
         int nupstreams;
         const char *const *statics; /* "name=IP" */
         int nstatics;
-        int upstream_port; /* 0: 53 */
+        int upstream_port;   /* 0: 53 */
+        const char *ca_file; /* extra CA file upstreams of intercepted connections may chain
+                                to (--egress-ca-file; tests) */
 };
 
 /* Start the audit log and (when this host allows) the gateway. A gateway that cannot start
@@ -33,6 +35,14 @@ int coved_egress_validate(json_t *egress, struct cove_err *err);
  * writes /etc/resolv.conf inside. */
 int coved_egress_attach(struct coved *d, const char *tenant, const char *id, json_t *egress,
                         struct cove_err *err);
+/* Create-time check of the body's egress: valid, and every listed secret exists. */
+int coved_egress_create_check(struct coved *d, const char *tenant, json_t *egress,
+                              struct cove_err *err);
+/* Re-apply the stored policy (and leases) to the sandbox when it runs: after a resume,
+ * rewind or fork (a new instance: new link, CA re-installed), or a lease change. */
+int coved_egress_refresh(struct coved *d, const char *tenant, const char *id);
+/* A fork takes the policy of its source, with placeholders of its own and no leases. */
+int coved_egress_copy(struct coved *d, const char *tenant, const char *from, const char *to);
 /* PUT …/egress: validate, store, apply live (attaching a link if there is none yet).
  * *out: {"egress": policy, "address": …}. */
 int coved_egress_put(struct coved *d, const char *tenant, const char *id, json_t *body,
@@ -41,6 +51,10 @@ int coved_egress_get(struct coved *d, const char *tenant, const char *id, json_t
                      struct cove_err *err);
 /* The node stopped an instance: drop its link and connections. */
 void coved_egress_on_stop(void *arg, const char *id);
+/* A control signal (create, exec, file.write, pause, snapshot, resume, fork, rewind,
+ * delete) into the audit log: kind "control". detail handed over (NULL: {}). */
+void coved_audit_control(struct coved *d, const char *tenant, const char *sandbox,
+                         const char *action, json_t *detail);
 /* The sandbox is deleted: forget its policy. */
 void coved_egress_forget(struct coved *d, const char *id);
 

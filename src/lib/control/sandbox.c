@@ -13,6 +13,7 @@
 
 #include "control/coved.h"
 #include "control/egress.h"
+#include "control/secrets.h"
 #include "control/retention.h"
 #include "control/snapshot.h"
 #include "control/template.h"
@@ -209,7 +210,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         json_t *eg = json_object_get(body, "egress");
         if (eg && json_is_null(eg))
                 eg = NULL;
-        if (eg && coved_egress_validate(eg, err) < 0)
+        if (eg && coved_egress_create_check(d, tenant, eg, err) < 0)
                 return -1;
         json_t *meta = string_map(body, "metadata", MAX_META, 128, 1024, 0, err);
         if (!meta)
@@ -339,6 +340,9 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         pthread_mutex_unlock(&d->mu);
         cove_info(&d->log, "sandbox.create", "sandbox %s template %s tenant %s in %.2f ms (%s)",
                   s.id, s.template_name, tenant, (double)dt / 1e6, pooled ? "warm" : "cold");
+        coved_audit_control(
+            d, tenant, s.id, "create",
+            json_pack("{s:s, s:b}", "template", s.template_name, "egress", eg != NULL));
         *out = cove_sandbox_json(&s);
         cove_sandbox_row_clear(&s);
         return 0;
@@ -412,12 +416,14 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
         if (r == 1) /* a concurrent DELETE removed it first */
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
         coved_egress_forget(d, id);
+        coved_leases_forget(d, tenant, id);
         if (purge && cove_snapshot_purge_sandbox(d, tenant, id, err) < 0)
                 return cove_err_wrap(err, "sandbox %s deleted, but purging its snapshots", id);
         pthread_mutex_lock(&d->mu);
         d->m.deletes++;
         pthread_mutex_unlock(&d->mu);
         cove_info(&d->log, "sandbox.delete", "sandbox %s deleted", id);
+        coved_audit_control(d, tenant, id, "delete", json_pack("{s:b}", "purge", purge != 0));
         return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "control/egress.h"
 #include "control/retention.h"
 #include "control/template.h"
 #include <openssl/crypto.h>
@@ -388,6 +389,9 @@ captured:
                   s.sandbox_id, s.id, s.kind, rolling ? ", rolling" : "",
                   (unsigned long long)s.size_bytes, (unsigned long long)s.new_bytes,
                   (double)s.pause_us / 1000.0, (double)(cove_mono_ns() - t0) / 1e6);
+        if (!rolling)
+                coved_audit_control(d, s.tenant, s.sandbox_id, "snapshot",
+                                    json_pack("{s:s, s:s}", "snapshot", s.id, "kind", s.kind));
         if (out)
                 *out = s;
         return 0;
@@ -630,6 +634,7 @@ int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json
         row_set_error(&row, NULL);
         if ((r = row_write(d, &row, err)) < 0)
                 goto out;
+        coved_audit_control(d, row.tenant, id, "pause", json_pack("{s:s}", "snapshot", snap.id));
         cove_info(&d->log, "sandbox.pause", "sandbox %s paused at snapshot %s in %.1f ms", id,
                   snap.id, (double)(cove_mono_ns() - t0) / 1e6);
         *out = json_pack("{s:o, s:o}", "sandbox", cove_sandbox_json(&row), "snapshot",
@@ -728,6 +733,8 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         }
         wake_timer(d);
         cove_tm_kick(d);
+        coved_egress_refresh(d, row.tenant, id); /* a new instance: a new link */
+        coved_audit_control(d, row.tenant, id, "resume", json_pack("{s:s}", "snapshot", snap.id));
         cove_info(&d->log, "sandbox.resume",
                   "sandbox %s resumed from snapshot %s in %.1f ms (restore %.1f ms, start %.1f ms)",
                   id, snap.id, (double)(cove_mono_ns() - t0) / 1e6, (double)(t2 - t1) / 1e6,
@@ -809,6 +816,10 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                 goto out;
         wake_timer(d);
         cove_tm_kick(d);
+        coved_egress_refresh(d, row.tenant, id);
+        coved_audit_control(d, row.tenant, id, "rewind",
+                            json_pack("{s:s, s:o}", "snapshot", snap.id, "undo_snapshot",
+                                      undo.id[0] ? json_string(undo.id) : json_null()));
         cove_info(&d->log, "sandbox.rewind", "sandbox %s rewound to %s (undo: %s)", id, snap.id,
                   undo.id[0] ? undo.id : "none");
         *out = json_pack("{s:o, s:o}", "sandbox", cove_sandbox_json(&row), "undo_snapshot_id",
@@ -908,8 +919,13 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                         set_running(d, &s, snap.id);
                         r = row_write(d, &s, err);
                 }
-                if (r == 0)
+                if (r == 0) {
+                        coved_egress_copy(d, s.tenant, id, s.id);
+                        coved_audit_control(
+                            d, s.tenant, s.id, "fork",
+                            json_pack("{s:s, s:s}", "from", id, "snapshot", snap.id));
                         json_array_append_new(list, cove_sandbox_json(&s));
+                }
                 cove_sandbox_row_clear(&s);
                 if (r < 0)
                         break;

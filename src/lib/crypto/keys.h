@@ -33,6 +33,7 @@
 #define COVE_KEY_INFO_CHUNK_NAME "cove/v1/chunk-name"
 #define COVE_KEY_INFO_CHUNK_ENC "cove/v1/chunk-enc"
 #define COVE_KEY_INFO_MANIFEST_ENC "cove/v1/manifest-enc"
+#define COVE_KEY_INFO_SECRETS "cove/v1/secrets" /* AES-256-GCM key: egress secrets */
 #define COVE_KEY_INFO_DISK "cove/v1/disk"       /* vm disks (LUKS), per sandbox below */
 #define COVE_KEY_INFO_FSCRYPT "cove/v1/fscrypt" /* ns writable layers, per sandbox below */
 #define COVE_KEY_INFO_CHECK "cove/v1/key-check" /* record's check value (not a key) */

@@ -475,6 +475,9 @@ static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struc
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                              "channel: request with id 0");
                 return handle_req(g, f, err);
+        case COVE_F_ANSWER:
+                g_ask_answer(g, f->id, f->payload, f->len);
+                return 0;
         case COVE_F_DATA: {
                 bool handled = false;
                 if (g_write_data(g, f->id, f->flags, f->payload, f->len, &handled, err) < 0)
@@ -546,6 +549,7 @@ static void guest_free(struct cove_guest *g)
         g_procs_kill_all(g);
         g_writes_abort(g);
         g_watches_free(g);
+        g_ask_close(g);
         g_procs_sweep(g);
         cove_decoder_free(&g->dec);
         if (g->epfd >= 0)
@@ -567,7 +571,9 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                 return cove_err_set(err, ENOMEM, "guest");
         }
         g->chan = opts->channel_fd;
-        g->epfd = g->sigfd = g->rootfd = -1;
+        g->epfd = g->sigfd = g->rootfd = g->askfd = -1;
+        for (int i = 0; i < G_MAX_ASKS; i++)
+                g->asks[i].fd = -1;
         g->log = opts->log;
         g->pid1 = getpid() == 1;
         g->vm = opts->vm != 0;
@@ -621,6 +627,7 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                 cove_err_set(err, errno, "guest: epoll_ctl");
                 goto out;
         }
+        g_ask_open(g); /* best effort: without it the sandbox cannot ask */
         /* children that exited before we blocked SIGCHLD */
         if (g_reap(g, err) < 0)
                 goto out;
@@ -630,6 +637,7 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                 int64_t now = g_now_ms(), next = -1;
                 if (g_proc_timers(g, now, &next, err) < 0)
                         goto out;
+                g_ask_timers(g, now, &next);
                 int timeout = -1;
                 if (next >= 0)
                         timeout = next <= now ? 0 : (int)(next - now < 60000 ? next - now : 60000);
@@ -669,6 +677,9 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                                 break;
                         case GS_WATCH:
                                 r = g_watch_event(g, s, err);
+                                break;
+                        case GS_ASK:
+                                r = g_ask_accept(g, err);
                                 break;
                         }
                         if (r < 0)

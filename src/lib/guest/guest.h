@@ -24,6 +24,12 @@ struct cove_guest_opts {
  * started are killed (SIGKILL to their process groups) and reaped before it returns. */
 int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err);
 
+/* In-sandbox requests to the node (docs/guest-protocol.md, "Asks"). */
+#define COVE_ASK_SOCKET "cove-guest-ask" /* abstract unix socket name */
+#define COVE_ASK_MAX 4096                /* bytes of one request line */
+/* Client side (`cove-guest request-credential`): send one JSON line, get the answer line
+ * into out. 0 or -1 (out says why). */
+int cove_guest_ask(const char *line, char *out, size_t cap, int timeout_ms);
 /* vm sandboxes (vminit.c): as PID 1 of the initramfs, load the modules, switch to the root
  * disk, set up /dev, /proc, /sys and open the virtio-serial port (*chan_fd). */
 int cove_guest_vm_init(int *chan_fd, struct cove_err *err);

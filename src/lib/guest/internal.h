@@ -22,10 +22,11 @@
 #define G_PATH_MAX 4096                /* bytes in a request path */
 #define G_EXIT_GRACE_MS 200 /* after reap, how long to wait for pipes held by grandchildren */
 #define G_IO_BUF (64u * 1024u)
+#define G_MAX_ASKS 8 /* in-sandbox requests waiting for the node (ask.c) */
 
 /* What an epoll registration points at. Objects are freed only between epoll batches
  * (dead flag, swept after the batch), so a stale event never touches freed memory. */
-enum gsrc_kind { GS_CHAN = 1, GS_SIG, GS_OUT, GS_ERR, GS_IN, GS_WATCH };
+enum gsrc_kind { GS_CHAN = 1, GS_SIG, GS_OUT, GS_ERR, GS_IN, GS_WATCH, GS_ASK };
 struct gsrc {
         enum gsrc_kind kind;
         void *obj;
@@ -76,7 +77,23 @@ struct cove_guest {
         size_t watch_dirs; /* inotify watches over all watches */
         uint8_t iobuf[G_IO_BUF];
         uint8_t chunk[COVE_FRAME_CHUNK]; /* file reads */
+        int askfd; /* ask.c: listening socket of in-sandbox requests (-1: none) */
+        struct gsrc s_ask;
+        uint32_t ask_seq;
+        struct {
+                int fd;
+                uint32_t id;
+                int64_t deadline;
+        } asks[G_MAX_ASKS];
 };
+
+/* ask.c: in-sandbox requests to the node (ASK / ANSWER frames) */
+#define G_ASK_WAIT_MS 30000
+int g_ask_open(struct cove_guest *g);
+int g_ask_accept(struct cove_guest *g, struct cove_err *err);
+void g_ask_answer(struct cove_guest *g, uint32_t id, const uint8_t *p, size_t len);
+void g_ask_timers(struct cove_guest *g, int64_t now, int64_t *next);
+void g_ask_close(struct cove_guest *g);
 
 /* guest.c: replies. Each returns 0, or -1 with err when the channel write failed (fatal). */
 int g_send(struct cove_guest *g, uint8_t type, uint8_t flags, uint32_t id, const void *p,

@@ -208,6 +208,7 @@ static void *gw_main(void *arg)
                                 break;
                         }
                 }
+                proxy_reap(gw);
                 pthread_mutex_lock(&gw->mu);
                 int changed = gw->epoch != gw->seen_epoch;
                 gw->seen_epoch = gw->epoch;
@@ -220,8 +221,10 @@ static void *gw_main(void *arg)
                         dns_tick(gw, now);
                         proxy_tick(gw, now);
                 }
+                proxy_reap(gw);
         }
         proxy_close_all(gw);
+        proxy_reap(gw);
         dns_close_all(gw);
         return NULL;
 }
@@ -315,6 +318,12 @@ struct cove_gateway *cove_gateway_new(const struct cove_gateway_config *cfg, str
         gw_epoll(gw, EPOLL_CTL_ADD, gw->dns_tcp, EPOLLIN, &gw->ev_dns_tcp);
         gw_epoll(gw, EPOLL_CTL_ADD, gw->up_fd, EPOLLIN, &gw->ev_up);
         gw_epoll(gw, EPOLL_CTL_ADD, gw->proxy_fd, EPOLLIN, &gw->ev_proxy);
+        if (cfg->mitm_dir) {
+                gw->mitm = cove_mitm_open(cfg->mitm_dir, cfg->upstream_ca_file, err);
+                if (!gw->mitm)
+                        goto fail;
+        }
+        gw->cfg.mitm_dir = gw->cfg.upstream_ca_file = NULL; /* the caller's strings */
         gw->nft = cove_nft_open(cfg->table, gw->dns_port, gw->proxy_port, err);
         if (!gw->nft)
                 goto fail;
@@ -353,6 +362,7 @@ void cove_gateway_free(struct cove_gateway *gw)
                 free(s->pins);
         }
         cove_nft_close(gw->nft);
+        cove_mitm_free(gw->mitm);
         int fds[] = {gw->dns_udp, gw->dns_tcp, gw->proxy_fd, gw->up_fd, gw->epfd, gw->wake_fd};
         for (size_t i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
                 if (fds[i] >= 0)
@@ -503,6 +513,11 @@ void cove_gateway_detach(struct cove_gateway *gw, const char *sandbox_id)
         pthread_mutex_lock(&gw->mu);
         s->used = 0;
         pthread_mutex_unlock(&gw->mu);
+}
+
+const char *cove_gateway_ca_pem(struct cove_gateway *gw)
+{
+        return gw && gw->mitm ? cove_mitm_ca_pem(gw->mitm) : NULL;
 }
 
 void cove_gateway_stats(struct cove_gateway *gw, struct cove_gateway_stats *st)

@@ -14,6 +14,11 @@
  *     the destination must be pinned for that name for this sandbox (no connecting to one
  *     name's address while announcing another: no fronting by address), then bytes are
  *     copied both ways with bounded buffers and correct half-closes.
+ *   - A TLS connection to a name that a secret of the sandbox's policy (or lease) is bound
+ *     to is intercepted instead (net/mitm.h, net/http1.h): TLS terminated with a leaf of
+ *     the node CA, each HTTP/1.1 request checked (Host = SNI) and given the credential,
+ *     re-encrypted to the upstream, whose certificate must verify; every injection and
+ *     refusal is audited (secret names only).
  *   - Every proxy verdict and every DNS refusal goes to the audit callback.
  *   - A policy can be replaced live: open connections it no longer allows are closed.
  * Node-internal addresses (loopback, 0/8, the link pool, multicast) are never reachable,
@@ -55,6 +60,10 @@ struct cove_gateway_config {
         void (*audit)(void *arg, const char *tenant, const char *sandbox, const char *kind,
                       const char *action, const char *verdict, json_t *detail);
         void *arg;
+        /* TLS interception (net/mitm.h): the CA's directory (NULL: no interception, bound
+         * secrets are never injected) and an extra CA file upstreams may chain to. */
+        const char *mitm_dir;
+        const char *upstream_ca_file;
 };
 
 /* Start the resolver, proxy and rules. NULL with err when this host cannot (no nftables,
@@ -82,6 +91,10 @@ struct cove_gateway_stats {
         uint64_t dns_answers, dns_refused, bytes_up, bytes_down;
 };
 void cove_gateway_stats(struct cove_gateway *gw, struct cove_gateway_stats *st);
+
+/* The node CA (PEM) sandboxes must trust for intercepted connections; NULL when
+ * interception is off. */
+const char *cove_gateway_ca_pem(struct cove_gateway *gw);
 
 /* Parse "IP" and "name=IP" command-line values; 0 or -1. */
 int cove_gateway_parse_ip(const char *s, uint32_t *ip);

@@ -5,8 +5,12 @@
 #include <netinet/in.h>
 #include <pthread.h>
 
+#include <openssl/ssl.h>
+
 #include "net/dnsmsg.h"
 #include "net/gateway.h"
+#include "net/http1.h"
+#include "net/mitm.h"
 #include "net/nft.h"
 
 #define GW_PINS_MAX 1024       /* pinned (name, address) pairs per sandbox */
@@ -15,6 +19,8 @@
 #define GW_BUF 65536           /* proxy buffer per direction */
 #define GW_PEEK_MS 10000       /* time to announce a name */
 #define GW_CONNECT_MS 10000
+#define GW_TLS_BUF (256 * 1024) /* intercepted: bound of each BIO and plaintext buffer */
+#define GW_PIPE (256 * 1024)    /* spliced: pipe size per direction */
 
 enum ev_kind {
         EV_WAKE = 1,
@@ -88,10 +94,27 @@ struct xbuf {
         int shut; /* write side shut down */
 };
 
+/* An intercepted connection (proxy.c): TLS terminated on both sides through memory BIOs,
+ * so the gateway thread alone moves bytes between sockets and OpenSSL (never blocks). */
+struct mitm_conn {
+        SSL *cssl, *ussl; /* sandbox side (server role), upstream side (client role) */
+        BIO *crb, *cwb, *urb, *uwb;
+        int chs, uhs;               /* handshakes done */
+        int ceof, ueof;             /* TCP EOF seen */
+        int cdone, udone;           /* TLS close_notify seen */
+        int closing;                /* a refusal is being flushed to the sandbox; then close */
+        struct cove_bytes c2u, u2c; /* plaintext waiting for SSL_write */
+        struct cove_h1 h1;
+};
+
 struct pconn {
         struct ev cev, uev;
         int cfd, ufd;
-        enum { PC_PEEK, PC_CONNECTING, PC_SPLICE } state;
+        enum { PC_PEEK, PC_CONNECTING, PC_SPLICE, PC_TLS } state;
+        struct cove_gateway *gw;
+        int dead;      /* closed; freed after the current epoll batch */
+        int intercept; /* a bound secret applies: terminate TLS (PC_TLS after connect) */
+        struct mitm_conn *m;
         struct sbx_view v;
         uint32_t dst;   /* network order */
         uint16_t dport; /* host order */
@@ -99,6 +122,10 @@ struct pconn {
         const char *proto;
         char rule[COVE_POLICY_PATTERN_MAX];
         struct xbuf c2u, u2c;
+        /* PC_SPLICE through pipes (splice(2): bytes never enter user space); -1 when the
+         * pipes could not be made (then c2u/u2c copy) */
+        int pc[2], pu[2];
+        size_t nc, nu;         /* bytes sitting in each pipe */
         uint32_t cmask, umask; /* epoll interest registered */
         int64_t deadline_ms;
         struct pconn *next, *prev;
@@ -111,7 +138,8 @@ struct cove_gateway {
         struct slot *slots;
         int nslots, hint;
         struct cove_nft *nft;
-        char ifprefix[9]; /* "cv" + 6 characters of the table name: link names per coved */
+        struct cove_mitm *mitm; /* TLS interception (NULL: never intercept) */
+        char ifprefix[9];       /* "cv" + 6 characters of the table name: link names per coved */
         int dns_udp, dns_tcp, proxy_fd, up_fd, epfd, wake_fd;
         uint16_t dns_port, proxy_port;
         struct ev ev_wake, ev_dns_udp, ev_dns_tcp, ev_up, ev_proxy;
@@ -120,6 +148,7 @@ struct cove_gateway {
         uint64_t epoch, seen_epoch; /* policy/attach changes (under mu) */
         struct pending pending[GW_PENDING_MAX];
         struct pconn *conns;
+        struct pconn *dead; /* closed connections, freed after each epoll batch */
         struct dns_tcp *dtcp;
         struct cove_gateway_stats st;
 };
@@ -153,5 +182,6 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
 void proxy_tick(struct cove_gateway *gw, int64_t now);
 void proxy_recheck(struct cove_gateway *gw);
 void proxy_close_all(struct cove_gateway *gw);
+void proxy_reap(struct cove_gateway *gw); /* free the connections closed in this batch */
 
 #endif

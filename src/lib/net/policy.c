@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,48 @@ static int parse_list(json_t *j, const char *key, struct cove_rule **out, int *n
         return 0;
 }
 
+int cove_secret_name_valid(const char *name)
+{
+        size_t n = strlen(name);
+        if (n == 0 || n > COVE_SECRET_NAME_MAX || isdigit((unsigned char)name[0]))
+                return 0;
+        for (size_t i = 0; i < n; i++)
+                if (!isalnum((unsigned char)name[i]) && name[i] != '_')
+                        return 0;
+        return 1;
+}
+
+static int parse_secrets(json_t *j, struct cove_policy *p, struct cove_err *err)
+{
+        json_t *a = json_object_get(j, "secrets");
+        if (!a || json_is_null(a))
+                return 0;
+        size_t k = json_array_size(a);
+        if (!json_is_array(a) || k > COVE_POLICY_MAX_SECRETS)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "egress.secrets must be an array of at most %d secret names",
+                                     COVE_POLICY_MAX_SECRETS);
+        if (!k)
+                return 0;
+        p->secrets = calloc(k, sizeof(*p->secrets));
+        if (!p->secrets)
+                return cove_err_set(err, ENOMEM, "egress policy");
+        for (size_t i = 0; i < k; i++) {
+                const char *s = json_string_value(json_array_get(a, i));
+                if (!s || !cove_secret_name_valid(s))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "egress.secrets[%zu] must be a secret name "
+                                             "([A-Za-z_][A-Za-z0-9_]*, at most %d characters)",
+                                             i, COVE_SECRET_NAME_MAX);
+                int dup = 0;
+                for (int m = 0; m < p->nsecrets; m++)
+                        dup |= !strcmp(p->secrets[m], s);
+                if (!dup)
+                        snprintf(p->secrets[p->nsecrets++], sizeof(p->secrets[0]), "%s", s);
+        }
+        return 0;
+}
+
 struct cove_policy *cove_policy_parse(json_t *j, struct cove_err *err)
 {
         struct cove_policy *p = calloc(1, sizeof(*p));
@@ -189,14 +232,14 @@ struct cove_policy *cove_policy_parse(json_t *j, struct cove_err *err)
         json_t *v;
         json_object_foreach(j, k, v)
         {
-                if (strcmp(k, "allow") && strcmp(k, "deny")) {
+                if (strcmp(k, "allow") && strcmp(k, "deny") && strcmp(k, "secrets")) {
                         cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                      "egress: unknown field \"%.64s\" (allow, deny)", k);
+                                      "egress: unknown field \"%.64s\" (allow, deny, secrets)", k);
                         goto fail;
                 }
         }
         if (parse_list(j, "allow", &p->allow, &p->nallow, err) < 0 ||
-            parse_list(j, "deny", &p->deny, &p->ndeny, err) < 0)
+            parse_list(j, "deny", &p->deny, &p->ndeny, err) < 0 || parse_secrets(j, p, err) < 0)
                 goto fail;
         return p;
 fail:
@@ -212,7 +255,35 @@ json_t *cove_policy_json(const struct cove_policy *p)
                 json_array_append_new(a, json_string(p->allow[i].text));
         for (int i = 0; p && i < p->ndeny; i++)
                 json_array_append_new(d, json_string(p->deny[i].text));
-        return json_pack("{s:o, s:o}", "allow", a, "deny", d);
+        json_t *o = json_pack("{s:o, s:o}", "allow", a, "deny", d);
+        if (p && p->nsecrets) {
+                json_t *sa = json_array();
+                for (int i = 0; i < p->nsecrets; i++)
+                        json_array_append_new(sa, json_string(p->secrets[i]));
+                json_object_set_new(o, "secrets", sa);
+        }
+        return o;
+}
+
+void cove_injects_free(struct cove_inject *inj, int n)
+{
+        for (int i = 0; inj && i < n; i++) {
+                if (inj[i].value) {
+                        OPENSSL_cleanse(inj[i].value, strlen(inj[i].value));
+                        free(inj[i].value);
+                }
+                free(inj[i].format);
+        }
+        if (inj)
+                OPENSSL_cleanse(inj, (size_t)n * sizeof(*inj));
+        free(inj);
+}
+
+void cove_policy_set_injects(struct cove_policy *p, struct cove_inject *inj, int n)
+{
+        cove_injects_free(p->inj, p->ninj);
+        p->inj = inj;
+        p->ninj = n;
 }
 
 struct cove_policy *cove_policy_ref(struct cove_policy *p)
@@ -228,6 +299,8 @@ void cove_policy_unref(struct cove_policy *p)
                 return;
         free(p->allow);
         free(p->deny);
+        free(p->secrets);
+        cove_injects_free(p->inj, p->ninj);
         free(p);
 }
 
@@ -297,6 +370,23 @@ enum cove_verdict cove_policy_check_dns(const struct cove_policy *p, const char 
                         return COVE_ALLOW;
                 }
         return COVE_NOMATCH;
+}
+
+int cove_policy_injects_for(const struct cove_policy *p, const char *name, int64_t now_ms,
+                            const struct cove_inject **out, int max)
+{
+        int n = 0;
+        for (int i = 0; p && name && i < p->ninj && n < max; i++) {
+                const struct cove_inject *in = &p->inj[i];
+                if (in->expires_ms && in->expires_ms <= now_ms)
+                        continue;
+                for (int h = 0; h < in->nhosts; h++)
+                        if (name_match(&in->hosts[h], name)) {
+                                out[n++] = in;
+                                break;
+                        }
+        }
+        return n;
 }
 
 int cove_policy_names_addr(const struct cove_policy *p, uint32_t ip)

@@ -28,15 +28,39 @@ struct cove_rule {
         char text[COVE_POLICY_PATTERN_MAX]; /* the pattern as normalised, for audit */
 };
 
+#define COVE_POLICY_MAX_SECRETS 32
+#define COVE_SECRET_NAME_MAX 64 /* names: [A-Za-z_][A-Za-z0-9_]{0,63}, also env names */
+#define COVE_SECRET_HOSTS_MAX 32
+#define COVE_PLACEHOLDER_LEN 40 /* "cove_ph_" + 32 hex */
+
+/* One credential the proxy may inject for this sandbox (control/secrets.h builds them). The
+ * value lives only here, in the gateway's memory, and is wiped when the policy goes. */
+struct cove_inject {
+        char name[COVE_SECRET_NAME_MAX + 1];
+        struct cove_rule hosts[COVE_SECRET_HOSTS_MAX]; /* names and wildcards only */
+        int nhosts;
+        int placeholder; /* 1: replace the placeholder in the request head; 0: set header */
+        char header[65]; /* header mode: the header set (any client copy removed) */
+        char *format;    /* header mode: the header value, "{value}" replaced */
+        char ph[COVE_PLACEHOLDER_LEN + 1]; /* this sandbox's placeholder token */
+        char *value;                       /* the secret (NUL-terminated, no CR/LF/NUL inside) */
+        int64_t expires_ms; /* unix ms; 0 = while the policy lists it (a lease: its end) */
+        char lease[64];     /* the lease id when injected by a lease, else "" */
+};
+
 struct cove_policy {
         int refs;
         int nallow, ndeny;
         struct cove_rule *allow, *deny;
+        char (*secrets)[COVE_SECRET_NAME_MAX + 1]; /* names listed by "secrets" */
+        int nsecrets;
+        struct cove_inject *inj; /* set once before sharing (cove_policy_set_injects) */
+        int ninj;
 };
 
 enum cove_verdict { COVE_NOMATCH = 0, COVE_ALLOW, COVE_DENY };
 
-/* Parse {"allow":[…], "deny":[…]} (either list may be absent; other keys refused).
+/* Parse {"allow":[…], "deny":[…], "secrets":[names]} (any may be absent; other keys refused).
  * NULL or JSON null gives an empty policy (nothing allowed). Returns a policy with one
  * reference, or NULL with err (COVE_E_BAD_REQUEST naming the bad pattern). */
 struct cove_policy *cove_policy_parse(json_t *j, struct cove_err *err);
@@ -64,6 +88,17 @@ enum cove_verdict cove_policy_check_dns(const struct cove_policy *p, const char 
                                         const char **rule);
 /* Does an allow address rule contain ip (any port)? Private answers need one. */
 int cove_policy_names_addr(const struct cove_policy *p, uint32_t ip);
+
+/* 1 when name is a valid secret name. */
+int cove_secret_name_valid(const char *name);
+/* Hand the policy its injections (before it is shared; takes ownership of inj). */
+void cove_policy_set_injects(struct cove_policy *p, struct cove_inject *inj, int n);
+/* Injections that apply to a TLS connection announcing `name` at unix time now_ms: fills
+ * out (up to max) with pointers into p; returns how many. */
+int cove_policy_injects_for(const struct cove_policy *p, const char *name, int64_t now_ms,
+                            const struct cove_inject **out, int max);
+/* Wipe and free an injection array. */
+void cove_injects_free(struct cove_inject *inj, int n);
 
 /* Loopback, private, link-local, CGNAT, metadata, multicast, reserved: never a DNS answer
  * unless the policy names the address. */

@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/netfilter_ipv4.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -16,7 +17,23 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/err.h>
+#include <time.h>
+
 #include "net/sniff.h"
+
+static void mitm_free(struct mitm_conn *m)
+{
+        if (!m)
+                return;
+        SSL_free(m->cssl); /* frees its BIOs */
+        SSL_free(m->ussl);
+        cove_bytes_free(&m->c2u);
+        cove_bytes_free(&m->u2c);
+        OPENSSL_cleanse(&m->h1, sizeof(m->h1));
+        free(m);
+        ERR_clear_error();
+}
 
 static void pc_free(struct cove_gateway *gw, struct pconn *c, int reset)
 {
@@ -29,6 +46,10 @@ static void pc_free(struct cove_gateway *gw, struct pconn *c, int reset)
         close(c->cfd);
         if (c->ufd >= 0)
                 close(c->ufd);
+        int pfd[] = {c->pc[0], c->pc[1], c->pu[0], c->pu[1]};
+        for (int i = 0; i < 4; i++)
+                if (pfd[i] >= 0)
+                        close(pfd[i]);
         if (c->prev)
                 c->prev->next = c->next;
         else
@@ -36,10 +57,26 @@ static void pc_free(struct cove_gateway *gw, struct pconn *c, int reset)
         if (c->next)
                 c->next->prev = c->prev;
         gw_view_release(&c->v);
+        mitm_free(c->m);
+        c->m = NULL;
         free(c->c2u.b);
         free(c->u2c.b);
-        free(c);
+        c->c2u.b = c->u2c.b = NULL;
+        /* the rest waits for the end of the epoll batch: an event of the other fd of this
+         * connection may still be in it (proxy_reap) */
+        c->dead = 1;
+        c->next = gw->dead;
+        gw->dead = c;
         __atomic_fetch_sub(&gw->st.conns_open, 1, __ATOMIC_RELAXED);
+}
+
+void proxy_reap(struct cove_gateway *gw)
+{
+        while (gw->dead) {
+                struct pconn *c = gw->dead;
+                gw->dead = c->next;
+                free(c);
+        }
 }
 
 static json_t *detail(const struct pconn *c, const char *reason)
@@ -52,6 +89,8 @@ static json_t *detail(const struct pconn *c, const char *reason)
         if (c->name[0])
                 json_object_set_new(d, c->proto && !strcmp(c->proto, "http") ? "host" : "sni",
                                     json_string(c->name));
+        if (c->intercept)
+                json_object_set_new(d, "intercept", json_true());
         if (reason)
                 json_object_set_new(d, "reason", json_string(reason));
         return d;
@@ -79,6 +118,25 @@ static void update(struct cove_gateway *gw, struct pconn *c)
                 cm = EPOLLIN;
         } else if (c->state == PC_CONNECTING) {
                 um = EPOLLOUT;
+        } else if (c->state == PC_TLS) {
+                struct mitm_conn *m = c->m;
+                if (!m->ceof && !m->closing && BIO_ctrl_pending(m->crb) < GW_TLS_BUF)
+                        cm |= EPOLLIN;
+                if (BIO_ctrl_pending(m->cwb))
+                        cm |= EPOLLOUT;
+                if (c->ufd >= 0 && !m->ueof && BIO_ctrl_pending(m->urb) < GW_TLS_BUF)
+                        um |= EPOLLIN;
+                if (c->ufd >= 0 && BIO_ctrl_pending(m->uwb))
+                        um |= EPOLLOUT;
+        } else if (c->pc[0] >= 0) { /* spliced */
+                if (!c->c2u.eof && !c->c2u.len && c->nc < GW_PIPE)
+                        cm |= EPOLLIN;
+                if (c->nu)
+                        cm |= EPOLLOUT;
+                if (!c->u2c.eof && c->nu < GW_PIPE)
+                        um |= EPOLLIN;
+                if (c->nc || c->c2u.len)
+                        um |= EPOLLOUT;
         } else {
                 if (!c->c2u.eof && c->c2u.off + c->c2u.len < GW_BUF)
                         cm |= EPOLLIN;
@@ -117,6 +175,310 @@ static void start_connect(struct cove_gateway *gw, struct pconn *c)
         c->umask = EPOLLOUT;
         gw_epoll(gw, EPOLL_CTL_ADD, c->ufd, EPOLLOUT, &c->uev);
         update(gw, c);
+}
+
+static int64_t wall_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- interception (PC_TLS) ---- */
+
+static int h1_injects(void *arg, const struct cove_inject **out, int max)
+{
+        struct pconn *c = arg;
+        return cove_policy_injects_for(c->v.policy, c->name, wall_ms(), out, max);
+}
+
+static void h1_done(void *arg, const char *method, const char *target,
+                    const struct cove_inject *const *applied, int n)
+{
+        struct pconn *c = arg;
+        (void)target; /* may carry anything: not audited */
+        for (int i = 0; i < n; i++) {
+                json_t *d = detail(c, NULL);
+                json_object_set_new(d, "secret", json_string(applied[i]->name));
+                json_object_set_new(d, "method", json_string(method));
+                if (applied[i]->lease[0])
+                        json_object_set_new(d, "lease", json_string(applied[i]->lease));
+                gw_audit(c->gw, &c->v, "egress", "inject", "allow", d);
+        }
+}
+
+static BIO *mem_bio(void)
+{
+        BIO *b = BIO_new(BIO_s_mem());
+        if (b)
+                BIO_set_mem_eof_return(b, -1); /* empty = retry, not EOF */
+        return b;
+}
+
+/* Both sides' TLS objects; the ClientHello already read goes to the sandbox side. */
+static int tls_begin(struct cove_gateway *gw, struct pconn *c)
+{
+        struct mitm_conn *m = calloc(1, sizeof(*m));
+        if (!m)
+                return -1;
+        c->m = m;
+        m->cssl = cove_mitm_client_ssl(gw->mitm, c->name);
+        m->ussl = cove_mitm_upstream_ssl(gw->mitm, c->name);
+        m->crb = mem_bio();
+        m->cwb = mem_bio();
+        m->urb = mem_bio();
+        m->uwb = mem_bio();
+        if (!m->cssl || !m->ussl || !m->crb || !m->cwb || !m->urb || !m->uwb) {
+                BIO_free(m->crb);
+                BIO_free(m->cwb);
+                BIO_free(m->urb);
+                BIO_free(m->uwb);
+                return -1;
+        }
+        SSL_set_bio(m->cssl, m->crb, m->cwb);
+        SSL_set_bio(m->ussl, m->urb, m->uwb);
+        if (c->c2u.len && BIO_write(m->crb, c->c2u.b + c->c2u.off, (int)c->c2u.len) <= 0)
+                return -1;
+        c->c2u.off = c->c2u.len = 0;
+        cove_h1_init(&m->h1, c->name, c->dport, h1_injects, h1_done, c);
+        c->state = PC_TLS;
+        return 0;
+}
+
+/* socket → read BIO: 1 moved, 0 nothing, -1 error; EOF sets *eof */
+static int sock_in(int fd, BIO *rb, int *eof, uint64_t *ctr)
+{
+        if (*eof || fd < 0 || BIO_ctrl_pending(rb) >= GW_TLS_BUF)
+                return 0;
+        uint8_t buf[16384];
+        ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n == 0) {
+                *eof = 1;
+                return 1;
+        }
+        if (n < 0)
+                return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+        __atomic_fetch_add(ctr, (uint64_t)n, __ATOMIC_RELAXED);
+        return BIO_write(rb, buf, (int)n) == n ? 1 : -1;
+}
+
+/* write BIO → socket */
+static int sock_out(int fd, BIO *wb)
+{
+        if (fd < 0)
+                return 0;
+        int moved = 0;
+        for (;;) {
+                char *p;
+                long n = BIO_get_mem_data(wb, &p);
+                if (n <= 0)
+                        return moved;
+                ssize_t s = send(fd, p, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (s < 0)
+                        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? moved
+                                                                                         : -1;
+                uint8_t scratch[16384];
+                for (ssize_t left = s; left > 0;) {
+                        int k = BIO_read(wb, scratch,
+                                         (int)(left < (ssize_t)sizeof(scratch)
+                                                   ? left
+                                                   : (ssize_t)sizeof(scratch)));
+                        if (k <= 0)
+                                return -1;
+                        left -= k;
+                }
+                moved = 1;
+                if (s < n)
+                        return moved;
+        }
+}
+
+/* SSL_read into a plaintext buffer while it has room: 1 moved, 0 nothing, -1 error;
+ * close_notify sets *done */
+static int ssl_in(SSL *s, struct cove_bytes *to, int *done)
+{
+        int moved = 0;
+        uint8_t buf[16384];
+        while (!*done && to->len < GW_TLS_BUF) {
+                int r = SSL_read(s, buf, sizeof(buf));
+                if (r > 0) {
+                        if (cove_bytes_add(to, buf, (size_t)r) < 0)
+                                return -1;
+                        moved = 1;
+                        continue;
+                }
+                int e = SSL_get_error(s, r);
+                if (e == SSL_ERROR_ZERO_RETURN) {
+                        *done = 1;
+                        return 1;
+                }
+                return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? moved : -1;
+        }
+        return moved;
+}
+
+static int ssl_out(SSL *s, BIO *wb, struct cove_bytes *from)
+{
+        if (!from->len || BIO_ctrl_pending(wb) >= GW_TLS_BUF)
+                return 0;
+        int r = SSL_write(s, from->b, (int)(from->len > 65536 ? 65536 : from->len));
+        if (r > 0) {
+                cove_bytes_consume(from, (size_t)r);
+                return 1;
+        }
+        int e = SSL_get_error(s, r);
+        return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? 0 : -1;
+}
+
+static int handshake(SSL *s, int *done)
+{
+        if (*done)
+                return 0;
+        int r = SSL_do_handshake(s);
+        if (r == 1) {
+                *done = 1;
+                return 1;
+        }
+        int e = SSL_get_error(s, r);
+        return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? 0 : -1;
+}
+
+/* Refuse the current request: audit, answer the sandbox, drop the upstream, close once
+ * the answer is out. */
+static void refuse(struct cove_gateway *gw, struct pconn *c, int status, const char *why)
+{
+        struct mitm_conn *m = c->m;
+        json_t *d = detail(c, why);
+        json_object_set_new(d, "status", json_integer(status));
+        gw_audit(gw, &c->v, "egress", "inject", "deny", d);
+        const char *text = status == 421   ? "Misdirected Request"
+                           : status == 415 ? "Unsupported Media Type"
+                           : status == 431 ? "Request Header Fields Too Large"
+                           : status == 501 ? "Not Implemented"
+                                           : "Bad Request";
+        char resp[768];
+        int n = snprintf(resp, sizeof(resp),
+                         "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                         "Content-Length: %zu\r\n\r\ncove egress: %s\n",
+                         status, text, strlen(why) + 14, why);
+        cove_bytes_consume(&m->u2c, m->u2c.len);
+        cove_bytes_consume(&m->c2u, m->c2u.len);
+        if (n > 0 && (size_t)n < sizeof(resp))
+                SSL_write(m->cssl, resp, n);
+        SSL_shutdown(m->cssl);
+        m->closing = 1;
+        if (c->ufd >= 0) {
+                struct linger l = {1, 0};
+                setsockopt(c->ufd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+                close(c->ufd);
+                c->ufd = -1;
+                c->umask = 0;
+        }
+}
+
+static void tls_fail(struct cove_gateway *gw, struct pconn *c, const char *why)
+{
+        json_t *d = detail(c, why);
+        gw_audit(gw, &c->v, "egress", "close", "deny", d);
+        pc_free(gw, c, 1);
+}
+
+static void tls_pump(struct cove_gateway *gw, struct pconn *c)
+{
+        struct mitm_conn *m = c->m;
+        for (int round = 0; round < 64; round++) {
+                int prog = 0, r;
+                if ((r = sock_in(c->cfd, m->crb, &m->ceof, &gw->st.bytes_up)) < 0)
+                        goto reset;
+                prog |= r;
+                if ((r = sock_in(c->ufd, m->urb, &m->ueof, &gw->st.bytes_down)) < 0)
+                        goto reset;
+                prog |= r;
+                if (!m->closing) {
+                        if ((r = handshake(m->cssl, &m->chs)) < 0) {
+                                tls_fail(gw, c,
+                                         "TLS handshake with the sandbox failed (does it "
+                                         "trust the node CA?)");
+                                return;
+                        }
+                        prog |= r;
+                        if ((r = handshake(m->ussl, &m->uhs)) < 0) {
+                                long v = SSL_get_verify_result(m->ussl);
+                                char why[256];
+                                snprintf(why, sizeof(why), "upstream TLS handshake failed%s%s",
+                                         v != X509_V_OK ? ": certificate not verified: " : "",
+                                         v != X509_V_OK ? X509_verify_cert_error_string(v) : "");
+                                tls_fail(gw, c, why);
+                                return;
+                        }
+                        prog |= r;
+                }
+                if (m->chs && m->uhs && !m->closing) {
+                        /* sandbox → upstream, request by request */
+                        uint8_t buf[16384];
+                        while (!m->cdone && m->c2u.len < GW_TLS_BUF) {
+                                int k = SSL_read(m->cssl, buf, sizeof(buf));
+                                if (k <= 0) {
+                                        int e = SSL_get_error(m->cssl, k);
+                                        if (e == SSL_ERROR_ZERO_RETURN)
+                                                m->cdone = 1;
+                                        else if (e != SSL_ERROR_WANT_READ &&
+                                                 e != SSL_ERROR_WANT_WRITE)
+                                                goto reset;
+                                        break;
+                                }
+                                const char *why = "";
+                                int st = cove_h1_feed(&m->h1, buf, (size_t)k, &m->c2u, &why);
+                                OPENSSL_cleanse(buf, (size_t)k);
+                                if (st < 0)
+                                        goto reset;
+                                if (st > 0) {
+                                        refuse(gw, c, st, why);
+                                        prog = 1;
+                                        break;
+                                }
+                                prog = 1;
+                        }
+                        if (!m->closing) {
+                                if ((r = ssl_out(m->ussl, m->uwb, &m->c2u)) < 0)
+                                        goto reset;
+                                prog |= r;
+                                if ((r = ssl_in(m->ussl, &m->u2c, &m->udone)) < 0)
+                                        goto reset;
+                                prog |= r;
+                                if ((r = ssl_out(m->cssl, m->cwb, &m->u2c)) < 0)
+                                        goto reset;
+                                prog |= r;
+                        }
+                }
+                if ((r = sock_out(c->cfd, m->cwb)) < 0)
+                        goto reset;
+                prog |= r;
+                if (!m->closing && (r = sock_out(c->ufd, m->uwb)) < 0)
+                        goto reset;
+                prog |= r;
+                if (!prog)
+                        break;
+        }
+        /* endings */
+        if (m->closing) {
+                if (!BIO_ctrl_pending(m->cwb) || m->ceof)
+                        pc_free(gw, c, 0);
+                else
+                        update(gw, c);
+                return;
+        }
+        int up_over = (m->udone || (m->ueof && !BIO_ctrl_pending(m->urb))) && !m->u2c.len &&
+                      !BIO_ctrl_pending(m->cwb);
+        int cl_over = m->cdone || (m->ceof && !BIO_ctrl_pending(m->crb));
+        if (up_over || cl_over || ((m->ueof) && !m->uhs)) {
+                pc_free(gw, c, 0);
+                return;
+        }
+        update(gw, c);
+        return;
+reset:
+        pc_free(gw, c, 1);
 }
 
 /* Decide on what the client announced (c2u holds its first bytes). */
@@ -177,6 +539,10 @@ static void on_peek(struct cove_gateway *gw, struct pconn *c)
                      "for that name");
                 return;
         }
+        const struct cove_inject *inj[1];
+        if (p == COVE_PROTO_TLS && gw->mitm &&
+            cove_policy_injects_for(c->v.policy, c->name, wall_ms(), inj, 1) > 0)
+                c->intercept = 1;
         start_connect(gw, c);
 }
 
@@ -215,8 +581,65 @@ static int do_write(int fd, struct xbuf *x)
         return 0;
 }
 
+/* One direction through its pipe: src → pipe → dst; EOF on src becomes shutdown(SHUT_WR)
+ * on dst once the pipe is empty. -1 on an error. */
+static int splice_dir(int src, int dst, int p[2], size_t *inpipe, struct xbuf *x, uint64_t *ctr)
+{
+        for (int round = 0; round < 16; round++) {
+                int moved = 0;
+                if (!x->eof && !x->len && *inpipe < GW_PIPE) {
+                        ssize_t n = splice(src, NULL, p[1], NULL, GW_PIPE - *inpipe,
+                                           SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+                        if (n == 0) {
+                                x->eof = 1;
+                        } else if (n > 0) {
+                                *inpipe += (size_t)n;
+                                __atomic_fetch_add(ctr, (uint64_t)n, __ATOMIC_RELAXED);
+                                moved = 1;
+                        } else if (errno != EAGAIN && errno != EINTR) {
+                                return -1;
+                        }
+                }
+                if (*inpipe) {
+                        ssize_t n = splice(p[0], NULL, dst, NULL, *inpipe,
+                                           SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+                        if (n > 0) {
+                                *inpipe -= (size_t)n;
+                                moved = 1;
+                        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+                                return -1;
+                        }
+                }
+                if (!moved)
+                        break;
+        }
+        if (x->eof && !*inpipe && !x->len && !x->shut) {
+                shutdown(dst, SHUT_WR);
+                x->shut = 1;
+        }
+        return 0;
+}
+
+static void splice_begin(struct pconn *c)
+{
+        if (pipe2(c->pc, O_NONBLOCK | O_CLOEXEC) < 0) {
+                c->pc[0] = c->pc[1] = -1;
+                return;
+        }
+        if (pipe2(c->pu, O_NONBLOCK | O_CLOEXEC) < 0) {
+                close(c->pc[0]);
+                close(c->pc[1]);
+                c->pc[0] = c->pc[1] = c->pu[0] = c->pu[1] = -1;
+                return;
+        }
+        fcntl(c->pc[1], F_SETPIPE_SZ, GW_PIPE);
+        fcntl(c->pu[1], F_SETPIPE_SZ, GW_PIPE);
+}
+
 void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events)
 {
+        if (c->dead)
+                return;
         if (c->state == PC_PEEK) {
                 if (up)
                         return;
@@ -240,8 +663,39 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
                         pc_free(gw, c, 1);
                         return;
                 }
+                if (c->intercept) {
+                        if (tls_begin(gw, c) < 0) {
+                                pc_free(gw, c, 1);
+                                return;
+                        }
+                        tls_pump(gw, c);
+                        return;
+                }
                 c->state = PC_SPLICE;
+                splice_begin(c);
                 events = EPOLLOUT; /* flush what the client sent while we decided */
+        }
+        if (c->state == PC_SPLICE && c->pc[0] >= 0) {
+                /* the bytes read while deciding go first, by copy; then the pipes */
+                int bad = c->c2u.len && do_write(c->ufd, &c->c2u) < 0;
+                bad =
+                    bad || splice_dir(c->cfd, c->ufd, c->pc, &c->nc, &c->c2u, &gw->st.bytes_up) < 0;
+                bad = bad ||
+                      splice_dir(c->ufd, c->cfd, c->pu, &c->nu, &c->u2c, &gw->st.bytes_down) < 0;
+                if (bad) {
+                        pc_free(gw, c, 1);
+                        return;
+                }
+                if (c->c2u.shut && c->u2c.shut) {
+                        pc_free(gw, c, 0);
+                        return;
+                }
+                update(gw, c);
+                return;
+        }
+        if (c->state == PC_TLS) {
+                tls_pump(gw, c);
+                return;
         }
         int bad = 0;
         if (!up) {
@@ -298,6 +752,8 @@ void proxy_on_accept(struct cove_gateway *gw)
                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
                 c->cfd = fd;
                 c->ufd = -1;
+                c->pc[0] = c->pc[1] = c->pu[0] = c->pu[1] = -1;
+                c->gw = gw;
                 c->v = v;
                 c->dst = dst.sin_addr.s_addr;
                 c->dport = ntohs(dst.sin_port);

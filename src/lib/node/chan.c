@@ -3,6 +3,8 @@
  * change (few waiters per channel, so a shared one is simpler than per-object ones). */
 #include "node/chan.h"
 
+#include "net/policy.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -109,6 +111,8 @@ struct cove_chan {
         struct cove_watch *watches;
         int nwatches;
         int rx_paused;
+        struct cove_ask asks[COVE_CHAN_MAX_ASKS]; /* validated, not yet handed out */
+        int nasks;
         void (*rx_notify)(void *arg, struct cove_chan *c);
         void *rx_arg;
 };
@@ -217,6 +221,8 @@ void cove_chan_unref(struct cove_chan *c)
                 c->procs = n;
         }
         /* watches hold a ref, so none is left here */
+        for (int i = 0; i < c->nasks; i++)
+                json_decref(c->asks[i].ask);
         cove_decoder_free(&c->dec);
         if (c->fd >= 0)
                 close(c->fd);
@@ -538,6 +544,40 @@ static void on_exec_ok(struct cove_chan *c, struct pending *pd, json_t *resp)
         pd->pid = pid;
 }
 
+/* An ASK payload as the control plane gets it: {"op":"request-credential", "secret",
+ * "reason", "ttl_s"} with every field checked, or {"error": why}. */
+static json_t *ask_check(const uint8_t *p, uint32_t len)
+{
+        json_error_t je;
+        json_t *j = json_loadb((const char *)p, len, JSON_REJECT_DUPLICATES, &je);
+        const char *why = NULL;
+        const char *op = json_string_value(json_object_get(j, "op"));
+        const char *secret = json_string_value(json_object_get(j, "secret"));
+        json_t *rj = json_object_get(j, "reason"), *tj = json_object_get(j, "ttl_s");
+        const char *reason = rj ? json_string_value(rj) : "";
+        if (!json_is_object(j))
+                why = "a request is one JSON object";
+        else if (!op || strcmp(op, "request-credential"))
+                why = "unknown request (request-credential)";
+        else if (!secret || !cove_secret_name_valid(secret))
+                why = "secret must be a secret name ([A-Za-z_][A-Za-z0-9_]*, at most 64)";
+        else if (rj && (!json_is_string(rj) || json_string_length(rj) > 1024 ||
+                        strlen(reason) != json_string_length(rj)))
+                why = "reason must be a string of at most 1024 bytes";
+        else if (tj && (!json_is_integer(tj) || json_integer_value(tj) < 1 ||
+                        json_integer_value(tj) > 7 * 24 * 3600))
+                why = "ttl_s must be an integer from 1 to 604800";
+        for (const char *q = reason; !why && q && *q; q++)
+                if ((unsigned char)*q < 0x20 || *q == 0x7f)
+                        why = "reason must not hold control characters";
+        json_t *out =
+            why ? json_pack("{s:s}", "error", why)
+                : json_pack("{s:s, s:s, s:s, s:I}", "op", op, "secret", secret, "reason", reason,
+                            "ttl_s", (json_int_t)(tj ? json_integer_value(tj) : 3600));
+        json_decref(j);
+        return out;
+}
+
 /* Returns -1 on a protocol violation. Called with c->mu held. */
 static int dispatch(struct cove_chan *c, const struct cove_frame *f)
 {
@@ -683,9 +723,47 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                 json_decref(j);
                 return ok ? 0 : -1;
         }
+        case COVE_F_ASK: {
+                /* a sandbox program's request, relayed: hostile bytes, bounded and checked;
+                 * more than COVE_CHAN_MAX_ASKS waiting are dropped (the asker times out) */
+                if (f->len > 4096 || c->nasks >= COVE_CHAN_MAX_ASKS)
+                        return 0;
+                struct cove_ask *a = &c->asks[c->nasks];
+                a->id = f->id;
+                a->ask = ask_check(f->payload, f->len);
+                if (a->ask)
+                        c->nasks++;
+                return 0;
+        }
         default: /* HELLO after the handshake, or a REQ from the guest */
                 return -1;
         }
+}
+
+int cove_chan_take_asks(struct cove_chan *c, struct cove_ask *out, int max)
+{
+        pthread_mutex_lock(&c->mu);
+        int n = c->nasks < max ? c->nasks : max;
+        memcpy(out, c->asks, (size_t)n * sizeof(*out));
+        memmove(c->asks, c->asks + n, (size_t)(c->nasks - n) * sizeof(*out));
+        c->nasks -= n;
+        pthread_mutex_unlock(&c->mu);
+        return n;
+}
+
+int cove_chan_answer(struct cove_chan *c, uint32_t id, json_t *answer, struct cove_err *err)
+{
+        char *s = json_dumps(answer, JSON_COMPACT);
+        if (!s)
+                return cove_err_set(err, ENOMEM, "answer");
+        int r = send_frame(c, COVE_F_ANSWER, 0, id, s, (uint32_t)strlen(s), err);
+        free(s);
+        return r;
+}
+
+const char *cove_chan_sandbox(const struct cove_chan *c)
+{
+        return c->sandbox_id;
 }
 
 int cove_chan_on_readable(struct cove_chan *c)

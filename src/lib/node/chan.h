@@ -23,6 +23,19 @@ struct cove_chan;
 struct cove_chan *cove_chan_new(int fd, const char *sandbox_id, const struct cove_log *log,
                                 struct cove_err *err);
 void cove_chan_ref(struct cove_chan *c);
+const char *cove_chan_sandbox(const struct cove_chan *c);
+
+/* Requests of sandbox programs relayed by the guest (ASK frames, docs/guest-protocol.md):
+ * validated JSON ({"op", "secret", "reason", "ttl_s"} or {"error"}), at most
+ * COVE_CHAN_MAX_ASKS waiting per channel. take moves them out (the caller owns ask);
+ * answer sends the ANSWER frame. */
+#define COVE_CHAN_MAX_ASKS 4
+struct cove_ask {
+        uint32_t id;
+        json_t *ask;
+};
+int cove_chan_take_asks(struct cove_chan *c, struct cove_ask *out, int max);
+int cove_chan_answer(struct cove_chan *c, uint32_t id, json_t *answer, struct cove_err *err);
 void cove_chan_unref(struct cove_chan *c);
 int cove_chan_fd(const struct cove_chan *c);
 

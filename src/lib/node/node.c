@@ -194,14 +194,32 @@ static void *io_main(void *arg)
                 }
                 /* on_dead stops the instance, which takes io_mu: call it after unlocking */
                 char dead[64][64];
-                int pooled[64];
+                int pooled[64] = {0};
                 int ndead = 0;
+                struct {
+                        struct cove_chan *c;
+                        struct cove_ask a;
+                } asked[16];
+                int nasked = 0;
                 pthread_mutex_lock(&n->io_mu);
                 for (int i = 0; i < k; i++) {
                         struct cove_chan *c = evs[i].data.ptr;
                         if (!c)
                                 continue; /* wake_fd */
                         int r = cove_chan_on_readable(c);
+                        if (r == 0 && nasked < 16) {
+                                struct cove_ask a[COVE_CHAN_MAX_ASKS];
+                                int na = cove_chan_take_asks(c, a, COVE_CHAN_MAX_ASKS);
+                                for (int j = 0; j < na; j++) {
+                                        if (nasked < 16) {
+                                                cove_chan_ref(c);
+                                                asked[nasked].c = c;
+                                                asked[nasked++].a = a[j];
+                                        } else {
+                                                json_decref(a[j].ask);
+                                        }
+                                }
+                        }
                         if (r == 0 && cove_chan_rx_paused(c)) {
                                 struct epoll_event ev = {.events = 0, .data.ptr = c};
                                 epoll_ctl(n->epfd, EPOLL_CTL_MOD, cove_chan_fd(c), &ev);
@@ -222,6 +240,19 @@ static void *io_main(void *arg)
                         }
                 }
                 pthread_mutex_unlock(&n->io_mu);
+                for (int i = 0; i < nasked; i++) {
+                        json_t *ans = n->cfg.on_ask
+                                          ? n->cfg.on_ask(n->cfg.arg, cove_chan_sandbox(asked[i].c),
+                                                          asked[i].a.ask)
+                                          : json_pack("{s:b, s:s}", "ok", 0, "message",
+                                                      "this node takes no requests");
+                        struct cove_err e;
+                        if (ans)
+                                cove_chan_answer(asked[i].c, asked[i].a.id, ans, &e);
+                        json_decref(ans);
+                        json_decref(asked[i].a.ask);
+                        cove_chan_unref(asked[i].c);
+                }
                 for (int i = 0; i < ndead; i++) {
                         if (pooled[i]) { /* nobody owns it yet: just clear it away */
                                 struct cove_err e;

@@ -32,6 +32,10 @@ struct cove_node_config {
         /* Called after cove_node_stop() ended an instance (any reason), so node services
          * tied to it (the egress link) go too. May be NULL. */
         void (*on_stop)(void *arg, const char *sandbox_id);
+        /* A sandbox program's request relayed by its guest (node/chan.h cove_ask: checked
+         * JSON); returns the answer (new reference) sent back. Called on the node's I/O
+         * thread, outside its locks. May be NULL (every ask is refused). */
+        json_t *(*on_ask)(void *arg, const char *sandbox_id, json_t *ask);
         void *arg;
 };
 

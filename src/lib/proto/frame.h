@@ -16,15 +16,17 @@
 #define COVE_FRAME_CHUNK (256u * 1024u) /* payload size senders use for bulk data */
 
 enum cove_frame_type {
-        COVE_F_HELLO = 1, /* handshake, JSON, both directions, id 0 */
-        COVE_F_REQ = 2,   /* node->guest request, JSON {"op":...}, id = request id (>0) */
-        COVE_F_RESP = 3,  /* guest->node reply, JSON, id = request id */
-        COVE_F_DATA = 4,  /* bulk bytes: file content (both ways, id = request id) or
-                             stdin (node->guest, id = pid) */
-        COVE_F_OUT = 5,   /* guest->node process output, id = pid, flags = stream */
-        COVE_F_EXIT = 6,  /* guest->node process ended, JSON, id = pid */
-        COVE_F_EVENT = 7, /* guest->node watch event, JSON, id = watch request id */
-        COVE_F_MAX_TYPE = 7,
+        COVE_F_HELLO = 1,  /* handshake, JSON, both directions, id 0 */
+        COVE_F_REQ = 2,    /* node->guest request, JSON {"op":...}, id = request id (>0) */
+        COVE_F_RESP = 3,   /* guest->node reply, JSON, id = request id */
+        COVE_F_DATA = 4,   /* bulk bytes: file content (both ways, id = request id) or
+                              stdin (node->guest, id = pid) */
+        COVE_F_OUT = 5,    /* guest->node process output, id = pid, flags = stream */
+        COVE_F_EXIT = 6,   /* guest->node process ended, JSON, id = pid */
+        COVE_F_EVENT = 7,  /* guest->node watch event, JSON, id = watch request id */
+        COVE_F_ASK = 8,    /* guest->node request from a sandbox program, JSON, id = ask id */
+        COVE_F_ANSWER = 9, /* node->guest answer to an ASK, JSON, id = ask id */
+        COVE_F_MAX_TYPE = 9,
 };
 
 /* flags */

@@ -97,6 +97,9 @@ struct cove_audit_row {
         char hash[65];      /* hex SHA-256(prev_hash || canonical event) */
 };
 typedef int (*cove_audit_cb)(const struct cove_audit_row *row, void *arg); /* <0 stops */
+/* An egress document (schema 4): kind "secret" or "lease"; <0 stops. */
+typedef int (*cove_doc_cb)(const char *tenant, const char *key, const char *owner, const char *json,
+                           void *arg);
 
 struct cove_catalog_ops {
         const char *name;
@@ -187,6 +190,20 @@ struct cove_catalog_ops {
         int (*egress_get)(struct cove_catalog *c, const char *sandbox_id, char **json,
                           struct cove_err *err);
         int (*egress_delete)(struct cove_catalog *c, const char *sandbox_id, struct cove_err *err);
+
+        /* Egress documents (schema 4): secrets (key = name, value encrypted by the caller)
+         * and leases (key = lease id, owner = sandbox id), scoped by tenant. put inserts or
+         * replaces (committed with a full fsync); get: 0 found (*json malloc'd), 1 none;
+         * list: by key, tenant / owner NULL = any, cb after the lock is released; delete:
+         * 0 or 1 (none). */
+        int (*doc_put)(struct cove_catalog *c, const char *kind, const char *tenant,
+                       const char *key, const char *owner, const char *json, struct cove_err *err);
+        int (*doc_get)(struct cove_catalog *c, const char *kind, const char *tenant,
+                       const char *key, char **json, struct cove_err *err);
+        int (*doc_list)(struct cove_catalog *c, const char *kind, const char *tenant,
+                        const char *owner, cove_doc_cb cb, void *arg, struct cove_err *err);
+        int (*doc_delete)(struct cove_catalog *c, const char *kind, const char *tenant,
+                          const char *key, struct cove_err *err);
 };
 
 extern const struct cove_catalog_ops cove_catalog_sqlite;

@@ -114,6 +114,18 @@ static const char *const migrations[] = {
     "ALTER TABLE tenants ADD COLUMN deleted_at INTEGER NOT NULL DEFAULT 0;"
     /* and sandboxes whose writable layer is encrypted at rest (fscrypt, control/tenant.h) */
     "ALTER TABLE sandboxes ADD COLUMN storage_encrypted INTEGER NOT NULL DEFAULT 0;",
+    /* 5: egress secrets (value encrypted under the tenant's key: control/secrets.h) and
+     * credential leases, as JSON documents keyed by (kind, tenant, key) */
+    "CREATE TABLE egress_docs ("
+    "  kind TEXT NOT NULL CHECK (kind IN ('secret', 'lease')),"
+    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
+    "  key TEXT NOT NULL,"
+    "  owner TEXT NOT NULL DEFAULT '',"
+    "  doc_json TEXT NOT NULL CHECK (json_valid(doc_json)),"
+    "  updated_at INTEGER NOT NULL,"
+    "  PRIMARY KEY (kind, tenant, key)"
+    ");"
+    "CREATE INDEX egress_docs_owner ON egress_docs(kind, owner);",
 };
 #define SCHEMA_VERSION ((int)COVE_ARRAY_SIZE(migrations))
 
@@ -158,6 +170,10 @@ enum stmt_id {
         ST_EGRESS_PUT,
         ST_EGRESS_GET,
         ST_EGRESS_DELETE,
+        ST_DOC_PUT,
+        ST_DOC_GET,
+        ST_DOC_LIST,
+        ST_DOC_DELETE,
         ST__COUNT
 };
 
@@ -226,6 +242,16 @@ static const char *const stmt_sql[ST__COUNT] = {
                       " WHERE tenant = excluded.tenant",
     [ST_EGRESS_GET] = "SELECT policy_json FROM egress_policies WHERE sandbox_id = ?1",
     [ST_EGRESS_DELETE] = "DELETE FROM egress_policies WHERE sandbox_id = ?1",
+    [ST_DOC_PUT] = "INSERT INTO egress_docs(kind, tenant, key, owner, doc_json, updated_at)"
+                   " VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(kind, tenant, key) DO UPDATE"
+                   " SET owner = excluded.owner, doc_json = excluded.doc_json,"
+                   " updated_at = excluded.updated_at",
+    [ST_DOC_GET] = "SELECT key, owner, doc_json FROM egress_docs"
+                   " WHERE kind = ?1 AND tenant = ?2 AND key = ?3",
+    [ST_DOC_LIST] = "SELECT key, owner, doc_json, tenant FROM egress_docs WHERE kind = ?1"
+                    " AND (?2 IS NULL OR tenant = ?2) AND (?3 IS NULL OR owner = ?3)"
+                    " ORDER BY key",
+    [ST_DOC_DELETE] = "DELETE FROM egress_docs WHERE kind = ?1 AND tenant = ?2 AND key = ?3",
 };
 
 struct cove_catalog {
@@ -1329,6 +1355,126 @@ static int sqlite_egress_delete(struct cove_catalog *c, const char *sandbox_id,
         return r;
 }
 
+/* ---- egress documents (secrets, leases) ---- */
+
+static int sqlite_doc_put(struct cove_catalog *c, const char *kind, const char *tenant,
+                          const char *key, const char *owner, const char *json,
+                          struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *sync = c->st[ST_SYNC_FULL];
+        step_done(sync);
+        done(sync);
+        sqlite3_stmt *st = c->st[ST_DOC_PUT];
+        bind_text(st, 1, kind);
+        bind_text(st, 2, tenant);
+        bind_text(st, 3, key);
+        bind_text(st, 4, owner ? owner : "");
+        bind_text(st, 5, json);
+        sqlite3_bind_int64(st, 6, cove_now_ms());
+        int rc = step_done(st);
+        int r = rc == SQLITE_OK ? 0 : db_err(c->db, rc, err, "put %s %s", kind, key);
+        done(st);
+        sync = c->st[ST_SYNC_NORMAL];
+        step_done(sync);
+        done(sync);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_doc_get(struct cove_catalog *c, const char *kind, const char *tenant,
+                          const char *key, char **json, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_DOC_GET];
+        bind_text(st, 1, kind);
+        bind_text(st, 2, tenant);
+        bind_text(st, 3, key);
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW)
+                r = (*json = col_dup(st, 2, "{}")) ? 0 : cove_err_set(err, ENOMEM, "%s", kind);
+        else if (rc == SQLITE_DONE)
+                r = 1;
+        else
+                r = db_err(c->db, rc, err, "get %s %s", kind, key);
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+struct doc_tmp {
+        char *key, *owner, *json, *tenant;
+};
+
+static int sqlite_doc_list(struct cove_catalog *c, const char *kind, const char *tenant,
+                           const char *owner, cove_doc_cb cb, void *arg, struct cove_err *err)
+{
+        struct doc_tmp *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0, rc;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_DOC_LIST];
+        bind_text(st, 1, kind);
+        bind_text(st, 2, tenant);
+        bind_text(st, 3, owner);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                if (n == cap) {
+                        size_t ncap = cap ? cap * 2 : 32;
+                        struct doc_tmp *nr = realloc(rows, ncap * sizeof(*rows));
+                        if (!nr) {
+                                r = cove_err_set(err, ENOMEM, "catalog: list %s", kind);
+                                break;
+                        }
+                        rows = nr;
+                        cap = ncap;
+                }
+                struct doc_tmp *t = &rows[n];
+                t->key = col_dup(st, 0, "");
+                t->owner = col_dup(st, 1, "");
+                t->json = col_dup(st, 2, "{}");
+                t->tenant = col_dup(st, 3, "");
+                n++;
+                if (!t->key || !t->owner || !t->json || !t->tenant) {
+                        r = cove_err_set(err, ENOMEM, "catalog: list %s", kind);
+                        break;
+                }
+        }
+        if (r == 0 && rc != SQLITE_DONE)
+                r = db_err(c->db, rc, err, "list %s", kind);
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        size_t i;
+        for (i = 0; r == 0 && i < n; i++)
+                if (cb(rows[i].tenant, rows[i].key, rows[i].owner, rows[i].json, arg) < 0)
+                        break;
+        for (i = 0; i < n; i++) {
+                free(rows[i].key);
+                free(rows[i].owner);
+                free(rows[i].json);
+                free(rows[i].tenant);
+        }
+        free(rows);
+        return r;
+}
+
+static int sqlite_doc_delete(struct cove_catalog *c, const char *kind, const char *tenant,
+                             const char *key, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_DOC_DELETE];
+        bind_text(st, 1, kind);
+        bind_text(st, 2, tenant);
+        bind_text(st, 3, key);
+        int r, rc = step_done(st);
+        if (rc != SQLITE_OK)
+                r = db_err(c->db, rc, err, "delete %s %s", kind, key);
+        else
+                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
 const struct cove_catalog_ops cove_catalog_sqlite = {
     .name = "sqlite",
     .open = sqlite_open,
@@ -1356,4 +1502,8 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .egress_put = sqlite_egress_put,
     .egress_get = sqlite_egress_get,
     .egress_delete = sqlite_egress_delete,
+    .doc_put = sqlite_doc_put,
+    .doc_get = sqlite_doc_get,
+    .doc_list = sqlite_doc_list,
+    .doc_delete = sqlite_doc_delete,
 };
