@@ -38,7 +38,7 @@ struct cove_tm {
         /* CRIU checkpoints in flight (plaintext memory): on tmpfs, never on a disk where the
          * blocks would outlive the delete (encrypted layers, revocation) */
         char mem_dir[PATH_MAX];
-        pthread_mutex_t mu;       /* busy, quit, kicked */
+        pthread_mutex_t mu; /* busy, quit, kicked */
         pthread_cond_t cv;
         char (*busy)[64]; /* sandboxes with an operation in progress */
         size_t nbusy, capbusy;
