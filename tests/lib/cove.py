@@ -240,6 +240,27 @@ class Client:
                             timeout=timeout)
 
 
+
+def remove_data_dir(path):
+    """rmtree of a coved data dir, after detaching what a coved killed with SIGKILL (and
+    never restarted) left mounted under it (its layer filesystem; the loop devices are
+    autoclear and go with the last unmount). A plain rmtree stopped at those mounts and left
+    them, and their loop devices, on the host."""
+    root = os.path.realpath(path)
+    mounts = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                mp = line.split()[4].replace("\\040", " ")
+                if mp == root or mp.startswith(root + "/"):
+                    mounts.append(mp)
+    except OSError:
+        pass
+    for mp in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
 class Coved:
     """A real coved process on a data dir. The data dir is a fresh temp dir unless given;
     templates come from templates_dir, shared across runs so base is built once."""
@@ -274,7 +295,7 @@ class Coved:
                 self.terminate()
                 saved = self.save_log("start-failed")
                 if self.own_data and not os.environ.get("COVE_KEEP"):
-                    shutil.rmtree(self.data, ignore_errors=True)
+                    remove_data_dir(self.data)
                 if saved:
                     print(f"coved log kept at {saved}")
                 raise
@@ -375,5 +396,5 @@ class Coved:
         rc = self.terminate()
         saved = self.save_log(keep_log_as) if keep_log_as else None
         if self.own_data and not os.environ.get("COVE_KEEP"):
-            shutil.rmtree(self.data, ignore_errors=True)
+            remove_data_dir(self.data)
         return rc, saved
