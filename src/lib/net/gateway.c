@@ -286,18 +286,19 @@ struct cove_gateway *cove_gateway_new(const struct cove_gateway_config *cfg, str
         if (cfg->nstatics)
                 memcpy(gw->statics, cfg->statics, (size_t)cfg->nstatics * sizeof(*gw->statics));
         gw->cfg.statics = gw->statics;
-        if ((gw->dns_udp = listen_on(SOCK_DGRAM, &gw->dns_port, err)) < 0)
-                goto fail;
-        uint16_t p = gw->dns_port; /* the same port for TCP, for tidiness */
-        if ((gw->dns_tcp = listen_on(SOCK_STREAM, &p, err)) < 0) {
-                p = 0;
-                if ((gw->dns_tcp = listen_on(SOCK_STREAM, &p, err)) < 0)
+        /* one port for UDP and TCP (the redirect rules name one): a free UDP port may be
+         * taken for TCP by someone else on a busy host, so try a few */
+        for (int tries = 0; gw->dns_tcp < 0; tries++) {
+                gw->dns_port = 0;
+                if ((gw->dns_udp = listen_on(SOCK_DGRAM, &gw->dns_port, err)) < 0)
                         goto fail;
-        }
-        if (p != gw->dns_port) {
-                cove_err_set(err, 0, "resolver: TCP port %u differs from UDP port %u", p,
-                             gw->dns_port);
-                goto fail;
+                uint16_t p = gw->dns_port;
+                if ((gw->dns_tcp = listen_on(SOCK_STREAM, &p, err)) >= 0)
+                        break;
+                close(gw->dns_udp);
+                gw->dns_udp = -1;
+                if (err->errnum != EADDRINUSE || tries == 31)
+                        goto fail;
         }
         if ((gw->proxy_fd = listen_on(SOCK_STREAM, &gw->proxy_port, err)) < 0)
                 goto fail;
