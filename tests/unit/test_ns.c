@@ -507,6 +507,18 @@ static struct cove_runtime *open_with_pool(const char *dir, const char *pool)
         return r;
 }
 
+/* loops_under(dir) once it equals want, or its value after ~5 s: an autoclear loop device is
+ * released asynchronously after the last unmount, later under load. */
+static int wait_loops(const char *dir, int want)
+{
+        int n = loops_under(dir);
+        for (int i = 0; i < 5000 && n != want; i++) {
+                usleep(1000);
+                n = loops_under(dir);
+        }
+        return n;
+}
+
 /* Waits (bounded) until want warm layers are ready: their loop devices exist. */
 static int wait_pool(const char *dir, int want)
 {
@@ -606,11 +618,11 @@ static void pool_warm_layers(void **state)
         assert_true(wait_pool(dir, 2)); /* refilled */
         stop(&a);
         stop(&b);
-        assert_int_equal(loops_under(pool), 2); /* only the warm ones are left */
-        assert_int_equal(loops_under(dir), 3);  /* and the layer filesystem's */
+        assert_int_equal(wait_loops(pool, 2), 2); /* only the warm ones are left */
+        assert_int_equal(wait_loops(dir, 3), 3);  /* and the layer filesystem's */
         cove_runtime_ns.close(rt);
         rt = main_rt;
-        assert_int_equal(loops_under(dir), 0);
+        assert_int_equal(wait_loops(dir, 0), 0);
         assert_int_equal(mounts_under(dir), 0);
         assert_int_equal(access(pool, F_OK), -1); /* on the layer fs, unmounted by close() */
 }
@@ -646,8 +658,8 @@ static void pool_after_crash(void **state)
         }
         char c;
         assert_int_equal(read(pfd[0], &c, 1), 1);
-        assert_int_equal(loops_under(pool), 2);
-        assert_int_equal(loops_under(dir), 4); /* + the sandbox's layer and the layer fs */
+        assert_int_equal(wait_loops(pool, 2), 2);
+        assert_int_equal(wait_loops(dir, 4), 4); /* + the sandbox's layer and the layer fs */
         kill(owner, SIGKILL);
         waitpid(owner, NULL, 0);
         close(pfd[0]);
@@ -655,12 +667,12 @@ static void pool_after_crash(void **state)
 
         struct cove_runtime *main_rt = rt;
         rt = open_with_pool(dir, "2");
-        assert_int_equal(loops_under(pool), 0);
+        assert_int_equal(wait_loops(pool, 0), 0);
         assert_int_equal(dir_entries(pool), 0);
         struct cove_err err;
         assert_int_equal(cove_runtime_ns.cleanup_stale(rt, s.id, s.state_dir, 1, &err), 0);
         /* only the layer filesystem, which the crashed owner left mounted and open() reused */
-        assert_int_equal(loops_under(dir), 1);
+        assert_int_equal(wait_loops(dir, 1), 1);
         assert_int_equal(mounts_under(dir), 1);
         /* and the restarted driver works with the same size */
         struct sbx t;
@@ -671,7 +683,7 @@ static void pool_after_crash(void **state)
         stop(&t);
         cove_runtime_ns.close(rt);
         rt = main_rt;
-        assert_int_equal(loops_under(dir), 0);
+        assert_int_equal(wait_loops(dir, 0), 0);
         assert_int_equal(mounts_under(dir), 0);
 }
 
@@ -818,7 +830,7 @@ static void snapshot_restore(void **state)
         close(rfd);
         cove_runtime_ns.layer_close(rt, h);
         cove_runtime_ns.layer_close(rt, rh);
-        assert_int_equal(loops_under(dir), 0); /* both images let go */
+        assert_int_equal(wait_loops(dir, 0), 0); /* both images let go */
         struct sbx r;
         spec_init(&r);
         r.spec.disk_mb = 512;
@@ -864,7 +876,7 @@ static void snapshot_restore(void **state)
         assert_int_equal(err.kind, COVE_E_CONFLICT);
         assert_int_equal(access(snap, F_OK), -1);
         stop(&plain);
-        assert_int_equal(loops_under(dir), 0);
+        assert_int_equal(wait_loops(dir, 0), 0);
 }
 
 /* Figures, not assertions: the pause of rolling snapshots of a sandbox with 100 MB written
