@@ -597,6 +597,11 @@ static int lease_new(struct coved *d, const char *tenant, const char *sandbox, c
 int coved_lease_create(struct coved *d, const char *tenant, const char *sandbox, json_t *body,
                        json_t **out, struct cove_err *err)
 {
+        /* another tenant's (or no) sandbox is 404 whatever the body says */
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, sandbox, &row, err) < 0)
+                return -1;
+        cove_sandbox_row_clear(&row);
         int ttl;
         if (ttl_of(body, 0, &ttl, err) < 0)
                 return -1;
