@@ -179,6 +179,14 @@ int cove_reply_empty(struct cove_req *r, unsigned status)
         return queue(r, status, resp);
 }
 
+int cove_reply_result(struct cove_req *r, int rc, unsigned status, json_t *out,
+                      const struct cove_err *err)
+{
+        if (rc < 0)
+                return cove_reply_err(r, err);
+        return out ? cove_reply_json(r, status, out) : cove_reply_empty(r, status);
+}
+
 int cove_reply_stream(struct cove_req *r, unsigned status, const char *ctype, int64_t size,
                       cove_stream_read_fn read, cove_stream_free_fn free_fn, void *ctx)
 {

@@ -99,6 +99,10 @@ int cove_reply_error(struct cove_req *r, unsigned status, const char *code, cons
 /* Status and code from err->kind. */
 int cove_reply_err(struct cove_req *r, const struct cove_err *err);
 int cove_reply_empty(struct cove_req *r, unsigned status);
+/* The answer of a call that returned rc: err when rc < 0, else status with out (stolen), or
+ * an empty body when out is NULL. */
+int cove_reply_result(struct cove_req *r, int rc, unsigned status, json_t *out,
+                      const struct cove_err *err);
 int cove_reply_text(struct cove_req *r, unsigned status, const char *ctype, const char *text);
 
 /* Streaming body. read() fills buf (at most max bytes) and returns the count, 0 for "nothing

@@ -26,11 +26,6 @@ int cove_h_egress_put(void *app, struct cove_req *r)
         return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 200, out);
 }
 
-static int reply(struct cove_req *r, int rc, unsigned status, json_t *out, struct cove_err *err)
-{
-        return rc < 0 ? cove_reply_err(r, err) : cove_reply_json(r, status, out);
-}
-
 int cove_h_secret_put(void *app, struct cove_req *r)
 {
         json_t *body = cove_req_json(r, 0);
@@ -40,7 +35,7 @@ int cove_h_secret_put(void *app, struct cove_req *r)
         struct cove_err err;
         int rc = coved_secret_put(app, r->tenant, r->params[0], body, &out, &err);
         json_decref(body); /* the value: jansson frees it (not wiped; coved's own heap) */
-        return reply(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_secret_get(void *app, struct cove_req *r)
@@ -48,7 +43,7 @@ int cove_h_secret_get(void *app, struct cove_req *r)
         json_t *out = NULL;
         struct cove_err err;
         int rc = coved_secret_get(app, r->tenant, r->params[0], &out, &err);
-        return reply(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_secret_list(void *app, struct cove_req *r)
@@ -56,7 +51,7 @@ int cove_h_secret_list(void *app, struct cove_req *r)
         json_t *out = NULL;
         struct cove_err err;
         int rc = coved_secret_list(app, r->tenant, &out, &err);
-        return reply(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_secret_delete(void *app, struct cove_req *r)
@@ -76,7 +71,7 @@ int cove_h_lease_create(void *app, struct cove_req *r)
         struct cove_err err;
         int rc = coved_lease_create(app, r->tenant, r->params[0], body, &out, &err);
         json_decref(body);
-        return reply(r, rc, 201, out, &err);
+        return cove_reply_result(r, rc, 201, out, &err);
 }
 
 int cove_h_lease_list_sbx(void *app, struct cove_req *r)
@@ -84,7 +79,7 @@ int cove_h_lease_list_sbx(void *app, struct cove_req *r)
         json_t *out = NULL;
         struct cove_err err;
         int rc = coved_lease_list(app, r->tenant, r->params[0], &out, &err);
-        return reply(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_lease_list(void *app, struct cove_req *r)
@@ -92,7 +87,7 @@ int cove_h_lease_list(void *app, struct cove_req *r)
         json_t *out = NULL;
         struct cove_err err;
         int rc = coved_lease_list(app, r->tenant, NULL, &out, &err);
-        return reply(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 static int answer_lease(void *app, struct cove_req *r, int approve)
@@ -104,7 +99,7 @@ static int answer_lease(void *app, struct cove_req *r, int approve)
         struct cove_err err;
         int rc = coved_lease_answer(app, r->tenant, r->params[0], approve, body, &out, &err);
         json_decref(body);
-        return reply(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_lease_approve(void *app, struct cove_req *r)

@@ -15,15 +15,6 @@ static int need_admin(struct cove_req *r)
         return -1;
 }
 
-static int answer(struct cove_req *r, int rc, unsigned status, json_t *out, struct cove_err *err)
-{
-        if (rc < 0)
-                return cove_reply_err(r, err);
-        if (!out)
-                return cove_reply_empty(r, status);
-        return cove_reply_json(r, status, out);
-}
-
 int cove_h_tenant_create(void *app, struct cove_req *r)
 {
         if (need_admin(r) < 0)
@@ -35,7 +26,7 @@ int cove_h_tenant_create(void *app, struct cove_req *r)
         struct cove_err err;
         int rc = coved_tenant_create(app, r->key_id, body, &out, &err);
         json_decref(body);
-        return answer(r, rc, 201, out, &err);
+        return cove_reply_result(r, rc, 201, out, &err);
 }
 
 int cove_h_tenant_list(void *app, struct cove_req *r)
@@ -45,7 +36,7 @@ int cove_h_tenant_list(void *app, struct cove_req *r)
         json_t *out = NULL;
         struct cove_err err;
         int rc = coved_tenant_list(app, &out, &err);
-        return answer(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_tenant_get(void *app, struct cove_req *r)
@@ -55,7 +46,7 @@ int cove_h_tenant_get(void *app, struct cove_req *r)
         json_t *out = NULL;
         struct cove_err err;
         int rc = coved_tenant_get(app, r->params[0], &out, &err);
-        return answer(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_tenant_quotas(void *app, struct cove_req *r)
@@ -69,7 +60,7 @@ int cove_h_tenant_quotas(void *app, struct cove_req *r)
         struct cove_err err;
         int rc = coved_tenant_set_quotas(app, r->key_id, r->params[0], body, &out, &err);
         json_decref(body);
-        return answer(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_tenant_delete(void *app, struct cove_req *r)
@@ -78,7 +69,7 @@ int cove_h_tenant_delete(void *app, struct cove_req *r)
                 return 0;
         struct cove_err err;
         int rc = coved_tenant_delete(app, r->key_id, r->params[0], &err);
-        return answer(r, rc, 204, NULL, &err);
+        return cove_reply_result(r, rc, 204, NULL, &err);
 }
 
 int cove_h_apikey_create(void *app, struct cove_req *r)
@@ -92,7 +83,7 @@ int cove_h_apikey_create(void *app, struct cove_req *r)
         struct cove_err err;
         int rc = coved_apikey_issue(app, r->key_id, r->params[0], body, &out, &err);
         json_decref(body);
-        return answer(r, rc, 201, out, &err);
+        return cove_reply_result(r, rc, 201, out, &err);
 }
 
 int cove_h_apikey_list(void *app, struct cove_req *r)
@@ -102,7 +93,7 @@ int cove_h_apikey_list(void *app, struct cove_req *r)
         json_t *out = NULL;
         struct cove_err err;
         int rc = coved_apikey_list(app, r->params[0], &out, &err);
-        return answer(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_apikey_revoke(void *app, struct cove_req *r)
@@ -111,7 +102,7 @@ int cove_h_apikey_revoke(void *app, struct cove_req *r)
                 return 0;
         struct cove_err err;
         int rc = coved_apikey_revoke(app, r->key_id, r->params[0], r->params[1], &err);
-        return answer(r, rc, 204, NULL, &err);
+        return cove_reply_result(r, rc, 204, NULL, &err);
 }
 
 /* The tenant a key call is about: the caller's own, or (admin) ?tenant= / body.tenant. */
@@ -139,13 +130,13 @@ int cove_h_keys_get(void *app, struct cove_req *r)
                 if (need_admin(r) < 0)
                         return 0;
                 int rc = coved_key_list(app, &out, &err);
-                return answer(r, rc, 200, out, &err);
+                return cove_reply_result(r, rc, 200, out, &err);
         }
         const char *t = key_tenant(r, NULL);
         if (!t)
                 return 0;
         int rc = coved_key_status(app, t, &out, &err);
-        return answer(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 static int rewrap(void *app, struct cove_req *r, int rotate)
@@ -164,7 +155,7 @@ static int rewrap(void *app, struct cove_req *r, int rotate)
         json_decref(body);
         if (!t)
                 return 0;
-        return answer(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
 
 int cove_h_keys_add(void *app, struct cove_req *r)
@@ -198,5 +189,5 @@ int cove_h_keys_revoke(void *app, struct cove_req *r)
         json_decref(body);
         if (!t)
                 return 0;
-        return answer(r, rc, 200, out, &err);
+        return cove_reply_result(r, rc, 200, out, &err);
 }
