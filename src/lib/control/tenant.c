@@ -615,19 +615,27 @@ static void trim_layers(struct coved *d)
         int fd = open(lfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (fd < 0)
                 return;
-        /* The last close of a removed image frees its blocks late (the loop device's file is
-         * released by a kernel worker, then XFS's background inode GC frees the extents), so
-         * trim until a round saw no blocks freed behind it (bounded: 10 rounds). */
+        /* The last close of a removed image frees its blocks late: the loop device lets go of
+         * the file when the last user of its mount is gone, then XFS frees the extents in its
+         * background inode GC, which nothing but a freeze waits for (statfs and syncfs only
+         * kick it). So each round: await the loop devices, freeze and thaw (the freeze drains
+         * the inode GC; writers to the layers block for those few ms; a coved killed in
+         * between is thawed by the next start), make the frees durable (XFS does not trim
+         * extents still busy in its log) and trim. Repeat until a round found nothing newly
+         * freed (a file the kernel closed from a worker is put a tick later). */
         int64_t deadline = cove_mono_ns() + 10 * 1000000000LL;
+        uint64_t prev = 0;
         for (int round = 0; round < 10; round++) {
                 while (loops_busy(lfs) && cove_mono_ns() < deadline) {
                         struct timespec ts = {0, 10 * 1000000};
                         nanosleep(&ts, NULL);
                 }
-                struct statfs a, b;
-                if (fstatfs(fd, &a) < 0)
+                if (ioctl(fd, FIFREEZE, 0) == 0)
+                        ioctl(fd, FITHAW, 0);
+                struct statfs a;
+                if (fstatfs(fd, &a) < 0 || (round > 0 && (uint64_t)a.f_bfree <= prev))
                         break;
-                /* the frees must be on disk first: XFS skips extents still busy in its log */
+                prev = (uint64_t)a.f_bfree;
                 syncfs(fd);
                 struct fstrim_range r = {.start = 0, .len = UINT64_MAX, .minlen = 0};
                 if (ioctl(fd, FITRIM, &r) < 0) {
@@ -636,10 +644,8 @@ static void trim_layers(struct coved *d)
                                           strerror(errno));
                         break;
                 }
-                struct timespec ts = {0, 50 * 1000000};
+                struct timespec ts = {0, 20 * 1000000};
                 nanosleep(&ts, NULL);
-                if (fstatfs(fd, &b) < 0 || b.f_bfree <= a.f_bfree)
-                        break;
         }
         close(fd);
 }

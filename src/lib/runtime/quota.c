@@ -512,6 +512,11 @@ static int layerfs_setup(struct cove_layers *l, const char *ns_dir, struct cove_
         if (stat(l->lfs, &a) < 0 || stat(ns_dir, &b) < 0)
                 return cove_err_set(err, errno, "stat %s", l->lfs);
         if (a.st_dev != b.st_dev) { /* mounted by a previous run */
+                /* a coved killed inside a revoke's freeze (control/tenant.c) left it frozen:
+                 * every layer's writes would hang; EINVAL when not frozen */
+                cleanup_close int lf = open(l->lfs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (lf >= 0)
+                        ioctl(lf, FITHAW, 0);
                 l->reflink = statfs(l->lfs, &sf) == 0 && sf.f_type == 0x58465342; /* XFS */
                 return 0;
         }
