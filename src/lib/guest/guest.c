@@ -508,6 +508,31 @@ static int chan_process(struct cove_guest *g, struct loop_state *ls, struct cove
         return 0;
 }
 
+/* vm over vsock: the channel ended (the node went, or the VMM restored a snapshot and reset
+ * every vsock connection). Wait for the next node on the listener; processes keep running
+ * (their output waits in their pipes meanwhile) and the new node shakes hands first. */
+static int chan_reaccept(struct cove_guest *g, struct loop_state *ls, struct cove_err *err)
+{
+        epoll_ctl(g->epfd, EPOLL_CTL_DEL, g->chan, NULL);
+        close(g->chan);
+        g->chan = -1;
+        int fd;
+        do
+                fd = accept4(g->listen, NULL, NULL, SOCK_CLOEXEC);
+        while (fd < 0 && (errno == EINTR || errno == ECONNABORTED));
+        if (fd < 0)
+                return cove_err_set(err, errno, "channel: accept");
+        g->chan = fd;
+        g->chan_paused = false;
+        cove_decoder_free(&g->dec);
+        if (cove_decoder_init(&g->dec, COVE_FRAME_MAX, err) < 0)
+                return -1;
+        if (g_epoll_add(g, g->chan, EPOLLIN, &g->s_chan) < 0)
+                return cove_err_set(err, errno, "channel: epoll");
+        ls->hello_done = false;
+        return 0;
+}
+
 /* Returns 1 at end of file, 0, or -1 with err. */
 static int chan_read(struct cove_guest *g, struct loop_state *ls, struct cove_err *err)
 {
@@ -519,6 +544,8 @@ static int chan_read(struct cove_guest *g, struct loop_state *ls, struct cove_er
         if (n < 0) {
                 if (errno == EINTR || errno == EAGAIN)
                         return 0;
+                if (g->listen >= 0 && (errno == ECONNRESET || errno == EPIPE))
+                        return 1; /* a reset vsock connection: as the end of it */
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, errno, "channel: read");
         }
         if (n == 0)
@@ -560,6 +587,8 @@ static void guest_free(struct cove_guest *g)
                 close(g->rootfd);
         if (g->chan >= 0)
                 close(g->chan);
+        if (g->listen >= 0)
+                close(g->listen);
         free(g);
 }
 
@@ -568,9 +597,12 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
         struct cove_guest *g = calloc(1, sizeof(*g));
         if (!g) {
                 close(opts->channel_fd);
+                if (opts->listen_fd > 2)
+                        close(opts->listen_fd);
                 return cove_err_set(err, ENOMEM, "guest");
         }
         g->chan = opts->channel_fd;
+        g->listen = opts->listen_fd > 2 ? opts->listen_fd : -1;
         g->epfd = g->sigfd = g->rootfd = g->askfd = -1;
         for (int i = 0; i < G_MAX_ASKS; i++)
                 g->asks[i].fd = -1;
@@ -656,13 +688,19 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                                 if (g->chan_paused) {
                                         /* paused: only a hang-up matters (the node is gone) */
                                         if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+                                                if (g->listen >= 0) {
+                                                        r = chan_reaccept(g, &ls, err);
+                                                        break;
+                                                }
                                                 ret = 0;
                                                 goto out;
                                         }
                                         break;
                                 }
                                 r = chan_read(g, &ls, err);
-                                if (r == 1) {
+                                if (r == 1 && g->listen >= 0) {
+                                        r = chan_reaccept(g, &ls, err);
+                                } else if (r == 1) {
                                         ret = 0;
                                         goto out;
                                 }

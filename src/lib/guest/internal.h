@@ -60,7 +60,8 @@ struct gwrite; /* files.c: an upload in progress */
 struct gwatch; /* watch.c */
 
 struct cove_guest {
-        int chan; /* channel fd (blocking) */
+        int chan;   /* channel fd (blocking) */
+        int listen; /* vm over vsock: listener the next channel is accepted from, or -1 */
         int epfd;
         int sigfd;
         int rootfd;       /* O_PATH "/" for openat2 RESOLVE_IN_ROOT */
