@@ -243,6 +243,13 @@ static int build_initrd(struct cove_runtime *rt, const char *guest, char *out, s
         h = fnv64(h, &st.st_size, sizeof(st.st_size));
         h = fnv64(h, &st.st_mtim, sizeof(st.st_mtim));
         h = fnv64(h, &st.st_ino, sizeof(st.st_ino));
+        /* the module list too: install-deps may add modules (vsock) to the same kernel */
+        char op[PATH_MAX + 16], *ol = NULL;
+        size_t oll = 0;
+        snprintf(op, sizeof(op), "%s/modules/order", rt->kdir);
+        if (cove_read_file(op, 4096, &ol, &oll, NULL) == 0)
+                h = fnv64(h, ol, oll);
+        free(ol);
         snprintf(out, cap, "%s/initrd-%016llx", rt->dir, (unsigned long long)h);
         if (access(out, R_OK) == 0)
                 return 0;
@@ -305,6 +312,33 @@ fail:
                 fclose(f);
         unlink(tmp);
         return -1;
+}
+
+int cove_vm_initrd(const char *dir, const char *guest, char *out, size_t cap, struct cove_err *err)
+{
+        struct cove_runtime *t = calloc(1, sizeof(*t));
+        if (!t)
+                return cove_err_set(err, ENOMEM, "vm: initramfs");
+        snprintf(t->dir, sizeof(t->dir), "%s", dir);
+        cove_vm_kernel_dir(t->kdir, sizeof(t->kdir));
+        char vp[PATH_MAX + 16], *v = NULL;
+        size_t vl = 0;
+        snprintf(vp, sizeof(vp), "%s/version", t->kdir);
+        int r = cove_read_file(vp, sizeof(t->kver) - 1, &v, &vl, err);
+        if (r == 0) {
+                snprintf(t->kver, sizeof(t->kver), "%.*s", (int)vl, v);
+                r = build_initrd(t, guest, out, cap, err);
+        }
+        free(v);
+        free(t);
+        return r;
+}
+
+const char *cove_vm_kernel_dir(char *buf, size_t cap)
+{
+        const char *k = getenv("COVE_VM_KERNEL_DIR");
+        snprintf(buf, cap, "%s", k && *k ? k : VM_KERNEL_DIR_DEFAULT);
+        return buf;
 }
 
 /* ---- launching QEMU ----------------------------------------------------------------- */
@@ -751,23 +785,30 @@ static int wait_ready(int ser, char *tail, size_t cap, struct cove_err *err)
         }
 }
 
-static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, unsigned cpus,
-                     const char *initrd, struct tpl *t, struct cove_err *err)
+int cove_vm_root_image(const char *rootfs, const char *path, struct cove_err *err)
 {
-        cove_rm_rf(t->dir, NULL);
-        if (cove_mkdir_p(t->dir, 0711, err) < 0)
-                return -1;
-        /* root disk: ext4 of the rootfs, sized for it plus room; sparse */
+        /* ext4 of the rootfs, sized for it plus room; sparse */
         uint64_t need = tree_bytes(rootfs, 0);
         uint64_t mb = need * 3 / 2 / (1 << 20) + 512;
         if (mb < 1024)
                 mb = 1024;
         char size[32];
         snprintf(size, sizeof(size), "%lluM", (unsigned long long)mb);
-        const char *mkfs[] = {"mkfs.ext4",      "-q", "-F",   "-L",    "cove-root", "-E",
-                              "root_owner=0:0", "-d", rootfs, t->root, size,        NULL};
+        const char *mkfs[] = {"mkfs.ext4",      "-q", "-F",   "-L", "cove-root", "-E",
+                              "root_owner=0:0", "-d", rootfs, path, size,        NULL};
         if (run_tool(mkfs, err) < 0)
                 return cove_err_wrap(err, "vm: template root disk from %s", rootfs);
+        return 0;
+}
+
+static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, unsigned cpus,
+                     const char *initrd, struct tpl *t, struct cove_err *err)
+{
+        cove_rm_rf(t->dir, NULL);
+        if (cove_mkdir_p(t->dir, 0711, err) < 0)
+                return -1;
+        if (cove_vm_root_image(rootfs, t->root, err) < 0)
+                return -1;
         char bk[PATH_MAX + 32];
         snprintf(bk, sizeof(bk), "%s", t->root);
         const char *qi[] = {"qemu-img", "create", "-q",  "-f",    "qcow2", "-b",
