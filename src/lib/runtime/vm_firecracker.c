@@ -404,6 +404,23 @@ int cove_fc_load(const char *sock, const char *state, const char *mem, int timeo
                         timeout_ms, err);
 }
 
+int cove_fc_vsock_answer(const char *line, size_t len)
+{
+        /* "OK " 1..10 digits (the host-side port, a u32) "\n", nothing else */
+        if (len < 5 || len > COVE_FC_VSOCK_LINE_MAX || memcmp(line, "OK ", 3) ||
+            line[len - 1] != '\n')
+                return -1;
+        unsigned long long v = 0;
+        size_t d = 0;
+        for (; 3 + d < len - 1; d++) {
+                char c = line[3 + d];
+                if (c < '0' || c > '9' || d >= 10)
+                        return -1;
+                v = v * 10 + (unsigned)(c - '0');
+        }
+        return d == 0 || v > 0xffffffffULL ? -1 : 0;
+}
+
 int cove_fc_vsock_connect(const char *uds, unsigned port, int timeout_ms, struct cove_err *err)
 {
         int64_t deadline = cove_mono_ns() + (int64_t)timeout_ms * 1000000;
@@ -442,12 +459,7 @@ int cove_fc_vsock_connect(const char *uds, unsigned port, int timeout_ms, struct
                         break;
         }
         line[len] = 0;
-        /* "OK " 1..10 digits (the host-side port, a u32) "\n", nothing else */
-        size_t d = 0;
-        while (len > 3 && 3 + d < len - 1 && line[3 + d] >= '0' && line[3 + d] <= '9')
-                d++;
-        if (len < 5 || memcmp(line, "OK ", 3) || d == 0 || d > 10 || 3 + d != len - 1 ||
-            strtoull(line + 3, NULL, 10) > 0xffffffffULL) {
+        if (cove_fc_vsock_answer(line, len) < 0) {
                 for (size_t i = 0; i < len; i++)
                         if ((unsigned char)line[i] < 0x20 || (unsigned char)line[i] > 0x7e)
                                 line[i] = '?';

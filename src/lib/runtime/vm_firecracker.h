@@ -75,5 +75,7 @@ int cove_fc_load(const char *sock, const char *state, const char *mem, int timeo
  * with err otherwise; COVE_E_UNAVAILABLE (errno ECONNRESET) when the VMM closed the
  * connection before answering (nothing listens on the port yet). */
 int cove_fc_vsock_connect(const char *uds, unsigned port, int timeout_ms, struct cove_err *err);
+/* 0 when line[0..len) is exactly "OK <1-10 digits, a u32>\n", else -1. */
+int cove_fc_vsock_answer(const char *line, size_t len);
 
 #endif
