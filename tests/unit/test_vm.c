@@ -173,6 +173,8 @@ static void fc_unavailable_says_why(void **state)
         rmdir(dir);
 }
 
+static void put(const char *path, const char *data);
+
 /* ---- a fake peer on a unix socket: the Firecracker API server or the vsock end ---- */
 
 #define FAKE_MAX 16
@@ -456,6 +458,21 @@ static void fc_bad_answers(void **state)
         struct cove_err err;
         assert_int_equal(cove_fc_call("/nonexistent/api.sock", "GET", "/", NULL, 300, &err), -1);
         assert_int_equal(err.kind, COVE_E_UNAVAILABLE);
+        /* a VMM cannot point coved at another socket (coved's own API, say): no symlinks,
+         * sockets only */
+        struct fake f = {.n = 0};
+        fake_start(&f);
+        char link[128];
+        snprintf(link, sizeof(link), "%s.link", f.path);
+        assert_int_equal(symlink(f.path, link), 0);
+        assert_int_equal(cove_fc_call(link, "GET", "/", NULL, 300, &err), -1);
+        assert_int_equal(cove_fc_vsock_connect(link, 1024, 300, &err), -1);
+        unlink(link);
+        fake_end(&f);
+        put(link, "a file");
+        assert_int_equal(cove_fc_call(link, "GET", "/", NULL, 300, &err), -1);
+        assert_non_null(strstr(err.msg, "not a socket"));
+        unlink(link);
 }
 
 static void fc_vsock_handshake(void **state)
@@ -610,6 +627,15 @@ static int fake_vmm_main(const char *api)
                 } else if (!strcmp(path, "/actions")) {
                         printf("%s\n", "cove-guest: waiting for the node");
                         fflush(stdout);
+                } else if (!strcmp(path, "/snapshot/create") && getenv("FAKE_VMM_EVIL")) {
+                        /* a compromised VMM: its state is a link to a host file, its memory
+                         * a FIFO */
+                        const char *sp = json_string_value(json_object_get(j, "snapshot_path"));
+                        const char *mp = json_string_value(json_object_get(j, "mem_file_path"));
+                        unlink(sp);
+                        unlink(mp);
+                        if (symlink("/etc/hostname", sp) < 0 || mkfifo(mp, 0600) < 0)
+                                fault = "cannot be evil";
                 } else if (!strcmp(path, "/snapshot/create")) {
                         FILE *st =
                             fopen(json_string_value(json_object_get(j, "snapshot_path")), "w");
@@ -831,11 +857,22 @@ static void fc_driver_against_fake_vmm(void **state)
         spec.full = 1;
         spec.full_fd = img;
         struct cove_instance r2 = {.chan_fd = -1};
+        setenv("FAKE_VMM_EVIL", "1", 1);
         if (cove_runtime_firecracker.start(rt, &spec, &r2, &err) < 0)
                 fail_msg("restore: %s", err.msg);
+        unsetenv("FAKE_VMM_EVIL");
         echo_ok(r2.chan_fd);
         snprintf(p, sizeof(p), "%s/fc/snap.mem", sd);
         assert_int_equal(access(p, R_OK), 0);
+        /* a VMM that answers a snapshot with a symlink to a host file and a FIFO: refused
+         * (no host file copied into a sandbox's snapshot, no hang), and the VM runs on */
+        snprintf(p, sizeof(p), "%s/evil.img", d);
+        int evil = open(p, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        assert_int_equal(cove_runtime_firecracker.full_snapshot(rt, &r2, evil, &pause_ns, &err),
+                         -1);
+        assert_non_null(strstr(err.msg, "out.state"));
+        close(evil);
+        echo_ok(r2.chan_fd);
         assert_int_equal(cove_runtime_firecracker.stop(rt, &r2, "sbx_fctest", sd, 1, &err), 0);
 
         /* a failing load: a clear error, nothing left (no process, no VMM dir) */

@@ -273,26 +273,21 @@ static int wait_io(int fd, short ev, int64_t deadline)
         }
 }
 
-/* A connected, non-blocking unix stream socket to path. Paths longer than sun_path are
- * reached through their directory (/proc/self/fd/N/name). */
+/* A connected, non-blocking unix stream socket to path. The VMM creates its sockets in a
+ * directory it owns, so the last component is opened without following symlinks (a VMM
+ * must not point coved at another socket, coved's own API included) and must be a socket;
+ * connect() then goes through /proc/self/fd/N, which also lifts sun_path's length limit. */
 static int unix_connect(const char *path, struct cove_err *err)
 {
+        cleanup_close int pfd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (pfd < 0 || fstat(pfd, &st) < 0)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, errno, "socket %s", path);
+        if (!S_ISSOCK(st.st_mode))
+                return cove_err_setk(err, COVE_E_INTERNAL, ENOTSOCK, "socket %s: not a socket",
+                                     path);
         struct sockaddr_un a = {.sun_family = AF_UNIX};
-        cleanup_close int dfd = -1;
-        if (strlen(path) < sizeof(a.sun_path)) {
-                snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
-        } else {
-                const char *slash = strrchr(path, '/');
-                char dir[PATH_MAX];
-                if (!slash || slash == path || (size_t)(slash - path) >= sizeof(dir) ||
-                    strlen(slash) > 64)
-                        return cove_err_setk(err, COVE_E_INTERNAL, ENAMETOOLONG, "socket %s", path);
-                snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
-                dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-                if (dfd < 0)
-                        return cove_err_set(err, errno, "socket dir %s", dir);
-                snprintf(a.sun_path, sizeof(a.sun_path), "/proc/self/fd/%d%s", dfd, slash);
-        }
+        snprintf(a.sun_path, sizeof(a.sun_path), "/proc/self/fd/%d", pfd);
         int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (s < 0)
                 return cove_err_set(err, errno, "socket");
@@ -489,6 +484,7 @@ struct fc_inst {
         char api[PATH_MAX + 16]; /* <dir>/api.sock */
         pthread_mutex_t mu;      /* API calls that must not interleave (snapshot) */
         int cg;
+        uid_t uid; /* the VMM's */
         unsigned mem_mb, cpus;
 };
 
@@ -993,6 +989,7 @@ static int fc_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         snprintf(fi->dir, sizeof(fi->dir), "%s/fc", spec->state_dir);
         snprintf(fi->api, sizeof(fi->api), "%s/api.sock", fi->dir);
         uid_t uid = spec->uid_base;
+        fi->uid = uid;
         int statefd = -1, memfd = -1, logfd = -1, chan = -1, rc = -1;
         pid_t pid = -1;
         char p[PATH_MAX + 32], logp[PATH_MAX + 16];
@@ -1210,9 +1207,12 @@ static int fc_full_snapshot(struct cove_runtime *rt, struct cove_instance *inst,
                 goto out;
         uint64_t off = 4096;
         for (int i = 0; i < 3; i++) {
-                cleanup_close int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+                /* written by the VMM in its own directory: no symlink (to a host file), no
+                 * FIFO (a hang), only a regular file of the sandbox's uid */
+                cleanup_close int fd =
+                    open(paths[i], O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
                 struct stat st;
-                if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != fi->uid) {
                         cove_err_set(err, fd < 0 ? errno : EINVAL, "firecracker: %s", paths[i]);
                         goto out;
                 }
