@@ -586,6 +586,8 @@ static void fake_vmm_vsock(const char *uds)
 
 static int fake_vmm_main(const char *api)
 {
+        if (getenv("FAKE_VMM_EXIT")) /* a VMM that dies at start */
+                return 3;
         signal(SIGPIPE, SIG_IGN);
         FILE *log = fopen("fake-vmm.log", "a");
         if (!log)
@@ -884,6 +886,11 @@ static void fc_driver_against_fake_vmm(void **state)
         assert_non_null(strstr(err.msg, "firecracker: PUT /snapshot/load: 400: Cannot load "
                                         "snapshot: (FAKE_VMM_FAIL_LOAD)"));
         snprintf(p, sizeof(p), "%s/fc", sd);
+        assert_int_equal(access(p, F_OK), -1);
+        setenv("FAKE_VMM_EXIT", "1", 1);
+        assert_int_equal(cove_runtime_firecracker.start(rt, &spec, &r3, &err), -1);
+        unsetenv("FAKE_VMM_EXIT");
+        assert_non_null(strstr(err.msg, "firecracker exited at start (status 3)"));
         assert_int_equal(access(p, F_OK), -1);
         /* a damaged image is refused before anything starts */
         assert_int_equal(pwrite(img, "XXXX", 4, 0), 4);

@@ -675,9 +675,11 @@ static pid_t spawn(struct spawn *s, struct cove_err *err)
 }
 
 /* Wait (bounded) until the VMM answers on its API socket. It creates the socket shortly
- * after exec and announces it nowhere, so look every 2 ms; a VMM that exits ends the wait. */
-static int wait_api(const char *api, pid_t pid, struct cove_err *err)
+ * after exec and announces it nowhere, so look every 2 ms; a VMM that exits ends the wait
+ * (reaped: *pid becomes -1, so that nobody signals a recycled pid). */
+static int wait_api(const char *api, pid_t *pidp, struct cove_err *err)
 {
+        pid_t pid = *pidp;
         int64_t deadline = cove_mono_ns() + (int64_t)FC_API_TIMEOUT_MS * 1000000;
         for (;;) {
                 struct cove_err e2;
@@ -687,10 +689,12 @@ static int wait_api(const char *api, pid_t pid, struct cove_err *err)
                         return 0;
                 }
                 int st;
-                if (waitpid(pid, &st, WNOHANG) == pid)
+                if (waitpid(pid, &st, WNOHANG) == pid) {
+                        *pidp = -1;
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                              "firecracker exited at start (status %d)",
                                              WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+                }
                 if (ms_left(deadline) == 0)
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT,
                                              "firecracker: no API socket (%s)", e2.msg);
@@ -828,7 +832,7 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
                                  .mem_mib = mem,
                                  .cid = FC_CID};
         /* relative paths in the snapshot: each sandbox's VMM resolves them in its own dir */
-        if (pid < 0 || wait_api(api, pid, err) < 0 ||
+        if (pid < 0 || wait_api(api, &pid, err) < 0 ||
             cove_fc_boot(api, &b, FC_API_TIMEOUT_MS, err) < 0 || wait_ready(con[0], err) < 0 ||
             call_new(api, "PATCH", "/vm", cove_fc_vm_state(1), FC_API_TIMEOUT_MS, err) < 0 ||
             call_new(api, "PUT", "/snapshot/create", cove_fc_snapshot_create("state", "mem"),
@@ -1049,7 +1053,7 @@ static int fc_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                           .log_fd = logfd};
         pid = spawn(&s, err);
         snprintf(p, sizeof(p), "%s/v.sock", fi->dir);
-        if (pid < 0 || wait_api(fi->api, pid, err) < 0 ||
+        if (pid < 0 || wait_api(fi->api, &pid, err) < 0 ||
             cove_fc_load(fi->api, "/proc/self/fd/3", "/proc/self/fd/4", 120000, err) < 0)
                 goto fail;
         /* the guest waits in accept() in the snapshot, but handles the vsock transport reset
