@@ -165,15 +165,18 @@ def test_vm_five_concurrent_clones_have_own_identity(vmd):
     try:
         assert not errs, errs
         assert len(made) == 5
-        seen_host, seen_rng = set(), set()
+        seen = {"host": set(), "rng": set(), "boot_id": set(), "uuid": set()}
         for sb in made:
-            r = c.exec(sb["id"], "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
-            host, rnd = r["stdout"].split()
+            r = c.exec(sb["id"], "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n';"
+                                 f" echo; cat {BOOT_ID} /proc/sys/kernel/random/uuid")
+            host, rnd, boot_id, uuid = r["stdout"].split()
             assert host == sb["id"]
-            seen_host.add(host)
-            seen_rng.add(rnd)
-        assert len(seen_host) == 5
-        assert len(seen_rng) == 5, "clones of one template must not share RNG state"
+            seen["host"].add(host)
+            seen["rng"].add(rnd)
+            seen["boot_id"].add(boot_id)
+            seen["uuid"].add(uuid)
+        # no two clones of one template share an id or RNG output
+        assert {k: len(v) for k, v in seen.items()} == {k: 5 for k in seen}, seen
         pids = {_qemu_of(sb["id"]) for sb in made}
         uids = {os.stat(f"/proc/{p}").st_uid for p in pids}
         assert len(uids) == 5, "each VM's QEMU runs under its own uid"
@@ -317,6 +320,9 @@ COUNTER = ("setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count.
            "mv /dev/shm/count.t /dev/shm/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 &")
 
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
 def _count(c, sid):
     return int(c.exec(sid, "cat /dev/shm/count")["stdout"])
 
@@ -338,6 +344,7 @@ def test_vm_pause_resume_keeps_live_memory(vmd):
         while c.exec(sid, "test -s /dev/shm/count")["exit_code"] and time.time() < deadline:
             time.sleep(0.1)
         pid = _counter_pid(c, sid)
+        boot_id = c.exec(sid, f"cat {BOOT_ID}")["stdout"]
         before = _count(c, sid)
         r = c.post(f"/v1/sandboxes/{sid}/pause")
         assert r["sandbox"]["state"] == "paused"
@@ -354,6 +361,7 @@ def test_vm_pause_resume_keeps_live_memory(vmd):
             time.sleep(0.1)
         assert _count(c, sid) > after, "the counter does not run after the resume"
         assert c.exec(sid, "hostname")["stdout"].strip() == sid
+        assert c.exec(sid, f"cat {BOOT_ID}")["stdout"] == boot_id, "a resume is the same boot"
     finally:
         c.remove(sid, purge=True)
 
@@ -367,9 +375,16 @@ def test_vm_fork_into_two_that_diverge(vmd):
     try:
         c.exec(sid, "echo base > /dev/shm/x; echo disk > /root/y; sync")
         c.exec(sid, COUNTER)
+        boot_id = c.exec(sid, f"cat {BOOT_ID}")["stdout"]
         r = c.post(f"/v1/sandboxes/{sid}/fork", {"count": 2})
         kids = [k["id"] for k in r["sandboxes"]]
         assert len(kids) == 2 and sid not in kids
+        # the parent's kernel had made its boot_id already: each fork gets a new one
+        ids = [c.exec(k, f"cat {BOOT_ID}")["stdout"] for k in kids]
+        assert len({boot_id, *ids}) == 3, (boot_id, ids)
+        assert all(re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
+                                r"[0-9a-f]{12}\n", i) for i in ids), ids
+        assert c.exec(sid, f"cat {BOOT_ID}")["stdout"] == boot_id
         for i, k in enumerate(kids):
             out = c.exec(k, "hostname; cat /dev/shm/x /root/y")["stdout"].split()
             assert out == [k, "base", "disk"], out
