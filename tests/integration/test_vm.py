@@ -462,14 +462,58 @@ def test_vm_coved_kill9_then_restart(coved_factory):
     while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}"), "QEMU outlived coved"
+    planted = _plant_old_builds(d.data)
     c = d.start()
     sb = c.sandbox(sid)
     assert sb["state"] == "stopped" and sb.get("error"), sb
     assert not any(os.path.exists(f"/sys/fs/cgroup/{ctl}/cove/{sid}")
                    for ctl in ("memory", "pids", "cpu", "freezer", "unified"))
+    # the start collected the older builds nothing uses, kept the current one and the one a
+    # sandbox's disk still backs onto
+    for what, path in planted.items():
+        assert os.path.exists(path) == (what in ("current", "backed", "current_initrd")), \
+            (what, path)
+    assert any(ln.get("event") == "runtime.collect" and "removed 3 item" in ln.get("msg", "")
+               for ln in d.log_lines()), "no runtime.collect line"
     t = time.time()
     sid2 = c.create(template="busybox", runtime="vm")["id"]
     assert time.time() - t < 8, "the template was rebuilt after the restart"
     assert c.exec(sid2, "echo again")["stdout"] == "again\n"
     c.remove(sid, purge=True)
     c.remove(sid2, purge=True)
+
+
+def _plant_old_builds(data):
+    """Next to the real template build, what older builds leave in <data>/vm: a complete
+    build whose record (a copy of the real one) no longer hashes to its dir name, as after
+    a rootfs, kernel or guest change; an unfinished build (no ready); an old initramfs; and
+    an old build that a sandbox's disk.qcow2 still backs onto."""
+    tpl = os.path.join(data, "vm", "tpl")
+    (cur,) = os.listdir(tpl)
+    cur = os.path.join(tpl, cur)
+    with open(os.path.join(cur, "ready"), "rb") as f:
+        record = f.read()
+    assert record.startswith(b"cove-vm-template 2\n"), record
+    (initrd,) = [f for f in os.listdir(os.path.join(data, "vm")) if f.startswith("initrd-")]
+    p = {"current": cur, "current_initrd": os.path.join(data, "vm", initrd),
+         "stale": os.path.join(tpl, "00000000000000aa"),
+         "unfinished": os.path.join(tpl, "00000000000000bb"),
+         "backed": os.path.join(tpl, "00000000000000cc"),
+         "old_initrd": os.path.join(data, "vm", "initrd-00000000000000dd")}
+    for k in ("stale", "unfinished", "backed"):
+        os.makedirs(p[k])
+        with open(os.path.join(p[k], "ram"), "wb") as f:
+            f.truncate(64 << 20)
+    for k in ("stale", "backed"):
+        with open(os.path.join(p[k], "ready"), "wb") as f:
+            f.write(record)
+    open(p["old_initrd"], "wb").close()
+    base = os.path.join(p["backed"], "base.qcow2")
+    sd = os.path.join(data, "sandboxes", "sbx_planted_old_disk")
+    os.makedirs(sd)
+    for img, backing in ((base, None), (os.path.join(sd, "disk.qcow2"), base)):
+        cmd = ["qemu-img", "create", "-q", "-f", "qcow2"]
+        if backing:
+            cmd += ["-u", "-b", backing, "-F", "qcow2"]
+        subprocess.run(cmd + [img, "64M"], check=True)
+    return p
