@@ -517,3 +517,190 @@ def _plant_old_builds(data):
             cmd += ["-u", "-b", backing, "-F", "qcow2"]
         subprocess.run(cmd + [img, "64M"], check=True)
     return p
+
+
+# ---- hostile guest and compromised QEMU: the vm equivalents of tests/security (they live
+# here to share this module's template boot; tests/security's own files run against ns) ----
+
+PROBE_AS = r"""
+import json, os, signal, sys
+out = {}
+for p in sys.argv[2:]:
+    kind, path = p.split(":", 1)
+    try:
+        if kind == "ls":
+            os.listdir(path)
+        else:
+            os.close(os.open(path, os.O_RDWR if kind == "rw" else os.O_RDONLY))
+        out[p] = "OK"
+    except OSError as e:
+        out[p] = e.strerror
+try:
+    os.kill(int(sys.argv[1]), 0)
+    out["kill"] = "OK"
+except OSError as e:
+    out["kill"] = e.strerror
+print(json.dumps(out))
+"""
+
+
+def _probe_as(uid, other_pid, targets):
+    """open/list each 'kind:path' as uid (QEMU's credentials, without its seccomp filter,
+    i.e. more than QEMU itself may do) and signal 0 to other_pid: {target: 'OK' | error}"""
+    r = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                        "--inh-caps=-all", "/usr/bin/python3", "-c", PROBE_AS, str(other_pid)]
+                       + targets, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    import json
+    return json.loads(r.stdout)
+
+
+def _status(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return dict(ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
+
+
+def test_vm_qemu_is_confined(vmd):
+    """QEMU (what a guest that escapes into it would hold): its own unprivileged uid, no
+    capabilities or groups, seccomp (-sandbox on), its own cgroup with limits and network
+    namespace; it cannot open another sandbox's state dir or disk, coved's files, or write
+    the template, nor signal another sandbox's QEMU."""
+    from hostutil import cgroup_file
+    c = vmd.client
+    a = c.create(template="busybox", runtime="vm")
+    b = c.create(template="busybox", runtime="vm")
+    try:
+        pa, pb = _qemu_of(a["id"]), _qemu_of(b["id"])
+        st = _status(pa)
+        uids, gids = st["Uid"].split(), st["Gid"].split()
+        assert len(set(uids)) == 1 and int(uids[0]) >= 0x10000000, st["Uid"]
+        assert len(set(gids)) == 1 and gids[0] == uids[0], st["Gid"]
+        assert st["Groups"].strip() == "", st["Groups"]
+        assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0, st["CapEff"]
+        assert st["Seccomp"].strip() == "2", "QEMU runs without its seccomp filter"
+        assert st["NoNewPrivs"].strip() == "1"
+        assert _status(pb)["Uid"].split()[0] != uids[0]
+        # its own cgroup, with the sandbox's limits
+        with open(f"/proc/{pa}/cgroup") as f:
+            assert f"cove/{a['id']}" in f.read()
+        lim = cgroup_file(a["id"], "memory", "memory.limit_in_bytes") or \
+            cgroup_file(a["id"], "memory", "memory.max")
+        pids = cgroup_file(a["id"], "pids", "pids.max")
+        assert lim and pids, "no memory/pids cgroup for the VM"
+        mem = a["memory_mb"] << 20
+        assert mem < int(open(lim).read()) <= mem + (256 << 20), open(lim).read()
+        assert open(pids).read().strip() == "256"
+        # its own network namespace: not the host's, not the other VM's
+        nets = {os.stat(f"/proc/{p}/ns/net").st_ino for p in (pa, pb, "self")}
+        assert len(nets) == 3, "VMs share a network namespace with each other or the host"
+        # files, as QEMU's uid
+        sa = os.path.join(vmd.data, "sandboxes", a["id"])
+        sb_ = os.path.join(vmd.data, "sandboxes", b["id"])
+        assert os.path.exists(os.path.join(sb_, "disk.qcow2"))
+        (tpl,) = [os.path.join(vmd.data, "vm", "tpl", t)
+                  for t in os.listdir(os.path.join(vmd.data, "vm", "tpl"))
+                  if os.path.exists(os.path.join(vmd.data, "vm", "tpl", t, "ready"))
+                  and a["memory_mb"] == _tpl_mem(os.path.join(vmd.data, "vm", "tpl", t))]
+        targets = [f"ls:{sb_}", f"ro:{sb_}/disk.qcow2", f"rw:{sb_}/disk.qcow2",
+                   f"ro:{sb_}/qemu.log", f"ls:{sa}", f"ls:{vmd.data}/sandboxes",
+                   f"rw:{tpl}/ram", f"rw:{tpl}/base.qcow2", f"rw:{tpl}/root.img",
+                   f"rw:{tpl}/state", f"ls:/proc/{pb}/fd", f"ro:/proc/{pb}/mem",
+                   f"ro:/proc/{pb}/environ"]
+        # coved's own files (coved.log is this harness's capture of coved's stderr)
+        targets += [f"ro:{os.path.join(vmd.data, n)}" for n in os.listdir(vmd.data)
+                    if os.path.isfile(os.path.join(vmd.data, n)) and n != "coved.log"]
+        got = _probe_as(int(uids[0]), pb, targets)
+        opened = {k: v for k, v in got.items() if v == "OK"}
+        assert not opened, f"QEMU's uid can reach: {opened}"
+        # the probe can succeed: the same uid may signal its own QEMU
+        assert _probe_as(int(uids[0]), pa, [])["kill"] == "OK"
+    finally:
+        c.remove(a["id"])
+        c.remove(b["id"])
+
+
+def _tpl_mem(d):
+    with open(os.path.join(d, "ready")) as f:
+        m = re.search(r"^mem (\d+)$", f.read(), re.M)
+    return int(m.group(1)) if m else None
+
+
+def test_vm_guest_network_only_through_egress(vmd):
+    """Host services from inside a VM: without egress nothing answers (QEMU's netns has
+    only its tap); with an egress policy the guest's packets leave through the sandbox's
+    link and its rules: the host's own addresses, the link's gateway and a destination the
+    policy does not allow are refused (as tests/security/test_network.py for ns)."""
+    from hostutil import Listener, host_ipv4
+    c = vmd.client
+    lst = Listener("0.0.0.0")
+    plain = c.create(template="busybox", runtime="vm")
+    eg = c.create(template="busybox", runtime="vm",
+                  egress={"allow": ["allowed.test:80"], "deny": []})
+    try:
+        addr = c.get(f"/v1/sandboxes/{eg['id']}/egress").get("address")
+        assert addr, "the egress sandbox has no address"
+        targets = [f"127.0.0.1 {lst.port}", f"127.0.0.1 {vmd.port}", "169.254.169.254 80",
+                   f"169.254.100.1 {lst.port}", "10.0.2.2 80"]
+        targets += [f"{a} {lst.port}" for a in host_ipv4()]
+        targets += [f"{a} {vmd.port}" for a in host_ipv4()]
+        script = "".join(
+            f"echo x | timeout 5 nc -w 2 {t} 2>/dev/null | grep -q . && echo REACHED:{t}\n"
+            for t in targets) + "ip route | grep -q default && echo ROUTE\n"
+        for sb in (plain, eg):
+            r = c.exec(sb["id"], script, timeout=300)
+            reached = [ln for ln in r["stdout"].splitlines() if ln.startswith("REACHED")]
+            assert not reached, (sb["id"], reached)
+            assert "ROUTE" in r["stdout"], r  # the guest does try: it has a default route
+        assert not lst.hits, f"a host listener got connections from a VM: {lst.hits}"
+        # the refusals are the egress rules' (audited), not a dead link: a denied connect
+        ev = c.get(f"/v1/audit?sandbox={eg['id']}&kind=egress")["events"]
+        assert any(e.get("verdict") == "deny" for e in ev), ev
+    finally:
+        lst.close()
+        c.remove(plain["id"])
+        c.remove(eg["id"])
+
+
+def _guest_chan_fd(c, sid):
+    """the fd number of cove-guest's virtio-serial port in the guest's PID 1"""
+    r = c.exec(sid, "for f in /proc/1/fd/*; do echo \"${f##*/} $(readlink $f)\"; done")
+    fds = [ln.split()[0] for ln in r["stdout"].splitlines() if "/dev/vport" in ln]
+    assert len(fds) == 1, r["stdout"]
+    return fds[0]
+
+
+@pytest.mark.parametrize("frame", [
+    "8000000005000000000000010000",  # a header announcing 2 GiB of output (over the max)
+    "00000000770000000000002a",      # a frame of an unknown type
+])
+def test_vm_guest_root_forging_frames_breaks_only_itself(vmd, build_dir, frame):
+    """Root inside a VM takes cove-guest's channel fd (pidfd_getfd on PID 1) and writes a
+    forged frame: the node drops that sandbox (error) and serves another one normally."""
+    probe = os.path.join(build_dir, "tests", "unit", "sysprobe")
+    if not os.access(probe, os.X_OK):
+        pytest.skip(f"{probe} not built")
+    c = vmd.client
+    bad = c.create(template="busybox", runtime="vm")
+    good = c.create(template="busybox", runtime="vm")
+    try:
+        with open(probe, "rb") as f:
+            c.put_file(bad["id"], "/tmp/sysprobe", f.read(), mode=0o755)
+        fd = _guest_chan_fd(c, bad["id"])
+        # the exec's own answer may never come: its channel is what breaks
+        r = c.request("POST", f"/v1/sandboxes/{bad['id']}/exec",
+                      {"cmd": ["/tmp/sysprobe", "--write-fd", "1", fd, frame], "wait": True},
+                      timeout=60)
+        assert r.status in (200, 503), r.body[:300]
+        if r.status == 200:
+            assert "write=OK" in r.json()["stdout"], r.json()
+        got = c.wait_state(bad["id"], ("error",), timeout=30)
+        assert got["state"] == "error" and got.get("error"), got
+        assert _qemu_of(bad["id"]) is None, "the broken VM's QEMU still runs"
+        t = time.time()
+        assert c.exec(good["id"], "echo fine", timeout=20)["stdout"] == "fine\n"
+        assert time.time() - t < 10
+        assert c.request("GET", "/healthz", auth=False, timeout=5).status == 200
+        assert vmd.alive()
+    finally:
+        c.remove(bad["id"])
+        c.remove(good["id"])
