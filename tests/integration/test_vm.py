@@ -153,7 +153,8 @@ def test_vm_five_concurrent_clones_have_own_identity(vmd):
 
     def one():
         try:
-            made.append(c.create(template="busybox", runtime="vm"))
+            made.append(c.create(template="busybox", runtime="vm",
+                                 egress={"allow": ["allowed.test:80"], "deny": []}))
         except Exception as e:  # noqa: BLE001 (reported below)
             errs.append(e)
 
@@ -165,7 +166,8 @@ def test_vm_five_concurrent_clones_have_own_identity(vmd):
     try:
         assert not errs, errs
         assert len(made) == 5
-        seen = {"host": set(), "rng": set(), "boot_id": set(), "uuid": set()}
+        seen = {"host": set(), "rng": set(), "boot_id": set(), "uuid": set(), "address": set(),
+                "netns": set()}
         for sb in made:
             r = c.exec(sb["id"], "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n';"
                                  f" echo; cat {BOOT_ID} /proc/sys/kernel/random/uuid")
@@ -175,11 +177,21 @@ def test_vm_five_concurrent_clones_have_own_identity(vmd):
             seen["rng"].add(rnd)
             seen["boot_id"].add(boot_id)
             seen["uuid"].add(uuid)
-        # no two clones of one template share an id or RNG output
-        assert {k: len(v) for k, v in seen.items()} == {k: 5 for k in seen}, seen
         pids = {_qemu_of(sb["id"]) for sb in made}
         uids = {os.stat(f"/proc/{p}").st_uid for p in pids}
         assert len(uids) == 5, "each VM's QEMU runs under its own uid"
+        # network: the guest side (169.254.100.2 behind QEMU's tap) is the same in every VM,
+        # each in a netns of its own; what the network sees is the sandbox's own address
+        for sb in made:
+            addr = c.get(f"/v1/sandboxes/{sb['id']}/egress")["address"]
+            pid = _qemu_of(sb["id"])
+            r = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-4", "-o", "addr",
+                                "show", "dev", "eth0"], capture_output=True, text=True)
+            assert f" {addr}/" in r.stdout, (addr, r.stdout, r.stderr)
+            seen["address"].add(addr)
+            seen["netns"].add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+        # no two clones of one template share an id, RNG output or address
+        assert {k: len(v) for k, v in seen.items()} == {k: 5 for k in seen}, seen
     finally:
         for sb in made:
             c.remove(sb["id"])
