@@ -460,7 +460,8 @@ def test_vm_corrupt_channel_breaks_only_itself(vmd):
 def test_vm_coved_kill9_then_restart(coved_factory):
     """coved dies hard: its QEMUs die with it (PDEATHSIG), the restart reconciles the vm
     sandbox to stopped, frees its cgroup, and vm sandboxes work again (the template
-    snapshot on disk is reused, not rebuilt)."""
+    snapshot on disk is reused, not rebuilt). The start collects older template builds;
+    a full snapshot of another build of the same template key is refused (409)."""
     why = _missing()
     if why:
         pytest.skip(why)
@@ -469,15 +470,27 @@ def test_vm_coved_kill9_then_restart(coved_factory):
     sid = c.create(template="busybox", runtime="vm")["id"]
     pid = _qemu_of(sid)
     assert pid
+    paused = c.create(template="busybox", runtime="vm")["id"]
+    assert c.post(f"/v1/sandboxes/{paused}/pause")["snapshot"]["kind"] == "full"
     d.kill9()
     deadline = time.time() + 20
     while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}"), "QEMU outlived coved"
     planted = _plant_old_builds(d.data)
+    # the template is rebuilt under the same key (as after its dir was lost): another build
+    # id, and another base.qcow2 under the paused sandbox's disk
+    ready = os.path.join(planted["current"], "ready")
+    with open(ready) as f:
+        rec = f.read()
+    with open(ready, "w") as f:
+        f.write(re.sub(r"^build [0-9a-f]+$", "build 0badc0de", rec, flags=re.M))
     c = d.start()
     sb = c.sandbox(sid)
     assert sb["state"] == "stopped" and sb.get("error"), sb
+    e = c.expect_error("POST", f"/v1/sandboxes/{paused}/resume", 409, "conflict", {})
+    assert "another build of its template" in e["message"], e
+    assert c.sandbox(paused)["state"] == "paused"
     assert not any(os.path.exists(f"/sys/fs/cgroup/{ctl}/cove/{sid}")
                    for ctl in ("memory", "pids", "cpu", "freezer", "unified"))
     # the start collected the older builds nothing uses, kept the current one and the one a
@@ -493,6 +506,7 @@ def test_vm_coved_kill9_then_restart(coved_factory):
     assert c.exec(sid2, "echo again")["stdout"] == "again\n"
     c.remove(sid, purge=True)
     c.remove(sid2, purge=True)
+    c.remove(paused, purge=True)
 
 
 def _plant_old_builds(data):
