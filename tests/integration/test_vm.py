@@ -4,7 +4,7 @@ template and shape) boots once, in the first create, and every test clones it. U
 (this machine has no usable KVM) a template boot takes ~10-20 s and a clone well under 1 s.
 
 Skipped with the reason when QEMU or the guest kernel (scripts/install-deps) is missing."""
-import base64
+import json
 import os
 import re
 import signal
@@ -15,6 +15,7 @@ import time
 import pytest
 
 from cove import Coved
+from hostutil import Listener, cgroup_file, host_ipv4
 
 pytestmark = pytest.mark.root
 
@@ -577,7 +578,6 @@ def _probe_as(uid, other_pid, targets):
                         "--inh-caps=-all", "/usr/bin/python3", "-c", PROBE_AS, str(other_pid)]
                        + targets, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    import json
     return json.loads(r.stdout)
 
 
@@ -591,7 +591,6 @@ def test_vm_qemu_is_confined(vmd):
     capabilities or groups, seccomp (-sandbox on), its own cgroup with limits and network
     namespace; it cannot open another sandbox's state dir or disk, coved's files, or write
     the template, nor signal another sandbox's QEMU."""
-    from hostutil import cgroup_file
     c = vmd.client
     a = c.create(template="busybox", runtime="vm")
     b = c.create(template="busybox", runtime="vm")
@@ -656,7 +655,6 @@ def test_vm_guest_network_only_through_egress(vmd):
     only its tap); with an egress policy the guest's packets leave through the sandbox's
     link and its rules: the host's own addresses, the link's gateway and a destination the
     policy does not allow are refused (as tests/security/test_network.py for ns)."""
-    from hostutil import Listener, host_ipv4
     c = vmd.client
     lst = Listener("0.0.0.0")
     plain = c.create(template="busybox", runtime="vm")

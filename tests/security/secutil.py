@@ -2,8 +2,6 @@
 import glob
 import os
 
-from hostutil import cgroup_file  # noqa: F401  (re-exported for the security tests)
-
 
 def sh(client, sid, script, **kw):
     """exec a shell script as root of the sandbox; the result dict (stdout/stderr str)."""
