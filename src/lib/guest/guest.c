@@ -295,12 +295,22 @@ out:
 
 /* A vm guest may be a clone of a template snapshot: every clone meets its own node here, and
  * takes from it its hostname, the wall clock and fresh entropy, so no two clones share ids
- * or RNG state. Fields are optional and bounded; bad ones are ignored. */
-static void vm_identity(json_t *h)
+ * or RNG state. Fields are optional and bounded; bad ones are ignored.
+ * boot_id: the kernel makes it at its first read, which in a template clone comes after the
+ * reseed below (the template boot never reads it), so each clone has its own. A fork of a
+ * running VM (a new hostname for a kernel that already had an identity) may share its
+ * parent's: it gets a fresh one bound over the kernel's. A resume or rewind (same hostname)
+ * keeps its boot_id. */
+static void vm_identity(struct cove_guest *g, json_t *h)
 {
         const char *host = json_string_value(json_object_get(h, "hostname"));
-        if (host && strlen(host) <= 64)
+        bool renamed = false;
+        if (host && strlen(host) <= 64) {
+                char cur[65] = "";
+                gethostname(cur, sizeof(cur) - 1);
+                renamed = strcmp(cur, host) != 0;
                 sethostname(host, strlen(host));
+        }
         json_t *t = json_object_get(h, "time_ns");
         if (json_is_integer(t) && json_integer_value(t) > 0) {
                 json_int_t ns = json_integer_value(t);
@@ -321,6 +331,9 @@ static void vm_identity(json_t *h)
         if (n >= 16)
                 cove_guest_vm_seed(buf, n);
         explicit_bzero(buf, sizeof(buf));
+        if (renamed && g->vm_ids > 0 && cove_guest_vm_new_boot_id() < 0 && g->log)
+                cove_warn(g->log, "guest.vm", "fork: new boot_id: %s", strerror(errno));
+        g->vm_ids++;
 }
 
 /* Returns 0, or -1 with err: a refused handshake (after answering it). */
@@ -372,7 +385,7 @@ static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct
         else
                 msg[0] = 0;
         if (!msg[0] && g->vm)
-                vm_identity(h);
+                vm_identity(g, h);
         json_decref(h);
         json_t *o = msg[0] ? json_pack("{s:i, s:b, s:s}", "version", COVE_PROTO_VERSION, "ok", 0,
                                        "message", msg)

@@ -50,6 +50,9 @@ int cove_guest_vm_wait_node(int *chan_fd, int listen_fd);
 int cove_guest_vm_chan_port(const char *cmdline, unsigned *port);
 /* Mix a seed from the node into the kernel's RNG (credited). */
 void cove_guest_vm_seed(const unsigned char *seed, size_t len);
+/* Bind a fresh random boot_id over /proc/sys/kernel/random/boot_id (a fork of a running VM,
+ * whose kernel generated its boot_id before the snapshot). 0 or -1 with errno. */
+int cove_guest_vm_new_boot_id(void);
 _Noreturn void cove_guest_vm_poweroff(void);
 
 #endif

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/random.h>
 #include <sys/reboot.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -343,6 +344,58 @@ void cove_guest_vm_seed(const unsigned char *seed, size_t len)
                 close(fd);
         }
         explicit_bzero(&rp, sizeof(rp));
+}
+
+/* The kernel's boot_id is read-only and made once; a fork gets its own by a bind mount of a
+ * fresh one (a version 4 UUID from the just reseeded RNG) over it. The file lives on a small
+ * tmpfs that is detached right after, so only the bound file stays reachable. A later fork
+ * of this fork replaces the bind. */
+#define VM_BOOT_ID "/proc/sys/kernel/random/boot_id"
+int cove_guest_vm_new_boot_id(void)
+{
+        unsigned char u[16];
+        if (getrandom(u, sizeof(u), 0) != (ssize_t)sizeof(u))
+                return -1;
+        u[6] = (unsigned char)((u[6] & 0x0f) | 0x40);
+        u[8] = (unsigned char)((u[8] & 0x3f) | 0x80);
+        char id[40];
+        int n = snprintf(id, sizeof(id),
+                         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
+                         u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+                         u[12], u[13], u[14], u[15]);
+        static const char dir[] = "/dev/.cove-boot-id";
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                return -1;
+        int r = -1, e = 0;
+        if (mount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0700") <
+            0) {
+                e = errno;
+                goto out;
+        }
+        int fd = open("/dev/.cove-boot-id/boot_id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+        if (fd < 0 || write(fd, id, (size_t)n) != n) {
+                e = errno;
+                if (fd >= 0)
+                        close(fd);
+                goto unmount;
+        }
+        close(fd);
+        while (umount2(VM_BOOT_ID, MNT_DETACH) == 0) /* an earlier fork's */
+                ;
+        if (mount("/dev/.cove-boot-id/boot_id", VM_BOOT_ID, NULL, MS_BIND, NULL) < 0 ||
+            mount(NULL, VM_BOOT_ID, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
+                  NULL) < 0) {
+                e = errno;
+                goto unmount;
+        }
+        r = 0;
+unmount:
+        umount2(dir, MNT_DETACH);
+out:
+        rmdir(dir);
+        explicit_bzero(u, sizeof(u));
+        errno = e;
+        return r;
 }
 
 _Noreturn void cove_guest_vm_poweroff(void)
