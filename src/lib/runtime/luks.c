@@ -66,13 +66,13 @@ static void be64(uint8_t *p, uint64_t v)
 }
 
 /* LUKS1 AF diffuse with sha256: each 32-byte block i of b becomes H(be32(i) || block). */
-static int af_diffuse(uint8_t b[KEY_BYTES], EVP_MD_CTX *c)
+static int af_diffuse(uint8_t b[KEY_BYTES], EVP_MD_CTX *c, const EVP_MD *sha)
 {
         for (uint32_t i = 0; i < KEY_BYTES / 32; i++) {
                 uint8_t iv[4], md[32];
                 unsigned ml = 0;
                 be32(iv, i);
-                if (EVP_DigestInit_ex(c, EVP_sha256(), NULL) != 1 ||
+                if (EVP_DigestInit_ex2(c, sha, NULL) != 1 ||
                     EVP_DigestUpdate(c, iv, sizeof(iv)) != 1 ||
                     EVP_DigestUpdate(c, b + 32 * i, 32) != 1 ||
                     EVP_DigestFinal_ex(c, md, &ml) != 1 || ml != 32)
@@ -88,15 +88,17 @@ static int af_split(const uint8_t mk[KEY_BYTES], uint8_t *out)
 {
         uint8_t block[KEY_BYTES] = {0};
         EVP_MD_CTX *c = EVP_MD_CTX_new();
-        int ok = c && RAND_bytes(out, (int)(KEY_BYTES * (STRIPES - 1))) == 1;
+        EVP_MD *sha = EVP_MD_fetch(NULL, "SHA256", NULL); /* once: a fetch per init is slow */
+        int ok = c && sha && RAND_bytes(out, (int)(KEY_BYTES * (STRIPES - 1))) == 1;
         for (uint32_t s = 0; ok && s < STRIPES - 1; s++) {
                 for (uint32_t j = 0; j < KEY_BYTES; j++)
                         block[j] ^= out[s * KEY_BYTES + j];
-                ok = af_diffuse(block, c) == 0;
+                ok = af_diffuse(block, c, sha) == 0;
         }
         for (uint32_t j = 0; ok && j < KEY_BYTES; j++)
                 out[(STRIPES - 1) * KEY_BYTES + j] = mk[j] ^ block[j];
         OPENSSL_cleanse(block, sizeof(block));
+        EVP_MD_free(sha);
         EVP_MD_CTX_free(c);
         return ok ? 0 : -1;
 }
@@ -105,13 +107,13 @@ static int af_split(const uint8_t mk[KEY_BYTES], uint8_t *out)
 static int xts_encrypt(const uint8_t key[KEY_BYTES], const uint8_t *in, uint8_t *out, size_t len)
 {
         EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-        int ok = c != NULL;
+        int ok = c && EVP_EncryptInit_ex(c, EVP_aes_256_xts(), NULL, key, NULL) == 1;
         for (size_t s = 0; ok && s < len / SECTOR; s++) {
                 uint8_t iv[16] = {0};
                 for (int i = 0; i < 8; i++)
                         iv[i] = (uint8_t)((uint64_t)s >> (8 * i)); /* plain64: le64 sector */
                 int n = 0, m = 0;
-                ok = EVP_EncryptInit_ex(c, EVP_aes_256_xts(), NULL, key, iv) == 1 &&
+                ok = EVP_EncryptInit_ex(c, NULL, NULL, NULL, iv) == 1 &&
                      EVP_EncryptUpdate(c, out + s * SECTOR, &n, in + s * SECTOR, SECTOR) == 1 &&
                      EVP_EncryptFinal_ex(c, out + s * SECTOR + n, &m) == 1 && n + m == (int)SECTOR;
         }
@@ -261,7 +263,10 @@ int cove_luks_qcow2_create(const char *path, const char *backing, const char *ba
                 goto out;
         }
         made = 1;
-        if (pwrite(fd, c0, 4 * CLUSTER, 0) != (ssize_t)(4 * CLUSTER) ||
+        /* only what is not zero: the L1 table and the unused slots stay holes */
+        size_t hlen = o + blen;
+        if (pwrite(fd, c0, hlen, 0) != (ssize_t)hlen || pwrite(fd, c0 + CLUSTER, 8, CLUSTER) != 8 ||
+            pwrite(fd, c0 + 2 * CLUSTER, 2 * NCLUSTERS, 2 * CLUSTER) != 2 * NCLUSTERS ||
             pwrite(fd, luks, sizeof(luks), LUKS_OFF) != (ssize_t)sizeof(luks) ||
             pwrite(fd, mat, SPLIT_LEN, LUKS_OFF + FIRST_SLOT_SECTOR * SECTOR) !=
                 (ssize_t)SPLIT_LEN ||
