@@ -229,7 +229,7 @@ def test_command_provider_kms_revoke_hang_garbage(coved_factory, tmp_path):
     os.unlink(os.path.join(kdir, "garbage"))
     c.remove(c.create(template="busybox")["id"])
     # no hung KMS process is left behind
-    r = subprocess.run(["pgrep", "-f", f"sleep 3600"], capture_output=True, text=True)
+    r = subprocess.run(["pgrep", "-f", "sleep 3600"], capture_output=True, text=True)
     assert not [p for p in r.stdout.split() if os.path.exists(f"/proc/{p}") and
                 kdir in open(f"/proc/{p}/cmdline").read()]
 
