@@ -4,6 +4,7 @@ template and shape) boots once, in the first create, and every test clones it. U
 (this machine has no usable KVM) a template boot takes ~10-20 s and a clone well under 1 s.
 
 Skipped with the reason when QEMU or the guest kernel (scripts/install-deps) is missing."""
+import base64
 import json
 import os
 import pathlib
@@ -17,7 +18,7 @@ import time
 
 import pytest
 
-from cove import Coved
+from cove import Coved, grep_data
 from hostutil import Listener, cgroup_file, host_ipv4
 
 pytestmark = pytest.mark.root
@@ -804,3 +805,105 @@ def test_vm_firecracker_driver_against_fake_vmm(coved_factory, build_dir, open_t
     assert '"snapshot_path":"/proc/self/fd/3"' in log, log
     c.remove(sb["id"], purge=True)
     assert not os.path.exists(os.path.join(d.data, "sandboxes", sb["id"]))
+
+
+def _disk_key_hex(data_dir, tenant, disk_id):
+    """The LUKS passphrase coved gives QEMU for a vm disk, recomputed from the key files:
+    the tenant's DEK (AES-256-GCM-wrapped under the node KEK, docs/storage.md "Keys"), HKDF
+    to cove/v1/disk, HKDF to cove/v1/disk/<disk id>, in hex."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    kdir = os.path.join(data_dir, "keys")
+    kek = open(os.path.join(kdir, "node.kek"), "rb").read()
+    if len(kek) != 32:
+        kek = bytes.fromhex(kek.decode().strip())
+    rec = json.load(open(os.path.join(kdir, f"{tenant}.key")))
+    blob = base64.b64decode(rec["wrapped"])
+    dek = AESGCM(kek).decrypt(blob[:12], blob[12:], b"cove/v1/wrap\0" + tenant.encode())
+
+    def hkdf(ikm, info):
+        return HKDF(hashes.SHA256(), 32, None, info.encode()).derive(ikm)
+
+    return hkdf(hkdf(dek, "cove/v1/disk"), f"cove/v1/disk/{disk_id}").hex()
+
+
+def _write_marker(c, sid, marker):
+    # built inside the guest, so the marker is not in exec's argv (nor in coved's log)
+    h = len(marker) // 2
+    c.exec(sid, f"printf '%s%s\\n' '{marker[:h]}' '{marker[h:]}' > /root/marker.txt && sync")
+    assert c.exec(sid, "cat /root/marker.txt")["stdout"] == marker + "\n"
+
+
+@pytest.mark.slow
+def test_vm_encrypted_disk(vmd):
+    """storage_encrypted for vm: the overlay is a LUKS qcow2 under a key from the tenant's DEK,
+    handed to QEMU through a pipe (never on its command line, in a file or in the log): a
+    marker synced inside the guest is in no file of the data dir (the same grep finds a
+    plain vm's marker in its overlay), it survives pause/resume, a fork (which keeps its
+    source's disk key) and a rewind, and a revoked key stops the sandboxes and refuses
+    create, resume and fork."""
+    admin = vmd.client
+    t = admin.post("/v1/tenants", {}, expect=201)
+    tid = t["id"]
+    c = admin.with_key(admin.post(f"/v1/tenants/{tid}/api-keys", {}, expect=201)["key"])
+    s = c.create(template="busybox", runtime="vm", storage_encrypted=True)
+    sid = s["id"]
+    plain = c.create(template="busybox", runtime="vm")
+    assert s["storage_encrypted"] is True and plain["storage_encrypted"] is False
+    mark = "COVE-VMENC-" + os.urandom(12).hex()
+    pmark = "COVE-VMPLAIN-" + os.urandom(12).hex()
+    _write_marker(c, sid, mark)
+    _write_marker(c, plain["id"], pmark)
+    hits = grep_data(vmd.data, pmark)
+    assert any(h.endswith(f"{plain['id']}/disk.qcow2") for h in hits), \
+        f"the plain vm's marker is not in its overlay: the grep is blind ({hits})"
+    assert grep_data(vmd.data, mark) == [], "plaintext of an encrypted vm disk found at rest"
+
+    # the key: QEMU reads it from a pipe; it is on no command line, in no file, not in the log
+    key = _disk_key_hex(vmd.data, tid, sid)
+    disk = os.path.join(vmd.data, "sandboxes", sid, "disk.qcow2")
+    opened = subprocess.run(
+        ["qemu-img", "check", "-U", "-q", "--object", "secret,id=k,file=/dev/stdin",
+         "--image-opts", f"driver=qcow2,file.filename={disk},encrypt.key-secret=k"],
+        input=key.encode(), capture_output=True)
+    assert opened.returncode == 0, f"the derived key does not open the disk: {opened.stderr}"
+    pid = _qemu_of(sid)
+    cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+    assert b"encrypt.key-secret=dsec" in cmd and b"secret,id=dsec,file=/proc/self/fd/" in cmd
+    assert key.encode() not in cmd and key.encode() not in open(f"/proc/{pid}/environ", "rb").read()
+    assert grep_data(vmd.data, key) == [] and grep_data(vmd.data, key.upper()) == []
+
+    # pause/resume (the image keeps the disk key id), then a fork of the resumed sandbox
+    r = c.post(f"/v1/sandboxes/{sid}/pause")
+    assert r["snapshot"]["kind"] == "full" and r["sandbox"]["storage_encrypted"] is True
+    paused_snap = r["snapshot"]["id"]
+    r = c.post(f"/v1/sandboxes/{sid}/resume", {})
+    assert r["state"] == "running" and r["storage_encrypted"] is True
+    assert c.exec(sid, "cat /root/marker.txt")["stdout"] == mark + "\n"
+    c.exec(sid, "echo later > /root/later.txt && sync")
+    kid = c.post(f"/v1/sandboxes/{sid}/fork", {})["sandboxes"][0]
+    assert kid["storage_encrypted"] is True
+    assert c.exec(kid["id"], "cat /root/marker.txt /root/later.txt")["stdout"] == \
+        mark + "\nlater\n"
+    c.exec(kid["id"], "echo kid > /root/kid.txt && sync")
+    # rewind to the pause: later.txt is gone, the marker is back from the encrypted image
+    rw = c.post(f"/v1/sandboxes/{sid}/rewind", {"snapshot_id": paused_snap})
+    assert rw["sandbox"]["state"] == "running" and rw["sandbox"]["storage_encrypted"] is True
+    assert c.exec(sid, "cat /root/marker.txt; test -e /root/later.txt || echo gone")["stdout"] \
+        == mark + "\ngone\n"
+    assert grep_data(vmd.data, mark) == []
+
+    # revoke: running vm sandboxes stop, a paused one cannot resume, nothing new starts
+    c.post(f"/v1/sandboxes/{sid}/pause")
+    st = admin.post("/v1/keys/revoke", {"tenant": tid})
+    assert st["state"] == "revoked" and st["sandboxes_stopped"] == 3, st
+    for x in (kid["id"], plain["id"]):
+        assert c.sandbox(x)["state"] == "stopped" and _qemu_of(x) is None
+    c.expect_error("POST", "/v1/sandboxes", 403, "key_revoked",
+                   body={"template": "busybox", "runtime": "vm", "storage_encrypted": True})
+    c.expect_error("POST", f"/v1/sandboxes/{sid}/resume", 403, "key_revoked", body={})
+    c.expect_error("POST", f"/v1/sandboxes/{sid}/fork", 403, "key_revoked", body={})
+    assert _qemu_of(sid) is None
+    assert grep_data(vmd.data, mark) == [] and grep_data(vmd.data, key) == []

@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -284,6 +285,52 @@ def remove_data_dir(path):
         subprocess.run(["umount", "-l", mp], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False)
     shutil.rmtree(path, ignore_errors=True)
+
+def grep_data(data_dir, needle):
+    """Regular files under data_dir holding needle: what is at rest (the layer filesystem's
+    image and the layer images on it included), not the live views of running sandboxes'
+    layers mounted at ns/layers/<id> (those show whatever the sandbox can read). Reads only
+    the data extents of sparse files (SEEK_DATA/SEEK_HOLE), in chunks."""
+    pat = needle.encode()
+    hits = []
+    live = os.path.join(data_dir, "ns", "layers")
+    for root, dirs, files in os.walk(data_dir):
+        if root == live:
+            dirs[:] = []
+            continue
+        for f in files:
+            p = os.path.join(root, f)
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                size, off, tail = os.fstat(fd).st_size, 0, b""
+                while off < size:
+                    try:
+                        off = os.lseek(fd, off, os.SEEK_DATA)
+                        end = os.lseek(fd, off, os.SEEK_HOLE)
+                    except OSError:
+                        break
+                    tail = b""
+                    while off < end:
+                        buf = os.pread(fd, min(8 << 20, end - off), off)
+                        if not buf:
+                            break
+                        if pat in tail + buf:
+                            hits.append(p)
+                            off = size
+                            break
+                        tail = buf[-len(pat):]
+                        off += len(buf)
+                    if hits and hits[-1] == p:
+                        break
+            finally:
+                os.close(fd)
+    return hits
+
 
 class Coved:
     """A real coved process on a data dir. The data dir is a fresh temp dir unless given;

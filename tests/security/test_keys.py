@@ -7,11 +7,12 @@ revokes, hangs or answers garbage gives clear errors within a bounded wait."""
 import json
 import os
 import secrets
-import stat
 import subprocess
 import time
 
 import pytest
+
+from cove import grep_data
 
 pytestmark = pytest.mark.root
 
@@ -22,52 +23,6 @@ def new_tenant(admin):
     t = admin.post("/v1/tenants", {}, expect=201)
     k = admin.post(f"/v1/tenants/{t['id']}/api-keys", {}, expect=201)
     return t["id"], admin.with_key(k["key"])
-
-
-def grep_data(data_dir, needle):
-    """Regular files under data_dir holding needle: what is at rest (the layer filesystem's
-    image and the layer images on it included), not the live views of running sandboxes'
-    layers mounted at ns/layers/<id> (those show whatever the sandbox can read). Reads only
-    the data extents of sparse files (SEEK_DATA/SEEK_HOLE), in chunks."""
-    pat = needle.encode()
-    hits = []
-    live = os.path.join(data_dir, "ns", "layers")
-    for root, dirs, files in os.walk(data_dir):
-        if root == live:
-            dirs[:] = []
-            continue
-        for f in files:
-            p = os.path.join(root, f)
-            try:
-                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except OSError:
-                continue
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    continue
-                size, off, tail = os.fstat(fd).st_size, 0, b""
-                while off < size:
-                    try:
-                        off = os.lseek(fd, off, os.SEEK_DATA)
-                        end = os.lseek(fd, off, os.SEEK_HOLE)
-                    except OSError:
-                        break
-                    tail = b""
-                    while off < end:
-                        buf = os.pread(fd, min(8 << 20, end - off), off)
-                        if not buf:
-                            break
-                        if pat in tail + buf:
-                            hits.append(p)
-                            off = size
-                            break
-                        tail = buf[-len(pat):]
-                        off += len(buf)
-                    if hits and hits[-1] == p:
-                        break
-            finally:
-                os.close(fd)
-    return hits
 
 
 def inventory(data_dir):
@@ -274,7 +229,7 @@ def test_command_provider_kms_revoke_hang_garbage(coved_factory, tmp_path):
     os.unlink(os.path.join(kdir, "garbage"))
     c.remove(c.create(template="busybox")["id"])
     # no hung KMS process is left behind
-    r = subprocess.run(["pgrep", "-f", f"sleep 3600"], capture_output=True, text=True)
+    r = subprocess.run(["pgrep", "-f", "sleep 3600"], capture_output=True, text=True)
     assert not [p for p in r.stdout.split() if os.path.exists(f"/proc/{p}") and
                 kdir in open(f"/proc/{p}/cmdline").read()]
 

@@ -180,19 +180,19 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "on_timeout must be \"kill\" or \"pause\" (got \"%s\")",
                                      s.on_timeout);
-        /* encrypted layers are an ns feature (vm disks: LUKS from cove_disk_key_derive, not
-         * yet): --encrypt-layers is the ns default, asking for it on vm is refused */
-        int is_ns = !strcmp(s.runtime, "ns");
+        /* encrypted working storage: ns layers (fscrypt; --encrypt-layers is the ns default)
+         * and vm disks (a LUKS qcow2 overlay, asked for per sandbox) */
+        int is_ns = !strcmp(s.runtime, "ns"), is_vm = !strcmp(s.runtime, "vm");
         s.storage_encrypted = d->encrypt_layers && is_ns;
         json_t *enc = json_object_get(body, "storage_encrypted");
         if (enc && !json_is_null(enc)) {
                 if (!json_is_boolean(enc))
                         return bad(err, "%s must be a boolean", "storage_encrypted");
                 s.storage_encrypted = json_is_true(enc);
-                if (s.storage_encrypted && !is_ns)
+                if (s.storage_encrypted && !is_ns && !is_vm)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                             "storage_encrypted needs runtime ns (runtime %s "
-                                             "disks are not encrypted yet)",
+                                             "storage_encrypted needs runtime ns or vm (runtime "
+                                             "%s disks are not encrypted)",
                                              s.runtime);
         }
         json_t *ret = json_object_get(body, "retention");
@@ -286,6 +286,8 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         }
         if (!pooled) {
                 uint8_t key[COVE_FSCRYPT_KEY_LEN];
+                int layer_enc = s.storage_encrypted && !is_vm; /* vm: its disk key, below */
+                struct coved_disk_key_ctx kc = {.d = d, .tenant = tenant};
                 struct cove_instance_spec spec = {
                     .sandbox_id = s.id,
                     .runtime = s.runtime,
@@ -295,9 +297,12 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                     .disk_mb = (unsigned)s.disk_mb,
                     .uid_base = s.uid_base,
                     .uid_count = COVE_UID_RANGE,
-                    .layer_key = s.storage_encrypted ? key : NULL,
+                    .layer_key = layer_enc ? key : NULL,
+                    .disk_encrypted = s.storage_encrypted && is_vm,
+                    .disk_key = coved_disk_key_cb,
+                    .disk_key_ctx = &kc,
                 };
-                int started = s.storage_encrypted ? coved_layer_key(d, tenant, s.id, key, err) : 0;
+                int started = layer_enc ? coved_layer_key(d, tenant, s.id, key, err) : 0;
                 if (started == 0)
                         started = cove_node_start(d->node, &spec, err);
                 OPENSSL_cleanse(key, sizeof(key));

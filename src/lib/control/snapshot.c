@@ -533,7 +533,11 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                                   "template %s is not built on this node", row->template_name);
         uint32_t base = 0;
         uint8_t key[COVE_FSCRYPT_KEY_LEN];
-        if (r == 0 && row->storage_encrypted)
+        /* a vm's disk key: asked for by the driver, by the disk's lineage (runtime.h) */
+        int is_vm = !strcmp(row->runtime, "vm");
+        int layer_enc = row->storage_encrypted && !is_vm;
+        struct coved_disk_key_ctx kc = {.d = d, .tenant = row->tenant};
+        if (r == 0 && layer_enc)
                 r = coved_layer_key(d, row->tenant, row->id, key, err);
         if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
                 struct cove_err e2;
@@ -557,7 +561,10 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
             .uid_count = COVE_UID_RANGE,
             .layer_image = img,
             .mem_image = mem && *mem ? mem : NULL,
-            .layer_key = row->storage_encrypted ? key : NULL,
+            .layer_key = layer_enc ? key : NULL,
+            .disk_encrypted = row->storage_encrypted && is_vm,
+            .disk_key = coved_disk_key_cb,
+            .disk_key_ctx = &kc,
             .full = !img,
             .full_fd = full_fd,
         };

@@ -52,8 +52,10 @@ int coved_key_gate(struct coved *d, const char *tenant, struct cove_err *err)
         return -1;
 }
 
-int coved_layer_key(struct coved *d, const char *tenant, const char *sandbox_id, uint8_t *out,
-                    struct cove_err *err)
+/* The tenant's subkeys, with the key gate's error mapping (revoked stays KEY_REVOKED, a
+ * KMS or key record that fails is UNAVAILABLE). */
+static struct cove_tenant_keys *tenant_keys(struct coved *d, const char *tenant,
+                                            struct cove_err *err)
 {
         char dir[PATH_MAX];
         coved_keys_dir(d, dir, sizeof(dir));
@@ -61,11 +63,37 @@ int coved_layer_key(struct coved *d, const char *tenant, const char *sandbox_id,
         if (cove_tenant_keys_open(dir, tenant, &k, err) < 0) {
                 if (err->kind != COVE_E_KEY_REVOKED && err->kind != COVE_E_BAD_REQUEST)
                         err->kind = COVE_E_UNAVAILABLE;
-                return -1;
+                return NULL;
         }
+        return k;
+}
+
+int coved_layer_key(struct coved *d, const char *tenant, const char *sandbox_id, uint8_t *out,
+                    struct cove_err *err)
+{
+        struct cove_tenant_keys *k = tenant_keys(d, tenant, err);
+        if (!k)
+                return -1;
         int rc = cove_fscrypt_key_derive(k, sandbox_id, out, err);
         cove_tenant_keys_free(k);
         return rc;
+}
+
+int coved_disk_key(struct coved *d, const char *tenant, const char *disk_id, uint8_t *out,
+                   struct cove_err *err)
+{
+        struct cove_tenant_keys *k = tenant_keys(d, tenant, err);
+        if (!k)
+                return -1;
+        int rc = cove_disk_key_derive(k, disk_id, out, err);
+        cove_tenant_keys_free(k);
+        return rc;
+}
+
+int coved_disk_key_cb(void *ctx, const char *disk_id, uint8_t key[32], struct cove_err *err)
+{
+        const struct coved_disk_key_ctx *c = ctx;
+        return coved_disk_key(c->d, c->tenant, disk_id, key, err);
 }
 
 /* ---- quotas ---- */

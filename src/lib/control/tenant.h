@@ -25,6 +25,17 @@ void coved_quota_lock(struct coved *d);
  * key gate. */
 int coved_layer_key(struct coved *d, const char *tenant, const char *sandbox_id, uint8_t *out,
                     struct cove_err *err);
+/* The at-rest key of a vm disk (32 bytes, label cove/v1/disk/<disk_id>: disk_id is the
+ * sandbox that created the disk's lineage, see cove_instance_spec.disk_key), into out;
+ * errors and wiping as coved_layer_key. coved_disk_key_cb is the same as a spec.disk_key
+ * callback with a struct coved_disk_key_ctx. */
+int coved_disk_key(struct coved *d, const char *tenant, const char *disk_id, uint8_t *out,
+                   struct cove_err *err);
+struct coved_disk_key_ctx {
+        struct coved *d;
+        const char *tenant;
+};
+int coved_disk_key_cb(void *ctx, const char *disk_id, uint8_t key[32], struct cove_err *err);
 void coved_quota_unlock(struct coved *d);
 
 int coved_tenant_create(struct coved *d, const char *actor, json_t *body, json_t **out,

@@ -41,6 +41,15 @@ struct cove_instance_spec {
          * layer's upper and work dirs; a new layer is then never a warm one). The same key
          * must be given to layer_open() for images of this layer. NULL: not encrypted. */
         const uint8_t *layer_key;
+        /* vm: the disk overlay is encrypted at rest (a LUKS qcow2). The driver asks disk_key
+         * for the 32-byte key of a disk by the id its key is derived for: the sandbox id
+         * for a new disk, for a restored one the id recorded in the full snapshot image
+         * (the sandbox that created the disk's lineage: a fork keeps its source's disk key).
+         * disk_key fills key (the driver wipes it) or fails with err (e.g. KEY_REVOKED).
+         * A full image whose disk is (not) encrypted is refused unless this says the same. */
+        int disk_encrypted;
+        int (*disk_key)(void *ctx, const char *disk_id, uint8_t key[32], struct cove_err *err);
+        void *disk_key_ctx;
         /* Restore from a full snapshot (live memory + disk, see full_snapshot): with full set,
          * full_fd is a readable image written by full_snapshot() (borrowed: the caller closes
          * it after start()). Only drivers with full_snapshot take it. */

@@ -58,6 +58,7 @@
 #include <nftables/libnftables.h>
 
 #include "runtime/cgroup.h"
+#include "runtime/luks.h"
 #include "runtime/qmp.h"
 #include "runtime/runtime.h"
 #include "runtime/vm.h"
@@ -72,7 +73,8 @@
 #define VM_BOOT_TIMEOUT_MS 120000
 #define VM_QMP_TIMEOUT_MS 10000
 #define VM_ID_MAX 128
-#define VM_MAX_FDS 10
+#define VM_MAX_FDS 12
+#define VM_DISK_KEY_LEN 32
 
 /* A template's RAM as clones map it: a sealed memfd (no write, grow or shrink), loaded from
  * the template's ram file. QEMU 7.2 opens a memory-backend-file read-write unless
@@ -107,10 +109,13 @@ struct vm_inst {
         char tpl[32];   /* template key (basename of its dir) */
         uint32_t build; /* template build id */
         unsigned mem_mb, cpus;
+        char disk_key_id[VM_ID_MAX + 1]; /* "" plain disk, else the id its key is derived for */
 };
 
 /* A full snapshot image (one file, stored as one stream in the chunk store):
- *   [0, 4096)            struct vmf_hdr
+ *   [0, 4096)            struct vmf_hdr (disk_key_id: "" for a plain overlay, else it is a
+ *                         LUKS qcow2 under the disk key of that id: the sandbox that created
+ *                         the disk, kept by its forks; images from before it read as "")
  *   [disk_off, +disk_len) the qcow2 overlay (disk.qcow2) as it was while the VM was stopped
  *   [mem_off, +mem_len)   QEMU's migration stream (devices + all RAM; zero pages are flags),
  *                         mem_off 2 MiB aligned so the store's fixed chunks line up */
@@ -122,6 +127,7 @@ struct vmf_hdr {
         uint32_t build; /* the template build's id (its ready file); 0: not recorded */
         uint64_t disk_off, disk_len, mem_off, mem_len;
         char tpl[32];
+        char disk_key_id[VM_ID_MAX + 1];
 };
 
 /* ---- small helpers ------------------------------------------------------------------ */
@@ -159,6 +165,42 @@ static int run_tool(const char *const argv[], struct cove_err *err)
                 return cove_err_setk(err, COVE_E_INTERNAL, 0, "%s failed (status %d)", argv[0],
                                      WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
         return 0;
+}
+
+/* A disk key as QEMU reads it (-object secret,file=/proc/self/fd/N,format=raw):
+ * the read end of a pipe holding the key in hex (QEMU's LUKS takes its passphrase as UTF-8
+ * text), the write end already closed, owned by uid (QEMU opens the fd by path, as the
+ * sandbox's uid). So the key is never on a command line, in the environment or in a file. */
+static int key_pipe(const uint8_t key[VM_DISK_KEY_LEN], uid_t uid, struct cove_err *err)
+{
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return cove_err_set(err, errno, "vm: key pipe");
+        char hex[2 * VM_DISK_KEY_LEN + 1];
+        cove_hex(key, VM_DISK_KEY_LEN, hex);
+        ssize_t k = write(p[1], hex, 2 * VM_DISK_KEY_LEN);
+        int e = errno;
+        explicit_bzero(hex, sizeof(hex));
+        close(p[1]);
+        if (k != 2 * VM_DISK_KEY_LEN || (uid && fchown(p[0], uid, uid) < 0)) {
+                e = k == 2 * VM_DISK_KEY_LEN ? errno : e;
+                close(p[0]);
+                return cove_err_set(err, e, "vm: key pipe");
+        }
+        return p[0];
+}
+
+/* A sandbox id as a disk key id: what derive_for accepts and a path component could be. */
+static int disk_key_id_ok(const char *id)
+{
+        size_t n = strlen(id);
+        if (!n || n > VM_ID_MAX)
+                return 0;
+        for (size_t i = 0; i < n; i++)
+                if (!(id[i] == '_' || id[i] == '-' || (id[i] >= '0' && id[i] <= '9') ||
+                      (id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z')))
+                        return 0;
+        return 1;
 }
 
 static unsigned long host_tsc_khz(void)
@@ -629,7 +671,7 @@ struct vmcfg {
         unsigned mem_mb, cpus;
         char smp[16], mem[32], memobj[PATH_MAX + 160], kernel[64], initrd[64], append[256];
         char drive[6][PATH_MAX + 96];
-        char chan[64], qmp[64], serial[64], net[48];
+        char chan[64], qmp[64], serial[64], net[48], secret[80];
 };
 
 static void common_args(struct cove_runtime *rt, struct launch *l, struct vmcfg *c)
@@ -1384,9 +1426,17 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 if (pread(spec->full_fd, &fh, sizeof(fh), 0) != (ssize_t)sizeof(fh) ||
                     memcmp(fh.magic, VMF_MAGIC, 8) || fh.version != 1 || fh.mem_off < 4096 ||
                     fh.disk_off < sizeof(fh) || fh.disk_off + fh.disk_len > fh.mem_off ||
-                    !fh.mem_len || memchr(fh.tpl, 0, sizeof(fh.tpl)) == NULL)
+                    !fh.mem_len || memchr(fh.tpl, 0, sizeof(fh.tpl)) == NULL ||
+                    memchr(fh.disk_key_id, 0, sizeof(fh.disk_key_id)) == NULL ||
+                    (fh.disk_key_id[0] && !disk_key_id_ok(fh.disk_key_id)))
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                              "vm: not a vm full snapshot image");
+                if (!fh.disk_key_id[0] != !spec->disk_encrypted)
+                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                             "vm: the snapshot's disk is %s, the sandbox's is "
+                                             "to be %s",
+                                             fh.disk_key_id[0] ? "encrypted" : "not encrypted",
+                                             spec->disk_encrypted ? "encrypted" : "plain");
                 if (fh.mem_mb != (spec->memory_mb ? spec->memory_mb : VM_MEM_DEFAULT_MB) ||
                     fh.cpus != (spec->cpus ? spec->cpus : 1))
                         return cove_err_setk(err, COVE_E_CONFLICT, 0,
@@ -1411,15 +1461,36 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 return cove_err_setk(err, COVE_E_CONFLICT, 0,
                                      "vm: the snapshot was taken on another build of its template "
                                      "(template, kernel or guest changed since)");
+        /* an encrypted disk: its key (by the disk's lineage: a restored disk keeps the id
+         * recorded in its image), in hex for a new overlay (luks.c) and as a pipe for QEMU */
+        char dkid[VM_ID_MAX + 1] = "", dhex[2 * VM_DISK_KEY_LEN + 1] = "";
+        int keyfd = -1;
+        if (spec->disk_encrypted) {
+                snprintf(dkid, sizeof(dkid), "%s", spec->full ? fh.disk_key_id : id);
+                uint8_t dkey[VM_DISK_KEY_LEN];
+                int kr = spec->disk_key ? spec->disk_key(spec->disk_key_ctx, dkid, dkey, err)
+                                        : cove_err_setk(err, COVE_E_INTERNAL, 0, "no disk key");
+                if (kr == 0 && (keyfd = key_pipe(dkey, spec->uid_base, err)) < 0)
+                        kr = -1;
+                if (kr == 0 && !spec->full)
+                        cove_hex(dkey, sizeof(dkey), dhex);
+                explicit_bzero(dkey, sizeof(dkey));
+                if (kr < 0)
+                        return cove_err_wrap(err, "vm: disk key of %s", id);
+        }
 
         struct vm_inst *vi = calloc(1, sizeof(*vi));
         struct vmcfg *c = calloc(1, sizeof(*c));
         if (!vi || !c) {
                 free(vi);
                 free(c);
+                explicit_bzero(dhex, sizeof(dhex));
+                if (keyfd >= 0)
+                        close(keyfd);
                 return cove_err_set(err, ENOMEM, "vm");
         }
         snprintf(vi->id, sizeof(vi->id), "%s", id);
+        snprintf(vi->disk_key_id, sizeof(vi->disk_key_id), "%s", dkid);
         pthread_mutex_init(&vi->mu, NULL);
         vi->mem_mb = mem;
         vi->cpus = cpus;
@@ -1443,10 +1514,14 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         if (spec->full) {
                 if (copy_range(spec->full_fd, (off_t)fh.disk_off, disk, fh.disk_len, err) < 0)
                         goto fail;
-        } else if (run_tool(qi, err) < 0) {
+        } else if (dkid[0] ? cove_luks_qcow2_create(disk, bk, "qcow2", dhex, strlen(dhex),
+                                                    COVE_LUKS_ITERS, err) < 0
+                           : run_tool(qi, err) < 0) {
+                explicit_bzero(dhex, sizeof(dhex));
                 cove_err_wrap(err, "vm: disk overlay");
                 goto fail;
         }
+        explicit_bzero(dhex, sizeof(dhex));
         snprintf(vi->disk, sizeof(vi->disk), "%s", disk);
         uid_t uid = spec->uid_base;
         if (chown(disk, uid, uid) < 0 || chmod(disk, 0600) < 0) {
@@ -1510,7 +1585,12 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         add_fd(&l, diskfd, p, sizeof(p));
         snprintf(c->drive[4], sizeof(c->drive[4]), "driver=file,node-name=diskf,filename=%s", p);
         snprintf(c->drive[5], sizeof(c->drive[5]),
-                 "driver=qcow2,node-name=disk,file=diskf,backing=base");
+                 "driver=qcow2,node-name=disk,file=diskf,backing=base%s",
+                 dkid[0] ? ",encrypt.format=luks,encrypt.key-secret=dsec" : "");
+        if (dkid[0]) {
+                add_fd(&l, keyfd, p, sizeof(p));
+                snprintf(c->secret, sizeof(c->secret), "secret,id=dsec,file=%s,format=raw", p);
+        }
         int n = add_fd(&l, chan[1], p, sizeof(p));
         snprintf(c->chan, sizeof(c->chan), "socket,id=chan,fd=%d,server=off", n);
         n = add_fd(&l, qmp[1], p, sizeof(p));
@@ -1523,6 +1603,10 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         snprintf(c->serial, sizeof(c->serial),
                  dbg && !strcmp(dbg, "1") ? "file,id=ser,path=/proc/self/fd/1" : "null,id=ser");
         common_args(rt, &l, c);
+        if (c->secret[0]) {
+                arg(&l, "-object");
+                arg(&l, c->secret);
+        }
         arg(&l, "-S");
         arg(&l, "-incoming");
         arg(&l, "defer");
@@ -1571,8 +1655,8 @@ fail:
                 cove_cgroup_remove(rt->cg, id, NULL);
         }
         inst_free(vi);
-        int fds[] = {kfd,     ifd,    ramfd,  rootfd,  basefd, diskfd,
-                     statefd, qmp[0], qmp[1], chan[0], chan[1]};
+        int fds[] = {kfd,     ifd,    ramfd,  rootfd,  basefd,  diskfd,
+                     statefd, qmp[0], qmp[1], chan[0], chan[1], keyfd};
         for (size_t i = 0; i < COVE_ARRAY_SIZE(fds); i++)
                 if (fds[i] >= 0)
                         close(fds[i]);
@@ -1690,6 +1774,7 @@ static int vm_full_snapshot(struct cove_runtime *rt, struct cove_instance *inst,
         h.cpus = vi->cpus;
         snprintf(h.tpl, sizeof(h.tpl), "%s", vi->tpl);
         h.build = vi->build;
+        snprintf(h.disk_key_id, sizeof(h.disk_key_id), "%s", vi->disk_key_id);
         h.disk_off = 4096;
         pthread_mutex_lock(&vi->mu);
         int64_t t0 = cove_mono_ns();
