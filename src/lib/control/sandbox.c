@@ -281,7 +281,8 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 struct cove_err e2;
                 if (cove_node_pool_add(d->node, s.runtime, rootfs, (unsigned)s.cpus,
                                        (unsigned)s.memory_mb, (unsigned)s.disk_mb,
-                                       d->pool_size < 2 ? d->pool_size : 2, owner, &e2) < 0)
+                                       d->pool_size < 2 ? d->pool_size : 2, owner, &e2) < 0 &&
+                    e2.kind != COVE_E_LIMIT) /* all owner pools in use: cold, as before */
                         cove_warn(&d->log, "pool", "tenant %s: %s", tenant, e2.msg);
         }
         if (!pooled && (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
