@@ -2,45 +2,30 @@
 exactly the names it allows, over HTTP (Host) and TLS (SNI), by name through the node
 resolver; everything else fails and is audited; a policy can change live; the audit chain
 verifies. Upstream servers live in their own network namespace (tests/lib/egressenv.py)."""
-import base64
 import time
 
 import pytest
 
-from cove import CoveError
-from egressenv import UP1, UP2, Upstream, audit, start_coved, wait_audit
+from egressenv import UP1, UP2, audit, running, sandboxes, wait_audit
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture(scope="module")
 def env(build_dir, templates_dir, log_dir):
-    import os
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, nftables)")
-    up = Upstream()
-    d = start_coved(build_dir, templates_dir, log_dir)
-    yield d, up
-    d.stop(keep_log_as="egress")
-    up.close()
+    with running(build_dir, templates_dir, log_dir, "egress") as e:
+        yield e
 
 
 @pytest.fixture
 def mk(env):
-    d, _ = env
-    made = []
+    with sandboxes(env[0].client, template="base") as make:
 
-    def make(allow=(), deny=(), template="base", egress=True):
-        fields = {}
-        if egress:
-            fields["egress"] = {"allow": list(allow), "deny": list(deny)}
-        sb = d.client.create(template=template, **fields)
-        made.append(sb["id"])
-        return sb["id"]
+        def mk_(allow=(), deny=(), template="base", egress=True):
+            fields = {"egress": {"allow": list(allow), "deny": list(deny)}} if egress else {}
+            return make(template=template, **fields)
 
-    yield make
-    for sid in made:
-        d.client.remove(sid)
+        yield mk_
 
 
 def run(c, sid, script, timeout=60):

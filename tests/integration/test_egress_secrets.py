@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from egressenv import Upstream, audit, start_coved, wait_audit
+from egressenv import audit, running, sandboxes, wait_audit
 
 pytestmark = pytest.mark.root
 
@@ -21,34 +21,24 @@ PVALUE = "sk-live-" + os.urandom(8).hex()
 
 @pytest.fixture(scope="module")
 def env(build_dir, templates_dir, log_dir):
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, nftables)")
-    up = Upstream()
-    d = start_coved(build_dir, templates_dir, log_dir, ca_file=up.ca_file())
-    c = d.client
-    c.put("/v1/secrets/GH", {"value": VALUE, "hosts": ["allowed.test", "bad.test"],
-                             "inject": {"header": "Authorization", "format": "Bearer {value}"}})
-    c.put("/v1/secrets/TOK", {"value": PVALUE, "hosts": ["allowed.test"],
-                              "inject": {"placeholder": True}})
-    yield d, up
-    d.stop(keep_log_as="egress-secrets")
-    up.close()
+    with running(build_dir, templates_dir, log_dir, "egress-secrets", tls_ca=True) as e:
+        c = e[0].client
+        c.put("/v1/secrets/GH", {"value": VALUE, "hosts": ["allowed.test", "bad.test"],
+                                 "inject": {"header": "Authorization",
+                                            "format": "Bearer {value}"}})
+        c.put("/v1/secrets/TOK", {"value": PVALUE, "hosts": ["allowed.test"],
+                                  "inject": {"placeholder": True}})
+        yield e
 
 
 @pytest.fixture
 def mk(env):
-    d, _ = env
-    made = []
+    with sandboxes(env[0].client) as make:
 
-    def make(allow=("allowed.test", "other.test"), secrets=("GH", "TOK"), template="base"):
-        sb = d.client.create(template=template,
-                             egress={"allow": list(allow), "secrets": list(secrets)})
-        made.append(sb["id"])
-        return sb["id"]
+        def mk_(allow=("allowed.test", "other.test"), secrets=("GH", "TOK"), template="base"):
+            return make(template=template, egress={"allow": list(allow), "secrets": list(secrets)})
 
-    yield make
-    for sid in made:
-        d.client.remove(sid)
+        yield mk_
 
 
 def run(c, sid, script, timeout=60):

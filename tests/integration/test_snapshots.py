@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from cove import CoveError
 
 pytestmark = pytest.mark.root
 

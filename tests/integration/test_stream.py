@@ -2,7 +2,6 @@
 reconnects with ?after=SEQ that lose and duplicate nothing (issue 2, API.md "Processes")."""
 import base64
 import hashlib
-import json
 import time
 
 import pytest

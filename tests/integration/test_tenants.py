@@ -6,7 +6,6 @@ import re
 
 import pytest
 
-from cove import CoveError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -10,6 +10,7 @@ names them with --dns-static.
 Names pointing at special ranges: lo.test → 127.0.0.1, meta.test → 169.254.169.254,
 priv.test → 10.1.2.3.
 """
+import contextlib
 import os
 import shutil
 import subprocess
@@ -185,6 +186,43 @@ def start_coved(build_dir, templates_dir, log_dir, ca_file=None):
     for s in STATICS:
         args += ["--dns-static", s]
     return Coved(build_dir, templates_dir=templates_dir, extra_args=args, log_dir=log_dir)
+
+
+@contextlib.contextmanager
+def running(build_dir, templates_dir, log_dir, log_name, tls_ca=False):
+    """An Upstream and a coved whose resolver knows it (and that trusts its CA with
+    tls_ca), as (coved, upstream); stopped on exit, the coved log kept as log_name."""
+    import pytest
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces, nftables)")
+    up = Upstream()
+    try:
+        d = start_coved(build_dir, templates_dir, log_dir,
+                        ca_file=up.ca_file() if tls_ca else None)
+        try:
+            yield d, up
+        finally:
+            d.stop(keep_log_as=log_name)
+    finally:
+        up.close()
+
+
+@contextlib.contextmanager
+def sandboxes(client, **defaults):
+    """make(**fields) creates a sandbox (fields over defaults) and returns its id; every one
+    made is removed on exit."""
+    made = []
+
+    def make(**fields):
+        sb = client.create(**{**defaults, **fields})
+        made.append(sb["id"])
+        return sb["id"]
+
+    try:
+        yield make
+    finally:
+        for sid in made:
+            client.remove(sid)
 
 
 def audit(client, sid, kind=None, after=0):

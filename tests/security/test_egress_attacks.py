@@ -2,41 +2,27 @@
 link): the host, coved's API, another sandbox, the metadata address and private ranges stay
 unreachable by address and by names whose answers point there; UDP other than DNS and ICMP
 are dropped; domain fronting by address and other tricks are refused and audited."""
-import os
 import subprocess
 import time
 
 import pytest
 
-from egressenv import UP1, UP2, Upstream, start_coved, wait_audit
+from egressenv import UP1, UP2, running, sandboxes, wait_audit
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture(scope="module")
 def env(build_dir, templates_dir, log_dir):
-    if os.geteuid() != 0:
-        pytest.skip("needs root (network namespaces, nftables)")
-    up = Upstream()
-    d = start_coved(build_dir, templates_dir, log_dir)
-    yield d, up
-    d.stop(keep_log_as="egress-attacks")
-    up.close()
+    with running(build_dir, templates_dir, log_dir, "egress-attacks") as e:
+        yield e
 
 
 @pytest.fixture
 def mk(env):
-    d, _ = env
-    made = []
-
-    def make(allow=(), template="busybox"):
-        sb = d.client.create(template=template, egress={"allow": list(allow)})
-        made.append(sb["id"])
-        return sb["id"]
-
-    yield make
-    for sid in made:
-        d.client.remove(sid)
+    with sandboxes(env[0].client) as make:
+        yield lambda allow=(), template="busybox": make(template=template,
+                                                         egress={"allow": list(allow)})
 
 
 def run(c, sid, script, timeout=120):

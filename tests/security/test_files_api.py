@@ -96,7 +96,7 @@ def test_write_escapes(client, sandbox):
             host_new, "/../../.." + host_new, "../../../../.." + host_new,
             "/proc/1/root" + host_new, "/proc/self/root/../.." + host_new,
             host_old, "/../.." + host_old, "/tmp/w_new", "/tmp/w_old", "/tmp/w_proc_old",
-            f"/tmp/w_dir/evil", f"/tmp/w_procdir/evil", f"/tmp/w_cwd{host_dir}/evil",
+            "/tmp/w_dir/evil", "/tmp/w_procdir/evil", f"/tmp/w_cwd{host_dir}/evil",
             "/tmp/wl_a", "/tmp/wl_a/x", f"{host_dir}/evil",
         ]
         for p in writes:
@@ -111,12 +111,12 @@ def test_write_escapes(client, sandbox):
         # mkdir / move / remove through the same tricks
         for op, body in [
             ("mkdir", {"path": f"/../../..{host_dir}/sub"}),
-            ("mkdir", {"path": f"/tmp/w_dir/sub"}),
+            ("mkdir", {"path": "/tmp/w_dir/sub"}),
             ("move", {"from": "/tmp/w_old", "to": f"/../../..{host_dir}/moved"}),
             ("move", {"from": f"/../../..{host_old}", "to": "/tmp/stolen"}),
             ("remove", {"path": f"/../../..{host_old}"}),
             ("remove", {"path": "/tmp/w_old"}),
-            ("remove", {"path": f"/tmp/w_procdir", "recursive": True}),
+            ("remove", {"path": "/tmp/w_procdir", "recursive": True}),
             ("remove", {"path": f"/proc/1/root{host_dir}", "recursive": True}),
         ]:
             r = client.request("POST", f"/v1/sandboxes/{sid}/fs/{op}", body, timeout=60)

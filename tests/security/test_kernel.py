@@ -1,7 +1,6 @@
 """Privileged kernel interfaces from inside a sandbox: mounts, namespaces, modules, bpf,
 keyctl, io_uring, userfaultfd, perf, kexec, reboot, clocks, swap, device nodes, /proc/sys,
 /sys, sysrq. Every attempt must fail; the host's values must be unchanged."""
-import os
 import socket
 
 import pytest

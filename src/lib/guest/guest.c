@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "util/cleanup.h"
+#include "util/util.h"
 
 int64_t g_now_ms(void)
 {
@@ -407,28 +408,9 @@ static int handle_rechannel(struct cove_guest *g, struct loop_state *ls, const s
         int sv[2];
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
                 return cove_err_set(err, errno, "rechannel: socketpair");
-        char byte = 'R';
-        struct iovec iov = {&byte, 1};
-        union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-        } u;
-        memset(&u, 0, sizeof(u));
-        struct msghdr msg = {.msg_iov = &iov,
-                             .msg_iovlen = 1,
-                             .msg_control = u.buf,
-                             .msg_controllen = sizeof(u.buf)};
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &sv[1], sizeof(int));
-        ssize_t n;
-        do
-                n = sendmsg(g->chan, &msg, MSG_NOSIGNAL);
-        while (n < 0 && errno == EINTR);
+        int sent = cove_send_fd(g->chan, sv[1], 'R');
         close(sv[1]);
-        if (n != 1) {
+        if (sent < 0) {
                 close(sv[0]);
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, errno, "rechannel: send");
         }

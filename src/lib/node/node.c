@@ -841,30 +841,51 @@ int cove_node_pool_drop(struct cove_node *n, const char *owner)
         return (int)nids;
 }
 
-int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,
-                             uint64_t *pause_ns, struct cove_err *err)
+/* Mark sandbox_id's running instance busy (a stop waits for busy to drop to 0) for a
+ * runtime call made without n->mu; NULL with COVE_E_CONFLICT when it has none. */
+static struct inst *busy_begin(struct cove_node *n, const char *sandbox_id, struct cove_err *err)
 {
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
-        if (in && !in->ops->layer_snapshot) {
-                pthread_mutex_unlock(&n->mu);
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "runtime %s cannot snapshot sandboxes", in->ops->name);
-        }
-        /* stopping excludes it: a stop may free it once mu is released; while stopping is 0
-         * and we hold a snapshot mark, cove_node_stop waits (snapshotting flag) */
+        /* stopping excludes it: a stop may free it once mu is released */
         if (!in || in->stopping || in->pool) {
                 pthread_mutex_unlock(&n->mu);
-                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
-                                     sandbox_id);
+                cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                              sandbox_id);
+                return NULL;
         }
         in->busy++;
         pthread_mutex_unlock(&n->mu);
-        int r = in->ops->layer_snapshot(in->rt, &in->ri, sandbox_id, dest_image, pause_ns, err);
+        return in;
+}
+
+static void busy_end(struct cove_node *n, struct inst *in)
+{
         pthread_mutex_lock(&n->mu);
         in->busy--;
         pthread_cond_broadcast(&n->stop_cv);
         pthread_mutex_unlock(&n->mu);
+}
+
+/* A runtime without the operation: busy_end and COVE_E_UNAVAILABLE. */
+static int busy_unsupported(struct cove_node *n, struct inst *in, const char *what,
+                            struct cove_err *err)
+{
+        const char *name = in->ops->name;
+        busy_end(n, in);
+        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "runtime %s cannot %s", name, what);
+}
+
+int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,
+                             uint64_t *pause_ns, struct cove_err *err)
+{
+        struct inst *in = busy_begin(n, sandbox_id, err);
+        if (!in)
+                return -1;
+        if (!in->ops->layer_snapshot)
+                return busy_unsupported(n, in, "snapshot sandboxes", err);
+        int r = in->ops->layer_snapshot(in->rt, &in->ri, sandbox_id, dest_image, pause_ns, err);
+        busy_end(n, in);
         return r;
 }
 
@@ -905,51 +926,27 @@ int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char 
         if (cove_node_full_status(n, why, sizeof(why)) != 1)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "this node cannot take full snapshots of ns sandboxes");
-        pthread_mutex_lock(&n->mu);
-        struct inst *in = find_locked(n, sandbox_id);
-        if (!in || in->stopping || in->pool) {
-                pthread_mutex_unlock(&n->mu);
-                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
-                                     sandbox_id);
-        }
-        if (!in->ops->full_dump) {
-                pthread_mutex_unlock(&n->mu);
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "runtime %s cannot take checkpoints", in->ops->name);
-        }
-        in->busy++;
-        pthread_mutex_unlock(&n->mu);
+        struct inst *in = busy_begin(n, sandbox_id, err);
+        if (!in)
+                return -1;
+        if (!in->ops->full_dump)
+                return busy_unsupported(n, in, "take checkpoints", err);
         int r = in->ops->full_dump(in->rt, &in->ri, sandbox_id, dest_image, dest_mem, leave_frozen,
                                    pause_ns, err);
-        pthread_mutex_lock(&n->mu);
-        in->busy--;
-        pthread_cond_broadcast(&n->stop_cv);
-        pthread_mutex_unlock(&n->mu);
+        busy_end(n, in);
         return r;
 }
 
 int cove_node_full_snapshot(struct cove_node *n, const char *sandbox_id, int out_fd,
                             uint64_t *pause_ns, struct cove_err *err)
 {
-        pthread_mutex_lock(&n->mu);
-        struct inst *in = find_locked(n, sandbox_id);
-        if (!in || in->stopping || in->pool) {
-                pthread_mutex_unlock(&n->mu);
-                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
-                                     sandbox_id);
-        }
-        if (!in->ops->full_snapshot) {
-                pthread_mutex_unlock(&n->mu);
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "runtime %s cannot take full snapshots", in->ops->name);
-        }
-        in->busy++;
-        pthread_mutex_unlock(&n->mu);
+        struct inst *in = busy_begin(n, sandbox_id, err);
+        if (!in)
+                return -1;
+        if (!in->ops->full_snapshot)
+                return busy_unsupported(n, in, "take full snapshots", err);
         int r = in->ops->full_snapshot(in->rt, &in->ri, out_fd, pause_ns, err);
-        pthread_mutex_lock(&n->mu);
-        in->busy--;
-        pthread_cond_broadcast(&n->stop_cv);
-        pthread_mutex_unlock(&n->mu);
+        busy_end(n, in);
         return r;
 }
 

@@ -149,57 +149,6 @@ static void fd_path(char *out, int fd)
         out[l] = 0;
 }
 
-static int recv_fd(int sock)
-{
-        char byte;
-        struct iovec iov = {&byte, 1};
-        union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-        } u;
-        struct msghdr msg = {.msg_iov = &iov,
-                             .msg_iovlen = 1,
-                             .msg_control = u.buf,
-                             .msg_controllen = sizeof(u.buf)};
-        ssize_t n;
-        do
-                n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-        while (n < 0 && errno == EINTR);
-        if (n <= 0)
-                return -1;
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                return -1;
-        int fd;
-        memcpy(&fd, CMSG_DATA(c), sizeof(fd));
-        return fd;
-}
-
-static int send_fd(int sock, int fd)
-{
-        char byte = 'T';
-        struct iovec iov = {&byte, 1};
-        union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-        } u;
-        memset(&u, 0, sizeof(u));
-        struct msghdr msg = {.msg_iov = &iov,
-                             .msg_iovlen = 1,
-                             .msg_control = u.buf,
-                             .msg_controllen = sizeof(u.buf)};
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(fd));
-        ssize_t n;
-        do
-                n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-        while (n < 0 && errno == EINTR);
-        return n == 1 ? 0 : -1;
-}
-
 /* mount, creating the mount point (as a directory) on the overlay when the template lacks it */
 static int mount_at(const char *src, const char *dst, const char *type, unsigned long flags,
                     const char *data)
@@ -280,7 +229,7 @@ static void close_all_but(int x, int y, int z)
 static _Noreturn void child_main(struct child_args *a)
 {
         int sfd = a->sync_fd;
-        /* A child whose coved dies while it is set up must go too, or it waits in recv_fd()
+        /* A child whose coved dies while it is set up must go too, or it waits in cove_recv_fd()
          * for ever and pins its copy of coved's mounts — every sandbox's layer then — and
          * their loop devices (the "loop device outlives a kill -9" bug). EOF on the sync
          * socket is not enough alone: every child holds copies of coved's fds, the parent's
@@ -297,7 +246,7 @@ static _Noreturn void child_main(struct child_args *a)
 
         int pair[2];
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0 ||
-            send_fd(sfd, pair[0]) < 0)
+            cove_send_fd(sfd, pair[0], 'T') < 0)
                 child_fail(sfd, errno, "guest channel");
         close(pair[0]);
         int chan = pair[1];
@@ -306,9 +255,9 @@ static _Noreturn void child_main(struct child_args *a)
         int lfd = open(a->layer, O_PATH | O_DIRECTORY | O_CLOEXEC);
         if (lfd < 0)
                 child_fail(sfd, errno, "open layer dir");
-        int tree = recv_fd(sfd); /* also waits until the uid map and cgroups are in place */
-        int ltree = tree < 0 ? -1 : recv_fd(sfd);
-        int gtree = ltree < 0 ? -1 : recv_fd(sfd);
+        int tree = cove_recv_fd(sfd); /* also waits until the uid map and cgroups are in place */
+        int ltree = tree < 0 ? -1 : cove_recv_fd(sfd);
+        int gtree = ltree < 0 ? -1 : cove_recv_fd(sfd);
         if (tree < 0 || ltree < 0 || gtree < 0)
                 _exit(127); /* the parent gave up */
         /* raw syscalls: glibc's wrappers broadcast the change to every thread of coved they
@@ -552,7 +501,7 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         /* the guest channel is made by the child, in the sandbox's network namespace, so
          * that a checkpoint (CRIU) finds the guest's end there (unix sockets belong to the
          * netns they were made in); its first message is the node's end */
-        chan[0] = recv_fd(sync[0]);
+        chan[0] = cove_recv_fd(sync[0]);
         if (chan[0] < 0) {
                 cove_err_set(err, EPROTO, "sandbox setup: no guest channel");
                 goto fail;
@@ -606,8 +555,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 cove_err_set(err, errno, "bind %s", spec->guest_binary);
                 goto fail;
         }
-        if (send_fd(sync[0], tree) < 0 || send_fd(sync[0], ltree) < 0 ||
-            send_fd(sync[0], gtree) < 0) {
+        if (cove_send_fd(sync[0], tree, 'T') < 0 || cove_send_fd(sync[0], ltree, 'T') < 0 ||
+            cove_send_fd(sync[0], gtree, 'T') < 0) {
                 cove_err_set(err, errno, "pass template and layer to the sandbox");
                 goto fail;
         }

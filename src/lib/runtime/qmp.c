@@ -71,25 +71,7 @@ static int send_all(int fd, const char *s, size_t n, int pass_fd)
 {
         size_t off = 0;
         while (off < n) {
-                struct iovec iov = {(void *)(s + off), n - off};
-                union {
-                        char buf[CMSG_SPACE(sizeof(int))];
-                        struct cmsghdr align;
-                } u;
-                struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-                if (pass_fd >= 0 && off == 0) {
-                        memset(&u, 0, sizeof(u));
-                        m.msg_control = u.buf;
-                        m.msg_controllen = sizeof(u.buf);
-                        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-                        c->cmsg_level = SOL_SOCKET;
-                        c->cmsg_type = SCM_RIGHTS;
-                        c->cmsg_len = CMSG_LEN(sizeof(int));
-                        memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-                }
-                ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL);
-                if (k < 0 && errno == EINTR)
-                        continue;
+                ssize_t k = cove_send_with_fd(fd, s + off, n - off, off == 0 ? pass_fd : -1);
                 if (k < 0)
                         return -1;
                 off += (size_t)k;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -246,4 +247,60 @@ int cove_rm_rf(const char *path, struct cove_err *err)
         if (rmdir(path) < 0 && errno != ENOENT)
                 return cove_err_set(err, errno, "remove %s", path);
         return 0;
+}
+
+ssize_t cove_send_with_fd(int sock, const void *buf, size_t len, int fd)
+{
+        struct iovec iov = {(void *)buf, len};
+        union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+        } u;
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (fd >= 0) {
+                memset(&u, 0, sizeof(u));
+                msg.msg_control = u.buf;
+                msg.msg_controllen = sizeof(u.buf);
+                struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+                c->cmsg_level = SOL_SOCKET;
+                c->cmsg_type = SCM_RIGHTS;
+                c->cmsg_len = CMSG_LEN(sizeof(int));
+                memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        }
+        ssize_t n;
+        do
+                n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        return n;
+}
+
+int cove_send_fd(int sock, int fd, char byte)
+{
+        return cove_send_with_fd(sock, &byte, 1, fd) == 1 ? 0 : -1;
+}
+
+int cove_recv_fd(int sock)
+{
+        char byte;
+        struct iovec iov = {&byte, 1};
+        union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+        } u;
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = u.buf,
+                             .msg_controllen = sizeof(u.buf)};
+        ssize_t n;
+        do
+                n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        while (n < 0 && errno == EINTR);
+        if (n <= 0)
+                return -1;
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                return -1;
+        int fd;
+        memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+        return fd;
 }

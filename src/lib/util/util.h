@@ -31,4 +31,12 @@ int cove_mkdir_p(const char *path, mode_t mode, struct cove_err *err);
 /* rm -rf that never follows symlinks and never descends into another mount (EBUSY). */
 int cove_rm_rf(const char *path, struct cove_err *err);
 
+/* File descriptor passing over a unix socket (SCM_RIGHTS). cove_send_with_fd: one sendmsg of
+ * buf[0..len) (MSG_NOSIGNAL, EINTR retried) carrying fd when fd >= 0; bytes sent or -1.
+ * cove_send_fd: one byte carrying fd; 0 or -1. cove_recv_fd: the fd of one such byte
+ * (close-on-exec), -1 on EOF, error or a message without one. */
+ssize_t cove_send_with_fd(int sock, const void *buf, size_t len, int fd);
+int cove_send_fd(int sock, int fd, char byte);
+int cove_recv_fd(int sock);
+
 #endif
