@@ -249,6 +249,9 @@ def test_command_provider_kms_revoke_hang_garbage(coved_factory, tmp_path):
     c.wait_state(s["id"], "stopped", timeout=10)
     took = time.monotonic() - t0
     assert took < 4, f"KMS revocation took {took:.1f} s to stop the sandbox (TTL 1 s)"
+    # the tenant (BYOK) had its own warm pool since its create: dropped with the sandbox
+    assert s["storage_encrypted"] is True
+    await_metric(admin, "cove_pool_ready", lambda v: v <= 4, timeout=10)
     e = c.expect_error("POST", "/v1/sandboxes", 403, "key_revoked", body={"template": "busybox"})
     assert "exit 3" in e["message"]
     os.unlink(os.path.join(kdir, "revoked"))

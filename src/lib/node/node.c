@@ -661,11 +661,13 @@ static void *refill_main(void *arg)
                                 warm_up(n, id);
                                 pthread_mutex_lock(&n->mu);
                                 struct inst *in = find_locked(n, id);
-                                int dropped = want->dropped;
-                                if (in)
+                                /* its pool was dropped while it started: it is never
+                                 * ready, and goes now (unless the drop stops it already) */
+                                int dropped = want->dropped && in && !in->stopping;
+                                if (in && !want->dropped)
                                         in->warming = 0;
                                 pthread_mutex_unlock(&n->mu);
-                                if (dropped) { /* its pool was dropped while it started */
+                                if (dropped) {
                                         struct cove_err e2;
                                         cove_node_stop(n, id, 1, &e2);
                                 }
