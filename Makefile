@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-tm bench-full asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-tm bench-full bench-vm asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -31,6 +31,11 @@ bench-store: all
 # full snapshots (CRIU) of a sandbox holding 100 MB in RAM; BENCH_FULL_ARGS e.g. --mb 200 --runs 5
 bench-full: all
 	BUILD=$(BUILD) python3 bench/full_snapshot_bench.py $(BENCH_FULL_ARGS)
+
+# vm runtime through the API next to qemu-system-x86_64 alone (bench/vm_bench.py; root, QEMU
+# and the guest kernel from scripts/install-deps); BENCH_VM_ARGS e.g. --n 20
+bench-vm: all
+	/usr/bin/python3 bench/vm_bench.py --build $(BUILD) $(BENCH_VM_ARGS)
 
 asan:
 	$(MAKE) BUILD=build-asan MESON_OPTS="-Db_sanitize=address,undefined -Db_lundef=false" test

@@ -4,8 +4,9 @@
  * to ask the operator for a credential lease (docs/egress.md); it prints the node's answer
  * (JSON) and exits 0 when the request was recorded.
  * As /init of a vm sandbox's initramfs (PID 1, named init, no arguments) it first brings the
- * VM up (vminit.c) and talks over the virtio-serial port; when the node closes the channel
- * the VM powers off.
+ * VM up (vminit.c) and talks over the virtio-serial port (or, with cove.chan=vsock:PORT on
+ * the kernel command line, over the vsock connection it accepts on PORT); when the node
+ * closes the channel the VM powers off (over vsock it waits for the next connection).
  * Everything is in src/lib/guest; this only parses arguments and maps the result to an
  * exit code (0: the node closed the channel, 1: failure, 2: usage). */
 #include <stdio.h>
@@ -77,8 +78,8 @@ static int vm_main(void)
 {
         struct cove_log log = {.fd = 2, .level = COVE_LOG_INFO};
         struct cove_err err = {0};
-        int fd = -1;
-        if (cove_guest_vm_init(&fd, &err) < 0) {
+        int fd = -1, lfd = -1;
+        if (cove_guest_vm_init(&fd, &lfd, &err) < 0) {
                 cove_error(&log, "guest.init", "%s", err.msg);
                 cove_guest_vm_poweroff();
         }
@@ -86,9 +87,9 @@ static int vm_main(void)
         static const char mark[] = "cove-guest: waiting for the node\n";
         ssize_t w = write(2, mark, sizeof(mark) - 1);
         (void)w;
-        if (cove_guest_vm_wait_node(fd) < 0)
+        if (cove_guest_vm_wait_node(&fd, lfd) < 0)
                 cove_guest_vm_poweroff();
-        struct cove_guest_opts opts = {.channel_fd = fd, .log = &log, .vm = 1};
+        struct cove_guest_opts opts = {.channel_fd = fd, .log = &log, .vm = 1, .listen_fd = lfd};
         if (cove_guest_run(&opts, &err) < 0)
                 cove_error(&log, "guest.exit", "%s", err.msg);
         cove_guest_vm_poweroff();

@@ -4,7 +4,10 @@
  * probes run in a child KILLED:<sig>. The arguments are chosen so that success would be
  * harmless but visible (a tmpfs mount on /mnt, a key in the process keyring, …).
  *
- *   sysprobe [MARKER_PATH]   MARKER_PATH: a host path the chroot escape looks for */
+ *   sysprobe [MARKER_PATH]   MARKER_PATH: a host path the chroot escape looks for
+ *   sysprobe --write-fd PID FD HEX   take a copy of fd FD of process PID (pidfd_getfd, as a
+ *                                    root that may ptrace it) and write the bytes HEX to it:
+ *                                    a vm guest's root forging frames on cove-guest's channel */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -161,10 +164,33 @@ static int connect_abstract(const char *name)
         return 0;
 }
 
+static int write_fd(const char *pid, const char *fd, const char *hex)
+{
+        unsigned char buf[4096];
+        size_t n = 0;
+        for (; hex[0] && hex[1] && n < sizeof(buf); hex += 2) {
+                char h[3] = {hex[0], hex[1], 0};
+                buf[n++] = (unsigned char)strtoul(h, NULL, 16);
+        }
+        int pfd = (int)syscall(SYS_pidfd_open, atoi(pid), 0);
+        report("pidfd_open", pfd, errno);
+        if (pfd < 0)
+                return 1;
+        int t = (int)syscall(SYS_pidfd_getfd, pfd, atoi(fd), 0);
+        report("pidfd_getfd", t, errno);
+        if (t < 0)
+                return 1;
+        long rc = write(t, buf, n);
+        report("write", rc == (long)n ? 0 : -1, rc < 0 ? errno : EIO);
+        return rc == (long)n ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
         if (argc > 2 && !strcmp(argv[1], "--connect-abstract"))
                 return connect_abstract(argv[2]);
+        if (argc > 4 && !strcmp(argv[1], "--write-fd"))
+                return write_fd(argv[2], argv[3], argv[4]);
         marker = argc > 1 ? argv[1] : NULL;
         char buf[256];
         uint8_t attr[128] = {0};

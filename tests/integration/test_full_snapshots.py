@@ -6,9 +6,9 @@ as it was, and a coved without CRIU says "files" and keeps files only.
 The full-snapshot tests need a working criu >= 4 (scripts/install-deps builds one); when
 coved's start-up self-check did not pass they skip, naming what /healthz reported."""
 import os
-import time
 
 import pytest
+from cove import poll
 
 pytestmark = pytest.mark.root
 
@@ -16,17 +16,6 @@ pytestmark = pytest.mark.root
 # (written to a temp file and renamed, so that a read never sees it half-written)
 COUNTER = ("i=0; while true; do i=$((i+1)); echo $i > /tmp/cnt.t; mv /tmp/cnt.t /tmp/cnt; "
            "echo n=$i; sleep 0.05; done")
-
-
-def poll(fn, timeout=30, what="condition"):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.05)
 
 
 def need_full(c):

@@ -6,22 +6,12 @@ import os
 import time
 
 import pytest
+from cove import poll
 
 pytestmark = pytest.mark.root
 
 UID_FIRST = 0x10000000
 UID_RANGE = 65536
-
-
-def poll(fn, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.1)
 
 
 def host_procs():

@@ -12,22 +12,12 @@ import threading
 import time
 
 import pytest
+from cove import poll, sh, snapshots
 
 pytestmark = pytest.mark.root
 
 HOOKS_ENV = {"COVE_TEST_HOOKS": "1"}
 H, D = 3600, 24 * 3600
-
-
-def poll(fn, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.1)
 
 
 def ms(rfc3339):
@@ -57,16 +47,6 @@ def snap(c, sid, label=None):
         pytest.skip("the runtime cannot snapshot here: " + r.error.get("message", ""))
     assert r.status == 201, r.body[:400]
     return r.json()
-
-
-def snapshots(c, sid):
-    return c.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"]
-
-
-def sh(c, sid, cmd):
-    r = c.exec(sid, cmd)
-    assert r["exit_code"] == 0, r
-    return r["stdout"]
 
 
 def store_private_files(data):

@@ -11,20 +11,9 @@ import threading
 import time
 
 import pytest
-
+from cove import poll, sh, snapshots
 
 pytestmark = pytest.mark.root
-
-
-def poll(fn, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.1)
 
 
 def snap(c, sid, label=None, expect=201):
@@ -34,16 +23,6 @@ def snap(c, sid, label=None, expect=201):
                     + r.error.get("message", ""))
     assert r.status == expect, r.body[:400]
     return r.json()
-
-
-def snapshots(c, sid):
-    return c.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"]
-
-
-def sh(c, sid, cmd):
-    r = c.exec(sid, cmd)
-    assert r["exit_code"] == 0, r
-    return r["stdout"]
 
 
 def new_sandbox(c, **kw):

@@ -2,9 +2,9 @@
 reconnects with ?after=SEQ that lose and duplicate nothing (issue 2, API.md "Processes")."""
 import base64
 import hashlib
-import time
 
 import pytest
+from cove import poll
 
 pytestmark = pytest.mark.root
 
@@ -28,17 +28,6 @@ def until_exit(events):
 
 def post(client, path, body=None, **kw):
     return client.request("POST", path, body, **kw)
-
-
-def poll(fn, timeout=30, what="condition"):
-    deadline = time.time() + timeout
-    while True:
-        v = fn()
-        if v:
-            return v
-        if time.time() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.05)
 
 
 def test_event_order(client, sandbox):
@@ -239,10 +228,12 @@ def test_overflow_is_explicit(client, sandbox):
     sid = sandbox["id"]
     # 3 MiB of output > the 2 MiB replay buffer of a streamed process (an exec with
     # wait:true holds the process instead of dropping, so it is not used here)
-    first = list(client.exec(sid, "dd if=/dev/zero bs=65536 count=48 2>/dev/null | tr '\\0' 'z'",
-                             wait=False))
-    assert first[-1]["type"] == "exit"
-    pid = first[0]["pid"]
+    # the output starts only once the start event (with the pid) has been read: a reader
+    # slower than the process would otherwise see the start event fall out of the window
+    pid, ev = start(client, sid, "head -c1 >/dev/null; dd if=/dev/zero bs=65536 count=48 "
+                    "2>/dev/null | tr '\\0' 'z'", stdin=True)
+    assert post(client, f"/v1/sandboxes/{sid}/processes/{pid}/stdin", b"go").status == 200
+    assert until_exit(ev)[-1]["type"] == "exit"
     evs = list(client.stream(f"/v1/sandboxes/{sid}/processes/{pid}/events?after=0"))
     assert evs[0]["type"] == "overflow", evs[0]
     assert evs[0]["message"]

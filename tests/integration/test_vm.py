@@ -4,17 +4,21 @@ template and shape) boots once, in the first create, and every test clones it. U
 (this machine has no usable KVM) a template boot takes ~10-20 s and a clone well under 1 s.
 
 Skipped with the reason when QEMU or the guest kernel (scripts/install-deps) is missing."""
-import base64
+import json
 import os
+import pathlib
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 
 import pytest
 
 from cove import Coved
+from hostutil import Listener, cgroup_file, host_ipv4
 
 pytestmark = pytest.mark.root
 
@@ -108,6 +112,17 @@ def test_vm_runs_its_own_kernel(vmd, vm):
     assert uid >= 0x10000000, f"QEMU runs as uid {uid}"
 
 
+def test_vm_init_loads_every_listed_module(vmd, vm):
+    """the initramfs carries and loads what modules/order lists, the vsock ones included
+    when scripts/install-deps extracted them (the guest channel for Firecracker)"""
+    with open(os.path.join(KDIR, "modules/order")) as f:
+        want = {m.strip()[:-3].replace("-", "_") for m in f if m.strip()}
+    loaded = vmd.client.exec(vm["id"], "cat /proc/modules")["stdout"]
+    names = {line.split()[0] for line in loaded.splitlines()}
+    # built-in ones (none in Debian's config) would not be listed: every listed one is a module
+    assert want <= names, f"not loaded in the guest: {sorted(want - names)}"
+
+
 def test_vm_exec_exit_codes_stderr_and_env(vmd, vm):
     c = vmd.client
     r = c.exec(vm["id"], "echo out; echo err >&2; exit 7", env={"X": "y"})
@@ -153,7 +168,8 @@ def test_vm_five_concurrent_clones_have_own_identity(vmd):
 
     def one():
         try:
-            made.append(c.create(template="busybox", runtime="vm"))
+            made.append(c.create(template="busybox", runtime="vm",
+                                 egress={"allow": ["allowed.test:80"], "deny": []}))
         except Exception as e:  # noqa: BLE001 (reported below)
             errs.append(e)
 
@@ -165,18 +181,32 @@ def test_vm_five_concurrent_clones_have_own_identity(vmd):
     try:
         assert not errs, errs
         assert len(made) == 5
-        seen_host, seen_rng = set(), set()
+        seen = {"host": set(), "rng": set(), "boot_id": set(), "uuid": set(), "address": set(),
+                "netns": set()}
         for sb in made:
-            r = c.exec(sb["id"], "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'")
-            host, rnd = r["stdout"].split()
+            r = c.exec(sb["id"], "hostname; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n';"
+                                 f" echo; cat {BOOT_ID} /proc/sys/kernel/random/uuid")
+            host, rnd, boot_id, uuid = r["stdout"].split()
             assert host == sb["id"]
-            seen_host.add(host)
-            seen_rng.add(rnd)
-        assert len(seen_host) == 5
-        assert len(seen_rng) == 5, "clones of one template must not share RNG state"
+            seen["host"].add(host)
+            seen["rng"].add(rnd)
+            seen["boot_id"].add(boot_id)
+            seen["uuid"].add(uuid)
         pids = {_qemu_of(sb["id"]) for sb in made}
         uids = {os.stat(f"/proc/{p}").st_uid for p in pids}
         assert len(uids) == 5, "each VM's QEMU runs under its own uid"
+        # network: the guest side (169.254.100.2 behind QEMU's tap) is the same in every VM,
+        # each in a netns of its own; what the network sees is the sandbox's own address
+        for sb in made:
+            addr = c.get(f"/v1/sandboxes/{sb['id']}/egress")["address"]
+            pid = _qemu_of(sb["id"])
+            r = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-4", "-o", "addr",
+                                "show", "dev", "eth0"], capture_output=True, text=True)
+            assert f" {addr}/" in r.stdout, (addr, r.stdout, r.stderr)
+            seen["address"].add(addr)
+            seen["netns"].add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+        # no two clones of one template share an id, RNG output or address
+        assert {k: len(v) for k, v in seen.items()} == {k: 5 for k in seen}, seen
     finally:
         for sb in made:
             c.remove(sb["id"])
@@ -317,6 +347,9 @@ COUNTER = ("setsid sh -c 'i=0; while :; do i=$((i+1)); echo $i > /dev/shm/count.
            "mv /dev/shm/count.t /dev/shm/count; sleep 0.05; done' </dev/null >/dev/null 2>&1 &")
 
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
 def _count(c, sid):
     return int(c.exec(sid, "cat /dev/shm/count")["stdout"])
 
@@ -338,6 +371,7 @@ def test_vm_pause_resume_keeps_live_memory(vmd):
         while c.exec(sid, "test -s /dev/shm/count")["exit_code"] and time.time() < deadline:
             time.sleep(0.1)
         pid = _counter_pid(c, sid)
+        boot_id = c.exec(sid, f"cat {BOOT_ID}")["stdout"]
         before = _count(c, sid)
         r = c.post(f"/v1/sandboxes/{sid}/pause")
         assert r["sandbox"]["state"] == "paused"
@@ -354,6 +388,7 @@ def test_vm_pause_resume_keeps_live_memory(vmd):
             time.sleep(0.1)
         assert _count(c, sid) > after, "the counter does not run after the resume"
         assert c.exec(sid, "hostname")["stdout"].strip() == sid
+        assert c.exec(sid, f"cat {BOOT_ID}")["stdout"] == boot_id, "a resume is the same boot"
     finally:
         c.remove(sid, purge=True)
 
@@ -367,9 +402,16 @@ def test_vm_fork_into_two_that_diverge(vmd):
     try:
         c.exec(sid, "echo base > /dev/shm/x; echo disk > /root/y; sync")
         c.exec(sid, COUNTER)
+        boot_id = c.exec(sid, f"cat {BOOT_ID}")["stdout"]
         r = c.post(f"/v1/sandboxes/{sid}/fork", {"count": 2})
         kids = [k["id"] for k in r["sandboxes"]]
         assert len(kids) == 2 and sid not in kids
+        # the parent's kernel had made its boot_id already: each fork gets a new one
+        ids = [c.exec(k, f"cat {BOOT_ID}")["stdout"] for k in kids]
+        assert len({boot_id, *ids}) == 3, (boot_id, ids)
+        assert all(re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-"
+                                r"[0-9a-f]{12}\n", i) for i in ids), ids
+        assert c.exec(sid, f"cat {BOOT_ID}")["stdout"] == boot_id
         for i, k in enumerate(kids):
             out = c.exec(k, "hostname; cat /dev/shm/x /root/y")["stdout"].split()
             assert out == [k, "base", "disk"], out
@@ -433,7 +475,8 @@ def test_vm_corrupt_channel_breaks_only_itself(vmd):
 def test_vm_coved_kill9_then_restart(coved_factory):
     """coved dies hard: its QEMUs die with it (PDEATHSIG), the restart reconciles the vm
     sandbox to stopped, frees its cgroup, and vm sandboxes work again (the template
-    snapshot on disk is reused, not rebuilt)."""
+    snapshot on disk is reused, not rebuilt). The start collects older template builds;
+    a full snapshot of another build of the same template key is refused (409)."""
     why = _missing()
     if why:
         pytest.skip(why)
@@ -442,19 +485,322 @@ def test_vm_coved_kill9_then_restart(coved_factory):
     sid = c.create(template="busybox", runtime="vm")["id"]
     pid = _qemu_of(sid)
     assert pid
+    paused = c.create(template="busybox", runtime="vm")["id"]
+    assert c.post(f"/v1/sandboxes/{paused}/pause")["snapshot"]["kind"] == "full"
     d.kill9()
     deadline = time.time() + 20
     while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}"), "QEMU outlived coved"
+    planted = _plant_old_builds(d.data)
+    # the template is rebuilt under the same key (as after its dir was lost): another build
+    # id, and another base.qcow2 under the paused sandbox's disk
+    ready = os.path.join(planted["current"], "ready")
+    with open(ready) as f:
+        rec = f.read()
+    with open(ready, "w") as f:
+        f.write(re.sub(r"^build [0-9a-f]+$", "build 0badc0de", rec, flags=re.M))
     c = d.start()
     sb = c.sandbox(sid)
     assert sb["state"] == "stopped" and sb.get("error"), sb
+    e = c.expect_error("POST", f"/v1/sandboxes/{paused}/resume", 409, "conflict", {})
+    assert "another build of its template" in e["message"], e
+    assert c.sandbox(paused)["state"] == "paused"
     assert not any(os.path.exists(f"/sys/fs/cgroup/{ctl}/cove/{sid}")
                    for ctl in ("memory", "pids", "cpu", "freezer", "unified"))
+    # the start collected the older builds nothing uses, kept the current one and the one a
+    # sandbox's disk still backs onto
+    for what, path in planted.items():
+        assert os.path.exists(path) == (what in ("current", "backed", "current_initrd")), \
+            (what, path)
+    assert any(ln.get("event") == "runtime.collect" and "removed 3 item" in ln.get("msg", "")
+               for ln in d.log_lines()), "no runtime.collect line"
     t = time.time()
     sid2 = c.create(template="busybox", runtime="vm")["id"]
     assert time.time() - t < 8, "the template was rebuilt after the restart"
     assert c.exec(sid2, "echo again")["stdout"] == "again\n"
     c.remove(sid, purge=True)
     c.remove(sid2, purge=True)
+    c.remove(paused, purge=True)
+
+
+def _plant_old_builds(data):
+    """Next to the real template build, what older builds leave in <data>/vm: a complete
+    build whose record (a copy of the real one) no longer hashes to its dir name, as after
+    a rootfs, kernel or guest change; an unfinished build (no ready); an old initramfs; and
+    an old build that a sandbox's disk.qcow2 still backs onto."""
+    tpl = os.path.join(data, "vm", "tpl")
+    (cur,) = os.listdir(tpl)
+    cur = os.path.join(tpl, cur)
+    with open(os.path.join(cur, "ready"), "rb") as f:
+        record = f.read()
+    assert record.startswith(b"cove-vm-template 2\n"), record
+    (initrd,) = [f for f in os.listdir(os.path.join(data, "vm")) if f.startswith("initrd-")]
+    p = {"current": cur, "current_initrd": os.path.join(data, "vm", initrd),
+         "stale": os.path.join(tpl, "00000000000000aa"),
+         "unfinished": os.path.join(tpl, "00000000000000bb"),
+         "backed": os.path.join(tpl, "00000000000000cc"),
+         "old_initrd": os.path.join(data, "vm", "initrd-00000000000000dd")}
+    for k in ("stale", "unfinished", "backed"):
+        os.makedirs(p[k])
+        with open(os.path.join(p[k], "ram"), "wb") as f:
+            f.truncate(64 << 20)
+    for k in ("stale", "backed"):
+        with open(os.path.join(p[k], "ready"), "wb") as f:
+            f.write(record)
+    open(p["old_initrd"], "wb").close()
+    base = os.path.join(p["backed"], "base.qcow2")
+    sd = os.path.join(data, "sandboxes", "sbx_planted_old_disk")
+    os.makedirs(sd)
+    for img, backing in ((base, None), (os.path.join(sd, "disk.qcow2"), base)):
+        cmd = ["qemu-img", "create", "-q", "-f", "qcow2"]
+        if backing:
+            cmd += ["-u", "-b", backing, "-F", "qcow2"]
+        subprocess.run(cmd + [img, "64M"], check=True)
+    return p
+
+
+# ---- hostile guest and compromised QEMU: the vm equivalents of tests/security (they live
+# here to share this module's template boot; tests/security's own files run against ns) ----
+
+PROBE_AS = r"""
+import json, os, signal, sys
+out = {}
+for p in sys.argv[2:]:
+    kind, path = p.split(":", 1)
+    try:
+        if kind == "ls":
+            os.listdir(path)
+        else:
+            os.close(os.open(path, os.O_RDWR if kind == "rw" else os.O_RDONLY))
+        out[p] = "OK"
+    except OSError as e:
+        out[p] = e.strerror
+try:
+    os.kill(int(sys.argv[1]), 0)
+    out["kill"] = "OK"
+except OSError as e:
+    out["kill"] = e.strerror
+print(json.dumps(out))
+"""
+
+
+def _probe_as(uid, other_pid, targets):
+    """open/list each 'kind:path' as uid (QEMU's credentials, without its seccomp filter,
+    i.e. more than QEMU itself may do) and signal 0 to other_pid: {target: 'OK' | error}"""
+    r = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                        "--inh-caps=-all", "/usr/bin/python3", "-c", PROBE_AS, str(other_pid)]
+                       + targets, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _status(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return dict(ln.split(":", 1) for ln in f.read().splitlines() if ":" in ln)
+
+
+def test_vm_qemu_is_confined(vmd):
+    """QEMU (what a guest that escapes into it would hold): its own unprivileged uid, no
+    capabilities or groups, seccomp (-sandbox on), its own cgroup with limits and network
+    namespace; it cannot open another sandbox's state dir or disk, coved's files, or write
+    the template, nor signal another sandbox's QEMU."""
+    c = vmd.client
+    a = c.create(template="busybox", runtime="vm")
+    b = c.create(template="busybox", runtime="vm")
+    try:
+        pa, pb = _qemu_of(a["id"]), _qemu_of(b["id"])
+        st = _status(pa)
+        uids, gids = st["Uid"].split(), st["Gid"].split()
+        assert len(set(uids)) == 1 and int(uids[0]) >= 0x10000000, st["Uid"]
+        assert len(set(gids)) == 1 and gids[0] == uids[0], st["Gid"]
+        assert st["Groups"].strip() == "", st["Groups"]
+        assert int(st["CapEff"], 16) == 0 and int(st["CapPrm"], 16) == 0, st["CapEff"]
+        assert st["Seccomp"].strip() == "2", "QEMU runs without its seccomp filter"
+        assert st["NoNewPrivs"].strip() == "1"
+        assert _status(pb)["Uid"].split()[0] != uids[0]
+        # its own cgroup, with the sandbox's limits
+        with open(f"/proc/{pa}/cgroup") as f:
+            assert f"cove/{a['id']}" in f.read()
+        lim = cgroup_file(a["id"], "memory", "memory.limit_in_bytes") or \
+            cgroup_file(a["id"], "memory", "memory.max")
+        pids = cgroup_file(a["id"], "pids", "pids.max")
+        assert lim and pids, "no memory/pids cgroup for the VM"
+        mem = a["memory_mb"] << 20
+        assert mem < int(open(lim).read()) <= mem + (256 << 20), open(lim).read()
+        assert open(pids).read().strip() == "256"
+        # its own network namespace: not the host's, not the other VM's
+        nets = {os.stat(f"/proc/{p}/ns/net").st_ino for p in (pa, pb, "self")}
+        assert len(nets) == 3, "VMs share a network namespace with each other or the host"
+        # files, as QEMU's uid
+        sa = os.path.join(vmd.data, "sandboxes", a["id"])
+        sb_ = os.path.join(vmd.data, "sandboxes", b["id"])
+        assert os.path.exists(os.path.join(sb_, "disk.qcow2"))
+        (tpl,) = [os.path.join(vmd.data, "vm", "tpl", t)
+                  for t in os.listdir(os.path.join(vmd.data, "vm", "tpl"))
+                  if os.path.exists(os.path.join(vmd.data, "vm", "tpl", t, "ready"))
+                  and a["memory_mb"] == _tpl_mem(os.path.join(vmd.data, "vm", "tpl", t))]
+        targets = [f"ls:{sb_}", f"ro:{sb_}/disk.qcow2", f"rw:{sb_}/disk.qcow2",
+                   f"ro:{sb_}/qemu.log", f"ls:{sa}", f"ls:{vmd.data}/sandboxes",
+                   f"rw:{tpl}/ram", f"rw:{tpl}/base.qcow2", f"rw:{tpl}/root.img",
+                   f"rw:{tpl}/state", f"ls:/proc/{pb}/fd", f"ro:/proc/{pb}/mem",
+                   f"ro:/proc/{pb}/environ"]
+        # coved's own files (coved.log is this harness's capture of coved's stderr)
+        targets += [f"ro:{os.path.join(vmd.data, n)}" for n in os.listdir(vmd.data)
+                    if os.path.isfile(os.path.join(vmd.data, n)) and n != "coved.log"]
+        got = _probe_as(int(uids[0]), pb, targets)
+        opened = {k: v for k, v in got.items() if v == "OK"}
+        assert not opened, f"QEMU's uid can reach: {opened}"
+        # the probe can succeed: the same uid may signal its own QEMU
+        assert _probe_as(int(uids[0]), pa, [])["kill"] == "OK"
+    finally:
+        c.remove(a["id"])
+        c.remove(b["id"])
+
+
+def _tpl_mem(d):
+    with open(os.path.join(d, "ready")) as f:
+        m = re.search(r"^mem (\d+)$", f.read(), re.M)
+    return int(m.group(1)) if m else None
+
+
+def test_vm_guest_network_only_through_egress(vmd):
+    """Host services from inside a VM: without egress nothing answers (QEMU's netns has
+    only its tap); with an egress policy the guest's packets leave through the sandbox's
+    link and its rules: the host's own addresses, the link's gateway and a destination the
+    policy does not allow are refused (as tests/security/test_network.py for ns)."""
+    c = vmd.client
+    lst = Listener("0.0.0.0")
+    plain = c.create(template="busybox", runtime="vm")
+    eg = c.create(template="busybox", runtime="vm",
+                  egress={"allow": ["allowed.test:80"], "deny": []})
+    try:
+        addr = c.get(f"/v1/sandboxes/{eg['id']}/egress").get("address")
+        assert addr, "the egress sandbox has no address"
+        targets = [f"127.0.0.1 {lst.port}", f"127.0.0.1 {vmd.port}", "169.254.169.254 80",
+                   f"169.254.100.1 {lst.port}", "10.0.2.2 80"]
+        targets += [f"{a} {lst.port}" for a in host_ipv4()]
+        targets += [f"{a} {vmd.port}" for a in host_ipv4()]
+        script = "".join(
+            f"echo x | timeout 5 nc -w 2 {t} 2>/dev/null | grep -q . && echo REACHED:{t}\n"
+            for t in targets) + "ip route | grep -q default && echo ROUTE\n"
+        for sb in (plain, eg):
+            r = c.exec(sb["id"], script, timeout=300)
+            reached = [ln for ln in r["stdout"].splitlines() if ln.startswith("REACHED")]
+            assert not reached, (sb["id"], reached)
+            assert "ROUTE" in r["stdout"], r  # the guest does try: it has a default route
+        assert not lst.hits, f"a host listener got connections from a VM: {lst.hits}"
+        # the refusals are the egress rules' (audited), not a dead link: a denied connect
+        ev = c.get(f"/v1/audit?sandbox={eg['id']}&kind=egress")["events"]
+        assert any(e.get("verdict") == "deny" for e in ev), ev
+    finally:
+        lst.close()
+        c.remove(plain["id"])
+        c.remove(eg["id"])
+
+
+def _guest_chan_fd(c, sid):
+    """the fd number of cove-guest's virtio-serial port in the guest's PID 1"""
+    r = c.exec(sid, "for f in /proc/1/fd/*; do echo \"${f##*/} $(readlink $f)\"; done")
+    fds = [ln.split()[0] for ln in r["stdout"].splitlines() if "/dev/vport" in ln]
+    assert len(fds) == 1, r["stdout"]
+    return fds[0]
+
+
+@pytest.mark.parametrize("frame", [
+    "8000000005000000000000010000",  # a header announcing 2 GiB of output (over the max)
+    "00000000770000000000002a",      # a frame of an unknown type
+])
+def test_vm_guest_root_forging_frames_breaks_only_itself(vmd, build_dir, frame):
+    """Root inside a VM takes cove-guest's channel fd (pidfd_getfd on PID 1) and writes a
+    forged frame: the node drops that sandbox (error) and serves another one normally."""
+    probe = os.path.join(build_dir, "tests", "unit", "sysprobe")
+    if not os.access(probe, os.X_OK):
+        pytest.skip(f"{probe} not built")
+    c = vmd.client
+    bad = c.create(template="busybox", runtime="vm")
+    good = c.create(template="busybox", runtime="vm")
+    try:
+        with open(probe, "rb") as f:
+            c.put_file(bad["id"], "/tmp/sysprobe", f.read(), mode=0o755)
+        fd = _guest_chan_fd(c, bad["id"])
+        # the exec's own answer may never come: its channel is what breaks
+        r = c.request("POST", f"/v1/sandboxes/{bad['id']}/exec",
+                      {"cmd": ["/tmp/sysprobe", "--write-fd", "1", fd, frame], "wait": True},
+                      timeout=60)
+        assert r.status in (200, 503), r.body[:300]
+        if r.status == 200:
+            assert "write=OK" in r.json()["stdout"], r.json()
+        got = c.wait_state(bad["id"], ("error",), timeout=30)
+        assert got["state"] == "error" and got.get("error"), got
+        assert _qemu_of(bad["id"]) is None, "the broken VM's QEMU still runs"
+        t = time.time()
+        assert c.exec(good["id"], "echo fine", timeout=20)["stdout"] == "fine\n"
+        assert time.time() - t < 10
+        assert c.request("GET", "/healthz", auth=False, timeout=5).status == 200
+        assert vmd.alive()
+    finally:
+        c.remove(bad["id"])
+        c.remove(good["id"])
+
+
+@pytest.fixture
+def open_tmp():
+    """a temp dir the sandbox uids can reach (pytest's tmp_path is under a 0700 dir)"""
+    d = tempfile.mkdtemp(prefix="cove-fc-")
+    os.chmod(d, 0o755)
+    yield pathlib.Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_vm_firecracker_driver_against_fake_vmm(coved_factory, build_dir, open_tmp):
+    """COVE_VM_DRIVER=firecracker puts the Firecracker driver behind runtime "vm". This host has
+    no firecracker and no usable KVM, so the VMM is a test double: the unit-test binary
+    re-executed as `firecracker` (test_vm.c fake_vmm_main) answers the REST API, makes and
+    loads snapshot files and hands each hybrid-vsock connection to a real cove-guest running
+    as a host process (no VM). Everything else is real: coved, the node's handshake over the
+    vsock stream, the driver's processes, uids, cgroups, files, full snapshots (pause)."""
+    if os.geteuid() != 0:
+        pytest.skip("coved needs root")
+    try:
+        os.close(os.open("/dev/kvm", os.O_RDWR))
+    except OSError as e:
+        pytest.skip(f"/dev/kvm cannot be opened ({e}): the driver's KVM check fails")
+    tmp_path = open_tmp
+    fake = tmp_path / "firecracker"
+    with open(os.path.join(build_dir, "tests/unit/test_vm"), "rb") as src:
+        fake.write_bytes(src.read())
+    fake.chmod(0o755)
+    guest = tmp_path / "cove-guest"
+    with open(os.path.join(build_dir, "cove-guest"), "rb") as src:
+        guest.write_bytes(src.read())
+    guest.chmod(0o755)
+    kdir = tmp_path / "k"
+    (kdir / "modules").mkdir(parents=True)
+    (kdir / "vmlinux").write_text("not a kernel")
+    (kdir / "modules/order").write_text("a.ko\n")
+    (kdir / "modules/a.ko").write_text("module")
+    (kdir / "version").write_text("fake 1")
+    d = coved_factory(extra_args=["--pool", "0", "--runtime", "ns"],
+                      env={"COVE_VM_DRIVER": "firecracker", "COVE_FIRECRACKER": str(fake),
+                           "COVE_VM_ACCEL": "kvm", "COVE_VM_KERNEL_DIR": str(kdir),
+                           "FAKE_VMM_GUEST": str(guest)})
+    c = d.client
+    sb = c.create(template="busybox", runtime="vm")
+    assert sb["runtime"] == "vm" and sb["state"] == "running"
+    r = c.exec(sb["id"], ["sh", "-c", "echo hi; id -u"])
+    assert r["exit_code"] == 0 and r["stdout"].startswith("hi\n"), r
+    # the fake runs the guest as the VMM's uid: the sandbox's own unprivileged one
+    assert int(r["stdout"].split()[1]) >= 0x10000000, r
+    vmm = os.path.join(d.data, "sandboxes", sb["id"], "fc")
+    with open(os.path.join(vmm, "fake-vmm.log")) as f:
+        assert "PUT /snapshot/load" in f.read()
+    # pause = a full snapshot through the driver (PUT /snapshot/create), resume = a load
+    assert c.post(f"/v1/sandboxes/{sb['id']}/pause")["sandbox"]["state"] == "paused"
+    c.post(f"/v1/sandboxes/{sb['id']}/resume", {})
+    assert c.exec(sb["id"], "echo back")["stdout"] == "back\n"
+    with open(os.path.join(vmm, "fake-vmm.log")) as f:
+        log = f.read()
+    assert '"snapshot_path":"/proc/self/fd/3"' in log, log
+    c.remove(sb["id"], purge=True)
+    assert not os.path.exists(os.path.join(d.data, "sandboxes", sb["id"]))

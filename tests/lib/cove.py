@@ -241,6 +241,30 @@ class Client:
 
 
 
+def poll(fn, timeout=60, what="condition", every=0.05):
+    """fn()'s first truthy value, tried every `every` s; AssertionError naming `what` when
+    none came within timeout s."""
+    deadline = time.time() + timeout
+    while True:
+        v = fn()
+        if v:
+            return v
+        if time.time() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(every)
+
+
+def sh(client, sid, cmd):
+    """stdout of cmd in the sandbox, asserting it exited 0."""
+    r = client.exec(sid, cmd)
+    assert r["exit_code"] == 0, r
+    return r["stdout"]
+
+
+def snapshots(client, sid):
+    return client.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"]
+
+
 def remove_data_dir(path):
     """rmtree of a coved data dir, after detaching what a coved killed with SIGKILL (and
     never restarted) left mounted under it (its layer filesystem; the loop devices are

@@ -2,8 +2,6 @@
 import glob
 import os
 
-CGROUP_ROOT = "/sys/fs/cgroup"
-
 
 def sh(client, sid, script, **kw):
     """exec a shell script as root of the sandbox; the result dict (stdout/stderr str)."""
@@ -15,16 +13,6 @@ def split_shell_literal(s):
     search for s does not find the searching command's own argv)."""
     h = len(s) // 2
     return f"\"$(printf %s '{s[:h]}')$(printf %s '{s[h:]}')\""
-
-
-def cgroup_file(sid, controller, name):
-    """Path of a controller file of the sandbox's cgroup (v2 unified or v1), or None."""
-    for p in (os.path.join(CGROUP_ROOT, "cove", sid, name),
-              os.path.join(CGROUP_ROOT, "unified", "cove", sid, name),
-              os.path.join(CGROUP_ROOT, controller, "cove", sid, name)):
-        if os.path.exists(p):
-            return p
-    return None
 
 
 def read_kv(path):

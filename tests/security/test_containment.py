@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from secutil import cgroup_file, read_kv, sh
+from hostutil import cgroup_file
+from secutil import read_kv, sh
 
 
 def _du_bytes(path):

@@ -2,53 +2,11 @@
 sandbox's network namespace has only lo)."""
 import os
 import socket
-import subprocess
-import threading
 
 import pytest
 
+from hostutil import Listener, host_ipv4
 from secutil import sh
-
-
-class Listener:
-    """TCP listener on the host that records every accepted connection."""
-
-    def __init__(self, host, port=0):
-        self.s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.s.bind((host, port))
-        self.s.listen(16)
-        self.port = self.s.getsockname()[1]
-        self.hits = []
-        self.t = threading.Thread(target=self._run, daemon=True)
-        self.t.start()
-
-    def _run(self):
-        while True:
-            try:
-                c, a = self.s.accept()
-            except OSError:
-                return
-            self.hits.append(a)
-            try:
-                c.sendall(b"HOST-SERVICE\n")
-            finally:
-                c.close()
-
-    def close(self):
-        self.s.close()
-
-
-def _host_ipv4():
-    out = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
-    addrs = []
-    for line in out.splitlines():
-        parts = line.split()
-        if "inet" in parts:
-            a = parts[parts.index("inet") + 1].split("/")[0]
-            if not a.startswith("127."):
-                addrs.append(a)
-    return addrs
 
 
 @pytest.mark.root
@@ -68,8 +26,8 @@ def test_host_tcp_services_unreachable(client, sandbox, coved):
         targets = [f"127.0.0.1 {lo.port}", f"127.0.0.1 {anyl.port}",
                    f"127.0.0.1 {coved.port}", "169.254.169.254 80", "10.0.0.1 80",
                    "10.0.2.2 80", "172.17.0.1 80", "192.168.0.1 80"]
-        targets += [f"{a} {anyl.port}" for a in _host_ipv4()]
-        targets += [f"{a} {coved.port}" for a in _host_ipv4()]
+        targets += [f"{a} {anyl.port}" for a in host_ipv4()]
+        targets += [f"{a} {coved.port}" for a in host_ipv4()]
         script = "".join(
             f"echo x | timeout 5 nc -w 2 {t} 2>/dev/null | grep -q . && echo REACHED:{t}\n"
             for t in targets)

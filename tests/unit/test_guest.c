@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -841,12 +842,120 @@ static void watch_events(void **state)
         json_decref(r);
 }
 
+/* ---- vm guest channel over vsock ---- */
+
+static void vm_chan_cmdline(void **state)
+{
+        (void)state;
+        static const struct {
+                const char *cmdline;
+                int want;
+                unsigned port;
+        } cases[] = {
+            {"", 0, 0},
+            {"console=ttyS0 quiet", 0, 0},
+            {"console=ttyS0 cove.chan=virtio", 0, 0},
+            {"reboot=k cove.chan=vsock:1024 panic=1", 1, 1024},
+            {"cove.chan=vsock:1024\n", 1, 1024},
+            {"cove.chan=vsock:1024 cove.chan=vsock:77", 1, 77}, /* the last one wins */
+            {"cove.chan=vsock:77 cove.chan=virtio", 0, 0},
+            {"cove.chan=vsock:4294967294", 1, 4294967294u},
+            {"xcove.chan=vsock:5", 0, 0}, /* not the parameter */
+            {"cove.chan=vsock:", -1, 0},
+            {"cove.chan=vsock:0", -1, 0},
+            {"cove.chan=vsock:4294967295", -1, 0}, /* VMADDR_PORT_ANY */
+            {"cove.chan=vsock:99999999999", -1, 0},
+            {"cove.chan=vsock:12a", -1, 0},
+            {"cove.chan=vsock:-1", -1, 0},
+            {"cove.chan=tcp:1024", -1, 0},
+            {"cove.chan=", -1, 0},
+        };
+        for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+                unsigned port = 12345;
+                int r = cove_guest_vm_chan_port(cases[i].cmdline, &port);
+                if (r != cases[i].want || port != cases[i].port)
+                        fail_msg("\"%s\": got %d port %u, want %d port %u", cases[i].cmdline, r,
+                                 port, cases[i].want, cases[i].port);
+        }
+}
+
+/* The guest's vsock listen path, with a unix listener standing in for the AF_VSOCK one: this
+ * host has no vsock transport (no vhost-vsock, no vsock_loopback), so the real socket cannot
+ * be made here; accept() and the loop around it are the same. A channel that ends is
+ * replaced by the next connection (as after a Firecracker snapshot load, which resets every
+ * vsock connection): processes keep running and the new node sees them in HELLO. */
+static void vm_listener_reaccepts(void **state)
+{
+        (void)state;
+        int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        snprintf(a.sun_path + 1, sizeof(a.sun_path) - 1, "cove-test-vsock-%d", (int)getpid());
+        socklen_t al =
+            (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(a.sun_path + 1));
+        assert_int_equal(bind(l, (struct sockaddr *)&a, al), 0);
+        assert_int_equal(listen(l, 4), 0);
+        struct node n = {0};
+        n.guest = fork();
+        assert_true(n.guest >= 0);
+        if (n.guest == 0) {
+                int fd = -1;
+                if (cove_guest_vm_wait_node(&fd, l) < 0)
+                        _exit(3);
+                struct cove_guest_opts o = {.channel_fd = fd, .listen_fd = l};
+                struct cove_err err = {0};
+                _exit(cove_guest_run(&o, &err) == 0 ? 0 : 1);
+        }
+        close(l);
+        struct cove_err err;
+        int pid = 0;
+        for (int round = 0; round < 2; round++) {
+                n.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                assert_int_equal(connect(n.fd, (struct sockaddr *)&a, al), 0);
+                assert_int_equal(cove_decoder_init(&n.dec, COVE_FRAME_MAX, &err), 0);
+                n.next_id = 1;
+                send_json(&n, COVE_F_HELLO, 0,
+                          json_pack("{s:i, s:s}", "version", 1, "token", "00ff"));
+                struct rx r;
+                assert_int_equal(recv_frame(&n, &r, 10000), 1);
+                assert_int_equal(r.type, COVE_F_HELLO);
+                json_t *h = json_loads((char *)r.p, 0, NULL);
+                rx_free(&r);
+                assert_true(json_is_true(json_object_get(h, "ok")));
+                json_t *procs = json_object_get(h, "procs");
+                if (round == 0) {
+                        assert_int_equal(json_array_size(procs), 0);
+                        pid = start(
+                            &n, json_pack("{s:s, s:[s,s]}", "op", "exec", "cmd", "sleep", "30"));
+                } else {
+                        /* the new node sees the process the previous one started */
+                        assert_int_equal(json_array_size(procs), 1);
+                        assert_int_equal(
+                            json_integer_value(json_object_get(json_array_get(procs, 0), "pid")),
+                            pid);
+                        json_t *o = call(&n, json_pack("{s:s, s:i, s:s}", "op", "signal", "pid",
+                                                       pid, "signal", "KILL"));
+                        assert_ok(o);
+                        json_decref(o);
+                }
+                json_decref(h);
+                cove_decoder_free(&n.dec);
+                close(n.fd); /* the guest goes back to accept() */
+        }
+        /* it waits for a third node now; the test ends it */
+        kill(n.guest, SIGKILL);
+        int st;
+        assert_int_equal(waitpid(n.guest, &st, 0), n.guest);
+        assert_true(WIFSIGNALED(st));
+}
+
 int main(void)
 {
         signal(SIGPIPE, SIG_IGN);
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(handshake_bad_version),
             cmocka_unit_test(request_before_handshake),
+            cmocka_unit_test(vm_chan_cmdline),
+            cmocka_unit_test(vm_listener_reaccepts),
             cmocka_unit_test_setup_teardown(garbage_drops_channel, setup, teardown),
             cmocka_unit_test_setup_teardown(eof_exits_cleanly, setup, teardown),
             cmocka_unit_test_setup_teardown(bad_requests, setup, teardown),

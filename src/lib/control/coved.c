@@ -168,7 +168,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .data_dir = d->data_dir,
             .guest_binary = d->guest_binary,
             .rt_ops = &cove_runtime_ns,
-            .rt_alt_ops = &cove_runtime_vm,
+            .rt_alt_ops = cove_vm_driver(),
             .on_dead = coved_on_instance_dead,
             .on_stop = coved_egress_on_stop,
             .on_ask = coved_on_ask,
@@ -180,7 +180,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         const char *def = o->runtime ? o->runtime : cove_vm_kvm_usable() ? "vm" : "ns";
         if (!strcmp(def, "vm")) {
                 char why[256];
-                if (cove_vm_unavailable(why, sizeof(why))) {
+                if (cove_vm_driver_unavailable(why, sizeof(why))) {
                         if (o->runtime) {
                                 cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "%s", why);
                                 goto fail;
@@ -188,7 +188,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                         cove_warn(&d->log, "coved.start", "KVM works but %s: default runtime ns",
                                   why);
                 } else {
-                        nc.rt_ops = &cove_runtime_vm;
+                        nc.rt_ops = cove_vm_driver();
                         nc.rt_alt_ops = &cove_runtime_ns;
                 }
         }

@@ -295,12 +295,22 @@ out:
 
 /* A vm guest may be a clone of a template snapshot: every clone meets its own node here, and
  * takes from it its hostname, the wall clock and fresh entropy, so no two clones share ids
- * or RNG state. Fields are optional and bounded; bad ones are ignored. */
-static void vm_identity(json_t *h)
+ * or RNG state. Fields are optional and bounded; bad ones are ignored.
+ * boot_id: the kernel makes it at its first read, which in a template clone comes after the
+ * reseed below (the template boot never reads it), so each clone has its own. A fork of a
+ * running VM (a new hostname for a kernel that already had an identity) may share its
+ * parent's: it gets a fresh one bound over the kernel's. A resume or rewind (same hostname)
+ * keeps its boot_id. */
+static void vm_identity(struct cove_guest *g, json_t *h)
 {
         const char *host = json_string_value(json_object_get(h, "hostname"));
-        if (host && strlen(host) <= 64)
+        bool renamed = false;
+        if (host && strlen(host) <= 64) {
+                char cur[65] = "";
+                gethostname(cur, sizeof(cur) - 1);
+                renamed = strcmp(cur, host) != 0;
                 sethostname(host, strlen(host));
+        }
         json_t *t = json_object_get(h, "time_ns");
         if (json_is_integer(t) && json_integer_value(t) > 0) {
                 json_int_t ns = json_integer_value(t);
@@ -321,6 +331,9 @@ static void vm_identity(json_t *h)
         if (n >= 16)
                 cove_guest_vm_seed(buf, n);
         explicit_bzero(buf, sizeof(buf));
+        if (renamed && g->vm_ids > 0 && cove_guest_vm_new_boot_id() < 0 && g->log)
+                cove_warn(g->log, "guest.vm", "fork: new boot_id: %s", strerror(errno));
+        g->vm_ids++;
 }
 
 /* Returns 0, or -1 with err: a refused handshake (after answering it). */
@@ -372,7 +385,7 @@ static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct
         else
                 msg[0] = 0;
         if (!msg[0] && g->vm)
-                vm_identity(h);
+                vm_identity(g, h);
         json_decref(h);
         json_t *o = msg[0] ? json_pack("{s:i, s:b, s:s}", "version", COVE_PROTO_VERSION, "ok", 0,
                                        "message", msg)
@@ -490,6 +503,31 @@ static int chan_process(struct cove_guest *g, struct loop_state *ls, struct cove
         return 0;
 }
 
+/* vm over vsock: the channel ended (the node went, or the VMM restored a snapshot and reset
+ * every vsock connection). Wait for the next node on the listener; processes keep running
+ * (their output waits in their pipes meanwhile) and the new node shakes hands first. */
+static int chan_reaccept(struct cove_guest *g, struct loop_state *ls, struct cove_err *err)
+{
+        epoll_ctl(g->epfd, EPOLL_CTL_DEL, g->chan, NULL);
+        close(g->chan);
+        g->chan = -1;
+        int fd;
+        do
+                fd = accept4(g->listen, NULL, NULL, SOCK_CLOEXEC);
+        while (fd < 0 && (errno == EINTR || errno == ECONNABORTED));
+        if (fd < 0)
+                return cove_err_set(err, errno, "channel: accept");
+        g->chan = fd;
+        g->chan_paused = false;
+        cove_decoder_free(&g->dec);
+        if (cove_decoder_init(&g->dec, COVE_FRAME_MAX, err) < 0)
+                return -1;
+        if (g_epoll_add(g, g->chan, EPOLLIN, &g->s_chan) < 0)
+                return cove_err_set(err, errno, "channel: epoll");
+        ls->hello_done = false;
+        return 0;
+}
+
 /* Returns 1 at end of file, 0, or -1 with err. */
 static int chan_read(struct cove_guest *g, struct loop_state *ls, struct cove_err *err)
 {
@@ -501,6 +539,8 @@ static int chan_read(struct cove_guest *g, struct loop_state *ls, struct cove_er
         if (n < 0) {
                 if (errno == EINTR || errno == EAGAIN)
                         return 0;
+                if (g->listen >= 0 && (errno == ECONNRESET || errno == EPIPE))
+                        return 1; /* a reset vsock connection: as the end of it */
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, errno, "channel: read");
         }
         if (n == 0)
@@ -542,6 +582,8 @@ static void guest_free(struct cove_guest *g)
                 close(g->rootfd);
         if (g->chan >= 0)
                 close(g->chan);
+        if (g->listen >= 0)
+                close(g->listen);
         free(g);
 }
 
@@ -550,9 +592,12 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
         struct cove_guest *g = calloc(1, sizeof(*g));
         if (!g) {
                 close(opts->channel_fd);
+                if (opts->listen_fd > 2)
+                        close(opts->listen_fd);
                 return cove_err_set(err, ENOMEM, "guest");
         }
         g->chan = opts->channel_fd;
+        g->listen = opts->listen_fd > 2 ? opts->listen_fd : -1;
         g->epfd = g->sigfd = g->rootfd = g->askfd = -1;
         for (int i = 0; i < G_MAX_ASKS; i++)
                 g->asks[i].fd = -1;
@@ -638,13 +683,19 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                                 if (g->chan_paused) {
                                         /* paused: only a hang-up matters (the node is gone) */
                                         if (evs[i].events & (EPOLLHUP | EPOLLERR)) {
+                                                if (g->listen >= 0) {
+                                                        r = chan_reaccept(g, &ls, err);
+                                                        break;
+                                                }
                                                 ret = 0;
                                                 goto out;
                                         }
                                         break;
                                 }
                                 r = chan_read(g, &ls, err);
-                                if (r == 1) {
+                                if (r == 1 && g->listen >= 0) {
+                                        r = chan_reaccept(g, &ls, err);
+                                } else if (r == 1) {
                                         ret = 0;
                                         goto out;
                                 }

@@ -13,6 +13,12 @@ struct cove_guest_opts {
         int channel_fd;             /* connected byte stream to the node; owned by the guest */
         const struct cove_log *log; /* diagnostics (never secrets); NULL: none */
         int vm; /* init of a vm sandbox: HELLO's hostname, time and seed apply to the system */
+        /* vm over vsock: the listening socket the channel came from (owned by the guest; a
+         * value <= 2, the default 0 included, means none: fds 0-2 are the console). A channel that
+         * ends (EOF or reset: the node went, or the VMM restored a snapshot, which resets every
+         * vsock connection) is replaced by the next connection accepted on it; processes keep
+         * running and the new node shakes hands first. */
+        int listen_fd;
 };
 
 /* Run the guest until the channel ends. Takes ownership of opts->channel_fd.
@@ -31,12 +37,22 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err);
  * into out. 0 or -1 (out says why). */
 int cove_guest_ask(const char *line, char *out, size_t cap, int timeout_ms);
 /* vm sandboxes (vminit.c): as PID 1 of the initramfs, load the modules, switch to the root
- * disk, set up /dev, /proc, /sys and open the virtio-serial port (*chan_fd). */
-int cove_guest_vm_init(int *chan_fd, struct cove_err *err);
-/* Wait until the node has connected to the port's host end. */
-int cove_guest_vm_wait_node(int fd);
+ * disk, set up /dev, /proc, /sys and open the guest channel: the virtio-serial port
+ * (*chan_fd; *listen_fd = -1) or, with cove.chan=vsock:PORT on the kernel command line, a
+ * listening AF_VSOCK socket on PORT (*listen_fd; *chan_fd = -1). */
+int cove_guest_vm_init(int *chan_fd, int *listen_fd, struct cove_err *err);
+/* Wait for the node: until it has connected to the port's host end, or (listen_fd >= 0)
+ * accept its connection into *chan_fd. */
+int cove_guest_vm_wait_node(int *chan_fd, int listen_fd);
+/* The guest channel the kernel command line asks for: 1 with *port for cove.chan=vsock:PORT
+ * (1..4294967294), 0 for none or cove.chan=virtio (virtio-serial), -1 for a malformed value.
+ * The last cove.chan= wins. */
+int cove_guest_vm_chan_port(const char *cmdline, unsigned *port);
 /* Mix a seed from the node into the kernel's RNG (credited). */
 void cove_guest_vm_seed(const unsigned char *seed, size_t len);
+/* Bind a fresh random boot_id over /proc/sys/kernel/random/boot_id (a fork of a running VM,
+ * whose kernel generated its boot_id before the snapshot). 0 or -1 with errno. */
+int cove_guest_vm_new_boot_id(void);
 _Noreturn void cove_guest_vm_poweroff(void);
 
 #endif

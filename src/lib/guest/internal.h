@@ -60,12 +60,14 @@ struct gwrite; /* files.c: an upload in progress */
 struct gwatch; /* watch.c */
 
 struct cove_guest {
-        int chan; /* channel fd (blocking) */
+        int chan;   /* channel fd (blocking) */
+        int listen; /* vm over vsock: listener the next channel is accepted from, or -1 */
         int epfd;
         int sigfd;
         int rootfd;       /* O_PATH "/" for openat2 RESOLVE_IN_ROOT */
         bool pid1;        /* we are PID 1: reap adopted orphans too */
         bool vm;          /* init of a vm sandbox: HELLO sets hostname, clock, entropy */
+        unsigned vm_ids;  /* identities this kernel has taken (0 in a template snapshot) */
         bool chan_paused; /* a stdin window is full: stop reading the channel */
         const struct cove_log *log;
         struct cove_decoder dec;

@@ -1,8 +1,10 @@
 /* cove-guest as the init of a vm sandbox's initramfs (docs/vm.md): load the virtio and ext4
  * modules listed in /modules/order, mount the root disk (/dev/vda, the sandbox's qcow2 overlay
  * over the template's ext4 image) and switch to it, set up /dev, /proc, /sys, then wait for
- * the node on the virtio-serial port and hand that fd to the ordinary guest loop. Everything
- * else (exec, files, PTY) is the same code as in an ns sandbox. */
+ * the node on the virtio-serial port and hand that fd to the ordinary guest loop. With
+ * cove.chan=vsock:PORT on the kernel command line (Firecracker, which has no virtio-serial)
+ * the guest listens on that AF_VSOCK port instead and takes the node's connection from it.
+ * Everything else (exec, files, PTY) is the same code as in an ns sandbox. */
 #include "guest/guest.h"
 
 #include <dirent.h>
@@ -17,6 +19,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/random.h>
 #include <sys/reboot.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -24,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/random.h>
+#include <linux/vm_sockets.h>
 
 #define VM_PORT_NAME "cove" /* virtserialport name=cove on the QEMU side */
 #define VM_ROOT_DEV "/dev/vda"
@@ -75,6 +79,58 @@ static int find_port(char *out, size_t cap, int timeout_ms)
                         closedir(d);
                 nap_ms(2);
         }
+        return -1;
+}
+
+int cove_guest_vm_chan_port(const char *cmdline, unsigned *port)
+{
+        /* the last cove.chan= wins, as for kernel parameters */
+        const char *val = NULL;
+        size_t vlen = 0;
+        for (const char *p = cmdline; p && *p;) {
+                p += strspn(p, " \t\n");
+                size_t n = strcspn(p, " \t\n");
+                if (n >= 10 && !strncmp(p, "cove.chan=", 10)) {
+                        val = p + 10;
+                        vlen = n - 10;
+                }
+                p += n;
+        }
+        *port = 0;
+        if (!val || (vlen == 6 && !strncmp(val, "virtio", 6)))
+                return 0;
+        if (vlen < 7 || vlen > 6 + 10 || strncmp(val, "vsock:", 6))
+                return -1;
+        unsigned long long v = 0;
+        for (size_t i = 6; i < vlen; i++) {
+                if (val[i] < '0' || val[i] > '9')
+                        return -1;
+                v = v * 10 + (unsigned)(val[i] - '0');
+        }
+        /* VMADDR_PORT_ANY (-1U) is not a port; ports below 1024 are privileged but allowed */
+        if (v == 0 || v >= 0xffffffffULL)
+                return -1;
+        *port = (unsigned)v;
+        return 1;
+}
+
+/* A listening AF_VSOCK socket on port (any CID), retried (bounded) while the transport
+ * driver is still coming up. */
+static int vsock_listen(unsigned port, int timeout_ms)
+{
+        int e = 0;
+        for (int t = 0; t < timeout_ms; t += 2) {
+                int s = socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
+                struct sockaddr_vm a = {
+                    .svm_family = AF_VSOCK, .svm_cid = VMADDR_CID_ANY, .svm_port = port};
+                if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof(a)) == 0 && listen(s, 4) == 0)
+                        return s;
+                e = errno;
+                if (s >= 0)
+                        close(s);
+                nap_ms(2);
+        }
+        errno = e;
         return -1;
 }
 
@@ -158,7 +214,7 @@ static void net_up(void)
         close(s);
 }
 
-int cove_guest_vm_init(int *chan_fd, struct cove_err *err)
+int cove_guest_vm_init(int *chan_fd, int *listen_fd, struct cove_err *err)
 {
         umask(022);
         if (mkmount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, "mode=0755", err) < 0 ||
@@ -199,6 +255,28 @@ int cove_guest_vm_init(int *chan_fd, struct cove_err *err)
         symlink("/proc/self/fd/2", "/dev/stderr");
         net_up();
 
+        *listen_fd = -1;
+        unsigned vport = 0;
+        char cmdline[4096];
+        int cfd = open("/proc/cmdline", O_RDONLY | O_CLOEXEC);
+        ssize_t cn = cfd < 0 ? -1 : read(cfd, cmdline, sizeof(cmdline) - 1);
+        if (cfd >= 0)
+                close(cfd);
+        cmdline[cn > 0 ? cn : 0] = 0;
+        int mode = cove_guest_vm_chan_port(cmdline, &vport);
+        if (mode < 0)
+                return cove_err_set(err, EINVAL,
+                                    "kernel command line: bad cove.chan= (want "
+                                    "cove.chan=vsock:PORT or cove.chan=virtio)");
+        if (mode == 1) {
+                int s = vsock_listen(vport, 5000);
+                if (s < 0)
+                        return cove_err_set(err, errno, "guest channel: listen on vsock port %u",
+                                            vport);
+                *chan_fd = -1;
+                *listen_fd = s;
+                return 0;
+        }
         char port[300];
         if (find_port(port, sizeof(port), 5000) < 0)
                 return cove_err_set(err, ENOENT, "guest channel: no virtio-serial port named %s",
@@ -210,8 +288,21 @@ int cove_guest_vm_init(int *chan_fd, struct cove_err *err)
         return 0;
 }
 
-int cove_guest_vm_wait_node(int fd)
+int cove_guest_vm_wait_node(int *chan_fd, int listen_fd)
 {
+        if (listen_fd >= 0) {
+                /* vsock: the node connects (the hybrid vsock CONNECT on the host); a template
+                 * snapshot is taken while the guest waits in accept() */
+                int c;
+                do
+                        c = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
+                while (c < 0 && (errno == EINTR || errno == ECONNABORTED));
+                if (c < 0)
+                        return -1;
+                *chan_fd = c;
+                return 0;
+        }
+        int fd = *chan_fd;
         /* The port reports POLLHUP until the node has connected to its end; no event
          * announces the connection that poll() could wait for, so look every 2 ms. A
          * template snapshot is taken while its guest waits here, so every clone starts
@@ -255,9 +346,71 @@ void cove_guest_vm_seed(const unsigned char *seed, size_t len)
         explicit_bzero(&rp, sizeof(rp));
 }
 
+/* The kernel's boot_id is read-only and made once; a fork gets its own by a bind mount of a
+ * fresh one (a version 4 UUID from the just reseeded RNG) over it. The file lives on a small
+ * tmpfs that is detached right after, so only the bound file stays reachable. A later fork
+ * of this fork replaces the bind. */
+#define VM_BOOT_ID "/proc/sys/kernel/random/boot_id"
+int cove_guest_vm_new_boot_id(void)
+{
+        unsigned char u[16];
+        if (getrandom(u, sizeof(u), 0) != (ssize_t)sizeof(u))
+                return -1;
+        u[6] = (unsigned char)((u[6] & 0x0f) | 0x40);
+        u[8] = (unsigned char)((u[8] & 0x3f) | 0x80);
+        char id[40];
+        int n = snprintf(id, sizeof(id),
+                         "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\n",
+                         u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11],
+                         u[12], u[13], u[14], u[15]);
+        static const char dir[] = "/dev/.cove-boot-id";
+        if (mkdir(dir, 0700) < 0 && errno != EEXIST)
+                return -1;
+        int r = -1, e = 0;
+        if (mount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0700") <
+            0) {
+                e = errno;
+                goto out;
+        }
+        int fd = open("/dev/.cove-boot-id/boot_id", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0444);
+        if (fd < 0 || write(fd, id, (size_t)n) != n) {
+                e = errno;
+                if (fd >= 0)
+                        close(fd);
+                goto unmount;
+        }
+        close(fd);
+        while (umount2(VM_BOOT_ID, MNT_DETACH) == 0) /* an earlier fork's */
+                ;
+        if (mount("/dev/.cove-boot-id/boot_id", VM_BOOT_ID, NULL, MS_BIND, NULL) < 0 ||
+            mount(NULL, VM_BOOT_ID, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
+                  NULL) < 0) {
+                e = errno;
+                goto unmount;
+        }
+        r = 0;
+unmount:
+        umount2(dir, MNT_DETACH);
+out:
+        rmdir(dir);
+        explicit_bzero(u, sizeof(u));
+        errno = e;
+        return r;
+}
+
 _Noreturn void cove_guest_vm_poweroff(void)
 {
         sync();
+        /* Firecracker has no power-off device: a reboot (reboot=k) ends its VMM */
+        char cmdline[4096];
+        unsigned port;
+        int fd = open("/proc/cmdline", O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd < 0 ? -1 : read(fd, cmdline, sizeof(cmdline) - 1);
+        if (fd >= 0)
+                close(fd);
+        cmdline[n > 0 ? n : 0] = 0;
+        if (cove_guest_vm_chan_port(cmdline, &port) == 1)
+                reboot(RB_AUTOBOOT);
         reboot(RB_POWER_OFF);
         for (;;)
                 pause();

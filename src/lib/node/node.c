@@ -269,6 +269,25 @@ static void *io_main(void *arg)
         return NULL;
 }
 
+/* A driver's leftovers of older builds (runtime.h collect), before any instance starts. */
+static void collect_old(struct cove_node *n, const struct cove_runtime_ops *o,
+                        struct cove_runtime *rt)
+{
+        if (!o || !rt || !o->collect)
+                return;
+        char root[PATH_MAX];
+        snprintf(root, sizeof(root), "%s/sandboxes", n->data_dir);
+        uint64_t bytes = 0;
+        struct cove_err e;
+        int k = o->collect(rt, n->guest, root, &bytes, &e);
+        if (k < 0)
+                cove_warn(n->cfg.log, "runtime.collect", "%s: %s", o->name, e.msg);
+        else if (k > 0)
+                cove_info(n->cfg.log, "runtime.collect",
+                          "%s: removed %d item(s) of older builds nothing uses (%llu MB)", o->name,
+                          k, (unsigned long long)(bytes >> 20));
+}
+
 struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_err *err)
 {
         struct cove_node *n = calloc(1, sizeof(*n));
@@ -303,6 +322,7 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 cove_err_wrap(err, "runtime %s", cfg->rt_ops->name);
                 goto fail;
         }
+        collect_old(n, cfg->rt_ops, n->rt);
         if (cfg->rt_alt_ops) {
                 struct cove_err e2;
                 n->rt_alt = cfg->rt_alt_ops->open(n->data_dir, &e2);
@@ -310,6 +330,8 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                         snprintf(n->alt_why, sizeof(n->alt_why), "%s", e2.msg);
                         cove_info(cfg->log, "node", "runtime %s unavailable: %s",
                                   cfg->rt_alt_ops->name, e2.msg);
+                } else {
+                        collect_old(n, cfg->rt_alt_ops, n->rt_alt);
                 }
         }
         n->epfd = epoll_create1(EPOLL_CLOEXEC);

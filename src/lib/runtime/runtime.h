@@ -147,6 +147,14 @@ struct cove_runtime_ops {
          * image continues exactly there (a counter in RAM goes on). Optional (NULL). */
         int (*full_snapshot)(struct cove_runtime *rt, struct cove_instance *inst, int out_fd,
                              uint64_t *pause_ns, struct cove_err *err);
+        /* ---- housekeeping (optional) ----------------------------------------------------
+         * Remove what older builds left that nothing can use any more (vm: template
+         * snapshots of an older template rootfs, kernel or guest, and their initramfs files),
+         * keeping whatever a disk in a state dir under state_root still backs onto. The node
+         * calls it once after open(), before any instance starts. Returns the number of items
+         * removed (*freed_bytes: their allocated size), or -1 with err. */
+        int (*collect)(struct cove_runtime *rt, const char *guest_binary, const char *state_root,
+                       uint64_t *freed_bytes, struct cove_err *err);
 };
 
 extern const struct cove_runtime_ops cove_runtime_ns;

@@ -28,6 +28,7 @@
  * QEMU death: its end of the channel closes, the node's I/O thread sees EOF and the sandbox
  * is marked failed (node.c on_dead). */
 #include <dirent.h>
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -82,6 +83,7 @@ struct tpl_mem {
         struct tpl_mem *next;
         char dir[PATH_MAX];
         int fd;
+        uint32_t build; /* the build's id (struct tpl_rec) */
 };
 
 struct cove_runtime {
@@ -102,7 +104,8 @@ struct vm_inst {
         struct cove_qmp qmp;
         int cg; /* cgroup created */
         char disk[PATH_MAX + 16];
-        char tpl[32]; /* template key (basename of its dir) */
+        char tpl[32];   /* template key (basename of its dir) */
+        uint32_t build; /* template build id */
         unsigned mem_mb, cpus;
 };
 
@@ -115,7 +118,8 @@ struct vm_inst {
 #define VMF_ALIGN (2u << 20)
 struct vmf_hdr {
         char magic[8];
-        uint32_t version, mem_mb, cpus, pad;
+        uint32_t version, mem_mb, cpus;
+        uint32_t build; /* the template build's id (its ready file); 0: not recorded */
         uint64_t disk_off, disk_len, mem_off, mem_len;
         char tpl[32];
 };
@@ -231,9 +235,9 @@ static int cpio_file(FILE *f, unsigned ino, const char *name, unsigned mode, con
         return r < 0 ? cove_err_set(err, EIO, "initramfs: write %s", name) : 0;
 }
 
-/* <dir>/initrd-<key>: cove-guest as /init plus the modules in load order. */
-static int build_initrd(struct cove_runtime *rt, const char *guest, char *out, size_t cap,
-                        struct cove_err *err)
+/* <dir>/initrd-<key>, keyed by the kernel version and the guest binary. */
+static int initrd_path(struct cove_runtime *rt, const char *guest, char *out, size_t cap,
+                       struct cove_err *err)
 {
         struct stat st;
         if (stat(guest, &st) < 0)
@@ -243,7 +247,23 @@ static int build_initrd(struct cove_runtime *rt, const char *guest, char *out, s
         h = fnv64(h, &st.st_size, sizeof(st.st_size));
         h = fnv64(h, &st.st_mtim, sizeof(st.st_mtim));
         h = fnv64(h, &st.st_ino, sizeof(st.st_ino));
+        /* the module list too: install-deps may add modules (vsock) to the same kernel */
+        char op[PATH_MAX + 16], *ol = NULL;
+        size_t oll = 0;
+        snprintf(op, sizeof(op), "%s/modules/order", rt->kdir);
+        if (cove_read_file(op, 4096, &ol, &oll, NULL) == 0)
+                h = fnv64(h, ol, oll);
+        free(ol);
         snprintf(out, cap, "%s/initrd-%016llx", rt->dir, (unsigned long long)h);
+        return 0;
+}
+
+/* The initramfs: cove-guest as /init plus the modules in load order. */
+static int build_initrd(struct cove_runtime *rt, const char *guest, char *out, size_t cap,
+                        struct cove_err *err)
+{
+        if (initrd_path(rt, guest, out, cap, err) < 0)
+                return -1;
         if (access(out, R_OK) == 0)
                 return 0;
         char tmp[PATH_MAX + 8];
@@ -305,6 +325,33 @@ fail:
                 fclose(f);
         unlink(tmp);
         return -1;
+}
+
+int cove_vm_initrd(const char *dir, const char *guest, char *out, size_t cap, struct cove_err *err)
+{
+        struct cove_runtime *t = calloc(1, sizeof(*t));
+        if (!t)
+                return cove_err_set(err, ENOMEM, "vm: initramfs");
+        snprintf(t->dir, sizeof(t->dir), "%s", dir);
+        cove_vm_kernel_dir(t->kdir, sizeof(t->kdir));
+        char vp[PATH_MAX + 16], *v = NULL;
+        size_t vl = 0;
+        snprintf(vp, sizeof(vp), "%s/version", t->kdir);
+        int r = cove_read_file(vp, sizeof(t->kver) - 1, &v, &vl, err);
+        if (r == 0) {
+                snprintf(t->kver, sizeof(t->kver), "%.*s", (int)vl, v);
+                r = build_initrd(t, guest, out, cap, err);
+        }
+        free(v);
+        free(t);
+        return r;
+}
+
+const char *cove_vm_kernel_dir(char *buf, size_t cap)
+{
+        const char *k = getenv("COVE_VM_KERNEL_DIR");
+        snprintf(buf, cap, "%s", k && *k ? k : VM_KERNEL_DIR_DEFAULT);
+        return buf;
 }
 
 /* ---- launching QEMU ----------------------------------------------------------------- */
@@ -666,6 +713,7 @@ static int lonely_listener(void)
 struct tpl {
         char dir[PATH_MAX];
         char root[PATH_MAX + 16], base[PATH_MAX + 16], ram[PATH_MAX + 16], state[PATH_MAX + 16];
+        uint32_t build; /* random per build (ready); 0 for a build that did not record one */
 };
 
 static void tpl_paths(struct cove_runtime *rt, const char *rootfs, unsigned mem, unsigned cpus,
@@ -687,6 +735,70 @@ static void tpl_paths(struct cove_runtime *rt, const char *rootfs, unsigned mem,
         snprintf(t->base, sizeof(t->base), "%s/base.qcow2", t->dir);
         snprintf(t->ram, sizeof(t->ram), "%s/ram", t->dir);
         snprintf(t->state, sizeof(t->state), "%s/state", t->dir);
+}
+
+/* A template's ready file, written last: what the build was made from (vm_collect recomputes
+ * its key from that to tell a current build from an older one) and a random build id that
+ * full snapshots record, so that none is restored over another build with the same key (a
+ * rebuild makes a different base.qcow2 under the snapshot's disk overlay). */
+#define TPL_READY_MAGIC "cove-vm-template 2\n"
+struct tpl_rec {
+        char rootfs[PATH_MAX], initrd[PATH_MAX];
+        unsigned mem, cpus;
+        uint32_t build;
+};
+
+static int tpl_ready_write(const char *dir, const struct tpl_rec *r, struct cove_err *err)
+{
+        char buf[2 * PATH_MAX + 128];
+        int n = snprintf(buf, sizeof(buf),
+                         TPL_READY_MAGIC "rootfs %s\ninitrd %s\nmem %u\ncpus %u\nbuild %08x\n",
+                         r->rootfs, r->initrd, r->mem, r->cpus, r->build);
+        if (n < 0 || (size_t)n >= sizeof(buf))
+                return cove_err_setk(err, COVE_E_INTERNAL, 0, "vm: template record too long");
+        return cove_write_file_atomic(dir, "ready", buf, (size_t)n, 0644, err);
+}
+
+/* 0: a complete record; 1: ready exists but is an older format (the rootfs path only) or
+ * unreadable as a record; -1: no ready file (an unfinished build). */
+static int tpl_ready_read(const char *dir, struct tpl_rec *r)
+{
+        char p[PATH_MAX + 16];
+        snprintf(p, sizeof(p), "%s/ready", dir);
+        memset(r, 0, sizeof(*r));
+        char *buf = NULL;
+        size_t len = 0;
+        struct cove_err e;
+        if (cove_read_file(p, sizeof(r->rootfs) * 2 + 128, &buf, &len, &e) < 0)
+                return access(p, F_OK) == 0 ? 1 : -1;
+        int have = 0;
+        size_t ml = strlen(TPL_READY_MAGIC);
+        if (len > ml && !memcmp(buf, TPL_READY_MAGIC, ml) && !memchr(buf, 0, len)) {
+                char *save = NULL;
+                for (char *ln = strtok_r(buf + ml, "\n", &save); ln;
+                     ln = strtok_r(NULL, "\n", &save)) {
+                        unsigned u;
+                        if (!strncmp(ln, "rootfs ", 7) && strlen(ln + 7) < sizeof(r->rootfs)) {
+                                snprintf(r->rootfs, sizeof(r->rootfs), "%s", ln + 7);
+                                have |= 1;
+                        } else if (!strncmp(ln, "initrd ", 7) &&
+                                   strlen(ln + 7) < sizeof(r->initrd)) {
+                                snprintf(r->initrd, sizeof(r->initrd), "%s", ln + 7);
+                                have |= 2;
+                        } else if (sscanf(ln, "mem %u", &u) == 1) {
+                                r->mem = u;
+                                have |= 4;
+                        } else if (sscanf(ln, "cpus %u", &u) == 1) {
+                                r->cpus = u;
+                                have |= 8;
+                        } else if (sscanf(ln, "build %x", &u) == 1) {
+                                r->build = u;
+                                have |= 16;
+                        }
+                }
+        }
+        free(buf);
+        return have == 31 ? 0 : 1;
 }
 
 static uint64_t tree_bytes(const char *dir, int depth)
@@ -751,23 +863,30 @@ static int wait_ready(int ser, char *tail, size_t cap, struct cove_err *err)
         }
 }
 
-static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, unsigned cpus,
-                     const char *initrd, struct tpl *t, struct cove_err *err)
+int cove_vm_root_image(const char *rootfs, const char *path, struct cove_err *err)
 {
-        cove_rm_rf(t->dir, NULL);
-        if (cove_mkdir_p(t->dir, 0711, err) < 0)
-                return -1;
-        /* root disk: ext4 of the rootfs, sized for it plus room; sparse */
+        /* ext4 of the rootfs, sized for it plus room; sparse */
         uint64_t need = tree_bytes(rootfs, 0);
         uint64_t mb = need * 3 / 2 / (1 << 20) + 512;
         if (mb < 1024)
                 mb = 1024;
         char size[32];
         snprintf(size, sizeof(size), "%lluM", (unsigned long long)mb);
-        const char *mkfs[] = {"mkfs.ext4",      "-q", "-F",   "-L",    "cove-root", "-E",
-                              "root_owner=0:0", "-d", rootfs, t->root, size,        NULL};
+        const char *mkfs[] = {"mkfs.ext4",      "-q", "-F",   "-L", "cove-root", "-E",
+                              "root_owner=0:0", "-d", rootfs, path, size,        NULL};
         if (run_tool(mkfs, err) < 0)
                 return cove_err_wrap(err, "vm: template root disk from %s", rootfs);
+        return 0;
+}
+
+static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, unsigned cpus,
+                     const char *initrd, struct tpl *t, struct cove_err *err)
+{
+        cove_rm_rf(t->dir, NULL);
+        if (cove_mkdir_p(t->dir, 0711, err) < 0)
+                return -1;
+        if (cove_vm_root_image(rootfs, t->root, err) < 0)
+                return -1;
         char bk[PATH_MAX + 32];
         snprintf(bk, sizeof(bk), "%s", t->root);
         const char *qi[] = {"qemu-img", "create", "-q",  "-f",    "qcow2", "-b",
@@ -888,7 +1007,14 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
                 cove_err_set(err, errno, "vm: template state");
                 goto out;
         }
-        if (cove_write_file_atomic(t->dir, "ready", rootfs, strlen(rootfs), 0644, err) < 0)
+        struct tpl_rec rec = {.mem = mem, .cpus = cpus};
+        snprintf(rec.rootfs, sizeof(rec.rootfs), "%s", rootfs);
+        snprintf(rec.initrd, sizeof(rec.initrd), "%s", initrd);
+        do {
+                if (cove_random(&rec.build, sizeof(rec.build), err) < 0)
+                        goto out;
+        } while (!rec.build);
+        if (tpl_ready_write(t->dir, &rec, err) < 0)
                 goto out;
         r = 0;
 out:
@@ -911,11 +1037,13 @@ out:
         return r;
 }
 
-static int tpl_mem_load(struct cove_runtime *rt, const struct tpl *t, struct cove_err *err)
+static int tpl_mem_load(struct cove_runtime *rt, struct tpl *t, struct cove_err *err)
 {
         for (struct tpl_mem *m = rt->mems; m; m = m->next)
-                if (!strcmp(m->dir, t->dir))
+                if (!strcmp(m->dir, t->dir)) {
+                        t->build = m->build;
                         return m->fd;
+                }
         int src = open(t->ram, O_RDONLY | O_CLOEXEC);
         if (src < 0)
                 return cove_err_set(err, errno, "vm: template RAM %s", t->ram);
@@ -959,6 +1087,8 @@ static int tpl_mem_load(struct cove_runtime *rt, const struct tpl *t, struct cov
         close(src);
         snprintf(m->dir, sizeof(m->dir), "%s", t->dir);
         m->fd = fd;
+        struct tpl_rec rec;
+        m->build = t->build = tpl_ready_read(t->dir, &rec) == 0 ? rec.build : 0;
         m->next = rt->mems;
         rt->mems = m;
         return fd;
@@ -1089,6 +1219,118 @@ int cove_vm_unavailable(char *why, size_t cap)
         return 0;
 }
 
+/* ---- collecting older builds -------------------------------------------------------- */
+
+/* The backing file name recorded in a qcow2 image's header, or -1. */
+static int qcow2_backing(const char *path, char *out, size_t cap)
+{
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+                return -1;
+        unsigned char h[20];
+        int r = -1;
+        if (pread(fd, h, sizeof(h), 0) == (ssize_t)sizeof(h) && !memcmp(h, "QFI\xfb", 4)) {
+                uint64_t off;
+                uint32_t len;
+                memcpy(&off, h + 8, 8);
+                memcpy(&len, h + 16, 4);
+                off = be64toh(off);
+                len = be32toh(len);
+                if (off && len && len < cap && off < (1u << 20) &&
+                    pread(fd, out, len, (off_t)off) == (ssize_t)len) {
+                        out[len] = 0;
+                        r = 0;
+                }
+        }
+        close(fd);
+        return r;
+}
+
+/* Template builds that are not current (their ready record, rehashed with today's rootfs and
+ * initramfs, names another dir; an unfinished build; an older record format) and that no
+ * disk.qcow2 under state_root backs onto; initramfs files other than the current one. A full
+ * snapshot taken on a collected build could not be restored anyway (vm_start answers 409 for
+ * another template key), and a rebuild under the same key has another build id. */
+static int vm_collect(struct cove_runtime *rt, const char *guest, const char *state_root,
+                      uint64_t *freed, struct cove_err *err)
+{
+        char cur[PATH_MAX];
+        if (initrd_path(rt, guest, cur, sizeof(cur), err) < 0)
+                return -1;
+        char tdir[PATH_MAX + 8];
+        snprintf(tdir, sizeof(tdir), "%s/tpl", rt->dir);
+        size_t tl = strlen(tdir);
+        char(*used)[32] = NULL;
+        size_t nused = 0;
+        DIR *d = opendir(state_root);
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+                if (e->d_name[0] == '.')
+                        continue;
+                char p[PATH_MAX], b[PATH_MAX];
+                if (snprintf(p, sizeof(p), "%s/%s/disk.qcow2", state_root, e->d_name) >=
+                        (int)sizeof(p) ||
+                    qcow2_backing(p, b, sizeof(b)) < 0 || strncmp(b, tdir, tl) || b[tl] != '/')
+                        continue;
+                const char *k = b + tl + 1, *sl = strchr(k, '/');
+                if (!sl || sl == k || sl - k >= 32)
+                        continue;
+                void *nu = realloc(used, (nused + 1) * sizeof(*used));
+                if (!nu)
+                        break;
+                used = nu;
+                snprintf(used[nused++], sizeof(*used), "%.*s", (int)(sl - k), k);
+        }
+        if (d)
+                closedir(d);
+        int n = 0;
+        uint64_t bytes = 0;
+        pthread_mutex_lock(&rt->tpl_mu);
+        d = opendir(tdir);
+        while (d && (e = readdir(d))) {
+                if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                        continue;
+                int keep = 0;
+                for (size_t i = 0; i < nused && !keep; i++)
+                        keep = !strcmp(used[i], e->d_name);
+                char dir[PATH_MAX];
+                if (snprintf(dir, sizeof(dir), "%s/%s", tdir, e->d_name) >= (int)sizeof(dir))
+                        continue;
+                struct tpl_rec rec;
+                if (!keep && tpl_ready_read(dir, &rec) == 0) {
+                        struct tpl t = {0};
+                        tpl_paths(rt, rec.rootfs, rec.mem, rec.cpus, cur, &t);
+                        keep = !strcmp(t.dir, dir);
+                }
+                if (keep)
+                        continue;
+                bytes += tree_bytes(dir, 0);
+                if (cove_rm_rf(dir, NULL) == 0)
+                        n++;
+        }
+        if (d)
+                closedir(d);
+        const char *cb = strrchr(cur, '/') + 1;
+        d = opendir(rt->dir);
+        while (d && (e = readdir(d))) {
+                struct stat st;
+                if (strncmp(e->d_name, "initrd-", 7) || !strcmp(e->d_name, cb) ||
+                    fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                        continue;
+                if (unlinkat(dirfd(d), e->d_name, 0) == 0) {
+                        bytes += (uint64_t)st.st_blocks * 512;
+                        n++;
+                }
+        }
+        if (d)
+                closedir(d);
+        pthread_mutex_unlock(&rt->tpl_mu);
+        free(used);
+        if (freed)
+                *freed = bytes;
+        return n;
+}
+
 /* Copy len bytes at off of fd into a new file path (0600). */
 static int copy_range(int fd, off_t off, const char *path, uint64_t len, struct cove_err *err)
 {
@@ -1164,7 +1406,8 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         int memfd = tpl_get(rt, spec->rootfs, spec->guest_binary, mem, cpus, &t, err);
         if (memfd < 0)
                 return cove_err_wrap(err, "vm: template of %s", spec->rootfs);
-        if (spec->full && strcmp(strrchr(t.dir, '/') + 1, fh.tpl))
+        if (spec->full && (strcmp(strrchr(t.dir, '/') + 1, fh.tpl) ||
+                           (fh.build && t.build && fh.build != t.build)))
                 return cove_err_setk(err, COVE_E_CONFLICT, 0,
                                      "vm: the snapshot was taken on another build of its template "
                                      "(template, kernel or guest changed since)");
@@ -1180,6 +1423,7 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         pthread_mutex_init(&vi->mu, NULL);
         vi->mem_mb = mem;
         vi->cpus = cpus;
+        vi->build = t.build;
         {
                 const char *b = strrchr(t.dir, '/');
                 snprintf(vi->tpl, sizeof(vi->tpl), "%s", b ? b + 1 : t.dir);
@@ -1445,6 +1689,7 @@ static int vm_full_snapshot(struct cove_runtime *rt, struct cove_instance *inst,
         h.mem_mb = vi->mem_mb;
         h.cpus = vi->cpus;
         snprintf(h.tpl, sizeof(h.tpl), "%s", vi->tpl);
+        h.build = vi->build;
         h.disk_off = 4096;
         pthread_mutex_lock(&vi->mu);
         int64_t t0 = cove_mono_ns();
@@ -1529,6 +1774,7 @@ out:
 
 const struct cove_runtime_ops cove_runtime_vm = {
     .full_snapshot = vm_full_snapshot,
+    .collect = vm_collect,
     .name = "vm",
     .open = vm_open,
     .close = vm_close,

@@ -1023,17 +1023,34 @@ static int sqlite_sandbox_list(struct cove_catalog *c, const char *tenant, const
         return r;
 }
 
+/* Run a bound DELETE statement (lock held) and reset it: 0 when a row went, 1 when none
+ * matched, -1 with err (its context formatted from fmt) on failure. */
+static int run_delete(struct cove_catalog *c, sqlite3_stmt *st, struct cove_err *err,
+                      const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int run_delete(struct cove_catalog *c, sqlite3_stmt *st, struct cove_err *err,
+                      const char *fmt, ...)
+{
+        int r, rc = step_done(st);
+        if (rc != SQLITE_OK) {
+                char ctx[256];
+                va_list ap;
+                va_start(ap, fmt);
+                vsnprintf(ctx, sizeof(ctx), fmt, ap);
+                va_end(ap);
+                r = db_err(c->db, rc, err, "%s", ctx);
+        } else {
+                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
+        }
+        done(st);
+        return r;
+}
+
 static int sqlite_sandbox_delete(struct cove_catalog *c, const char *id, struct cove_err *err)
 {
         pthread_mutex_lock(&c->lock);
         sqlite3_stmt *st = c->st[ST_SBX_DELETE];
         bind_text(st, 1, id);
-        int r, rc = step_done(st);
-        if (rc != SQLITE_OK)
-                r = db_err(c->db, rc, err, "delete sandbox %s", id);
-        else
-                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
-        done(st);
+        int r = run_delete(c, st, err, "delete sandbox %s", id);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -1157,12 +1174,7 @@ static int sqlite_snapshot_delete(struct cove_catalog *c, const char *id, struct
         pthread_mutex_lock(&c->lock);
         sqlite3_stmt *st = c->st[ST_SNAP_DELETE];
         bind_text(st, 1, id);
-        int r, rc = step_done(st);
-        if (rc != SQLITE_OK)
-                r = db_err(c->db, rc, err, "delete snapshot %s", id);
-        else
-                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
-        done(st);
+        int r = run_delete(c, st, err, "delete snapshot %s", id);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -1345,12 +1357,7 @@ static int sqlite_egress_delete(struct cove_catalog *c, const char *sandbox_id,
         pthread_mutex_lock(&c->lock);
         sqlite3_stmt *st = c->st[ST_EGRESS_DELETE];
         bind_text(st, 1, sandbox_id);
-        int r, rc = step_done(st);
-        if (rc != SQLITE_OK)
-                r = db_err(c->db, rc, err, "delete egress policy of %s", sandbox_id);
-        else
-                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
-        done(st);
+        int r = run_delete(c, st, err, "delete egress policy of %s", sandbox_id);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
@@ -1465,12 +1472,7 @@ static int sqlite_doc_delete(struct cove_catalog *c, const char *kind, const cha
         bind_text(st, 1, kind);
         bind_text(st, 2, tenant);
         bind_text(st, 3, key);
-        int r, rc = step_done(st);
-        if (rc != SQLITE_OK)
-                r = db_err(c->db, rc, err, "delete %s %s", kind, key);
-        else
-                r = sqlite3_changes(c->db) == 0 ? 1 : 0;
-        done(st);
+        int r = run_delete(c, st, err, "delete %s %s", kind, key);
         pthread_mutex_unlock(&c->lock);
         return r;
 }
