@@ -37,7 +37,8 @@ static void usage(FILE *f)
                 "                                through their provider after S seconds (default\n"
                 "                                60; 0 = every use)\n"
                 "             [--encrypt-layers]  sandboxes default to storage_encrypted (their\n"
-                "                                writable layer under fscrypt; no warm pool)\n"
+                "                                writable layer under fscrypt; BYOK tenants\n"
+                "                                always are)\n"
                 "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
                 "                                (besides the system store; tests)\n");
 }

@@ -261,3 +261,50 @@ def test_isolation_e2b_surface(coved_factory):
     status, _ = e2b(ka["key"], "GET", f"/sandboxes/{sb['id']}")
     assert status == 200
     assert ca.sandbox(sb["id"])["state"] == "running"
+
+
+def test_admin_reads_any_tenants_audit(coved, build_dir):
+    """GET /v1/audit?tenant=T: an admin reads T's chain (a deleted tenant's too), 404 for a
+    tenant that never existed; a tenant key naming another tenant gets 404 and sees only its
+    own events; `cove audit --tenant` does the same."""
+    import json
+    import subprocess
+
+    admin = coved.client
+    ta, ca, _ = new_tenant(admin)
+    tb, cb, kb = new_tenant(admin)
+    s = ca.create(template="busybox")
+    ca.remove(s["id"])
+    ev = admin.get(f"/v1/audit?tenant={ta['id']}")["events"]
+    assert ev and all(e["tenant"] == ta["id"] for e in ev)
+    acts = {(e["kind"], e["action"], e["sandbox"]) for e in ev}
+    assert ("control", "create", s["id"]) in acts and ("control", "delete", s["id"]) in acts
+    # without the parameter an admin reads its own tenant's chain, as before
+    own = admin.get("/v1/audit")["events"]
+    assert all(e["tenant"] == "default" for e in own)
+    assert s["id"] not in json.dumps(own)
+    # the other filters apply to the named tenant
+    ev2 = admin.get(f"/v1/audit?tenant={ta['id']}&kind=control&sandbox={s['id']}")["events"]
+    assert {e["action"] for e in ev2} >= {"create", "delete"}
+    assert all(e["sandbox"] == s["id"] for e in ev2)
+    admin.expect_error("GET", "/v1/audit?tenant=ten_neverexisted", 404, "not_found")
+    # a tenant key: its own tenant by name is fine, any other is 404 (as for other ids)
+    assert all(e["tenant"] == tb["id"] for e in cb.get(f"/v1/audit?tenant={tb['id']}")["events"])
+    e = cb.expect_error("GET", f"/v1/audit?tenant={ta['id']}", 404, "not_found")
+    assert ta["id"] in e["message"]
+    cb.expect_error("GET", "/v1/audit?tenant=default", 404, "not_found")
+    # a deleted tenant's events outlive it
+    admin.request("DELETE", f"/v1/tenants/{ta['id']}")
+    ev3 = admin.get(f"/v1/audit?tenant={ta['id']}")["events"]
+    assert ("tenant", "delete") in {(x["kind"], x["action"]) for x in ev3}
+    # the CLI
+    env = dict(os.environ, COVE_URL=f"http://127.0.0.1:{coved.port}", COVE_API_KEY=admin.key)
+    cli = os.path.join(build_dir, "cove")
+    r = subprocess.run([cli, "audit", "--tenant", ta["id"], "--json"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    assert lines and all(x["tenant"] == ta["id"] for x in lines)
+    r = subprocess.run([cli, "audit", "--tenant", ta["id"]], env=dict(env, COVE_API_KEY=kb["key"]),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "not_found" in r.stderr

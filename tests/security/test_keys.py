@@ -204,6 +204,9 @@ def test_command_provider_kms_revoke_hang_garbage(coved_factory, tmp_path):
     c.wait_state(s["id"], "stopped", timeout=10)
     took = time.monotonic() - t0
     assert took < 4, f"KMS revocation took {took:.1f} s to stop the sandbox (TTL 1 s)"
+    # the tenant (BYOK) had its own warm pool since its create: dropped with the sandbox
+    assert s["storage_encrypted"] is True
+    await_metric(admin, "cove_pool_ready", lambda v: v <= 4, timeout=10)
     e = c.expect_error("POST", "/v1/sandboxes", 403, "key_revoked", body={"template": "busybox"})
     assert "exit 3" in e["message"]
     os.unlink(os.path.join(kdir, "revoked"))
@@ -312,3 +315,89 @@ def test_encrypt_layers_default(coved_factory):
     assert grep_data(d.data, mark) == []
     p = d.client.create(template="busybox", storage_encrypted=False)
     assert p["storage_encrypted"] is False
+
+
+def metric(c, name):
+    body = c.request("GET", "/metrics", auth=False).body.decode()
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return int(float(line.split()[1]))
+    raise AssertionError(f"metric {name} missing")
+
+
+def await_metric(c, name, pred, timeout=30):
+    deadline = time.monotonic() + timeout
+    while True:
+        v = metric(c, name)
+        if pred(v):
+            return v
+        assert time.monotonic() < deadline, f"{name} stayed at {v}"
+        time.sleep(0.1)
+
+
+def test_byok_tenant_default_encrypted(coved_factory, tmp_path):
+    """A tenant holding its own key (BYOK) gets storage_encrypted: true without asking and
+    cannot ask for false; its sandbox's marker is in no file of the data dir while a
+    node-default tenant's default sandbox's marker is found by the same search. Encrypted
+    creates come from the tenant's own warm pool (made on its first create), whose layers
+    are encrypted too; snapshots restore (resume, fork, rewind) and stay encrypted; a sandbox
+    made plain before the key was added is encrypted from its next resume; revoking the key
+    drops the tenant's warm pool."""
+    d = coved_factory()
+    admin = d.client
+    tid, c = new_tenant(admin)
+    tid2, c2 = new_tenant(admin)
+    old = c.create(template="busybox")  # before the tenant brings its key: plain
+    assert old["storage_encrypted"] is False
+    kf = tmp_path / "byok.kek"
+    kf.write_bytes(os.urandom(32))
+    os.chmod(kf, 0o600)
+    admin.post("/v1/keys", {"tenant": tid, "provider": "local", "key_file": str(kf)})
+    e = c.expect_error("POST", "/v1/sandboxes", 400, "bad_request",
+                       body={"template": "busybox", "storage_encrypted": False})
+    assert "own key" in e["message"]
+    first = c.create(template="busybox")
+    assert first["storage_encrypted"] is True
+    # its warm pool fills (the node's plain pool holds 4): the next create takes from it
+    await_metric(admin, "cove_pool_ready", lambda v: v >= 6)
+    taken = metric(admin, "cove_pool_taken_total")
+    s = c.create(template="busybox")
+    assert s["storage_encrypted"] is True and c.sandbox(s["id"])["storage_encrypted"] is True
+    assert metric(admin, "cove_pool_taken_total") == taken + 1, "not a warm create"
+    mark = "COVE-BYOK-" + secrets.token_hex(12)
+    write_marker(c, s["id"], mark)
+    # a node-default tenant keeps today's default: plain, and the search finds its marker
+    p = c2.create(template="busybox")
+    assert p["storage_encrypted"] is False
+    pmark = "COVE-NODEKEY-" + secrets.token_hex(12)
+    write_marker(c2, p["id"], pmark)
+    assert grep_data(d.data, pmark), "marker of a plain sandbox not found: the grep is blind"
+    assert grep_data(d.data, mark) == [], "plaintext of a BYOK tenant's sandbox at rest"
+    # snapshots restore, encrypted
+    snap = c.post(f"/v1/sandboxes/{s['id']}/snapshots", {}, expect=(200, 201))
+    snap_id = (snap.get("snapshot") or snap)["id"]
+    c.exec(s["id"], "echo later > /root/later.txt && sync")
+    c.post(f"/v1/sandboxes/{s['id']}/pause", {})
+    r = c.post(f"/v1/sandboxes/{s['id']}/resume", {})
+    assert r["state"] == "running" and r["storage_encrypted"] is True
+    assert c.exec(s["id"], "cat /root/marker.txt /root/later.txt")["stdout"] == mark + "\nlater\n"
+    f = c.post(f"/v1/sandboxes/{s['id']}/fork", {"snapshot_id": snap_id})["sandboxes"][0]
+    assert f["storage_encrypted"] is True
+    assert c.exec(f["id"], "cat /root/marker.txt")["stdout"] == mark + "\n"
+    rw = c.post(f"/v1/sandboxes/{s['id']}/rewind", {"snapshot_id": snap_id})
+    assert rw["sandbox"]["storage_encrypted"] is True
+    assert "later.txt" not in c.exec(s["id"], "ls /root")["stdout"]
+    # the sandbox made plain before the key: encrypted from its next resume on
+    c.post(f"/v1/sandboxes/{old['id']}/pause", {})
+    r = c.post(f"/v1/sandboxes/{old['id']}/resume", {})
+    assert r["storage_encrypted"] is True and c.sandbox(old["id"])["storage_encrypted"] is True
+    omark = "COVE-UPGRADED-" + secrets.token_hex(12)
+    write_marker(c, old["id"], omark)
+    assert grep_data(d.data, mark) == [] and grep_data(d.data, omark) == []
+    # revoke: the tenant's sandboxes stop and its warm pool goes (only the plain one is left)
+    await_metric(admin, "cove_pool_ready", lambda v: v >= 6)
+    st = c.post("/v1/keys/revoke", {"tenant": tid})
+    assert st["sandboxes_stopped"] >= 4
+    assert metric(admin, "cove_pool_ready") <= 4
+    assert grep_data(d.data, mark) == [] and grep_data(d.data, omark) == []
+    c2.remove(p["id"])

@@ -12,12 +12,13 @@
 static void audit_help(void)
 {
         puts("Usage: cove audit [--sandbox ID] [--kind KIND] [--after SEQ] [--limit N]\n"
-             "                  [--follow] [--json]\n"
+             "                  [--tenant T] [--follow] [--json]\n"
              "       cove audit verify\n"
              "\n"
              "Show audit events (egress verdicts, DNS refusals, credential injections, leases,\n"
              "control signals), oldest first. --follow keeps printing new events. --json\n"
-             "prints one JSON object per event. 'verify' recomputes the hash chain and\n"
+             "prints one JSON object per event. --tenant (admin keys): another tenant's\n"
+             "events. 'verify' recomputes the hash chain and\n"
              "reports the first broken link (exit status 1 when broken).");
 }
 
@@ -99,15 +100,16 @@ static int verify(struct cli *c)
 
 int cmd_audit(struct cli *c, int argc, char **argv)
 {
-        enum { O_SANDBOX = CLI_OPT_VERB_BASE, O_KIND, O_AFTER, O_LIMIT, O_FOLLOW };
+        enum { O_SANDBOX = CLI_OPT_VERB_BASE, O_KIND, O_AFTER, O_LIMIT, O_FOLLOW, O_TENANT };
         static const struct option opts[] = {{"sandbox", required_argument, NULL, O_SANDBOX},
                                              {"kind", required_argument, NULL, O_KIND},
                                              {"after", required_argument, NULL, O_AFTER},
                                              {"limit", required_argument, NULL, O_LIMIT},
                                              {"follow", no_argument, NULL, O_FOLLOW},
+                                             {"tenant", required_argument, NULL, O_TENANT},
                                              CLI_GLOBAL_OPTIONS,
                                              {0}};
-        const char *sandbox = NULL, *kind = NULL;
+        const char *sandbox = NULL, *kind = NULL, *tenant = NULL;
         long long after = 0, limit = 1000;
         int follow = 0, opt;
         while ((opt = getopt_long(argc, argv, "hf", opts, NULL)) != -1) {
@@ -122,6 +124,9 @@ int cmd_audit(struct cli *c, int argc, char **argv)
                         break;
                 case O_KIND:
                         kind = optarg;
+                        break;
+                case O_TENANT:
+                        tenant = optarg;
                         break;
                 case O_AFTER:
                         if (!cli_parse_uint(optarg, 1LL << 62, &after))
@@ -145,11 +150,13 @@ int cmd_audit(struct cli *c, int argc, char **argv)
                 return cli_usage_error("audit", "unexpected argument '%s'", argv[optind]);
         cleanup_free char *sq = sandbox ? cli_urlenc(sandbox) : NULL;
         cleanup_free char *kq = kind ? cli_urlenc(kind) : NULL;
+        cleanup_free char *tq = tenant ? cli_urlenc(tenant) : NULL;
         int header = 0;
         for (;;) {
                 cleanup_free char *path =
-                    cli_fmt("/v1/audit?after=%lld&limit=%lld%s%s%s%s", after, limit,
-                            sq ? "&sandbox=" : "", sq ? sq : "", kq ? "&kind=" : "", kq ? kq : "");
+                    cli_fmt("/v1/audit?after=%lld&limit=%lld%s%s%s%s%s%s", after, limit,
+                            sq ? "&sandbox=" : "", sq ? sq : "", kq ? "&kind=" : "", kq ? kq : "",
+                            tq ? "&tenant=" : "", tq ? tq : "");
                 struct cove_err err = {0};
                 json_t *r = NULL;
                 if (cli_call(c, "GET", path, NULL, &r, NULL, &err) < 0)

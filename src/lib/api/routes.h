@@ -54,6 +54,11 @@ int cove_h_keys_get(void *app, struct cove_req *r);
 int cove_h_keys_add(void *app, struct cove_req *r);
 int cove_h_keys_rotate(void *app, struct cove_req *r);
 int cove_h_keys_revoke(void *app, struct cove_req *r);
+/* The tenant a call is about: the caller's own, or (admin keys) ?tenant= / body.tenant. A
+ * tenant key naming another tenant gets 404 not_found answered here (another tenant looks
+ * like one that does not exist) and NULL; whether an admin's tenant exists is the caller's
+ * check. */
+const char *cove_req_scoped_tenant(struct cove_req *r, json_t *body);
 
 int cove_exec_request_build(json_t *body, const char *env_json, json_t **req, json_t **cmd,
                             char *why, size_t cap);

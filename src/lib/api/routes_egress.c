@@ -161,11 +161,25 @@ int cove_h_audit(void *app, struct cove_req *r)
                                         "integers and limit 1 to %d",
                                         AUDIT_LIMIT_MAX);
         const char *sbx = cove_req_query(r, "sandbox"), *kind = cove_req_query(r, "kind");
+        /* an admin reads any tenant's chain with ?tenant= (a deleted one's too: its events
+         * outlive it); a tenant key only its own */
+        const char *tenant = cove_req_scoped_tenant(r, NULL);
+        if (!tenant)
+                return 0;
+        struct cove_err err;
+        if (strcmp(tenant, r->tenant) != 0) {
+                struct cove_tenant_row tr;
+                int g = d->cat_ops->tenant_get(d->cat, tenant, &tr, &err);
+                if (g < 0)
+                        return cove_reply_err(r, &err);
+                if (g == 1)
+                        return cove_reply_error(r, 404, "not_found", "tenant %.64s not found",
+                                                tenant);
+        }
         /* events queued a moment ago (by this request's own sandbox, say) are included */
         cove_audit_flush(d->audit);
         json_t *arr = json_array();
-        struct cove_err err;
-        if (d->cat_ops->audit_list(d->cat, r->tenant, sbx && *sbx ? sbx : NULL,
+        if (d->cat_ops->audit_list(d->cat, tenant, sbx && *sbx ? sbx : NULL,
                                    kind && *kind ? kind : NULL, after, since, (int)limit, add_event,
                                    arr, &err) < 0) {
                 json_decref(arr);

@@ -105,8 +105,7 @@ int cove_h_apikey_revoke(void *app, struct cove_req *r)
         return cove_reply_result(r, rc, 204, NULL, &err);
 }
 
-/* The tenant a key call is about: the caller's own, or (admin) ?tenant= / body.tenant. */
-static const char *key_tenant(struct cove_req *r, json_t *body)
+const char *cove_req_scoped_tenant(struct cove_req *r, json_t *body)
 {
         const char *t = cove_req_query(r, "tenant");
         if ((!t || !*t) && body && json_is_string(json_object_get(body, "tenant")))
@@ -132,7 +131,7 @@ int cove_h_keys_get(void *app, struct cove_req *r)
                 int rc = coved_key_list(app, &out, &err);
                 return cove_reply_result(r, rc, 200, out, &err);
         }
-        const char *t = key_tenant(r, NULL);
+        const char *t = cove_req_scoped_tenant(r, NULL);
         if (!t)
                 return 0;
         int rc = coved_key_status(app, t, &out, &err);
@@ -149,7 +148,7 @@ static int rewrap(void *app, struct cove_req *r, int rotate)
         json_t *out = NULL;
         struct cove_err err;
         int rc = -1;
-        const char *t = key_tenant(r, body);
+        const char *t = cove_req_scoped_tenant(r, body);
         if (t)
                 rc = coved_key_rewrap(app, r->key_id, t, body, rotate, &out, &err);
         json_decref(body);
@@ -183,7 +182,7 @@ int cove_h_keys_revoke(void *app, struct cove_req *r)
         json_t *out = NULL;
         struct cove_err err;
         int rc = -1;
-        const char *t = key_tenant(r, body);
+        const char *t = cove_req_scoped_tenant(r, body);
         if (t)
                 rc = coved_key_revoke(app, r->key_id, t, body, &out, &err);
         json_decref(body);

@@ -18,6 +18,7 @@
 #include "control/audit.h"
 #include "control/snapshot.h"
 #include "control/template.h"
+#include "control/tenant.h"
 #include "crypto/keys.h"
 #include "util/cleanup.h"
 #include "util/util.h"
@@ -101,7 +102,8 @@ static int start_pools(struct coved *d, const char *runtime, const char *list, i
                 if (cove_template_lookup(d->templates_dir, t, rootfs, sizeof(rootfs), NULL) != 0)
                         continue;
                 if (cove_node_pool_add(d->node, runtime, rootfs, COVE_DEFAULT_CPUS,
-                                       COVE_DEFAULT_MEMORY_MB, COVE_DEFAULT_DISK_MB, size, err) < 0)
+                                       COVE_DEFAULT_MEMORY_MB, COVE_DEFAULT_DISK_MB, size, NULL,
+                                       err) < 0)
                         return cove_err_wrap(err, "warm pool of %s", t);
                 cove_info(&d->log, "pool", "keeping %d warm %s sandboxes of template %s", size,
                           runtime, t);
@@ -170,6 +172,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .on_dead = coved_on_instance_dead,
             .on_stop = coved_egress_on_stop,
             .on_ask = coved_on_ask,
+            .layer_key = coved_pool_layer_key,
             .arg = d,
         };
         /* vm is the default where KVM gives it hardware isolation at full speed; under TCG
@@ -198,8 +201,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         coved_reconcile(d);
         if (cove_tm_open(d, err) < 0)
                 goto fail;
-        if (start_pools(d, "ns", o->templates ? o->templates : "busybox",
-                        o->pool_size < 0 ? 4 : o->pool_size, err) < 0)
+        d->pool_size = o->pool_size < 0 ? 4 : o->pool_size;
+        if (start_pools(d, "ns", o->templates ? o->templates : "busybox", d->pool_size, err) < 0)
                 goto fail;
         if (o->vm_pool_size > 0 &&
             start_pools(d, "vm", o->templates ? o->templates : "busybox", o->vm_pool_size, err) < 0)

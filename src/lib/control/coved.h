@@ -29,7 +29,7 @@ struct coved_options {
         struct coved_egress_options egress; /* gateway: pool, resolvers (control/egress.h) */
         int pool_size;       /* warm instances per template (-1: default 4, 0: none) */
         int key_cache_ttl_s; /* unwrapped data keys are re-unwrapped after this (-1: 60) */
-        int encrypt_layers;  /* 1: sandboxes default to storage_encrypted (no warm pool) */
+        int encrypt_layers;  /* 1: sandboxes default to storage_encrypted */
         int vm_pool_size;    /* warm vm instances per template (0: none) */
         const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
 };
@@ -74,6 +74,7 @@ struct coved {
         pthread_mutex_t quota_mu; /* quota admission (control/tenant.h) */
         int64_t key_sweep_at;     /* mono ms of the last revoked-key sweep */
         int encrypt_layers;       /* default of storage_encrypted on create */
+        int pool_size;            /* warm ns instances per template (owner pools: at most 2) */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),

@@ -180,14 +180,25 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "on_timeout must be \"kill\" or \"pause\" (got \"%s\")",
                                      s.on_timeout);
-        /* encrypted working storage: ns layers (fscrypt; --encrypt-layers is the ns default)
-         * and vm disks (a LUKS qcow2 overlay, asked for per sandbox) */
+        /* encrypted working storage: ns layers (fscrypt) and vm disks (a LUKS qcow2
+         * overlay). On by default for a tenant holding its own key (BYOK: every byte stored
+         * for it is under that key, so it cannot ask for false), for ns also under
+         * --encrypt-layers; else asked for per sandbox */
         int is_ns = !strcmp(s.runtime, "ns"), is_vm = !strcmp(s.runtime, "vm");
-        s.storage_encrypted = d->encrypt_layers && is_ns;
+        int byok = coved_tenant_byok(d, tenant, err);
+        if (byok < 0)
+                return -1;
+        s.storage_encrypted = (d->encrypt_layers && is_ns) || (byok && (is_ns || is_vm));
         json_t *enc = json_object_get(body, "storage_encrypted");
         if (enc && !json_is_null(enc)) {
                 if (!json_is_boolean(enc))
                         return bad(err, "%s must be a boolean", "storage_encrypted");
+                if (byok && !json_is_true(enc))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "storage_encrypted: false is refused: tenant %s "
+                                             "holds its own key, so its sandboxes' storage is "
+                                             "always encrypted under it",
+                                             tenant);
                 s.storage_encrypted = json_is_true(enc);
                 if (s.storage_encrypted && !is_ns && !is_vm)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
@@ -258,12 +269,22 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         }
         int64_t t0 = cove_mono_ns();
         /* a warm instance of this template and shape, if one is ready: it already has its
-         * id, uid range, limits and a guest that answered the handshake */
-        /* (an encrypted layer is keyed at its creation: never a warm one) */
+         * id, uid range, limits and a guest that answered the handshake. An encrypted layer
+         * is keyed for its tenant and id when it is made, so an encrypted create takes from
+         * its tenant's own pool (made on its first miss, default shape, ns) */
+        const char *owner = s.storage_encrypted ? tenant : NULL;
         int pooled =
-            !s.storage_encrypted &&
             cove_node_pool_take(d->node, s.runtime, rootfs, (unsigned)s.cpus, (unsigned)s.memory_mb,
-                                (unsigned)s.disk_mb, s.id, sizeof(s.id), &s.uid_base) == 0;
+                                (unsigned)s.disk_mb, owner, s.id, sizeof(s.id), &s.uid_base) == 0;
+        if (!pooled && owner && is_ns && s.cpus == COVE_DEFAULT_CPUS &&
+            s.memory_mb == COVE_DEFAULT_MEMORY_MB && s.disk_mb == COVE_DEFAULT_DISK_MB) {
+                struct cove_err e2;
+                if (cove_node_pool_add(d->node, s.runtime, rootfs, (unsigned)s.cpus,
+                                       (unsigned)s.memory_mb, (unsigned)s.disk_mb,
+                                       d->pool_size < 2 ? d->pool_size : 2, owner, &e2) < 0 &&
+                    e2.kind != COVE_E_LIMIT) /* all owner pools in use: cold, as before */
+                        cove_warn(&d->log, "pool", "tenant %s: %s", tenant, e2.msg);
+        }
         if (!pooled && (cove_id_new("sbx_", s.id, sizeof(s.id), err) < 0 ||
                         cove_node_uid_reserve(d->node, &s.uid_base, err) < 0)) {
                 coved_quota_unlock(d);

@@ -519,6 +519,15 @@ static int is_vm_full(struct coved *d, const struct cove_snapshot_row *snap)
                !strcmp(info.kind, "memory");
 }
 
+/* A tenant holding its own key gets its ns sandboxes' layers encrypted from the next
+ * restore on, also those made plain before it brought the key (the restored layer is a new
+ * image, filled from the chunk store). byok: coved_tenant_byok(). */
+static void byok_upgrade(struct cove_sandbox_row *row, int byok)
+{
+        if (byok == 1 && !strcmp(row->runtime, "ns"))
+                row->storage_encrypted = 1;
+}
+
 /* Start row's sandbox on img (and, for an ns full snapshot, the checkpoint mem; both taken
  * over by the runtime) with a new uid range; or, with img NULL, on the vm full snapshot image
  * in full_fd (closed here). */
@@ -689,8 +698,11 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
                                   row.state);
         if (r == 0)
                 r = pick_snapshot(d, row.tenant, body, row.last_snapshot_id, 0, &snap, err);
-        if (r < 0)
+        int byok = r == 0 ? coved_tenant_byok(d, row.tenant, err) : -1;
+        if (byok < 0) {
+                r = -1;
                 goto out;
+        }
         int64_t t0 = cove_mono_ns();
         snprintf(prev, sizeof(prev), "%s", row.state);
         snprintf(row.state, sizeof(row.state), "resuming");
@@ -710,6 +722,7 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         char img[PATH_MAX], mem[PATH_MAX] = "";
         int full_fd = -1;
         int64_t t1 = cove_mono_ns();
+        byok_upgrade(&row, byok);
         if (is_vm_full(d, &snap))
                 r = restore_full(d, row.tenant, snap.id, &full_fd, err);
         else
@@ -733,6 +746,7 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
                 goto out;
         }
         row.uid_base = base;
+        byok_upgrade(&row, byok);
         set_running(d, &row, snap.id);
         if ((r = row_write(d, &row, err)) < 0) {
                 cove_node_stop(d->node, id, 1, &e2);
@@ -765,8 +779,11 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         int r = reload(d, id, &row, err);
         if (r == 0)
                 r = pick_snapshot(d, row.tenant, body, NULL, 1, &snap, err);
-        if (r < 0)
+        int byok = r == 0 ? coved_tenant_byok(d, row.tenant, err) : -1;
+        if (byok < 0) {
+                r = -1;
                 goto out;
+        }
         running = !strcmp(row.state, "running");
         if (!running && strcmp(row.state, "paused") && strcmp(row.state, "stopped")) {
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s", id, row.state);
@@ -786,6 +803,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         }
         char img[PATH_MAX], mem[PATH_MAX] = "";
         int full_fd = -1;
+        byok_upgrade(&row, byok);
         if (is_vm_full(d, &snap))
                 r = restore_full(d, row.tenant, snap.id, &full_fd, err);
         else
@@ -807,6 +825,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                         cove_rm_rf(mem, &e2);
                 goto out;
         }
+        byok_upgrade(&row, byok); /* the image restored above is keyed so */
         if ((r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, mem, full_fd, err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: start from snapshot %s (undo with %s)",
                               id, snap.id, undo.id[0] ? undo.id : "-");
@@ -852,7 +871,9 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
         struct cove_sandbox_row src;
         if (cove_sandbox_load(d, tenant, id, &src, err) < 0)
                 return -1;
-        if (need_store(d, err) < 0 || coved_key_gate(d, src.tenant, err) < 0) {
+        int byok = -1;
+        if (need_store(d, err) < 0 || coved_key_gate(d, src.tenant, err) < 0 ||
+            (byok = coved_tenant_byok(d, src.tenant, err)) < 0) {
                 cove_sandbox_row_clear(&src);
                 return -1;
         }
@@ -900,6 +921,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 s.timeout_s = src.timeout_s;
                 s.snapshot_interval_s = src.snapshot_interval_s;
                 s.storage_encrypted = src.storage_encrypted;
+                byok_upgrade(&s, byok);
                 s.metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
                 s.env_json = strdup(src.env_json ? src.env_json : "{}");
                 s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;

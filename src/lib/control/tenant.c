@@ -96,6 +96,24 @@ int coved_disk_key_cb(void *ctx, const char *disk_id, uint8_t key[32], struct co
         return coved_disk_key(c->d, c->tenant, disk_id, key, err);
 }
 
+int coved_tenant_byok(struct coved *d, const char *tenant, struct cove_err *err)
+{
+        char dir[PATH_MAX];
+        coved_keys_dir(d, dir, sizeof(dir));
+        int r = cove_key_tenant_held(dir, tenant, err);
+        if (r < 0) {
+                err->kind = COVE_E_UNAVAILABLE;
+                return cove_err_wrap(err, "tenant %s", tenant);
+        }
+        return r;
+}
+
+int coved_pool_layer_key(void *arg, const char *tenant, const char *sandbox_id, uint8_t *out,
+                         struct cove_err *err)
+{
+        return coved_layer_key(arg, tenant, sandbox_id, out, err);
+}
+
 /* ---- quotas ---- */
 
 struct usage {
@@ -364,6 +382,7 @@ int coved_tenant_delete(struct coved *d, const char *actor, const char *id, stru
         struct cove_err e2;
         if (cove_key_revoke(dir, id, NULL, &e2) < 0)
                 cove_warn(&d->log, "tenant.delete", "%s", e2.msg);
+        cove_node_pool_drop(d->node, id);
         t.deleted_at = cove_now_ms();
         if (d->cat_ops->tenant_put(d->cat, &t, err) < 0)
                 return -1;
@@ -714,6 +733,8 @@ int coved_key_revoke(struct coved *d, const char *actor, const char *tenant, jso
         if (r < 0)
                 return -1;
         int stopped = 0;
+        /* its warm instances (keyed for it, no data yet) go whatever the policy */
+        cove_node_pool_drop(d->node, tenant);
         if (!strcmp(policy, "stop"))
                 stopped = stop_tenant(d, tenant, "the tenant's key was revoked");
         audit(d, tenant, "key", "revoke", "allow", actor,
@@ -768,6 +789,7 @@ void coved_key_sweep(struct coved *d)
                 if (cove_key_check(dir, x.tenants[i], 1, &err) == 0 ||
                     err.kind != COVE_E_KEY_REVOKED)
                         continue; /* a KMS that is only unreachable does not stop sandboxes */
+                cove_node_pool_drop(d->node, x.tenants[i]);
                 int n = stop_tenant(d, x.tenants[i], "the tenant's key was revoked in its KMS");
                 audit(d, x.tenants[i], "key", "revoked_upstream", "deny", NULL,
                       json_pack("{s:i}", "sandboxes_stopped", n));

@@ -37,6 +37,14 @@ struct coved_disk_key_ctx {
 };
 int coved_disk_key_cb(void *ctx, const char *disk_id, uint8_t key[32], struct cove_err *err);
 void coved_quota_unlock(struct coved *d);
+/* 1 when tenant holds its own key (BYOK, crypto/keys.h cove_key_tenant_held): its ns
+ * sandboxes' writable layers are always encrypted (new ones, and old plain ones from their
+ * next resume, rewind or fork on); 0 under the node default key; -1 (UNAVAILABLE) when its
+ * key record cannot be read. */
+int coved_tenant_byok(struct coved *d, const char *tenant, struct cove_err *err);
+/* cove_node_config.layer_key: coved_layer_key() for a tenant's warm pool (arg: the coved). */
+int coved_pool_layer_key(void *arg, const char *tenant, const char *sandbox_id, uint8_t *out,
+                         struct cove_err *err);
 
 int coved_tenant_create(struct coved *d, const char *actor, json_t *body, json_t **out,
                         struct cove_err *err);

@@ -132,6 +132,15 @@ int cove_key_record_read(const char *keys_dir, const char *tenant, struct cove_k
         return 0;
 }
 
+int cove_key_tenant_held(const char *keys_dir, const char *tenant, struct cove_err *err)
+{
+        struct cove_key_record rec;
+        int r = cove_key_record_read(keys_dir, tenant, &rec, err);
+        if (r != 0)
+                return r < 0 ? -1 : 0;
+        return strcmp(rec.provider, "local") != 0 || rec.key_file[0] != '\0';
+}
+
 static json_t *rec_json(const struct cove_key_record *r)
 {
         json_t *o =

@@ -166,6 +166,11 @@ int64_t cove_keys_cache_ttl(void);
 /* Wipe every cached DEK (tests, shutdown). */
 void cove_keys_cache_clear(void);
 
+/* 1 when the tenant's data key is wrapped by a key of its own (BYOK: provider "command",
+ * or "local" with a key file), 0 under the node default KEK or without a record, -1 when
+ * the record cannot be read. A revoked own key still answers 1. */
+int cove_key_tenant_held(const char *keys_dir, const char *tenant, struct cove_err *err);
+
 /* Record I/O (exposed for tests and tools). parse: 0 ok, -1 malformed (INTERNAL). */
 int cove_key_record_read(const char *keys_dir, const char *tenant, struct cove_key_record *rec,
                          struct cove_err *err); /* 1: no record */

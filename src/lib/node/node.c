@@ -36,6 +36,8 @@ struct inst {
  * final id, uid range and limits; taking it hands all of that to the new sandbox. */
 struct pool {
         struct pool *next;
+        char owner[64]; /* "": plain instances; else keyed for this owner (cfg.layer_key) */
+        int dropped;    /* cove_node_pool_drop(): target 0, never taken from again */
         char runtime[16];
         char rootfs[PATH_MAX];
         unsigned cpus, memory_mb, disk_mb;
@@ -651,7 +653,19 @@ static void *refill_main(void *arg)
                 int r = cove_id_new("sbx_", id, sizeof(id), &err);
                 if (r == 0)
                         r = cove_node_uid_reserve(n, &uid, &err);
-                if (r == 0) {
+                /* an owner's pool: encrypted layers under the owner's key for this id, as a
+                 * create for that owner would make them (the key only leaves here into the
+                 * kernel's keyring of the layer's filesystem) */
+                uint8_t key[COVE_RUNTIME_LAYER_KEY_LEN];
+                int keyed = want->owner[0] != '\0';
+                int got_uid = r == 0;
+                if (r == 0 && keyed)
+                        r = n->cfg.layer_key
+                                ? n->cfg.layer_key(n->cfg.arg, want->owner, id, key, &err)
+                                : cove_err_setk(&err, COVE_E_UNAVAILABLE, 0, "no layer keys");
+                if (r < 0 && got_uid) {
+                        cove_node_uid_release(n, uid);
+                } else if (r == 0) {
                         struct cove_instance_spec spec = {
                             .sandbox_id = id,
                             .runtime = want->runtime,
@@ -661,15 +675,24 @@ static void *refill_main(void *arg)
                             .disk_mb = want->disk_mb,
                             .uid_base = uid,
                             .uid_count = COVE_UID_RANGE,
+                            .layer_key = keyed ? key : NULL,
                         };
                         r = start_instance(n, &spec, want, &err);
+                        explicit_bzero(key, sizeof(key));
                         if (r == 0) {
                                 warm_up(n, id);
                                 pthread_mutex_lock(&n->mu);
                                 struct inst *in = find_locked(n, id);
-                                if (in)
+                                /* its pool was dropped while it started: it is never
+                                 * ready, and goes now (unless the drop stops it already) */
+                                int dropped = want->dropped && in && !in->stopping;
+                                if (in && !want->dropped)
                                         in->warming = 0;
                                 pthread_mutex_unlock(&n->mu);
+                                if (dropped) {
+                                        struct cove_err e2;
+                                        cove_node_stop(n, id, 1, &e2);
+                                }
                         }
                         if (r < 0) {
                                 struct cove_err e2;
@@ -682,7 +705,13 @@ static void *refill_main(void *arg)
                 }
                 pthread_mutex_lock(&n->mu);
                 want->starting--;
-                if (r < 0) {
+                if (r < 0 && keyed &&
+                    (err.kind == COVE_E_KEY_REVOKED || err.kind == COVE_E_NOT_FOUND)) {
+                        want->dropped = 1; /* the owner's key is gone: no retries */
+                        want->target = 0;
+                        cove_warn(n->cfg.log, "pool", "warm pool of %s dropped: %s", want->owner,
+                                  err.msg);
+                } else if (r < 0) {
                         want->retry_at_ns = cove_mono_ns() + 2000000000LL;
                         cove_warn(n->cfg.log, "pool",
                                   "warm pool refill failed (retrying in 2 s): %s", err.msg);
@@ -692,24 +721,62 @@ static void *refill_main(void *arg)
         return NULL;
 }
 
+static struct pool *pool_find_locked(struct cove_node *n, const char *runtime, const char *rootfs,
+                                     unsigned cpus, unsigned memory_mb, unsigned disk_mb,
+                                     const char *owner)
+{
+        for (struct pool *p = n->pools; p; p = p->next)
+                if (!strcmp(p->runtime, runtime) && !strcmp(p->rootfs, rootfs) && p->cpus == cpus &&
+                    p->memory_mb == memory_mb && p->disk_mb == disk_mb && !strcmp(p->owner, owner))
+                        return p;
+        return NULL;
+}
+
 int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
-                       unsigned memory_mb, unsigned disk_mb, int size, struct cove_err *err)
+                       unsigned memory_mb, unsigned disk_mb, int size, const char *owner,
+                       struct cove_err *err)
 {
         if (size <= 0)
                 return 0;
         if (cove_node_runtime_check(n, runtime, err) < 0)
                 return -1;
-        struct pool *p = calloc(1, sizeof(*p));
-        if (!p)
+        if (!runtime || !*runtime)
+                runtime = n->cfg.rt_ops->name;
+        if (!owner)
+                owner = "";
+        if (strlen(owner) >= sizeof(((struct pool *)0)->owner) || (*owner && !n->cfg.layer_key))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "warm pool: bad owner");
+        pthread_mutex_lock(&n->mu);
+        /* an owner's pool again (after a drop, or a second create that missed): revived */
+        struct pool *p = pool_find_locked(n, runtime, rootfs, cpus, memory_mb, disk_mb, owner);
+        int owned = 0;
+        for (struct pool *q = n->pools; q; q = q->next)
+                owned += q->owner[0] != '\0';
+        if (!p && *owner && owned >= COVE_NODE_OWNER_POOLS_MAX) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_err_setk(err, COVE_E_LIMIT, 0,
+                                     "warm pool: %d keyed pools exist already", owned);
+        }
+        if (p) {
+                p->target = size;
+                p->dropped = 0;
+                p->retry_at_ns = 0;
+                pthread_cond_broadcast(&n->pool_cv);
+                pthread_mutex_unlock(&n->mu);
+                return 0;
+        }
+        p = calloc(1, sizeof(*p));
+        if (!p) {
+                pthread_mutex_unlock(&n->mu);
                 return cove_err_set(err, ENOMEM, "warm pool");
-        snprintf(p->runtime, sizeof(p->runtime), "%s",
-                 runtime && *runtime ? runtime : n->cfg.rt_ops->name);
+        }
+        snprintf(p->owner, sizeof(p->owner), "%s", owner);
+        snprintf(p->runtime, sizeof(p->runtime), "%s", runtime);
         snprintf(p->rootfs, sizeof(p->rootfs), "%s", rootfs);
         p->cpus = cpus;
         p->memory_mb = memory_mb;
         p->disk_mb = disk_mb;
         p->target = size;
-        pthread_mutex_lock(&n->mu);
         p->next = n->pools;
         n->pools = p;
         int start = !n->refill_started;
@@ -729,17 +796,18 @@ int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *roo
 }
 
 int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
-                        unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
-                        uint32_t *uid_base)
+                        unsigned memory_mb, unsigned disk_mb, const char *owner, char *id,
+                        size_t cap, uint32_t *uid_base)
 {
         int r = 1;
         if (!runtime || !*runtime)
                 runtime = n->cfg.rt_ops->name;
         pthread_mutex_lock(&n->mu);
-        for (struct pool *p = n->pools; p; p = p->next) {
-                if (strcmp(p->runtime, runtime) || strcmp(p->rootfs, rootfs) || p->cpus != cpus ||
-                    p->memory_mb != memory_mb || p->disk_mb != disk_mb)
-                        continue;
+        struct pool *p =
+            pool_find_locked(n, runtime, rootfs, cpus, memory_mb, disk_mb, owner ? owner : "");
+        if (p && p->dropped)
+                p = NULL;
+        if (p) {
                 for (struct inst *in = n->insts; in && r; in = in->next) {
                         if (in->pool != p || in->stopping || in->warming ||
                             cove_chan_is_closed(in->chan))
@@ -754,10 +822,47 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
                 else
                         p->taken++;
                 pthread_cond_broadcast(&n->pool_cv);
-                break;
         }
         pthread_mutex_unlock(&n->mu);
         return r;
+}
+
+int cove_node_pool_drop(struct cove_node *n, const char *owner)
+{
+        if (!owner || !*owner)
+                return 0;
+        /* the pools stay listed (the refill thread may be starting one of their instances
+         * right now; it stops that one itself when it sees dropped), empty and never taken */
+        char(*ids)[64] = NULL;
+        size_t nids = 0, cap = 0;
+        pthread_mutex_lock(&n->mu);
+        for (struct pool *p = n->pools; p; p = p->next) {
+                if (strcmp(p->owner, owner) != 0)
+                        continue;
+                p->dropped = 1;
+                p->target = 0;
+                for (struct inst *in = n->insts; in; in = in->next) {
+                        if (in->pool != p || in->stopping)
+                                continue;
+                        if (nids == cap) {
+                                size_t nc = cap ? 2 * cap : 8;
+                                void *nb = realloc(ids, nc * sizeof(*ids));
+                                if (!nb)
+                                        break;
+                                ids = nb;
+                                cap = nc;
+                        }
+                        snprintf(ids[nids++], 64, "%s", in->id);
+                }
+        }
+        pthread_mutex_unlock(&n->mu);
+        for (size_t i = 0; i < nids; i++) {
+                struct cove_err e;
+                if (cove_node_stop(n, ids[i], 1, &e) < 0)
+                        cove_warn(n->cfg.log, "pool", "%s", e.msg);
+        }
+        free(ids);
+        return (int)nids;
 }
 
 /* Mark sandbox_id's running instance busy (a stop waits for busy to drop to 0) for a

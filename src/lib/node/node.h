@@ -36,6 +36,12 @@ struct cove_node_config {
          * JSON); returns the answer (new reference) sent back. Called on the node's I/O
          * thread, outside its locks. May be NULL (every ask is refused). */
         json_t *(*on_ask)(void *arg, const char *sandbox_id, json_t *ask);
+        /* The at-rest key (COVE_RUNTIME_LAYER_KEY_LEN bytes) of sandbox_id's writable layer
+         * for owner (a tenant), for the instances of an owner's warm pool; the node wipes it
+         * after the start. -1 with the error: KEY_REVOKED or NOT_FOUND drop that pool. Called
+         * on the pool thread. May be NULL (no owner pools). */
+        int (*layer_key)(void *arg, const char *owner, const char *sandbox_id, uint8_t *key,
+                         struct cove_err *err);
         void *arg;
 };
 
@@ -71,13 +77,24 @@ pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id);
  * starting one. Pooled instances are ordinary instances with their final id and uid range
  * but belong to no sandbox until taken; a crash leaves them as orphan state dirs, which
  * the restart's reconciliation removes. */
+/* owner NULL or "": plain instances. Else an owner's pool (at most
+ * COVE_NODE_OWNER_POOLS_MAX, LIMIT beyond): its instances' writable layers are encrypted
+ * under cfg.layer_key(owner, id), so only a create for that owner can take them. Adding a
+ * pool that exists (also a dropped one) sets its size again. */
+#define COVE_NODE_OWNER_POOLS_MAX 32
 int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
-                       unsigned memory_mb, unsigned disk_mb, int size, struct cove_err *err);
-/* Take a ready instance of that shape: 0 with its id and uid range (now the caller's, as if
- * cove_node_start had made it), 1 when none is ready (start one cold). */
+                       unsigned memory_mb, unsigned disk_mb, int size, const char *owner,
+                       struct cove_err *err);
+/* Take a ready instance of that shape and owner (NULL/"": a plain one): 0 with its id and
+ * uid range (now the caller's, as if cove_node_start had made it), 1 when none is ready
+ * (start one cold). */
 int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
-                        unsigned memory_mb, unsigned disk_mb, char *id, size_t cap,
-                        uint32_t *uid_base);
+                        unsigned memory_mb, unsigned disk_mb, const char *owner, char *id,
+                        size_t cap, uint32_t *uid_base);
+/* Drop every pool of owner (its key was revoked): their idle instances are stopped and
+ * purged now, nothing is refilled or taken until a cove_node_pool_add() of it. Returns how
+ * many instances were stopped. */
+int cove_node_pool_drop(struct cove_node *n, const char *owner);
 /* Time machine passthroughs to the runtime (runtime.h documents them). snapshot: -1 with
  * UNAVAILABLE when the runtime cannot, CONFLICT when the sandbox has no instance. */
 int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,

@@ -707,13 +707,14 @@ static int fscrypt_policy(int dfd, const char *name, const uint8_t ident[16], st
         return 0;
 }
 
-/* A new image <img> for layer <id>, mounted there: a warm one when ready (and no key: warm
- * layers already have their dirs), else built now. */
+/* A new image <img> for layer <id>, mounted there: a warm one when ready, else built now.
+ * A warm layer has its (empty) upper/, work/ and mnt/ already; a keyed one gets its policy
+ * set on them by the caller, which fscrypt allows on an empty directory only. */
 static int layer_create_mounted(struct cove_layers *l, const char *id, const char *img, uint64_t mb,
-                                int no_pool, struct cove_err *err)
+                                struct cove_err *err)
 {
         struct pool_entry e;
-        if (!no_pool && pool_take(l, mb, &e)) {
+        if (pool_take(l, mb, &e)) {
                 /* an image with a loop device stays attached across a rename */
                 int rc = 0;
                 if (renameat(l->pool_fd, e.name, l->img_fd, img) < 0)
@@ -819,7 +820,7 @@ int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb,
                 return -1;
         char img[256];
         snprintf(img, sizeof(img), "%s.img", id);
-        int created = 0;
+        int created = 0, fresh = 0; /* fresh: a new image made (or taken warm) by this call */
         cleanup_close int fd = -1;
         if (mkdirat(l->fd, id, 0711) == 0)
                 created = 1;
@@ -836,8 +837,9 @@ int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb,
         if (limit_mb) {
                 if (faccessat(l->img_fd, img, F_OK, 0) < 0) {
                         created = 1;
-                        if (layer_create_mounted(l, id, img, limit_mb, key != NULL, err) < 0)
+                        if (layer_create_mounted(l, id, img, limit_mb, err) < 0)
                                 goto fail;
+                        fresh = 1;
                 } else if (!is_mountpoint(l->fd, id)) {
                         cleanup_close int m = loop_fsmount(l->img_fd, img, err);
                         if (m < 0 || attach(m, l->fd, id, err) < 0)
@@ -868,9 +870,12 @@ int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb,
                         cove_err_set(err, errno, "layer: mkdir %s/%s", id, subs[i].name);
                         goto fail;
                 }
-                /* a new layer's upper and work are encrypted while still empty; an adopted
-                 * or reused one has its policy already and only needed the key */
-                if (made && key && strcmp(subs[i].name, "mnt") != 0 &&
+                /* a new layer's upper and work are encrypted while still empty (made now,
+                 * or by the warm pool, which only mkdirs them: no overlay has used them yet,
+                 * and the kernel refuses a policy on a non-empty directory with ENOTEMPTY,
+                 * so a warm layer that was not empty fails the start instead of staying
+                 * plaintext); an adopted or reused one has its policy and only needed the key */
+                if ((made || fresh) && key && strcmp(subs[i].name, "mnt") != 0 &&
                     fscrypt_policy(fd, subs[i].name, ident, err) < 0)
                         goto fail;
                 if (fchownat(fd, subs[i].name, owner, group, AT_SYMLINK_NOFOLLOW) < 0) {

@@ -28,14 +28,16 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "runtime/runtime.h"
 #include "util/err.h"
 
 struct cove_layers;
 
 /* fscrypt (policy v2) key of a layer: with a key, a new layer's upper/ and work/ are
  * encrypted (AES-256-XTS/CTS) and every mount of its image gets the key added; a keyed new
- * layer never comes from the warm pool. NULL: unencrypted. */
-#define COVE_LAYER_KEY_LEN 64
+ * layer takes a warm one like any other (its upper/ and work/ are still empty there: the
+ * policy is set at the take, with the key added to that filesystem). NULL: unencrypted. */
+#define COVE_LAYER_KEY_LEN COVE_RUNTIME_LAYER_KEY_LEN
 
 /* Set up <ns_dir>/layers and the layer filesystem (formatted on first use, mounted, or reused
  * when a crashed owner left it mounted); reclaim what a crashed owner left in pool/ (loop

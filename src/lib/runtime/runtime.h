@@ -11,6 +11,9 @@
 
 #include "util/err.h"
 
+/* Bytes of a writable layer's at-rest key (spec->layer_key, layer_open()). */
+#define COVE_RUNTIME_LAYER_KEY_LEN 64
+
 /* What a driver needs to start one instance. All strings are borrowed for the call. */
 struct cove_instance_spec {
         const char *sandbox_id;   /* sbx_…; also the hostname */
@@ -38,7 +41,8 @@ struct cove_instance_spec {
          * on failure). The instance comes back with inst->rechannel set. NULL: cold start. */
         const char *mem_image;
         /* 64 bytes: encrypt the writable layer at rest with this key (ns: fscrypt v2 on the
-         * layer's upper and work dirs; a new layer is then never a warm one). The same key
+         * layer's upper and work dirs, set while they are still empty on a new layer, warm
+         * or built; a restored image has its policy already). The same key
          * must be given to layer_open() for images of this layer. NULL: not encrypted. */
         const uint8_t *layer_key;
         /* vm: the disk overlay is encrypted at rest (a LUKS qcow2). The driver asks disk_key
