@@ -176,18 +176,23 @@ static int op_begin(struct coved *d, const char *tenant, const char *id,
 
 /* ---- full snapshots (vm: live memory, devices and disk as one image) ----
  * The runtime writes the image into an unnamed temp file (O_TMPFILE: nothing to clean up
- * after a crash); the store keeps it as one stream (2 MiB fixed chunks, zero chunks free). */
+ * after a crash); the store keeps it as one stream (2 MiB fixed chunks, zero chunks free).
+ * The image holds guest RAM in clear: for a sandbox with encrypted storage it goes to the
+ * checkpoint tmpfs, like an ns checkpoint, so no plaintext of it touches the data dir's
+ * disk (at the cost of RAM for the image, disk overlay included); for a plain one (whose
+ * disk overlay is plaintext there anyway) into the data dir. */
 
-static int tmpfile_fd(struct coved *d, struct cove_err *err)
+static int tmpfile_fd(struct coved *d, int encrypted, struct cove_err *err)
 {
-        int fd = open(d->data_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-        return fd < 0 ? cove_err_set(err, errno, "temp file in %s", d->data_dir) : fd;
+        const char *dir = encrypted ? d->tm->mem_dir : d->data_dir;
+        int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        return fd < 0 ? cove_err_set(err, errno, "temp file in %s", dir) : fd;
 }
 
-static int capture_full(struct coved *d, struct cove_snapshot_row *s,
+static int capture_full(struct coved *d, struct cove_snapshot_row *s, int encrypted,
                         struct cove_snapshot_stats *st, struct cove_err *err)
 {
-        int fd = tmpfile_fd(d, err);
+        int fd = tmpfile_fd(d, encrypted, err);
         if (fd < 0)
                 return -1;
         uint64_t pause_ns = 0;
@@ -209,10 +214,10 @@ static int capture_full(struct coved *d, struct cove_snapshot_row *s,
 }
 
 /* The image of full snapshot snap in a temp file (*fd), verified chunk by chunk. */
-static int restore_full(struct coved *d, const char *tenant, const char *snap, int *fd,
-                        struct cove_err *err)
+static int restore_full(struct coved *d, const char *tenant, const char *snap, int encrypted,
+                        int *fd, struct cove_err *err)
 {
-        *fd = tmpfile_fd(d, err);
+        *fd = tmpfile_fd(d, encrypted, err);
         if (*fd < 0)
                 return -1;
         struct cove_snapshot_stats st;
@@ -290,7 +295,7 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         int full = 0;                               /* an ns checkpoint (CRIU) was taken */
         if (cove_node_has_full(d->node, row->id)) { /* vm: live memory too */
                 snprintf(s.kind, sizeof(s.kind), "full");
-                if (capture_full(d, &s, &st, err) < 0)
+                if (capture_full(d, &s, row->storage_encrypted, &st, err) < 0)
                         return cove_err_wrap(err,
                                              "snapshot of sandbox %s (previous snapshots "
                                              "intact)",
@@ -724,7 +729,7 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         int64_t t1 = cove_mono_ns();
         byok_upgrade(&row, byok);
         if (is_vm_full(d, &snap))
-                r = restore_full(d, row.tenant, snap.id, &full_fd, err);
+                r = restore_full(d, row.tenant, snap.id, row.storage_encrypted, &full_fd, err);
         else
                 r = restore_image(d, &snap, &row, img, sizeof(img), mem, sizeof(mem), err);
         int64_t t2 = cove_mono_ns();
@@ -805,7 +810,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         int full_fd = -1;
         byok_upgrade(&row, byok);
         if (is_vm_full(d, &snap))
-                r = restore_full(d, row.tenant, snap.id, &full_fd, err);
+                r = restore_full(d, row.tenant, snap.id, row.storage_encrypted, &full_fd, err);
         else
                 r = restore_image(d, &snap, &row, img, sizeof(img), mem, sizeof(mem), err);
         if (r < 0) {
@@ -937,7 +942,8 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 if (r == 0) {
                         snprintf(made[nmade++], 64, "%s", s.id);
                         if (is_vm_full(d, &snap))
-                                r = restore_full(d, snap.tenant, snap.id, &full_fd, err);
+                                r = restore_full(d, snap.tenant, snap.id, s.storage_encrypted,
+                                                 &full_fd, err);
                         else
                                 r = restore_image(d, &snap, &s, img, sizeof(img), mem, sizeof(mem),
                                                   err);
