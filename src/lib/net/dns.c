@@ -30,7 +30,7 @@ static void tcp_close(struct cove_gateway *gw, struct dns_tcp *t)
         for (int i = 0; i < GW_PENDING_MAX; i++)
                 if (gw->pending[i].used && gw->pending[i].tcp == t)
                         gw->pending[i].tcp = NULL; /* its answer is dropped */
-        close(t->fd);
+        gw_close(gw, t->fd);
         if (t->prev)
                 t->prev->next = t->next;
         else

@@ -70,6 +70,17 @@ int gw_epoll(struct cove_gateway *gw, int op, int fd, uint32_t events, struct ev
         return epoll_ctl(gw->epfd, op, fd, &e);
 }
 
+void gw_close(struct cove_gateway *gw, int fd)
+{
+        if (fd < 0)
+                return;
+        /* close() alone leaves the registration while another reference to the file exists
+         * (a child forked by another thread holds copies of every fd until its exec): its
+         * events would then name a freed connection */
+        epoll_ctl(gw->epfd, EPOLL_CTL_DEL, fd, NULL);
+        close(fd);
+}
+
 void gw_stat_add(struct cove_gateway *gw, uint64_t *field, uint64_t v)
 {
         pthread_mutex_lock(&gw->mu);

@@ -166,6 +166,8 @@ void gw_pin(struct cove_gateway *gw, const struct sbx_view *v, const char *name,
             const uint32_t *ips, int n, uint32_t ttl);
 int gw_pinned(struct cove_gateway *gw, const struct sbx_view *v, const char *name, uint32_t ip);
 int gw_epoll(struct cove_gateway *gw, int op, int fd, uint32_t events, struct ev *ev);
+/* Unregister fd from the gateway's epoll set, then close it (no-op for fd < 0). */
+void gw_close(struct cove_gateway *gw, int fd);
 void gw_stat_add(struct cove_gateway *gw, uint64_t *field, uint64_t v);
 
 /* dns.c */

@@ -43,9 +43,8 @@ static void pc_free(struct cove_gateway *gw, struct pconn *c, int reset)
                 if (c->ufd >= 0)
                         setsockopt(c->ufd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
         }
-        close(c->cfd);
-        if (c->ufd >= 0)
-                close(c->ufd);
+        gw_close(gw, c->cfd);
+        gw_close(gw, c->ufd);
         int pfd[] = {c->pc[0], c->pc[1], c->pu[0], c->pu[1]};
         for (int i = 0; i < 4; i++)
                 if (pfd[i] >= 0)
@@ -370,7 +369,7 @@ static void refuse(struct cove_gateway *gw, struct pconn *c, int status, const c
         if (c->ufd >= 0) {
                 struct linger l = {1, 0};
                 setsockopt(c->ufd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
-                close(c->ufd);
+                gw_close(gw, c->ufd);
                 c->ufd = -1;
                 c->umask = 0;
         }
