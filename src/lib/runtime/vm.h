@@ -28,9 +28,5 @@ const char *cove_vm_kernel_dir(char *buf, size_t cap);
 int cove_vm_initrd(const char *dir, const char *guest, char *out, size_t cap, struct cove_err *err);
 /* A sparse ext4 image at path holding the template rootfs directory (mkfs.ext4 -d). */
 int cove_vm_root_image(const char *rootfs, const char *path, struct cove_err *err);
-/* After the VMM is gone: kill and remove the sandbox's cgroup, and with purge its state dir
- * (every step runs; the first error is reported). */
-int cove_vm_teardown(struct cove_runtime *rt, const char *id, const char *state_dir, int purge,
-                     struct cove_err *err);
 
 #endif

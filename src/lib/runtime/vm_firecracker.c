@@ -1116,6 +1116,21 @@ static int fc_thaw(struct cove_runtime *rt, struct cove_instance *inst, struct c
         return fc_pause(inst, 0, err);
 }
 
+static int teardown(struct cove_runtime *rt, const char *id, const char *state_dir, int purge,
+                    struct cove_err *err)
+{
+        int rc = 0;
+        if (rt->cg) {
+                if (cove_cgroup_kill(rt->cg, id, err) < 0)
+                        rc = -1;
+                if (cove_cgroup_remove(rt->cg, id, rc ? NULL : err) < 0)
+                        rc = -1;
+        }
+        if (purge && state_dir && cove_rm_rf(state_dir, rc ? NULL : err) < 0)
+                rc = -1;
+        return rc;
+}
+
 static int fc_stop(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
                    const char *state_dir, int purge, struct cove_err *err)
 {
@@ -1138,7 +1153,7 @@ static int fc_stop(struct cove_runtime *rt, struct cove_instance *inst, const ch
         snprintf(idc, sizeof(idc), "%s", id);
         inst_free(fi);
         inst->priv = NULL;
-        if (cove_vm_teardown(rt, idc, state_dir, purge, err) < 0)
+        if (teardown(rt, idc, state_dir, purge, err) < 0)
                 return cove_err_wrap(err, "firecracker: stop %s", idc);
         return 0;
 }
@@ -1149,7 +1164,7 @@ static int fc_cleanup_stale(struct cove_runtime *rt, const char *sandbox_id, con
         if (!sandbox_id || !*sandbox_id || strchr(sandbox_id, '/'))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
                                      "firecracker: cleanup: bad id");
-        if (cove_vm_teardown(rt, sandbox_id, state_dir, purge, err) < 0)
+        if (teardown(rt, sandbox_id, state_dir, purge, err) < 0)
                 return cove_err_wrap(err, "firecracker: cleanup %s", sandbox_id);
         return 0;
 }

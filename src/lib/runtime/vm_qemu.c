@@ -1695,8 +1695,8 @@ static int vm_thaw(struct cove_runtime *rt, struct cove_instance *inst, struct c
         return vm_qmp(inst->priv, "cont", err) < 0 ? cove_err_wrap(err, "vm: resume") : 0;
 }
 
-int cove_vm_teardown(struct cove_runtime *rt, const char *id, const char *state_dir, int purge,
-                     struct cove_err *err)
+static int teardown(struct cove_runtime *rt, const char *id, const char *state_dir, int purge,
+                    struct cove_err *err)
 {
         int rc = 0;
         if (rt->cg) {
@@ -1731,7 +1731,7 @@ static int vm_stop(struct cove_runtime *rt, struct cove_instance *inst, const ch
         snprintf(idc, sizeof(idc), "%s", id);
         inst_free(vi);
         inst->priv = NULL;
-        if (cove_vm_teardown(rt, idc, state_dir, purge, err) < 0)
+        if (teardown(rt, idc, state_dir, purge, err) < 0)
                 return cove_err_wrap(err, "vm: stop %s", idc);
         return 0;
 }
@@ -1743,7 +1743,7 @@ static int vm_cleanup_stale(struct cove_runtime *rt, const char *sandbox_id, con
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "vm: cleanup: bad id");
         /* a QEMU left by a crashed coved died with it (PDEATHSIG); the cgroup sweep takes any
          * straggler */
-        if (cove_vm_teardown(rt, sandbox_id, state_dir, purge, err) < 0)
+        if (teardown(rt, sandbox_id, state_dir, purge, err) < 0)
                 return cove_err_wrap(err, "vm: cleanup %s", sandbox_id);
         return 0;
 }
