@@ -1150,12 +1150,16 @@ static int own_tree(const char *dir, uint32_t uid, struct cove_err *err)
 struct cg_prep {
         struct cove_runtime *rt;
         const char *id;
+        struct cove_cgroup_primer *primer; /* ended right after the attach */
 };
 
 static int prep_cgroup(void *arg, pid_t child, struct cove_err *err)
 {
         struct cg_prep *p = arg;
-        return cove_cgroup_attach(p->rt->cg, p->id, child, err);
+        int r = cove_cgroup_attach(p->rt->cg, p->id, child, err);
+        cove_cgroup_prime_end(p->primer);
+        p->primer = NULL;
+        return r;
 }
 
 struct uts_job {
@@ -1213,6 +1217,7 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         char dir[PATH_MAX], root[PATH_MAX];
         int chan[2] = {-1, -1}, cg_created = 0, layer_created = 0, layer_mounted = 0;
         int layer_mfd = take_layer_mount(spec); /* -1, or given to cove_layer_prepare */
+        struct cg_prep prep = {rt, id, NULL};
         pid_t pid = -1;
         struct cove_err e2;
         if (!priv) {
@@ -1232,6 +1237,8 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
             cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
             own_tree(dir, spec->uid_base, err) < 0)
                 goto fail_early;
+        /* as in ns_start: the attach (criu's, in prep_cgroup) finds the lock ready */
+        prep.primer = cove_cgroup_prime(rt->cg);
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
                                          spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
@@ -1254,9 +1261,10 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
                 cove_err_set(err, errno, "ns: socketpair");
                 goto fail;
         }
-        struct cg_prep prep = {rt, id};
         int rc =
             cove_criu_restore(&rt->criu, dir, root, chan[1], ino, prep_cgroup, &prep, &pid, err);
+        cove_cgroup_prime_end(prep.primer); /* when criu failed before the attach */
+        prep.primer = NULL;
         criu_mounts_release(spec->state_dir); /* the sandbox has its own copy now */
         close(chan[1]);
         chan[1] = -1;
@@ -1279,6 +1287,7 @@ fail_early:
 fail:
         if (layer_mfd >= 0)
                 close(layer_mfd);
+        cove_cgroup_prime_end(prep.primer);
         if (pid > 0) {
                 kill(pid, SIGKILL);
                 reap(pid);
