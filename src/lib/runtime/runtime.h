@@ -123,8 +123,9 @@ struct cove_runtime_ops {
         /* Open an image read-only (capture: *tree_fd is a directory fd of the layer's upper
          * tree, the files the sandbox changed, overlay whiteouts included), or create an
          * empty one of disk_mb at path and open it read-write (restore: fill *tree_fd, then
-         * close; the image can then be a spec->layer_image). layer_close releases mounts and
-         * loop devices; the image file stays.
+         * close; the image can then be a spec->layer_image, and the handle, instead of
+         * layer_close, its spec->layer_handle). layer_close releases mounts and loop devices
+         * (no sync: the unmount writes back); the image file stays.
          * Ownership contract (ns): the tree stores *sandbox* ids, 0..65535 (root is 0, the
          * template's user 1000 is 1000), never host ids: a capture reads them as they are and
          * a restore writes them as they are (as host root: chown, mknod 0/0 whiteouts,
