@@ -485,14 +485,16 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         int layer_created = 0, layer_mounted = 0, cg_created = 0;
         pid_t pid = -1;
 
-        /* the attach below waits for an RCU grace period unless one just passed: start that
-         * wait now, alongside the cgroup, layer and clone */
-        struct cove_cgroup_primer *primer = cove_cgroup_prime(rt->cg);
+        struct cove_cgroup_primer *primer = NULL;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
                                          spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        /* the attach below waits for an RCU grace period unless one just passed: start that
+         * wait now, alongside the layer and the clone (after the cgroup's mkdirs: the prime
+         * holds cgroup_mutex while it waits, as any attach does) */
+        primer = cove_cgroup_prime(rt->cg);
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
                                     spec->layer_image, layer_mfd, spec->layer_key, err);
         layer_mfd = -1;
@@ -1278,13 +1280,13 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
             cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
             own_tree(dir, spec->uid_base, err) < 0)
                 goto fail_early;
-        /* as in ns_start: the attach (criu's, in prep_cgroup) finds the lock ready */
-        prep.primer = cove_cgroup_prime(rt->cg);
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
                                          spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        /* as in ns_start: the attach (criu's, in prep_cgroup) finds the lock ready */
+        prep.primer = cove_cgroup_prime(rt->cg);
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
                                     spec->layer_image, layer_mfd, spec->layer_key, err);
         layer_mfd = -1;
