@@ -38,8 +38,8 @@ int cove_cgroup_attach(const struct cove_cgroups *cg, const char *id, pid_t pid,
  * all the same) and repeats it every few ms, so the attach of a sandbox cloned meanwhile finds
  * the lock ready; cove_cgroup_prime_end() stops it (call it right after the attach; the
  * thread also gives up after 2 s). The kernel holds cgroup_mutex through that wait, as for
- * any attach: create the group first, then prime. NULL when not possible (the hierarchy's mount does not
- * show the whole tree, so coved's own group cannot be named safely): no head start. Each
+ * any attach: create the group first, then prime. NULL when not possible (the hierarchy's mount
+ * does not show the whole tree, so coved's own group cannot be named safely): no head start. Each
  * repeat holds the lock for microseconds (forks on the host wait that long). */
 struct cove_cgroup_primer;
 struct cove_cgroup_primer *cove_cgroup_prime(const struct cove_cgroups *cg);
