@@ -438,6 +438,21 @@ static void reap(pid_t pid)
 static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *spec,
                       struct cove_instance *inst, struct cove_err *err);
 
+struct cove_layer_handle {
+        int mfd; /* detached mount of the image */
+};
+
+/* The mount of spec->layer_handle (the handle is freed: start() takes it over), or -1. */
+static int take_layer_mount(const struct cove_instance_spec *spec)
+{
+        struct cove_layer_handle *h = spec->layer_handle;
+        if (!h)
+                return -1;
+        int m = h->mfd;
+        free(h);
+        return m;
+}
+
 static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *spec,
                     struct cove_instance *inst, struct cove_err *err)
 {
@@ -445,14 +460,21 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 struct cove_err e2;
                 if (spec->mem_image)
                         cove_rm_rf(spec->mem_image, &e2);
+                int lm = take_layer_mount(spec);
+                if (lm >= 0)
+                        close(lm);
                 return -1;
         }
         if (spec->mem_image)
                 return ns_restore(rt, spec, inst, err);
         const char *id = spec->sandbox_id;
+        int layer_mfd = take_layer_mount(spec); /* -1, or given to cove_layer_prepare */
         struct ns_inst *priv = calloc(1, sizeof(*priv));
-        if (!priv)
+        if (!priv) {
+                if (layer_mfd >= 0)
+                        close(layer_mfd);
                 return cove_err_set(err, ENOMEM, "ns: start %s", id);
+        }
         strcpy(priv->id, id);
         struct child_args a;
         memset(&a, 0, sizeof(a));
@@ -463,13 +485,19 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         int layer_created = 0, layer_mounted = 0, cg_created = 0;
         pid_t pid = -1;
 
+        struct cove_cgroup_primer *primer = NULL;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
                                          spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        /* the attach below waits for an RCU grace period unless one just passed: start that
+         * wait now, alongside the layer and the clone (after the cgroup's mkdirs: the prime
+         * holds cgroup_mutex while it waits, as any attach does) */
+        primer = cove_cgroup_prime(rt->cg);
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
-                                    spec->layer_image, spec->layer_key, err);
+                                    spec->layer_image, layer_mfd, spec->layer_key, err);
+        layer_mfd = -1;
         if (lc < 0)
                 goto fail;
         layer_created = lc;
@@ -512,7 +540,10 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         if (write_map(pid, "uid_map", spec->uid_base, spec->uid_count, err) < 0 ||
             write_map(pid, "gid_map", spec->uid_base, spec->uid_count, err) < 0)
                 goto fail;
-        if (cove_cgroup_attach(rt->cg, id, pid, err) < 0)
+        int attached = cove_cgroup_attach(rt->cg, id, pid, err);
+        cove_cgroup_prime_end(primer);
+        primer = NULL;
+        if (attached < 0)
                 goto fail;
         if (protect_from_oom(pid, err) < 0)
                 goto fail;
@@ -611,6 +642,9 @@ fail:
                 close(userns);
         if (a.guest_fd >= 0)
                 close(a.guest_fd);
+        if (layer_mfd >= 0)
+                close(layer_mfd);
+        cove_cgroup_prime_end(primer);
         if (cg_created) {
                 cove_cgroup_kill(rt->cg, id, NULL);
                 cove_cgroup_remove(rt->cg, id, NULL);
@@ -728,11 +762,6 @@ static int ns_usage(struct cove_runtime *rt, struct cove_instance *inst, uint64_
 
 /* ---- time machine ---- */
 
-struct cove_layer_handle {
-        int mfd; /* detached mount of the image */
-        int rw;  /* opened to be filled (restore) */
-};
-
 static int ns_layer_snapshot(struct cove_runtime *rt, struct cove_instance *inst,
                              const char *sandbox_id, const char *dest_image, uint64_t *pause_ns,
                              struct cove_err *err)
@@ -758,7 +787,6 @@ static int ns_layer_open(struct cove_runtime *rt, const char *image, int create,
         struct cove_layer_handle *lh = calloc(1, sizeof(*lh));
         if (!lh)
                 return cove_err_set(err, ENOMEM, "ns: layer open");
-        lh->rw = create;
         lh->mfd = cove_layer_image_open(rt->layers, image, create, disk_mb, key, tree_fd, err);
         if (lh->mfd < 0) {
                 free(lh);
@@ -773,8 +801,9 @@ static void ns_layer_close(struct cove_runtime *rt, struct cove_layer_handle *h)
         (void)rt;
         if (!h)
                 return;
-        if (h->rw)
-                syncfs(h->mfd); /* the restored files reach the image before anyone adopts it */
+        /* no sync: the unmount that follows the last close writes a restored tree back before
+         * a start() can mount the image again (and it needs no durability: a crash before the
+         * sandbox runs from it discards it) */
         close(h->mfd);
         free(h);
 }
@@ -1164,12 +1193,16 @@ static int own_tree(const char *dir, uint32_t uid, struct cove_err *err)
 struct cg_prep {
         struct cove_runtime *rt;
         const char *id;
+        struct cove_cgroup_primer *primer; /* ended right after the attach */
 };
 
 static int prep_cgroup(void *arg, pid_t child, struct cove_err *err)
 {
         struct cg_prep *p = arg;
-        return cove_cgroup_attach(p->rt->cg, p->id, child, err);
+        int r = cove_cgroup_attach(p->rt->cg, p->id, child, err);
+        cove_cgroup_prime_end(p->primer);
+        p->primer = NULL;
+        return r;
 }
 
 struct uts_job {
@@ -1226,9 +1259,13 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         struct ns_inst *priv = calloc(1, sizeof(*priv));
         char dir[PATH_MAX], root[PATH_MAX];
         int chan[2] = {-1, -1}, cg_created = 0, layer_created = 0, layer_mounted = 0;
+        int layer_mfd = take_layer_mount(spec); /* -1, or given to cove_layer_prepare */
+        struct cg_prep prep = {rt, id, NULL};
         pid_t pid = -1;
         struct cove_err e2;
         if (!priv) {
+                if (layer_mfd >= 0)
+                        close(layer_mfd);
                 cove_rm_rf(spec->mem_image, &e2);
                 if (spec->layer_image)
                         unlink(spec->layer_image);
@@ -1248,8 +1285,11 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        /* as in ns_start: the attach (criu's, in prep_cgroup) finds the lock ready */
+        prep.primer = cove_cgroup_prime(rt->cg);
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
-                                    spec->layer_image, spec->layer_key, err);
+                                    spec->layer_image, layer_mfd, spec->layer_key, err);
+        layer_mfd = -1;
         if (lc < 0)
                 goto fail;
         layer_created = lc;
@@ -1264,9 +1304,10 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
                 cove_err_set(err, errno, "ns: socketpair");
                 goto fail;
         }
-        struct cg_prep prep = {rt, id};
         int rc =
             cove_criu_restore(&rt->criu, dir, root, chan[1], ino, prep_cgroup, &prep, &pid, err);
+        cove_cgroup_prime_end(prep.primer); /* when criu failed before the attach */
+        prep.primer = NULL;
         criu_mounts_release(spec->state_dir); /* the sandbox has its own copy now */
         close(chan[1]);
         chan[1] = -1;
@@ -1287,6 +1328,9 @@ fail_early:
         if (spec->layer_image)
                 unlink(spec->layer_image);
 fail:
+        if (layer_mfd >= 0)
+                close(layer_mfd);
+        cove_cgroup_prime_end(prep.primer);
         if (pid > 0) {
                 kill(pid, SIGKILL);
                 reap(pid);
