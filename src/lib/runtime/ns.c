@@ -43,6 +43,7 @@
  * coved is multi-threaded, so the child of clone() only uses async-signal-safe calls and
  * memory prepared before the clone; the seccomp program is compiled once at open(). */
 #include <dirent.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -53,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -834,31 +836,70 @@ static int read_uid_base(pid_t pid, uint32_t *base)
         return 0;
 }
 
-/* CRIU dumps a veth whose peer is on the host (the egress link) but cannot restore it
- * ("Unknown peer net namespace"), and the node plumbs links itself: a sandbox with any
- * interface but lo gets a files snapshot instead (the caller falls back). */
-static int only_loopback(pid_t pid, struct cove_err *err)
+/* A checkpoint leaves the network namespace's configuration behind (criu --empty-ns net): a
+ * restore comes up with loopback only, the node attaches a new egress link, and established
+ * TCP connections come back closed. A socket bound to an address of the egress link (a
+ * listener or UDP socket on the sandbox's own address, a connected UDP socket) could not be
+ * bound again, so such a sandbox gets a files snapshot instead (the caller falls back). */
+static int local_ok(const char *hex)
 {
-        char p[64], line[256];
-        snprintf(p, sizeof(p), "/proc/%d/net/dev", (int)pid);
-        FILE *f = fopen(p, "re");
-        if (!f)
-                return cove_err_set(err, errno, "ns: %s", p);
-        int n = 0, other = 0;
-        while (fgets(line, sizeof(line), f))
-                if (n++ >= 2) { /* two header lines */
-                        char *c = strchr(line, ':');
-                        char *s = line;
-                        while (*s == ' ')
-                                s++;
-                        if (c && (c - s != 2 || strncmp(s, "lo", 2)))
-                                other = 1;
+        size_t n = strlen(hex);
+        if (n == 8) { /* IPv4, as the kernel's __be32 printed in host order */
+                uint32_t a = ntohl((uint32_t)strtoul(hex, NULL, 16));
+                return a == 0 || (a >> 24) == 127;
+        }
+        if (n != 32)
+                return 0;
+        static const char *const ok[] = {
+            "00000000000000000000000000000000", /* :: */
+            "00000000000000000000000001000000", /* ::1 */
+        };
+        for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+                if (!strcasecmp(hex, ok[i]))
+                        return 1;
+        /* ::ffff:a.b.c.d */
+        return !strncasecmp(hex, "0000000000000000FFFF0000", 24) && local_ok(hex + 24);
+}
+
+static int bound_to_link(pid_t pid, struct cove_err *err)
+{
+        static const struct {
+                const char *file;
+                int tcp;
+        } tabs[] = {{"tcp", 1}, {"tcp6", 1}, {"udp", 0}, {"udp6", 0}};
+        for (size_t t = 0; t < sizeof(tabs) / sizeof(tabs[0]); t++) {
+                char p[64], line[512];
+                snprintf(p, sizeof(p), "/proc/%d/net/%s", (int)pid, tabs[t].file);
+                FILE *f = fopen(p, "re");
+                if (!f) {
+                        if (errno == ENOENT) /* no IPv6 */
+                                continue;
+                        return cove_err_set(err, errno, "ns: %s", p);
                 }
-        fclose(f);
-        if (other)
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "the sandbox has a network link (egress), which a checkpoint "
-                                     "cannot take along");
+                int bad = 0;
+                if (!fgets(line, sizeof(line), f)) /* header */
+                        line[0] = 0;
+                while (!bad && fgets(line, sizeof(line), f)) {
+                        char local[64];
+                        unsigned port = 0, st = 0;
+                        if (sscanf(line, " %*u: %63[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%*x %x", local,
+                                   &port, &st) != 3)
+                                continue;
+                        /* TCP: a listener (0A) or a bound, unconnected socket (07) is bound
+                         * again at restore; connections (closed at restore) and TIME_WAIT
+                         * leftovers (no process) are not */
+                        if (tabs[t].tcp && st != 0x0A && st != 0x07)
+                                continue;
+                        if (port && !local_ok(local))
+                                bad = 1;
+                }
+                fclose(f);
+                if (bad)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                             "a socket is bound to the sandbox's link address "
+                                             "(%s), which a restore cannot take along",
+                                             tabs[t].file);
+        }
         return 0;
 }
 
@@ -883,7 +924,7 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
                                      "ns: full snapshot %s: no guest channel", id);
         if (cove_cgroup_freezer_dir(rt->cg, id, fz, sizeof(fz)) < 0)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "ns: no freezer cgroup");
-        if (only_loopback(inst->pid, err) < 0)
+        if (bound_to_link(inst->pid, err) < 0)
                 return -1;
         struct cove_err e2;
         if (mkdir(dir, 0700) < 0)
@@ -1436,6 +1477,7 @@ static struct cove_runtime *ns_open(const char *data_dir, struct cove_err *err)
         }
         if (cove_mkdir_p(rt->ns_dir, 0700, err) < 0)
                 goto fail;
+        cove_criu_setup(&rt->criu, rt->ns_dir);
         if (!(rt->cg = cove_cgroups_open(err)))
                 goto fail;
         if (cove_seccomp_build(&rt->filter, err) < 0)
