@@ -296,6 +296,19 @@ def test_exec_reconnects_after_a_dropped_stream_without_duplicates(cli, sid):
 
 # --- cp --------------------------------------------------------------------------------
 
+def test_snapshot_kind(cli, sid):
+    # cove snapshot --kind files: a files snapshot whatever the node's default
+    out = cli.run("snapshot", sid, "--kind", "files", "--json")
+    if out.returncode != 0 and b"cannot snapshot" in out.stderr:
+        pytest.skip("the runtime cannot snapshot: " + out.stderr.decode(errors="replace"))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kind"] == "files"
+    r = cli.run("snapshot", sid, "--kind", "memory")
+    assert r.returncode == 2 and b"--kind takes files or full" in r.stderr, r.stderr
+    r = cli.run("pause", sid, "--kind", "files")
+    assert r.returncode == 2 and b"--kind is for cove snapshot" in r.stderr, r.stderr
+
+
 def test_cp_binary_both_ways(cli, sid, tmp_path):
     data = bytes(range(256)) * 64 + os.urandom(1 << 20)
     src = tmp_path / "blob.bin"

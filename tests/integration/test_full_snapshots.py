@@ -91,6 +91,26 @@ def test_pause_resume_keeps_a_running_process(client):
         c.remove(sid, purge=True)
 
 
+def test_snapshot_kind_on_request(client):
+    # POST snapshots with kind: "files" (the short pause of rolling snapshots) where full is the
+    # default, "full" explicitly; a rewind to the files one brings the files, not the process
+    c = client
+    need_full(c)
+    sid = new_sandbox(c)
+    try:
+        start_counter(c, sid)
+        sf = c.post(f"/v1/sandboxes/{sid}/snapshots", {"kind": "files"}, expect=201)
+        assert sf["kind"] == "files" and sf["pause_ms"] >= 0
+        assert len(running_cmds(c, sid)) == 1  # untouched by the files snapshot
+        full = c.post(f"/v1/sandboxes/{sid}/snapshots", {"kind": "full"}, expect=201)
+        assert full["kind"] == "full" and full["parent_id"] == sf["id"]
+        c.post(f"/v1/sandboxes/{sid}/rewind", {"snapshot_id": sf["id"]})
+        assert count(c, sid) >= 5  # the counter's file is back, its process is not
+        assert running_cmds(c, sid) == [] and sandbox_pids(c, sid) == []
+    finally:
+        c.remove(sid, purge=True)
+
+
 def test_fork_of_a_running_process_diverges(client):
     c = client
     need_full(c)
@@ -160,6 +180,11 @@ def test_without_criu_snapshots_are_files(coved_factory):
     sid = new_sandbox(c)
     try:
         start_counter(c, sid)
+        # a full snapshot asked for where the node cannot take one: refused, nothing taken
+        e = c.expect_error("POST", f"/v1/sandboxes/{sid}/snapshots", 409, "conflict",
+                           body={"kind": "full"})
+        assert "cannot take full snapshots" in e["message"], e
+        assert c.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"] == []
         r = c.post(f"/v1/sandboxes/{sid}/pause")
         assert r["snapshot"]["kind"] == "files"
         c.post(f"/v1/sandboxes/{sid}/resume")

@@ -17,8 +17,11 @@ from cove import poll, sh, snapshots
 pytestmark = pytest.mark.root
 
 
-def snap(c, sid, label=None, expect=201):
-    r = c.request("POST", f"/v1/sandboxes/{sid}/snapshots", {"label": label} if label else {})
+def snap(c, sid, label=None, expect=201, kind=None):
+    body = {"label": label} if label else {}
+    if kind:
+        body["kind"] = kind
+    r = c.request("POST", f"/v1/sandboxes/{sid}/snapshots", body)
     if r.status == 503 and "cannot snapshot" in r.body.decode(errors="replace"):
         pytest.skip("the runtime cannot snapshot yet (runtime_ops.layer_snapshot missing): "
                     + r.error.get("message", ""))
@@ -50,6 +53,13 @@ def test_snapshot_object_and_timeline(client, sandbox):
                         "not_found", body={})
     client.expect_error("POST", f"/v1/sandboxes/{sid}/snapshots", 400, "bad_request",
                         body={"label": "x" * 200})
+    # kind: "files" wherever the sandbox has a layer image, even where full is the default
+    s3 = snap(client, sid, kind="files")
+    assert s3["kind"] == "files" and s3["parent_id"] == s2["id"]
+    for bad in ("memory", "", 3, ["files"]):
+        e = client.expect_error("POST", f"/v1/sandboxes/{sid}/snapshots", 400, "bad_request",
+                                body={"kind": bad})
+        assert "kind" in e["message"]
     client.ok("DELETE", f"/v1/snapshots/{s1['id']}")
     client.expect_error("GET", f"/v1/snapshots/{s1['id']}", 404, "not_found")
 
@@ -155,6 +165,65 @@ def test_rolling_snapshots(client):
         assert all(s["kind"] == "files" and s["label"] is None for s in rolling)
         assert c.sandbox(sid)["snapshot_interval_s"] == 2
     finally:
+        c.remove(sid, purge=True)
+
+
+REC = 32  # bytes per record of LOG_WRITER
+# Appends records "NNNNNNNN CCCCCCCCCC ...........\n" (a number, a checksum of it) to /home/log,
+# each with one write and fsync'd before the next.
+LOG_WRITER = ("i=0; while :; do printf '%08d %010d ...........\\n' $i "
+              "$((i*2654435761%4294967291)) | dd of=/home/log oflag=append conv=notrunc,fsync "
+              "bs=32 iflag=fullblock count=1 2>/dev/null || exit; i=$((i+1)); done")
+
+
+def log_records(data):
+    """Number of records in data when it is a valid log: every record complete, in order, its
+    checksum right, nothing torn after the last one."""
+    assert len(data) % REC == 0, f"a torn record at the end ({len(data)} bytes)"
+    for i in range(len(data) // REC):
+        want = b"%08d %010d ...........\n" % (i, i * 2654435761 % 4294967291)
+        got = data[i * REC:(i + 1) * REC]
+        assert got == want, f"record {i}: {got!r}, want {want!r}"
+    return len(data) // REC
+
+
+def test_rolling_snapshots_under_writes_restore_whole_records(client):
+    # A files snapshot clones the layer's image without freezing it (what a power cut would
+    # leave, the journal replayed): while the sandbox appends fsync'd records and churns
+    # files, rolling snapshots every second; forks of several of them each see a valid log
+    # (every record whole and in order, none torn), growing from snapshot to snapshot.
+    c = client
+    sid = new_sandbox(c, snapshot_interval_s=1)
+    forks = []
+    try:
+        snap(c, sid, kind="files")  # skip early when unavailable
+        sh(c, sid, f"{{ {LOG_WRITER}; }} </dev/null >/dev/null 2>&1 &")
+        sh(c, sid, "mkdir -p /home/t; { i=0; while :; do echo $i > /home/t/a$i; "
+                   "rm -f /home/t/a$((i-50)); i=$((i+1)); done; } </dev/null >/dev/null 2>&1 &")
+        poll(lambda: int(sh(c, sid, "stat -c %s /home/log 2>/dev/null || echo 0")) >= 10 * REC,
+             what="the writer's first records")
+        older = {s["id"] for s in snapshots(c, sid)}
+
+        def new_rolling():
+            xs = [s for s in snapshots(c, sid) if s["rolling"] and s["id"] not in older]
+            return xs if len(xs) >= 4 else None
+        rolling = poll(new_rolling, timeout=60, what="four rolling snapshots under writes")
+        counts = []
+        for s in sorted(rolling[:4], key=lambda s: s["created_at"]):
+            assert s["kind"] == "files"
+            f = c.ok("POST", f"/v1/sandboxes/{sid}/fork", {"snapshot_id": s["id"], "count": 1},
+                     expect=(201,))["sandboxes"][0]["id"]
+            forks.append(f)
+            counts.append(log_records(c.get_file(f, "/home/log").body))
+            c.remove(f, purge=True)
+        print(f"records in the forks of 4 rolling snapshots: {counts}; pause_ms "
+              f"{[s['pause_ms'] for s in rolling[:4]]}")
+        assert counts == sorted(counts) and counts[0] >= 10, counts
+        # the writer ran on through the snapshots
+        assert log_records(c.get_file(sid, "/home/log").body) >= counts[-1]
+    finally:
+        for f in forks:
+            c.remove(f, purge=True)
         c.remove(sid, purge=True)
 
 

@@ -374,6 +374,10 @@ def test_vm_pause_resume_keeps_live_memory(vmd):
         pid = _counter_pid(c, sid)
         boot_id = c.exec(sid, f"cat {BOOT_ID}")["stdout"]
         before = _count(c, sid)
+        # a vm's disk and memory are one image: no files-only snapshot of it
+        e = c.expect_error("POST", f"/v1/sandboxes/{sid}/snapshots", 409, "conflict",
+                           body={"kind": "files"})
+        assert "vm" in e["message"], e
         r = c.post(f"/v1/sandboxes/{sid}/pause")
         assert r["sandbox"]["state"] == "paused"
         assert r["snapshot"]["kind"] == "full", r

@@ -960,6 +960,117 @@ static void restore_on_open_layer(void **state)
         assert_int_equal(mounts_under(layers), mounts0);
 }
 
+/* The sandbox's /log, appended by LOG_WRITER: fixed-size records "%08d %010d ...........\n"
+ * (a number, a checksum of it), each appended with one write and fsync'd before the next. */
+#define REC 32
+#define LOG_WRITER                                                                                 \
+        "i=0; while :; do printf '%08d %010d ...........\\n' $i $((i*2654435761%4294967291)) | "   \
+        "dd of=/log oflag=append conv=notrunc,fsync bs=32 iflag=fullblock count=1 2>/dev/null "    \
+        "|| exit; i=$((i+1)); done"
+
+static long log_size(struct sbx *s)
+{
+        long uid, gid, mode, size = -1;
+        if (sscanf(ask(s, "stat /log"), "%ld %ld %lo %ld", &uid, &gid, &mode, &size) != 4)
+                return -1;
+        return size;
+}
+
+/* Number of records in buf[0..n) when it is a valid log (every record complete, in order,
+ * its checksum right, nothing after the last one), else -1 (the reason printed). */
+static long log_records(const char *buf, size_t n)
+{
+        if (n % REC) {
+                print_message("log of %zu bytes: a torn record\n", n);
+                return -1;
+        }
+        for (size_t i = 0; i < n / REC; i++) {
+                char want[REC + 1];
+                snprintf(want, sizeof(want), "%08zu %010llu ...........\n", i,
+                         (unsigned long long)i * 2654435761ULL % 4294967291ULL);
+                if (memcmp(buf + i * REC, want, REC)) {
+                        print_message("log record %zu: %.*s\n", i, REC, buf + i * REC);
+                        return -1;
+                }
+        }
+        return (long)(n / REC);
+}
+
+/* A snapshot is a clone of the layer's image without a freeze: the state a power cut would
+ * leave, made consistent by a journal replay. Under load (records appended and fsync'd one
+ * by one, files created and deleted, a file rewritten in 16 MB streams, a file unlinked while
+ * open) every snapshot must be a clean ext4 (e2fsck -fn after the replay) whose log is a
+ * valid prefix holding at least every record the sandbox had written when the snapshot
+ * began (its syncfs commits them). */
+static void snapshot_under_writes(void **state)
+{
+        (void)state;
+        need_root();
+        enum { N = 8 };
+        struct cove_err err;
+        struct sbx s;
+        spec_init(&s);
+        s.spec.disk_mb = 256;
+        start(&s);
+        /* (one background job per line: the probe reads lines of up to 511 bytes) */
+        static const char *const jobs[] = {
+            "sh mkdir /t && { exec 9>/t/held; rm /t/held; exec sleep 3600; } </dev/null "
+            ">/dev/null 2>&1 &",
+            "sh { " LOG_WRITER "; } </dev/null >/dev/null 2>&1 &",
+            "sh { i=0; while :; do echo $i > /t/a$i; rm -f /t/a$((i-50)); i=$((i+1)); done; } "
+            "</dev/null >/dev/null 2>&1 &",
+            "sh { while :; do dd if=/dev/zero of=/bulk bs=1M count=16 2>/dev/null; done; } "
+            "</dev/null >/dev/null 2>&1 &",
+        };
+        for (size_t j = 0; j < sizeof(jobs) / sizeof(jobs[0]); j++) {
+                assert_true(strlen(jobs[j]) < 500);
+                assert_string_equal(ask(&s, jobs[j]), "exit 0");
+        }
+        const char *dir = cove_runtime_ns.layer_dir(rt);
+        long seen = 0;
+        char *buf = malloc(8 << 20);
+        assert_non_null(buf);
+        for (int i = 0; i < N; i++) {
+                /* the writer moved on since the last snapshot */
+                int64_t dl = cove_mono_ns() + 20 * 1000000000LL;
+                long before;
+                while ((before = log_size(&s)) < (seen + 8) * REC && cove_mono_ns() < dl)
+                        usleep(2000);
+                assert_true(before >= (seen + 8) * REC);
+                char snap[PATH_MAX];
+                snprintf(snap, sizeof(snap), "%s/crash-%s-%d.img", dir, s.id, i);
+                uint64_t pause = 0;
+                if (cove_runtime_ns.layer_snapshot(rt, &s.inst, s.id, snap, &pause, &err) < 0)
+                        fail_msg("snapshot %d: %s", i, err.msg);
+                sh("e2fsck -fn %s > %s.fsck 2>&1 || { cat %s.fsck; exit 1; }; rm %s.fsck", snap,
+                   snap, snap, snap);
+                int tfd = -1;
+                struct cove_layer_handle *h = NULL;
+                if (cove_runtime_ns.layer_open(rt, snap, 0, 0, NULL, &tfd, &h, &err) < 0)
+                        fail_msg("layer_open %d: %s", i, err.msg);
+                int fd = openat(tfd, "log", O_RDONLY | O_CLOEXEC);
+                assert_true(fd >= 0);
+                size_t n = 0;
+                ssize_t r;
+                while ((r = read(fd, buf + n, (8 << 20) - n)) > 0)
+                        n += (size_t)r;
+                assert_true(r == 0);
+                close(fd);
+                close(tfd);
+                cove_runtime_ns.layer_close(rt, h);
+                long recs = log_records(buf, n);
+                print_message("[  NOTE    ] snapshot %d under writes: pause %.2f ms, %ld records "
+                              "(%ld before it began)\n",
+                              i, pause / 1e6, recs, before / REC);
+                assert_true(recs >= before / REC);
+                seen = recs;
+                assert_int_equal(unlink(snap), 0);
+        }
+        free(buf);
+        stop(&s);
+        assert_int_equal(wait_loops(dir, 0), 0);
+}
+
 /* Figures, not assertions: the pause of rolling snapshots of a sandbox with 100 MB written
  * (a little more written before each, and 200 ms between them as a rolling schedule would
  * leave), and start() of a sandbox from each snapshot (a local resume). */
@@ -1021,6 +1132,7 @@ int main(void)
             cmocka_unit_test(pool_after_crash),
             cmocka_unit_test(snapshot_restore),
             cmocka_unit_test(restore_on_open_layer),
+            cmocka_unit_test(snapshot_under_writes),
             cmocka_unit_test(snapshot_pause),
             cmocka_unit_test(start_latency),
         };

@@ -9,7 +9,7 @@
 #include "cove.h"
 #include "util/cleanup.h"
 
-enum { OPT_LABEL = CLI_OPT_VERB_BASE, OPT_SNAPSHOT, OPT_COUNT };
+enum { OPT_LABEL = CLI_OPT_VERB_BASE, OPT_SNAPSHOT, OPT_COUNT, OPT_KIND };
 
 static const char *str_or_dash(json_t *o, const char *k)
 {
@@ -37,10 +37,13 @@ static void human_bytes(json_t *v, char *out, size_t cap)
 static void help(const char *verb)
 {
         if (!strcmp(verb, "snapshot"))
-                puts("Usage: cove snapshot ID [--label L]\n"
+                puts("Usage: cove snapshot ID [--label L] [--kind files|full]\n"
                      "\n"
                      "Take a snapshot of a running sandbox and wait until it is complete.\n"
-                     "Prints the snapshot id; --json prints the snapshot.");
+                     "--kind files: its files only (the shortest pause); full: files, memory\n"
+                     "and processes, or an error where the node cannot. Default: full where\n"
+                     "the node can, else files. Prints the snapshot id; --json prints the\n"
+                     "snapshot.");
         else if (!strcmp(verb, "snapshots"))
                 puts("Usage: cove snapshots ID\n"
                      "\n"
@@ -121,10 +124,11 @@ static int run(struct cli *c, int argc, char **argv)
             {"label", required_argument, NULL, OPT_LABEL},
             {"snapshot", required_argument, NULL, OPT_SNAPSHOT},
             {"count", required_argument, NULL, OPT_COUNT},
+            {"kind", required_argument, NULL, OPT_KIND},
             CLI_GLOBAL_OPTIONS,
             {0},
         };
-        const char *label = NULL, *snap = NULL;
+        const char *label = NULL, *snap = NULL, *kind = NULL;
         long long count = 0;
         int opt;
         while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -138,6 +142,13 @@ static int run(struct cli *c, int argc, char **argv)
                         if (strcmp(verb, "snapshot"))
                                 return cli_usage_error(verb, "--label is for cove snapshot");
                         label = optarg;
+                        break;
+                case OPT_KIND:
+                        if (strcmp(verb, "snapshot"))
+                                return cli_usage_error(verb, "--kind is for cove snapshot");
+                        if (strcmp(optarg, "files") && strcmp(optarg, "full"))
+                                return cli_usage_error(verb, "--kind takes files or full");
+                        kind = optarg;
                         break;
                 case OPT_SNAPSHOT:
                         if (strcmp(verb, "resume") && strcmp(verb, "fork"))
@@ -168,6 +179,8 @@ static int run(struct cli *c, int argc, char **argv)
                 path = cli_fmt("/v1/sandboxes/%s/snapshots", id);
                 if (label)
                         json_object_set_new(body, "label", json_string(label));
+                if (kind)
+                        json_object_set_new(body, "kind", json_string(kind));
                 progress = "taking snapshot";
         } else if (!strcmp(verb, "snapshots")) {
                 path = cli_fmt("/v1/sandboxes/%s/snapshots", id);

@@ -24,15 +24,18 @@ int cove_h_snapshot_create(void *app, struct cove_req *r)
         if (!body)
                 return 0;
         struct cove_err err;
-        json_t *lv = json_object_get(body, "label");
+        json_t *lv = json_object_get(body, "label"), *kv = json_object_get(body, "kind");
         int rc = 0;
         if (lv && !json_is_null(lv) &&
             (!json_is_string(lv) || strlen(json_string_value(lv)) != json_string_length(lv)))
                 rc = cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "label must be a string");
+        else if (kv && !json_is_null(kv) && !json_is_string(kv))
+                rc = cove_err_setk(&err, COVE_E_BAD_REQUEST, 0,
+                                   "kind must be \"files\" or \"full\"");
         struct cove_snapshot_row s = {0};
         if (rc == 0)
-                rc = cove_snapshot_take(d, r->tenant, r->params[0], json_string_value(lv), 0, &s,
-                                        &err);
+                rc = cove_snapshot_take(d, r->tenant, r->params[0], json_string_value(lv),
+                                        json_string_value(kv), 0, &s, &err);
         json_decref(body);
         return reply(r, rc, 201, rc < 0 ? NULL : cove_snapshot_json(&s), &err);
 }

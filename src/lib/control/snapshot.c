@@ -241,11 +241,13 @@ static void mem_id(const char *snap_id, char *out, size_t cap)
  * a files snapshot, or refuses to restore a full one. */
 #define FULL_WAIT_MS 60000
 
-/* Whether snapshots of running sandboxes are full ones on this node (runtime + self-check). */
-static int full_ok(struct coved *d)
+/* Whether snapshots of running sandboxes are full ones on this node (runtime + self-check);
+ * why (may be NULL) says why not. */
+static int full_ok(struct coved *d, char *why, size_t cap)
 {
-        char why[320];
-        return cove_node_full_wait(d->node, FULL_WAIT_MS, why, sizeof(why)) == 1;
+        char buf[320];
+        return cove_node_full_wait(d->node, FULL_WAIT_MS, why ? why : buf,
+                                   why ? cap : sizeof(buf)) == 1;
 }
 
 static void unhold(struct coved *d, const char *id)
@@ -254,14 +256,16 @@ static void unhold(struct coved *d, const char *id)
         cove_node_freeze(d->node, id, 0, &e2);
 }
 
-/* Snapshot the running sandbox row->id (locked by the caller). On success the snapshot row
- * is in the catalog and the sandbox's last_snapshot_id names it (row is reloaded).
+/* Snapshot the running sandbox row->id (locked by the caller). kind: NULL (full where the
+ * node can, unless rolling), "files" or "full" (CONFLICT where that cannot be taken). On
+ * success the snapshot row is in the catalog and the sandbox's last_snapshot_id names it
+ * (row is reloaded).
  * hold: the sandbox is about to be stopped or replaced (pause, rewind): after a full dump it
  * stays frozen, so nothing runs past the state it will resume from; the caller stops it, or
  * thaws it (unhold) when it changes its mind. On failure it always runs on. */
 
 static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const char *label,
-                          int rolling, int hold, struct cove_snapshot_row *out,
+                          const char *kind, int rolling, int hold, struct cove_snapshot_row *out,
                           struct cove_err *err)
 {
         struct cove_tm *tm = d->tm;
@@ -294,6 +298,12 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         mem_id(s.id, mid, sizeof(mid));
         int full = 0;                               /* an ns checkpoint (CRIU) was taken */
         if (cove_node_has_full(d->node, row->id)) { /* vm: live memory too */
+                if (kind && !strcmp(kind, "files"))
+                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                             "sandbox %s: a vm sandbox's snapshots are full "
+                                             "(memory and disk are one image); kind \"files\" "
+                                             "is for ns sandboxes",
+                                             row->id);
                 snprintf(s.kind, sizeof(s.kind), "full");
                 if (capture_full(d, &s, row->storage_encrypted, &st, err) < 0)
                         return cove_err_wrap(err,
@@ -305,16 +315,28 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         /* ns: full (files + memory + processes) with CRIU when the node can; rolling snapshots
          * stay files: a checkpoint stops the sandbox for the whole dump (hundreds of ms for
          * 100 MB), too long to do every minute without the agent noticing */
-        full = !rolling && full_ok(d);
+        char why[320];
+        if (kind && !strcmp(kind, "full") && !full_ok(d, why, sizeof(why)))
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "sandbox %s: this node cannot take full snapshots (%s); "
+                                     "kind \"files\" takes its files",
+                                     row->id, why);
+        full = kind ? !strcmp(kind, "full") : !rolling && full_ok(d, NULL, 0);
         if (full) {
                 struct cove_err fe;
                 if (cove_node_full_dump(d->node, row->id, img, mem, hold, &pause_ns, &fe) < 0) {
+                        unlink(img);
+                        if (kind) /* asked for: no files snapshot instead */
+                                return cove_err_setk(err, COVE_E_CONFLICT, fe.errnum,
+                                                     "full snapshot of sandbox %s failed (no "
+                                                     "snapshot taken; kind \"files\" takes its "
+                                                     "files): %s",
+                                                     row->id, fe.msg);
                         /* e.g. a TCP connection or an egress link CRIU cannot take along:
                          * the files are still worth a snapshot */
                         cove_warn(&d->log, "snapshot.full",
                                   "sandbox %s: full snapshot failed, taking files only: %s",
                                   row->id, fe.msg);
-                        unlink(img);
                         full = 0;
                 } else {
                         snprintf(s.kind, sizeof(s.kind), "full");
@@ -403,12 +425,15 @@ captured:
 }
 
 int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_id,
-                       const char *label, int rolling, struct cove_snapshot_row *out,
-                       struct cove_err *err)
+                       const char *label, const char *kind, int rolling,
+                       struct cove_snapshot_row *out, struct cove_err *err)
 {
         if (label && strlen(label) > LABEL_MAX)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "label must be at most %d bytes",
                                      LABEL_MAX);
+        if (kind && strcmp(kind, "files") && strcmp(kind, "full"))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "kind must be \"files\" or \"full\"");
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, sandbox_id, &row, err) < 0)
                 return -1;
@@ -419,7 +444,7 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
         sbx_lock(d->tm, sandbox_id, 1);
         int r = reload(d, sandbox_id, &row, err);
         if (r == 0)
-                r = capture_locked(d, &row, label, rolling, 0, out, err);
+                r = capture_locked(d, &row, label, kind, rolling, 0, out, err);
         sbx_unlock(d->tm, sandbox_id);
         cove_sandbox_row_clear(&row);
         return r;
@@ -652,7 +677,7 @@ int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json
                 goto out;
         struct cove_snapshot_row snap;
         struct cove_err e2;
-        if ((r = capture_locked(d, &row, "pause", 0, 1, &snap, err)) < 0) {
+        if ((r = capture_locked(d, &row, "pause", NULL, 0, 1, &snap, err)) < 0) {
                 cove_err_wrap(err, "pause");
                 if (reload(d, id, &row, &e2) == 0 && !strcmp(row.state, "pausing")) {
                         snprintf(row.state, sizeof(row.state), "running");
@@ -815,7 +840,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         if (running) {
                 char label[LABEL_MAX + 1];
                 snprintf(label, sizeof(label), "before rewind to %s", snap.id);
-                if ((r = capture_locked(d, &row, label, 0, 1, &undo, err)) < 0) {
+                if ((r = capture_locked(d, &row, label, NULL, 0, 1, &undo, err)) < 0) {
                         cove_err_wrap(err, "rewind of sandbox %s: no undo point, nothing changed",
                                       id);
                         goto out;
@@ -917,7 +942,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 sbx_lock(d->tm, id, 1);
                 r = reload(d, id, &src, err);
                 if (r == 0)
-                        r = capture_locked(d, &src, "fork", 0, 0, &snap, err);
+                        r = capture_locked(d, &src, "fork", NULL, 0, 0, &snap, err);
                 sbx_unlock(d->tm, id);
         } else {
                 r = pick_snapshot(d, src.tenant, body, src.last_snapshot_id, 0, &snap, err);
@@ -1201,7 +1226,7 @@ static int64_t roll(struct coved *d)
                         memset(&row, 0, sizeof(row));
                         int r = reload(d, l.v[i].id, &row, &err);
                         if (r == 0 && !strcmp(row.state, "running"))
-                                r = capture_locked(d, &row, NULL, 1, 0, NULL, &err);
+                                r = capture_locked(d, &row, NULL, NULL, 1, 0, NULL, &err);
                         sbx_unlock(tm, l.v[i].id);
                         cove_sandbox_row_clear(&row);
                         if (r < 0 && err.kind == COVE_E_UNAVAILABLE &&

@@ -35,11 +35,13 @@ void cove_tm_kick(struct coved *d);
 json_t *cove_snapshot_json(const struct cove_snapshot_row *s);
 
 /* Take a snapshot of a running sandbox and wait until it is complete. label may be NULL.
- * Errors: NOT_FOUND, CONFLICT (not running), UNAVAILABLE (runtime cannot snapshot, store
- * full or failing: the previous snapshots are intact). out may be NULL. */
+ * kind: NULL (full where the node can, files otherwise; rolling ones are files), "files"
+ * or "full" (BAD_REQUEST for anything else; CONFLICT when this node or sandbox cannot take
+ * that kind). Errors: NOT_FOUND, CONFLICT (not running), UNAVAILABLE (runtime cannot
+ * snapshot, store full or failing: the previous snapshots are intact). out may be NULL. */
 int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_id,
-                       const char *label, int rolling, struct cove_snapshot_row *out,
-                       struct cove_err *err);
+                       const char *label, const char *kind, int rolling,
+                       struct cove_snapshot_row *out, struct cove_err *err);
 /* {"snapshots":[…]} of one sandbox, newest first. The sandbox may be deleted (its
  * snapshots outlive it); NOT_FOUND only when neither it nor any snapshot of it exists. */
 int cove_snapshot_list_json(struct coved *d, const char *tenant, const char *sandbox_id,

@@ -770,7 +770,8 @@ static int ns_layer_snapshot(struct cove_runtime *rt, struct cove_instance *inst
         const char *id = priv ? priv->id : sandbox_id;
         if (!priv || !id)
                 return cove_err_setk(err, COVE_E_CONFLICT, 0, "ns: snapshot: instance not running");
-        if (cove_layer_snapshot(rt->layers, id, dest_image, pause_ns, err) < 0)
+        if (cove_layer_snapshot(rt->layers, id, dest_image, pause_ns, err) < 0 ||
+            cove_layer_recover(dest_image, err) < 0)
                 return cove_err_wrap(err, "ns: snapshot %s", id);
         return 0;
 }
@@ -811,8 +812,9 @@ static void ns_layer_close(struct cove_runtime *rt, struct cove_layer_handle *h)
 /* ---- full snapshots (CRIU; runtime/criu.h) ----
  *
  * Dump: freeze the cgroup, `criu dump --leave-running` through that freezer (CRIU leaves it
- * frozen as it found it), clone the layer (cove_layer_snapshot), thaw. Files and processes
- * are from the same instant; the pause is freeze to thaw.
+ * frozen as it found it), clone the layer (cove_layer_snapshot: its syncfs commits every
+ * write the frozen processes made), thaw, then replay the clone's journal. Files and
+ * processes are from the same instant; the pause is freeze to thaw.
  * Restore: the layer image is prepared as for a cold start; the sandbox's root is built on
  * the host this time (CRIU restores the mount namespace itself and wants the root as a
  * path): the template and the layer idmapped through a throwaway user namespace with the
@@ -971,6 +973,11 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         }
         if (!leave_frozen)
                 *pause_ns = (uint64_t)(cove_mono_ns() - t0);
+        if (rc == 0 && cove_layer_recover(dest_image, err) < 0) {
+                rc = -1;
+                if (leave_frozen)
+                        cove_cgroup_freeze(rt->cg, id, 0, &e2);
+        }
         if (rc == 0) {
                 /* what the restore needs besides criu's images; criu's log is not kept */
                 char meta[128], mp[PATH_MAX + 16];

@@ -68,71 +68,7 @@ struct cove_layers {
         int stopping;     /* close() asks the refill thread to end */
         int thread_ok;    /* refill thread was started */
         pthread_t refill; /* the refill thread */
-        /* COVE_NS_EXPEDITE_FREEZE=1: RCU expedited while a layer is frozen (see below) */
-        int expedite;
-        char exp_marker[PATH_MAX]; /* exists while this coved holds rcu_expedited at 1 */
-        pthread_mutex_t exp_lock;  /* guards exp_users, exp_set */
-        unsigned exp_users;        /* freezes in progress */
-        int exp_set;               /* we turned it on (it was 0) */
 };
-
-/* The freeze of a snapshot is almost all RCU grace periods: freeze_super() takes the
- * superblock's three percpu write locks and each waits for one (synchronize_rcu) when the
- * lock was idle; ~10 ms each here. With /sys/kernel/rcu_expedited=1 synchronize_rcu() IPIs
- * the CPUs instead of waiting, and the pause drops from 30-50 ms to ~3 ms. It is a host-wide
- * setting, so coved only flips it (opt-in, COVE_NS_EXPEDITE_FREEZE=1) for the few ms of a
- * freeze, when it is 0, and puts it back; a marker file says a crashed coved left it on, and
- * the next open turns it off again. Another coved (or the admin) having set it is left alone. */
-#define RCU_EXPEDITED "/sys/kernel/rcu_expedited"
-
-static int write_small(const char *path, const char *v)
-{
-        int fd = open(path, O_WRONLY | O_CLOEXEC);
-        if (fd < 0)
-                return -1;
-        ssize_t w = write(fd, v, strlen(v));
-        close(fd);
-        return w == (ssize_t)strlen(v) ? 0 : -1;
-}
-
-static void expedite_begin(struct cove_layers *l)
-{
-        if (!l->expedite)
-                return;
-        pthread_mutex_lock(&l->exp_lock);
-        if (l->exp_users++ == 0) {
-                char v[8] = "";
-                int fd = open(RCU_EXPEDITED, O_RDONLY | O_CLOEXEC);
-                if (fd >= 0) {
-                        if (read(fd, v, sizeof(v) - 1) < 0)
-                                v[0] = '\0';
-                        close(fd);
-                }
-                if (v[0] == '0') {
-                        int m = open(l->exp_marker, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-                        if (m >= 0) {
-                                close(m);
-                                l->exp_set = write_small(RCU_EXPEDITED, "1") == 0;
-                                if (!l->exp_set)
-                                        unlink(l->exp_marker);
-                        }
-                }
-        }
-        pthread_mutex_unlock(&l->exp_lock);
-}
-
-static void expedite_end(struct cove_layers *l)
-{
-        if (!l->expedite)
-                return;
-        pthread_mutex_lock(&l->exp_lock);
-        if (--l->exp_users == 0 && l->exp_set) {
-                write_small(RCU_EXPEDITED, "0");
-                unlink(l->exp_marker);
-                l->exp_set = 0;
-        }
-        pthread_mutex_unlock(&l->exp_lock);
-}
 
 const char *cove_layers_path(const struct cove_layers *l)
 {
@@ -151,8 +87,9 @@ static int check_id(const char *id, struct cove_err *err)
         return 0;
 }
 
-/* Run argv (a mkfs) with stdout on /dev/null and wait for it. */
-static int run_prog(char *const argv[], const char *package, struct cove_err *err)
+/* Run argv (mkfs, e2fsck) with stdout on /dev/null and wait for it; an exit status above
+ * ok_max is a failure. */
+static int run_prog(char *const argv[], const char *package, int ok_max, struct cove_err *err)
 {
         pid_t pid;
         posix_spawn_file_actions_t fa;
@@ -167,7 +104,7 @@ static int run_prog(char *const argv[], const char *package, struct cove_err *er
         while (waitpid(pid, &st, 0) < 0)
                 if (errno != EINTR)
                         return cove_err_set(err, errno, "wait %s", argv[0]);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        if (!WIFEXITED(st) || WEXITSTATUS(st) > ok_max)
                 return cove_err_set(err, 0, "%s failed (status %d)", argv[0], st);
         return 0;
 }
@@ -187,7 +124,7 @@ static int run_mkfs(const char *image, struct cove_err *err)
                         "encrypt", /* fscrypt (a keyed layer); costs nothing otherwise */
                         (char *)image,
                         NULL};
-        if (run_prog(argv, "e2fsprogs", err) < 0)
+        if (run_prog(argv, "e2fsprogs", 0, err) < 0)
                 return cove_err_wrap(err, "format %s", image);
         return 0;
 }
@@ -538,7 +475,7 @@ static int layerfs_setup(struct cove_layers *l, const char *ns_dir, struct cove_
                 char *argv[] = {"mkfs.xfs", "-q", "-f",       "-m", "reflink=1",
                                 "-K",       "-l", "size=64m", tmp,  NULL};
                 struct cove_err e;
-                if (run_prog(argv, "xfsprogs", &e) < 0) {
+                if (run_prog(argv, "xfsprogs", 0, &e) < 0) {
                         unlink(tmp);
                         if (e.kind == COVE_E_UNAVAILABLE)
                                 return 0; /* no xfsprogs: plain directory, copies */
@@ -570,14 +507,14 @@ struct cove_layers *cove_layers_open(const char *ns_dir, unsigned pool_n, struct
         }
         l->fd = l->img_fd = l->pool_fd = -1;
         pthread_mutex_init(&l->lock, NULL);
-        pthread_mutex_init(&l->exp_lock, NULL);
-        const char *ex = getenv("COVE_NS_EXPEDITE_FREEZE");
-        l->expedite = ex && !strcmp(ex, "1");
-        snprintf(l->exp_marker, sizeof(l->exp_marker), "%s/rcu-expedited-by-coved", ns_dir);
-        if (access(l->exp_marker, F_OK) == 0) { /* a crash between freeze and thaw */
-                write_small(RCU_EXPEDITED, "0");
-                unlink(l->exp_marker);
-        }
+        /* an older coved (opt-in COVE_NS_EXPEDITE_FREEZE, gone) killed during a snapshot's
+         * freeze left the host's rcu_expedited at 1, and this marker saying so */
+        char mk[PATH_MAX + 32];
+        snprintf(mk, sizeof(mk), "%s/rcu-expedited-by-coved", ns_dir);
+        cleanup_close int rcu =
+            unlink(mk) == 0 ? open("/sys/kernel/rcu_expedited", O_WRONLY | O_CLOEXEC) : -1;
+        ssize_t rw = rcu >= 0 ? write(rcu, "0", 1) : 0; /* best effort */
+        (void)rw;
         pthread_mutex_init(&l->pool_lock, NULL);
         pthread_cond_init(&l->pool_cond, NULL);
         if (snprintf(l->dir, sizeof(l->dir), "%s/layers", ns_dir) >= (int)sizeof(l->dir) ||
@@ -665,7 +602,6 @@ void cove_layers_close(struct cove_layers *l)
         pthread_cond_destroy(&l->pool_cond);
         pthread_mutex_destroy(&l->pool_lock);
         pthread_mutex_destroy(&l->lock);
-        pthread_mutex_destroy(&l->exp_lock);
         free(l);
 }
 
@@ -931,8 +867,9 @@ int cove_layer_release(struct cove_layers *l, const char *id, struct cove_err *e
                 return -1;
         if (!is_mountpoint(l->fd, id))
                 return 0;
-        /* a coved killed between FIFREEZE and FITHAW left it frozen: its writers would hang
-         * in D state forever, unkillable; EINVAL when not frozen */
+        /* a coved killed between FIFREEZE and FITHAW (a snapshot without reflinks, or of an
+         * older build) left it frozen: its writers would hang in D state forever, unkillable;
+         * EINVAL when not frozen */
         cleanup_close int mfd = openat(l->fd, id, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (mfd >= 0)
                 ioctl(mfd, FITHAW, 0);
@@ -976,9 +913,10 @@ int cove_layer_snapshot(struct cove_layers *l, const char *id, const char *dest,
         cleanup_close int out = open(dest, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (out < 0)
                 return cove_err_set(err, errno, "layer %s: create %s", id, dest);
-        /* While the sandbox runs: write its dirty data and commit (syncfs), checkpoint the
-         * journal into place and push the image's dirty pages on the layer filesystem, so the
-         * freeze has next to nothing left to write and the clone nothing to flush. */
+        /* While the sandbox runs: write its dirty data and commit (syncfs: everything written
+         * before the snapshot is in the clone), checkpoint the journal into place (a short
+         * replay afterwards) and push the image's dirty pages on the layer filesystem (the
+         * clone has next to nothing left to flush). */
         int rc = 0;
         if (syncfs(mfd) < 0)
                 rc = cove_err_set(err, errno, "layer %s: syncfs", id);
@@ -989,28 +927,47 @@ int cove_layer_snapshot(struct cove_layers *l, const char *id, const char *dest,
                 sync_file_range(in, 0, 0,
                                 SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                                     SYNC_FILE_RANGE_WAIT_AFTER);
-        /* The pause: writers to the layer block from the freeze to the thaw. The freeze itself
-         * is dominated by RCU grace periods (the superblock's percpu write locks), not I/O. */
-        int expedited = rc == 0 && l->expedite;
-        if (expedited)
-                expedite_begin(l);
+        /* The pause: one FICLONE of the image, no freeze of the ext4 (a freeze costs three
+         * RCU grace periods, 30-60 ms here). XFS clones under the image's IOLOCK and MMAPLOCK,
+         * after writing back its dirty pages; the loop device's reads and writes of the image
+         * wait for those locks meanwhile. So the clone holds every write the loop device
+         * completed before it and none after: what a power cut at that instant would leave on
+         * a disk that lost none of its completed writes. ext4's journal makes that consistent
+         * (a commit block is issued only once its journal blocks, and in ordered mode its
+         * data, completed): cove_layer_recover() replays it. Without reflinks (lfs a plain
+         * directory) the copy is neither instant nor atomic, so the ext4 is frozen around it. */
         int64_t t0 = cove_mono_ns();
-        if (rc == 0 && ioctl(mfd, FIFREEZE, 0) < 0)
-                rc = cove_err_setk(err, errno == EBUSY ? COVE_E_CONFLICT : COVE_E_INTERNAL, errno,
-                                   "layer %s: freeze", id);
-        if (rc == 0) {
-                if (copy_fd(in, out, err) < 0)
-                        rc = cove_err_wrap(err, "layer %s: clone to %s", id, dest);
-                if (ioctl(mfd, FITHAW, 0) < 0 && rc == 0)
-                        rc = cove_err_set(err, errno, "layer %s: thaw", id);
+        if (rc == 0 && ioctl(out, FICLONE, in) < 0) {
+                if (errno != EOPNOTSUPP && errno != EXDEV && errno != EINVAL && errno != ENOTTY)
+                        rc = cove_err_set(err, errno, "layer %s: reflink clone to %s", id, dest);
+                else if (ioctl(mfd, FIFREEZE, 0) < 0)
+                        rc = cove_err_setk(err, errno == EBUSY ? COVE_E_CONFLICT : COVE_E_INTERNAL,
+                                           errno, "layer %s: freeze", id);
+                else {
+                        if (copy_fd(in, out, err) < 0)
+                                rc = cove_err_wrap(err, "layer %s: copy to %s", id, dest);
+                        if (ioctl(mfd, FITHAW, 0) < 0 && rc == 0)
+                                rc = cove_err_set(err, errno, "layer %s: thaw", id);
+                }
         }
         if (pause_ns)
                 *pause_ns = (uint64_t)(cove_mono_ns() - t0);
-        if (expedited)
-                expedite_end(l);
         if (rc < 0)
                 unlink(dest);
         return rc;
+}
+
+int cove_layer_recover(const char *image, struct cove_err *err)
+{
+        /* e2fsck, not a kernel mount: no loop device, no ext4 instance, no key needed (the
+         * journal holds metadata only). Orphan inodes (files unlinked while open, a truncate
+         * in progress) stay listed, as after a power cut, for a read-write mount to finish. */
+        char *argv[] = {"e2fsck", "-p", "-E", "journal_only", (char *)image, NULL};
+        if (run_prog(argv, "e2fsprogs", 1, err) < 0) {
+                unlink(image);
+                return cove_err_wrap(err, "layer image %s: journal replay", image);
+        }
+        return 0;
 }
 
 int cove_layer_image_open(struct cove_layers *l, const char *image, int create, unsigned disk_mb,

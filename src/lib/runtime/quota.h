@@ -69,18 +69,23 @@ int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb,
                        struct cove_err *err);
 /* 1 when layers/<id> is a mounted image (stores sandbox ids), 0 for a plain directory. */
 int cove_layer_has_image(struct cove_layers *l, const char *id);
-/* Thaw (a crash mid-snapshot leaves it frozen) and unmount layers/<id> (lazily: a
- * still-running sandbox keeps its view); keeps the data. */
+/* Thaw (a crash mid-copy leaves it frozen, see cove_layer_snapshot) and unmount layers/<id>
+ * (lazily: a still-running sandbox keeps its view); keeps the data. */
 int cove_layer_release(struct cove_layers *l, const char *id, struct cove_err *err);
 /* Unmount and delete layers/<id> and its image; a missing layer is not an error. */
 int cove_layer_remove(struct cove_layers *l, const char *id, struct cove_err *err);
 
-/* Consistent copy of layer <id>'s image at dest (created, must not exist): syncfs, journal
- * checkpoint and writeback while the sandbox runs, then FIFREEZE, FICLONE, FITHAW. *pause_ns:
- * freeze to thaw (writers to the layer are blocked at most that long). COVE_E_CONFLICT when
- * the layer has no image or is being snapshotted already. On failure dest is removed. */
+/* Point-in-time copy of layer <id>'s image at dest (created, must not exist): syncfs,
+ * journal checkpoint and writeback while the sandbox runs, then one FICLONE of the image
+ * (without reflinks: FIFREEZE, copy, FITHAW). dest is crash-consistent, not clean: its
+ * journal needs a replay, cove_layer_recover(), before a read-only mount. *pause_ns: the
+ * clone (the layer's I/O to its image waits at most that long). COVE_E_CONFLICT when the
+ * layer has no image. On failure dest is removed. */
 int cove_layer_snapshot(struct cove_layers *l, const char *id, const char *dest, uint64_t *pause_ns,
                         struct cove_err *err);
+/* Replay the journal of image (a cove_layer_snapshot() copy nobody uses): e2fsck -E
+ * journal_only. On failure the image is removed. */
+int cove_layer_recover(const char *image, struct cove_err *err);
 /* Mount an image outside any sandbox as a detached mount (nothing in mountinfo; the kernel
  * drops it with the last fd, also when coved dies) and open its upper tree as *tree_fd.
  * create = 0: read-only. create = 1: a new empty layer of disk_mb at image (must not exist),

@@ -110,11 +110,11 @@ struct cove_runtime_ops {
 
         /* ---- time machine (files snapshots; see docs/storage.md) ------------------------
          * Capture the instance's writable layer, consistently, as an image file at dest (on
-         * the driver's layer filesystem, e.g. a reflink clone taken while the layer's
-         * filesystem is frozen). The instance's processes are held only for that moment:
-         * *pause_ns says how long. Optional (NULL: the runtime cannot snapshot). ns: dest
-         * must not exist (EEXIST) and be under layer_dir() to be a clone; COVE_E_CONFLICT
-         * for a sandbox without disk_mb (no image) or one being snapshotted already. */
+         * the driver's layer filesystem; ns: a reflink clone of the layer's ext4 image, the
+         * state a power cut at that instant would leave, its journal then replayed). The
+         * instance's I/O is held only for that moment: *pause_ns says how long. Optional
+         * (NULL: the runtime cannot snapshot). ns: dest must not exist (EEXIST) and be under
+         * layer_dir() to be a clone; COVE_E_CONFLICT for a sandbox without disk_mb. */
         int (*layer_snapshot)(struct cove_runtime *rt, struct cove_instance *inst,
                               const char *sandbox_id, const char *dest_image, uint64_t *pause_ns,
                               struct cove_err *err);
@@ -133,8 +133,8 @@ struct cove_runtime_ops {
          * through an idmapped mount, so an image is valid for any sandbox (fork, resume on
          * another uid range) without a chown. The mount is detached (no path, root only):
          * it lives until layer_close() and the close of *tree_fd and of every fd opened
-         * under it; close those first. Images from layer_snapshot() are clean (frozen), no
-         * journal replay needed. */
+         * under it; close those first. Images from layer_snapshot() and full_dump() are
+         * clean (their journal replayed). */
         int (*layer_open)(struct cove_runtime *rt, const char *image, int create, unsigned disk_mb,
                           const uint8_t *key, int *tree_fd, struct cove_layer_handle **h,
                           struct cove_err *err); /* key: as spec->layer_key */
