@@ -244,6 +244,12 @@ static void start_connect(struct cove_gateway *gw, struct pconn *c)
 {
         gw_audit(gw, &c->v, "egress", "connect", "allow", detail(c, NULL));
         gw_stat_add(gw, &gw->st.conns_allowed, 1);
+        if (c->early == 2) { /* the upstream may have given up on a slow sandbox meanwhile */
+                char b;
+                ssize_t n = recv(c->ufd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+                        early_drop(gw, c);
+        }
         c->u2c.b = malloc(GW_BUF);
         if (!c->u2c.b || (c->ufd < 0 && up_connect(gw, c) < 0)) {
                 pc_free(gw, c, 1);
