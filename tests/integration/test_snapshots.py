@@ -7,6 +7,7 @@ runtime has it, coved answers 503 "cannot snapshot" and these tests skip, saying
 import glob
 import hashlib
 import os
+import subprocess
 import threading
 import time
 
@@ -215,6 +216,54 @@ def test_tampered_chunk_resume_fails_and_stays_paused(coved_factory):
     assert sid_snap in r.error["message"], r.error
     sb = c.sandbox(sid)
     assert sb["state"] == "paused" and sb["last_snapshot_id"] == sid_snap
+
+
+def loops_backed_under(path):
+    """Backing files of the host's loop devices that lie under path."""
+    real = os.path.realpath(path)
+    found = []
+    for bf in glob.glob("/sys/block/loop*/loop/backing_file"):
+        try:
+            with open(bf) as f:
+                b = f.read().strip()
+        except OSError:
+            continue
+        if b == real or b.startswith(real + "/"):
+            found.append(b)
+    return found
+
+
+def test_resume_start_failure_leaves_nothing(coved_factory, templates_dir, tmp_path):
+    """A resume hands the restored layer to the start still mounted (one mount, not two); a
+    start that fails after the restore (here: the sandbox's template is gone) releases it: no
+    mount, loop device or image is left, the sandbox stays paused, and it resumes later."""
+    tdir = tmp_path / "templates"
+    tdir.mkdir()
+    subprocess.run(["cp", "-a", os.path.join(templates_dir, "busybox"), str(tdir)], check=True)
+    d = coved_factory(extra_args=["--templates-dir", str(tdir)])
+    c = d.client
+    sid = new_sandbox(c)
+    c.put_file(sid, "/home/keep.txt", b"kept\n")
+    snap_id = c.post(f"/v1/sandboxes/{sid}/pause")["snapshot"]["id"]
+    os.rename(tdir / "busybox", tdir / "busybox.off")
+    r = c.request("POST", f"/v1/sandboxes/{sid}/resume", {})
+    assert r.status == 503 and r.error["code"] == "unavailable", r.body[:300]
+    assert "template busybox" in r.error["message"], r.error
+    sb = c.sandbox(sid)
+    assert sb["state"] == "paused" and sb["last_snapshot_id"] == snap_id, sb
+    lfs = os.path.join(d.data, "ns", "lfs")
+    snapdir = os.path.join(lfs, "snap")
+    assert not glob.glob(os.path.join(snapdir, "tm-restore-*")), os.listdir(snapdir)
+    assert not os.path.exists(os.path.join(lfs, "layers", sid + ".img"))
+    assert not os.path.ismount(os.path.join(d.data, "ns", "layers", sid))
+    # the restore's detached mount is gone, so its autoclear loop device lets go
+    poll(lambda: not loops_backed_under(snapdir), timeout=10,
+         what="the restore's loop device to go")
+    os.rename(tdir / "busybox.off", tdir / "busybox")
+    sb = c.post(f"/v1/sandboxes/{sid}/resume")
+    assert sb["state"] == "running", sb
+    assert sh(c, sid, "cat /home/keep.txt") == "kept\n"
+    assert loops_backed_under(os.path.join(lfs, "layers", sid + ".img"))
 
 
 def test_kill9_during_snapshot_lists_only_complete(coved_factory):

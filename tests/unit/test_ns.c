@@ -879,6 +879,87 @@ static void snapshot_restore(void **state)
         assert_int_equal(wait_loops(dir, 0), 0);
 }
 
+/* A restore's layer goes to start() still mounted (spec.layer_handle, as resume, rewind and
+ * fork do): the sandbox runs on that very mount, and a start that fails after taking it over,
+ * or before, leaves no mount, loop device, layer or image behind. */
+static void restore_on_open_layer(void **state)
+{
+        (void)state;
+        need_root();
+        struct cove_err err;
+        const char *dir = cove_runtime_ns.layer_dir(rt);
+        char layers[PATH_MAX], images[PATH_MAX], img[PATH_MAX], p[PATH_MAX];
+        snprintf(layers, sizeof(layers), "%s/ns/layers", data_dir);
+        snprintf(images, sizeof(images), "%s/ns/lfs/layers", data_dir);
+        int mounts0 = mounts_under(layers), loops0 = wait_loops(images, loops_under(images));
+        assert_int_equal(wait_loops(dir, 0), 0);
+
+        /* success: the restored file is there, the image moved, one mount */
+        snprintf(img, sizeof(img), "%s/open-restore-%d.img", dir, (int)getpid());
+        int rfd = -1;
+        struct cove_layer_handle *h = NULL;
+        if (cove_runtime_ns.layer_open(rt, img, 1, 512, NULL, &rfd, &h, &err) < 0)
+                fail_msg("layer_open create: %s", err.msg);
+        assert_int_equal(mkdirat(rfd, "root", 0700), 0);
+        int fd = openat(rfd, "root/restored", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, "yes\n", 4), 4);
+        close(fd);
+        close(rfd);
+        struct sbx r;
+        spec_init(&r);
+        r.spec.disk_mb = 512;
+        r.spec.layer_image = img;
+        r.spec.layer_handle = h;
+        int64_t t = start(&r);
+        print_message("[  NOTE    ] start() on a restore's open layer: %.2f ms\n", t / 1e6);
+        assert_int_equal(access(img, F_OK), -1); /* taken over */
+        assert_string_equal(ask(&r, "sh grep -qx yes /root/restored"), "exit 0");
+        assert_string_equal(ask(&r, "stat /root/restored"), "0 0 100644 4");
+        assert_string_equal(ask(&r, "sh echo more > /root/new"), "exit 0");
+        assert_int_equal(mounts_under(layers), mounts0 + 1);
+        assert_int_equal(loops_under(images), loops0 + 1); /* the restore's loop device */
+        assert_int_equal(loops_under(dir), 0);
+        stop(&r);
+        assert_int_equal(mounts_under(layers), mounts0);
+        assert_int_equal(wait_loops(images, loops0), loops0);
+
+        /* the start fails after taking the mount over (no guest binary) */
+        if (cove_runtime_ns.layer_open(rt, img, 1, 512, NULL, &rfd, &h, &err) < 0)
+                fail_msg("layer_open create: %s", err.msg);
+        close(rfd);
+        struct sbx f;
+        spec_init(&f);
+        f.spec.disk_mb = 512;
+        f.spec.layer_image = img;
+        f.spec.layer_handle = h;
+        f.spec.guest_binary = "/nonexistent/cove-guest";
+        assert_int_equal(cove_runtime_ns.start(rt, &f.spec, &f.inst, &err), -1);
+        unlink(img); /* the caller's part of the contract; gone already here */
+        assert_int_equal(mounts_under(layers), mounts0);
+        assert_int_equal(wait_loops(images, loops0), loops0);
+        assert_int_equal(wait_loops(dir, 0), 0);
+        snprintf(p, sizeof(p), "%s/%s", layers, f.id);
+        assert_int_equal(access(p, F_OK), -1);
+        snprintf(p, sizeof(p), "%s/%s.img", images, f.id);
+        assert_int_equal(access(p, F_OK), -1);
+
+        /* ... and before (a bad spec): the mount is released all the same */
+        if (cove_runtime_ns.layer_open(rt, img, 1, 512, NULL, &rfd, &h, &err) < 0)
+                fail_msg("layer_open create: %s", err.msg);
+        close(rfd);
+        struct sbx b;
+        spec_init(&b);
+        b.spec.layer_image = img;
+        b.spec.layer_handle = h;
+        b.spec.uid_base = 0;
+        assert_int_equal(cove_runtime_ns.start(rt, &b.spec, &b.inst, &err), -1);
+        assert_int_equal(err.kind, COVE_E_BAD_REQUEST);
+        assert_int_equal(unlink(img), 0);
+        assert_int_equal(wait_loops(dir, 0), 0);
+        assert_int_equal(mounts_under(layers), mounts0);
+}
+
 /* Figures, not assertions: the pause of rolling snapshots of a sandbox with 100 MB written
  * (a little more written before each, and 200 ms between them as a rolling schedule would
  * leave), and start() of a sandbox from each snapshot (a local resume). */
@@ -939,6 +1020,7 @@ int main(void)
             cmocka_unit_test(pool_warm_layers),
             cmocka_unit_test(pool_after_crash),
             cmocka_unit_test(snapshot_restore),
+            cmocka_unit_test(restore_on_open_layer),
             cmocka_unit_test(snapshot_pause),
             cmocka_unit_test(start_latency),
         };

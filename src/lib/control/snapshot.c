@@ -427,11 +427,14 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
 
 /* ---- restore ---- */
 
-/* Fill a fresh layer image from snapshot snap (of tenant) into img. On failure nothing is
- * left; the error names the snapshot. */
+/* Fill a fresh layer image from snapshot snap (of tenant) into img, left mounted: *h is its
+ * handle, for start_from_image() to run the sandbox on that mount, or to release with
+ * cove_node_layer_close() before removing img. No sync: a crash before the catalog says
+ * `running` discards the image (reconcile purges the layer), so nothing here must be
+ * durable. On failure nothing is left; the error names the snapshot. */
 static int restore_files(struct coved *d, const char *tenant, const char *snap,
                          const struct cove_sandbox_row *target, char *img, size_t cap,
-                         struct cove_err *err)
+                         struct cove_layer_handle **h, struct cove_err *err)
 {
         struct cove_tm *tm = d->tm;
         char rnd[32];
@@ -439,7 +442,7 @@ static int restore_files(struct coved *d, const char *tenant, const char *snap,
                 return -1;
         snprintf(img, cap, "%s/" IMG_RESTORE "%s-%s.img", tm->layer_dir, snap, rnd);
         int tree_fd = -1;
-        struct cove_layer_handle *h = NULL;
+        *h = NULL;
         struct cove_snapshot_stats st;
         /* an encrypted target's layer is encrypted from the first byte restored */
         uint8_t key[COVE_FSCRYPT_KEY_LEN];
@@ -447,13 +450,16 @@ static int restore_files(struct coved *d, const char *tenant, const char *snap,
         int r = enc ? coved_layer_key(d, target->tenant, target->id, key, err) : 0;
         if (r == 0)
                 r = cove_node_layer_open(d->node, img, 1, (unsigned)target->disk_mb,
-                                         enc ? key : NULL, &tree_fd, &h, err);
+                                         enc ? key : NULL, &tree_fd, h, err);
         OPENSSL_cleanse(key, sizeof(key));
         if (r == 0) {
                 r = cove_snapshot_restore_tree(tm->store, tenant, snap, tree_fd, &st, err);
                 if (tree_fd >= 0)
                         close(tree_fd);
-                cove_node_layer_close(d->node, h);
+                if (r < 0) {
+                        cove_node_layer_close(d->node, *h);
+                        *h = NULL;
+                }
         }
         if (r < 0) {
                 unlink(img);
@@ -498,16 +504,24 @@ static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, ch
         return 0;
 }
 
-/* Both parts of snapshot snap: the layer into img, and for a full one the checkpoint into
- * mem (else ""). On failure nothing is left; the error names the snapshot. */
-static int restore_image(struct coved *d, const struct cove_snapshot_row *snap,
-                         const struct cove_sandbox_row *target, char *img, size_t cap, char *mem,
-                         size_t mcap, struct cove_err *err)
+/* Release what restore_files() left (the mount, then the file). */
+static void drop_image(struct coved *d, const char *img, struct cove_layer_handle *h)
 {
-        if (restore_files(d, snap->tenant, snap->id, target, img, cap, err) < 0)
+        cove_node_layer_close(d->node, h);
+        unlink(img);
+}
+
+/* Both parts of snapshot snap: the layer into img (mounted, *h), and for a full one the
+ * checkpoint into mem (else ""). On failure nothing is left; the error names the snapshot. */
+static int restore_image(struct coved *d, const struct cove_snapshot_row *snap,
+                         const struct cove_sandbox_row *target, char *img, size_t cap,
+                         struct cove_layer_handle **h, char *mem, size_t mcap, struct cove_err *err)
+{
+        if (restore_files(d, snap->tenant, snap->id, target, img, cap, h, err) < 0)
                 return -1;
         if (restore_mem(d, snap, mem, mcap, err) < 0) {
-                unlink(img);
+                drop_image(d, img, *h);
+                *h = NULL;
                 return -1;
         }
         return 0;
@@ -533,11 +547,12 @@ static void byok_upgrade(struct cove_sandbox_row *row, int byok)
                 row->storage_encrypted = 1;
 }
 
-/* Start row's sandbox on img (and, for an ns full snapshot, the checkpoint mem; both taken
- * over by the runtime) with a new uid range; or, with img NULL, on the vm full snapshot image
- * in full_fd (closed here). */
+/* Start row's sandbox on img, still mounted as h (and, for an ns full snapshot, the
+ * checkpoint mem; all taken over by the runtime) with a new uid range; or, with img NULL, on
+ * the vm full snapshot image in full_fd (closed here). */
 static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const char *img,
-                            const char *mem, int full_fd, struct cove_err *err)
+                            struct cove_layer_handle *h, const char *mem, int full_fd,
+                            struct cove_err *err)
 {
         char rootfs[PATH_MAX];
         int r =
@@ -557,7 +572,7 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                 struct cove_err e2;
                 OPENSSL_cleanse(key, sizeof(key));
                 if (img)
-                        unlink(img);
+                        drop_image(d, img, h);
                 if (mem && *mem)
                         cove_rm_rf(mem, &e2);
                 if (full_fd >= 0)
@@ -574,6 +589,7 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
             .uid_base = base,
             .uid_count = COVE_UID_RANGE,
             .layer_image = img,
+            .layer_handle = img ? h : NULL,
             .mem_image = mem && *mem ? mem : NULL,
             .layer_key = layer_enc ? key : NULL,
             .disk_encrypted = row->storage_encrypted && is_vm,
@@ -726,15 +742,16 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         cove_node_stop(d->node, id, 1, &e2);
         char img[PATH_MAX], mem[PATH_MAX] = "";
         int full_fd = -1;
+        struct cove_layer_handle *lh = NULL;
         int64_t t1 = cove_mono_ns();
         byok_upgrade(&row, byok);
         if (is_vm_full(d, &snap))
                 r = restore_full(d, row.tenant, snap.id, row.storage_encrypted, &full_fd, err);
         else
-                r = restore_image(d, &snap, &row, img, sizeof(img), mem, sizeof(mem), err);
+                r = restore_image(d, &snap, &row, img, sizeof(img), &lh, mem, sizeof(mem), err);
         int64_t t2 = cove_mono_ns();
         if (r == 0)
-                r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, mem, full_fd, err);
+                r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, lh, mem, full_fd, err);
         int64_t t3 = cove_mono_ns();
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
@@ -808,11 +825,12 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         }
         char img[PATH_MAX], mem[PATH_MAX] = "";
         int full_fd = -1;
+        struct cove_layer_handle *lh = NULL;
         byok_upgrade(&row, byok);
         if (is_vm_full(d, &snap))
                 r = restore_full(d, row.tenant, snap.id, row.storage_encrypted, &full_fd, err);
         else
-                r = restore_image(d, &snap, &row, img, sizeof(img), mem, sizeof(mem), err);
+                r = restore_image(d, &snap, &row, img, sizeof(img), &lh, mem, sizeof(mem), err);
         if (r < 0) {
                 if (running)
                         unhold(d, id);
@@ -825,13 +843,13 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                 if (full_fd >= 0)
                         close(full_fd);
                 else
-                        unlink(img);
+                        drop_image(d, img, lh);
                 if (mem[0])
                         cove_rm_rf(mem, &e2);
                 goto out;
         }
         byok_upgrade(&row, byok); /* the image restored above is keyed so */
-        if ((r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, mem, full_fd, err)) < 0) {
+        if ((r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, lh, mem, full_fd, err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: start from snapshot %s (undo with %s)",
                               id, snap.id, undo.id[0] ? undo.id : "-");
                 snprintf(row.state, sizeof(row.state), "error");
@@ -936,6 +954,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 snprintf(s.state, sizeof(s.state), "starting");
                 char img[PATH_MAX], mem[PATH_MAX] = "";
                 int full_fd = -1;
+                struct cove_layer_handle *lh = NULL;
                 r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
                 if (r == 0)
                         r = d->cat_ops->sandbox_insert(d->cat, &s, err);
@@ -945,11 +964,12 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                                 r = restore_full(d, snap.tenant, snap.id, s.storage_encrypted,
                                                  &full_fd, err);
                         else
-                                r = restore_image(d, &snap, &s, img, sizeof(img), mem, sizeof(mem),
-                                                  err);
+                                r = restore_image(d, &snap, &s, img, sizeof(img), &lh, mem,
+                                                  sizeof(mem), err);
                 }
                 if (r == 0)
-                        r = start_from_image(d, &s, full_fd >= 0 ? NULL : img, mem, full_fd, err);
+                        r = start_from_image(d, &s, full_fd >= 0 ? NULL : img, lh, mem, full_fd,
+                                             err);
                 if (r == 0) {
                         set_running(d, &s, snap.id);
                         r = row_write(d, &s, err);

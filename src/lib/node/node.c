@@ -480,24 +480,44 @@ static void state_dir_of(struct cove_node *n, const char *id, char *out, size_t 
         snprintf(out, cap, "%s/sandboxes/%s", n->data_dir, id);
 }
 
+static const struct cove_runtime_ops *layer_ops(struct cove_node *n, struct cove_runtime **rt);
+
+/* spec->layer_handle is the starting driver's to take over; when the start ends before
+ * reaching it, or the driver is not the one with layer images, it is released here. */
+static void drop_layer_handle(struct cove_node *n, struct cove_instance_spec *spec)
+{
+        if (spec->layer_handle) {
+                cove_node_layer_close(n, spec->layer_handle);
+                spec->layer_handle = NULL;
+        }
+}
+
 static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, struct pool *pool,
                           struct cove_err *err)
 {
         char sd[PATH_MAX];
         state_dir_of(n, spec->sandbox_id, sd, sizeof(sd));
-        if (cove_mkdir_p(sd, 0700, err) < 0)
+        if (cove_mkdir_p(sd, 0700, err) < 0) {
+                drop_layer_handle(n, spec);
                 return -1;
+        }
         spec->state_dir = sd;
         spec->guest_binary = n->guest;
         if (!spec->uid_count)
                 spec->uid_count = COVE_UID_RANGE;
         const struct cove_runtime_ops *ops;
-        struct cove_runtime *rt;
-        if (pick(n, spec->runtime, &ops, &rt, err) < 0)
+        struct cove_runtime *rt, *lrt;
+        if (pick(n, spec->runtime, &ops, &rt, err) < 0) {
+                drop_layer_handle(n, spec);
                 return -1;
+        }
+        if (layer_ops(n, &lrt) != ops || lrt != rt)
+                drop_layer_handle(n, spec); /* another driver's mount: it gets the path only */
         struct inst *in = calloc(1, sizeof(*in));
-        if (!in)
+        if (!in) {
+                drop_layer_handle(n, spec);
                 return cove_err_set(err, ENOMEM, "instance");
+        }
         snprintf(in->id, sizeof(in->id), "%s", spec->sandbox_id);
         in->uid_base = spec->uid_base;
         in->ri.chan_fd = -1;

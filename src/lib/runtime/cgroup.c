@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,9 @@ struct cove_cgroups {
         int nhier;                        /* v1: number of distinct mounts used */
         char root[CG_MAX_HIER][PATH_MAX]; /* mount point per hierarchy */
         unsigned ctrls[CG_MAX_HIER];      /* CG_* controllers on that mount */
+        /* cove_cgroup_prime(): the mount of hierarchy 0 shows the whole (namespace's) tree,
+         * so /proc/self/cgroup's path of coved under it names coved's own group */
+        int prime_ok;
 };
 
 static const struct {
@@ -129,6 +133,131 @@ static unsigned all_ctrls(const struct cove_cgroups *cg)
         return b;
 }
 
+/* Whether the cgroup mount at mp has the root of the cgroup tree as its root (mountinfo's
+ * 4th field is "/"): then a path from /proc/self/cgroup is a path under mp. */
+static int mount_is_tree_root(const char *mp)
+{
+        cleanup_fclose FILE *f = fopen("/proc/self/mountinfo", "re");
+        char line[4096], root[PATH_MAX], at[PATH_MAX];
+        while (f && fgets(line, sizeof(line), f))
+                if (sscanf(line, "%*s %*s %*s %4095s %4095s", root, at) == 2 && !strcmp(at, mp))
+                        return !strcmp(root, "/");
+        return 0;
+}
+
+struct cove_cgroup_primer {
+        char procs[PATH_MAX]; /* mount of the hierarchy; coved's own group is appended */
+        int v2;
+        char ctrl[16]; /* v1: a controller of that mount, to find its line */
+        pthread_t thr;
+        pthread_mutex_t mu;
+        pthread_cond_t cv; /* CLOCK_MONOTONIC */
+        int stop;
+};
+
+/* coved's group in the primer's hierarchy, from /proc/self/cgroup: "0::/path" (v2),
+ * "N:a,b:/path" (v1). */
+static int self_cgroup(const struct cove_cgroup_primer *j, char *out, size_t cap)
+{
+        cleanup_fclose FILE *f = fopen("/proc/self/cgroup", "re");
+        char line[PATH_MAX + 64];
+        while (f && fgets(line, sizeof(line), f)) {
+                line[strcspn(line, "\n")] = 0;
+                char *c1 = strchr(line, ':');
+                char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+                if (!c2)
+                        continue;
+                *c2 = 0;
+                int match = j->v2 ? c1 == line + 1 && line[0] == '0' && c2 == c1 + 1
+                                  : has_opt(c1 + 1, j->ctrl);
+                if (match && c2[1] == '/' && !strstr(c2 + 1, "/..")) {
+                        snprintf(out, cap, "%s", c2 + 1);
+                        return 0;
+                }
+        }
+        return -1;
+}
+
+#define PRIME_EVERY_MS 3 /* well inside a grace period: the lock never goes idle meanwhile */
+#define PRIME_MAX_MS 2000
+
+static void *prime_main(void *arg)
+{
+        struct cove_cgroup_primer *j = arg;
+        char pid[16];
+        snprintf(pid, sizeof(pid), "%d", (int)getpid());
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        pthread_mutex_lock(&j->mu);
+        for (int ms = 0; !j->stop && ms < PRIME_MAX_MS; ms += PRIME_EVERY_MS) {
+                pthread_mutex_unlock(&j->mu);
+                /* re-read each time: whoever moves coved elsewhere is not undone (a move
+                 * racing this one is serialised by the kernel's cgroup_mutex) */
+                char rel[PATH_MAX], p[2 * PATH_MAX + 32];
+                int ok = self_cgroup(j, rel, sizeof(rel)) == 0;
+                if (ok) {
+                        snprintf(p, sizeof(p), "%s%s/cgroup.procs", j->procs,
+                                 strcmp(rel, "/") ? rel : "");
+                        ok = write_str(p, pid) == 0; /* a refusal: no head start, no harm */
+                }
+                pthread_mutex_lock(&j->mu);
+                if (!ok)
+                        break;
+                ts.tv_nsec += PRIME_EVERY_MS * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                        ts.tv_sec++;
+                        ts.tv_nsec -= 1000000000L;
+                }
+                while (!j->stop && pthread_cond_timedwait(&j->cv, &j->mu, &ts) == 0)
+                        ;
+        }
+        pthread_mutex_unlock(&j->mu);
+        return NULL;
+}
+
+struct cove_cgroup_primer *cove_cgroup_prime(const struct cove_cgroups *cg)
+{
+        if (!cg->prime_ok)
+                return NULL;
+        struct cove_cgroup_primer *j = calloc(1, sizeof(*j));
+        if (!j)
+                return NULL;
+        snprintf(j->procs, sizeof(j->procs), "%s", cg->root[0]);
+        j->v2 = cg->v2;
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(v1_ctrls); i++)
+                if (cg->ctrls[0] & v1_ctrls[i].bit) {
+                        snprintf(j->ctrl, sizeof(j->ctrl), "%s", v1_ctrls[i].name);
+                        break;
+                }
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&j->cv, &ca);
+        pthread_condattr_destroy(&ca);
+        pthread_mutex_init(&j->mu, NULL);
+        if (pthread_create(&j->thr, NULL, prime_main, j) != 0) {
+                pthread_cond_destroy(&j->cv);
+                pthread_mutex_destroy(&j->mu);
+                free(j);
+                return NULL;
+        }
+        return j;
+}
+
+void cove_cgroup_prime_end(struct cove_cgroup_primer *p)
+{
+        if (!p)
+                return;
+        pthread_mutex_lock(&p->mu);
+        p->stop = 1;
+        pthread_cond_signal(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        pthread_join(p->thr, NULL);
+        pthread_cond_destroy(&p->cv);
+        pthread_mutex_destroy(&p->mu);
+        free(p);
+}
+
 struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
 {
         struct cove_cgroups *cg = calloc(1, sizeof(*cg));
@@ -181,6 +310,7 @@ struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
                 write_str(p, "+memory");
                 write_str(p, "+pids");
                 write_str(p, "+cpu");
+                cg->prime_ok = mount_is_tree_root(cg->root[0]);
                 return cg;
         }
         for (int i = 0; i < cg->nhier; i++) {
@@ -192,6 +322,7 @@ struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
                         return NULL;
                 }
         }
+        cg->prime_ok = mount_is_tree_root(cg->root[0]);
         return cg;
 }
 

@@ -30,6 +30,20 @@ int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
 /* Move pid into cove/<id> in every hierarchy. */
 int cove_cgroup_attach(const struct cove_cgroups *cg, const char *id, pid_t pid,
                        struct cove_err *err);
+/* Give an attach a head start, best effort: every move of a task between cgroups takes the
+ * kernel's global cgroup_threadgroup_rwsem for writing, and the first writer after a quiet
+ * spell waits for an RCU grace period (~10 ms here) before it gets it; a writer within about a
+ * grace period of the previous one passes at once. cove_cgroup_prime() starts that wait now,
+ * from a thread that "moves" coved into the cgroup it is in already (a no-op the kernel locks
+ * all the same) and repeats it every few ms, so the attach of a sandbox cloned meanwhile finds
+ * the lock ready; cove_cgroup_prime_end() stops it (call it right after the attach; the
+ * thread also gives up after 2 s). The kernel holds cgroup_mutex through that wait, as for
+ * any attach: create the group first, then prime. NULL when not possible (the hierarchy's mount
+ * does not show the whole tree, so coved's own group cannot be named safely): no head start. Each
+ * repeat holds the lock for microseconds (forks on the host wait that long). */
+struct cove_cgroup_primer;
+struct cove_cgroup_primer *cove_cgroup_prime(const struct cove_cgroups *cg);
+void cove_cgroup_prime_end(struct cove_cgroup_primer *p);
 /* Freeze (frozen=1) or thaw every task of cove/<id>; returns once the state is reached. */
 int cove_cgroup_freeze(const struct cove_cgroups *cg, const char *id, int frozen,
                        struct cove_err *err);

@@ -208,6 +208,28 @@ void cove_criu_detect(struct cove_criu *c)
         c->found = 1;
 }
 
+/* criu runs it for every action (CRTOOLS_SCRIPT_ACTION); at setup-namespaces the restored
+ * root's namespaces exist and nothing restored runs yet. */
+static const char action_script[] =
+    "#!/bin/sh\n"
+    "# written by coved (runtime/criu.c): a restored sandbox's network namespace is empty\n"
+    "[ \"$CRTOOLS_SCRIPT_ACTION\" = setup-namespaces ] || exit 0\n"
+    "exec nsenter --net=\"/proc/$CRTOOLS_INIT_PID/ns/net\" ip link set lo up\n";
+
+void cove_criu_setup(struct cove_criu *c, const char *dir)
+{
+        if (!c->found)
+                return;
+        struct cove_err e;
+        if (snprintf(c->action, sizeof(c->action), "%s/criu-action.sh", dir) >=
+                (int)sizeof(c->action) ||
+            cove_write_file_atomic(dir, "criu-action.sh", action_script, sizeof(action_script) - 1,
+                                   0700, &e) < 0) {
+                snprintf(c->why, sizeof(c->why), "criu action script in %s: cannot write it", dir);
+                c->found = 0;
+        }
+}
+
 int cove_criu_dump(const struct cove_criu *c, pid_t pid, const char *dir, const char *freezer_dir,
                    uint64_t chan_ino, struct cove_err *err)
 {
@@ -231,6 +253,8 @@ int cove_criu_dump(const struct cove_criu *c, pid_t pid, const char *dir, const 
         arg(r, "%s", "--manage-cgroups=ignore");
         arg(r, "--freeze-cgroup=%s", freezer_dir);
         arg(r, "%s", "--network-lock=nftables");
+        arg(r, "%s", "--empty-ns=net");
+        arg(r, "%s", "--tcp-close");
         arg(r, "%s", "--ghost-limit=64M");
         arg(r, "%s", "--leave-running");
         int rc = run_criu(c, r, -1, COVE_CRIU_TIMEOUT_MS, NULL, NULL, log, err);
@@ -262,6 +286,9 @@ int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *ro
         arg(r, "%s", "--external=mnt[]");
         arg(r, "%s", "--manage-cgroups=ignore");
         arg(r, "%s", "--network-lock=nftables");
+        arg(r, "%s", "--empty-ns=net");
+        arg(r, "%s", "--tcp-close");
+        arg(r, "--action-script=%s", c->action);
         arg(r, "--pidfile=%s", pidf);
         arg(r, "%s", "--restore-detached");
         arg(r, "%s", "--restore-sibling");

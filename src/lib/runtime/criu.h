@@ -20,14 +20,21 @@
 #define COVE_CRIU_TIMEOUT_MS 60000
 
 struct cove_criu {
-        char path[4096];  /* the criu binary; "" when none */
-        char version[32]; /* "4.1.1" */
-        int found;        /* a criu >= 4 whose `criu check` passed */
-        char why[256];    /* why not, when !found */
+        char path[4096];   /* the criu binary; "" when none */
+        char version[32];  /* "4.1.1" */
+        int found;         /* a criu >= 4 whose `criu check` passed */
+        char why[256];     /* why not, when !found */
+        char action[4096]; /* restore's action script (cove_criu_setup) */
 };
 
 /* Detect criu (does not run the sandbox self-check; ns.c does). Never fails: c->found says. */
 void cove_criu_detect(struct cove_criu *c);
+
+/* Write the restore's action script into dir (root-only): criu restores a sandbox's network
+ * namespace empty (--empty-ns net: the node plumbs the egress link itself, and a dumped veth
+ * whose peer is on the host cannot be restored), so the script brings its loopback up before
+ * any restored process runs. On failure c->found is cleared with the reason. */
+void cove_criu_setup(struct cove_criu *c, const char *dir);
 
 /* Called in the forked child's parent before the child execs criu (e.g. to put it into the
  * sandbox's cgroup); non-zero aborts. */
@@ -35,7 +42,10 @@ typedef int (*cove_criu_prep_fn)(void *arg, pid_t child, struct cove_err *err);
 
 /* criu dump of the process tree rooted at pid into dir (exists, empty), leaving it running.
  * freezer_dir: the tree's freezer cgroup (CRIU freezes through it and leaves it as it found
- * it: frozen stays frozen). chan_ino: inode of the guest channel socket (external). */
+ * it: frozen stays frozen). chan_ino: inode of the guest channel socket (external). The
+ * network namespace's configuration is not dumped (--empty-ns net) and established TCP
+ * connections are restored closed (--tcp-close): their peer, the node's proxy, did not
+ * wait. */
 int cove_criu_dump(const struct cove_criu *c, pid_t pid, const char *dir, const char *freezer_dir,
                    uint64_t chan_ino, struct cove_err *err);
 /* criu restore of dir as a sibling of the caller (the restored root becomes the calling

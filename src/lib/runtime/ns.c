@@ -43,6 +43,7 @@
  * coved is multi-threaded, so the child of clone() only uses async-signal-safe calls and
  * memory prepared before the clone; the seccomp program is compiled once at open(). */
 #include <dirent.h>
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -53,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -436,6 +438,21 @@ static void reap(pid_t pid)
 static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *spec,
                       struct cove_instance *inst, struct cove_err *err);
 
+struct cove_layer_handle {
+        int mfd; /* detached mount of the image */
+};
+
+/* The mount of spec->layer_handle (the handle is freed: start() takes it over), or -1. */
+static int take_layer_mount(const struct cove_instance_spec *spec)
+{
+        struct cove_layer_handle *h = spec->layer_handle;
+        if (!h)
+                return -1;
+        int m = h->mfd;
+        free(h);
+        return m;
+}
+
 static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *spec,
                     struct cove_instance *inst, struct cove_err *err)
 {
@@ -443,14 +460,21 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 struct cove_err e2;
                 if (spec->mem_image)
                         cove_rm_rf(spec->mem_image, &e2);
+                int lm = take_layer_mount(spec);
+                if (lm >= 0)
+                        close(lm);
                 return -1;
         }
         if (spec->mem_image)
                 return ns_restore(rt, spec, inst, err);
         const char *id = spec->sandbox_id;
+        int layer_mfd = take_layer_mount(spec); /* -1, or given to cove_layer_prepare */
         struct ns_inst *priv = calloc(1, sizeof(*priv));
-        if (!priv)
+        if (!priv) {
+                if (layer_mfd >= 0)
+                        close(layer_mfd);
                 return cove_err_set(err, ENOMEM, "ns: start %s", id);
+        }
         strcpy(priv->id, id);
         struct child_args a;
         memset(&a, 0, sizeof(a));
@@ -461,13 +485,19 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         int layer_created = 0, layer_mounted = 0, cg_created = 0;
         pid_t pid = -1;
 
+        struct cove_cgroup_primer *primer = NULL;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
                                          spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        /* the attach below waits for an RCU grace period unless one just passed: start that
+         * wait now, alongside the layer and the clone (after the cgroup's mkdirs: the prime
+         * holds cgroup_mutex while it waits, as any attach does) */
+        primer = cove_cgroup_prime(rt->cg);
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
-                                    spec->layer_image, spec->layer_key, err);
+                                    spec->layer_image, layer_mfd, spec->layer_key, err);
+        layer_mfd = -1;
         if (lc < 0)
                 goto fail;
         layer_created = lc;
@@ -510,7 +540,10 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         if (write_map(pid, "uid_map", spec->uid_base, spec->uid_count, err) < 0 ||
             write_map(pid, "gid_map", spec->uid_base, spec->uid_count, err) < 0)
                 goto fail;
-        if (cove_cgroup_attach(rt->cg, id, pid, err) < 0)
+        int attached = cove_cgroup_attach(rt->cg, id, pid, err);
+        cove_cgroup_prime_end(primer);
+        primer = NULL;
+        if (attached < 0)
                 goto fail;
         if (protect_from_oom(pid, err) < 0)
                 goto fail;
@@ -609,6 +642,9 @@ fail:
                 close(userns);
         if (a.guest_fd >= 0)
                 close(a.guest_fd);
+        if (layer_mfd >= 0)
+                close(layer_mfd);
+        cove_cgroup_prime_end(primer);
         if (cg_created) {
                 cove_cgroup_kill(rt->cg, id, NULL);
                 cove_cgroup_remove(rt->cg, id, NULL);
@@ -726,11 +762,6 @@ static int ns_usage(struct cove_runtime *rt, struct cove_instance *inst, uint64_
 
 /* ---- time machine ---- */
 
-struct cove_layer_handle {
-        int mfd; /* detached mount of the image */
-        int rw;  /* opened to be filled (restore) */
-};
-
 static int ns_layer_snapshot(struct cove_runtime *rt, struct cove_instance *inst,
                              const char *sandbox_id, const char *dest_image, uint64_t *pause_ns,
                              struct cove_err *err)
@@ -756,7 +787,6 @@ static int ns_layer_open(struct cove_runtime *rt, const char *image, int create,
         struct cove_layer_handle *lh = calloc(1, sizeof(*lh));
         if (!lh)
                 return cove_err_set(err, ENOMEM, "ns: layer open");
-        lh->rw = create;
         lh->mfd = cove_layer_image_open(rt->layers, image, create, disk_mb, key, tree_fd, err);
         if (lh->mfd < 0) {
                 free(lh);
@@ -771,8 +801,9 @@ static void ns_layer_close(struct cove_runtime *rt, struct cove_layer_handle *h)
         (void)rt;
         if (!h)
                 return;
-        if (h->rw)
-                syncfs(h->mfd); /* the restored files reach the image before anyone adopts it */
+        /* no sync: the unmount that follows the last close writes a restored tree back before
+         * a start() can mount the image again (and it needs no durability: a crash before the
+         * sandbox runs from it discards it) */
         close(h->mfd);
         free(h);
 }
@@ -832,31 +863,70 @@ static int read_uid_base(pid_t pid, uint32_t *base)
         return 0;
 }
 
-/* CRIU dumps a veth whose peer is on the host (the egress link) but cannot restore it
- * ("Unknown peer net namespace"), and the node plumbs links itself: a sandbox with any
- * interface but lo gets a files snapshot instead (the caller falls back). */
-static int only_loopback(pid_t pid, struct cove_err *err)
+/* A checkpoint leaves the network namespace's configuration behind (criu --empty-ns net): a
+ * restore comes up with loopback only, the node attaches a new egress link, and established
+ * TCP connections come back closed. A socket bound to an address of the egress link (a
+ * listener or UDP socket on the sandbox's own address, a connected UDP socket) could not be
+ * bound again, so such a sandbox gets a files snapshot instead (the caller falls back). */
+static int local_ok(const char *hex)
 {
-        char p[64], line[256];
-        snprintf(p, sizeof(p), "/proc/%d/net/dev", (int)pid);
-        FILE *f = fopen(p, "re");
-        if (!f)
-                return cove_err_set(err, errno, "ns: %s", p);
-        int n = 0, other = 0;
-        while (fgets(line, sizeof(line), f))
-                if (n++ >= 2) { /* two header lines */
-                        char *c = strchr(line, ':');
-                        char *s = line;
-                        while (*s == ' ')
-                                s++;
-                        if (c && (c - s != 2 || strncmp(s, "lo", 2)))
-                                other = 1;
+        size_t n = strlen(hex);
+        if (n == 8) { /* IPv4, as the kernel's __be32 printed in host order */
+                uint32_t a = ntohl((uint32_t)strtoul(hex, NULL, 16));
+                return a == 0 || (a >> 24) == 127;
+        }
+        if (n != 32)
+                return 0;
+        static const char *const ok[] = {
+            "00000000000000000000000000000000", /* :: */
+            "00000000000000000000000001000000", /* ::1 */
+        };
+        for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
+                if (!strcasecmp(hex, ok[i]))
+                        return 1;
+        /* ::ffff:a.b.c.d */
+        return !strncasecmp(hex, "0000000000000000FFFF0000", 24) && local_ok(hex + 24);
+}
+
+static int bound_to_link(pid_t pid, struct cove_err *err)
+{
+        static const struct {
+                const char *file;
+                int tcp;
+        } tabs[] = {{"tcp", 1}, {"tcp6", 1}, {"udp", 0}, {"udp6", 0}};
+        for (size_t t = 0; t < sizeof(tabs) / sizeof(tabs[0]); t++) {
+                char p[64], line[512];
+                snprintf(p, sizeof(p), "/proc/%d/net/%s", (int)pid, tabs[t].file);
+                FILE *f = fopen(p, "re");
+                if (!f) {
+                        if (errno == ENOENT) /* no IPv6 */
+                                continue;
+                        return cove_err_set(err, errno, "ns: %s", p);
                 }
-        fclose(f);
-        if (other)
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "the sandbox has a network link (egress), which a checkpoint "
-                                     "cannot take along");
+                int bad = 0;
+                if (!fgets(line, sizeof(line), f)) /* header */
+                        line[0] = 0;
+                while (!bad && fgets(line, sizeof(line), f)) {
+                        char local[64];
+                        unsigned port = 0, st = 0;
+                        if (sscanf(line, " %*u: %63[0-9A-Fa-f]:%x %*[0-9A-Fa-f]:%*x %x", local,
+                                   &port, &st) != 3)
+                                continue;
+                        /* TCP: a listener (0A) or a bound, unconnected socket (07) is bound
+                         * again at restore; connections (closed at restore) and TIME_WAIT
+                         * leftovers (no process) are not */
+                        if (tabs[t].tcp && st != 0x0A && st != 0x07)
+                                continue;
+                        if (port && !local_ok(local))
+                                bad = 1;
+                }
+                fclose(f);
+                if (bad)
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                             "a socket is bound to the sandbox's link address "
+                                             "(%s), which a restore cannot take along",
+                                             tabs[t].file);
+        }
         return 0;
 }
 
@@ -881,7 +951,7 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
                                      "ns: full snapshot %s: no guest channel", id);
         if (cove_cgroup_freezer_dir(rt->cg, id, fz, sizeof(fz)) < 0)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "ns: no freezer cgroup");
-        if (only_loopback(inst->pid, err) < 0)
+        if (bound_to_link(inst->pid, err) < 0)
                 return -1;
         struct cove_err e2;
         if (mkdir(dir, 0700) < 0)
@@ -1123,12 +1193,16 @@ static int own_tree(const char *dir, uint32_t uid, struct cove_err *err)
 struct cg_prep {
         struct cove_runtime *rt;
         const char *id;
+        struct cove_cgroup_primer *primer; /* ended right after the attach */
 };
 
 static int prep_cgroup(void *arg, pid_t child, struct cove_err *err)
 {
         struct cg_prep *p = arg;
-        return cove_cgroup_attach(p->rt->cg, p->id, child, err);
+        int r = cove_cgroup_attach(p->rt->cg, p->id, child, err);
+        cove_cgroup_prime_end(p->primer);
+        p->primer = NULL;
+        return r;
 }
 
 struct uts_job {
@@ -1185,9 +1259,13 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         struct ns_inst *priv = calloc(1, sizeof(*priv));
         char dir[PATH_MAX], root[PATH_MAX];
         int chan[2] = {-1, -1}, cg_created = 0, layer_created = 0, layer_mounted = 0;
+        int layer_mfd = take_layer_mount(spec); /* -1, or given to cove_layer_prepare */
+        struct cg_prep prep = {rt, id, NULL};
         pid_t pid = -1;
         struct cove_err e2;
         if (!priv) {
+                if (layer_mfd >= 0)
+                        close(layer_mfd);
                 cove_rm_rf(spec->mem_image, &e2);
                 if (spec->layer_image)
                         unlink(spec->layer_image);
@@ -1207,8 +1285,11 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        /* as in ns_start: the attach (criu's, in prep_cgroup) finds the lock ready */
+        prep.primer = cove_cgroup_prime(rt->cg);
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
-                                    spec->layer_image, spec->layer_key, err);
+                                    spec->layer_image, layer_mfd, spec->layer_key, err);
+        layer_mfd = -1;
         if (lc < 0)
                 goto fail;
         layer_created = lc;
@@ -1223,9 +1304,10 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
                 cove_err_set(err, errno, "ns: socketpair");
                 goto fail;
         }
-        struct cg_prep prep = {rt, id};
         int rc =
             cove_criu_restore(&rt->criu, dir, root, chan[1], ino, prep_cgroup, &prep, &pid, err);
+        cove_cgroup_prime_end(prep.primer); /* when criu failed before the attach */
+        prep.primer = NULL;
         criu_mounts_release(spec->state_dir); /* the sandbox has its own copy now */
         close(chan[1]);
         chan[1] = -1;
@@ -1246,6 +1328,9 @@ fail_early:
         if (spec->layer_image)
                 unlink(spec->layer_image);
 fail:
+        if (layer_mfd >= 0)
+                close(layer_mfd);
+        cove_cgroup_prime_end(prep.primer);
         if (pid > 0) {
                 kill(pid, SIGKILL);
                 reap(pid);
@@ -1429,6 +1514,7 @@ static struct cove_runtime *ns_open(const char *data_dir, struct cove_err *err)
         }
         if (cove_mkdir_p(rt->ns_dir, 0700, err) < 0)
                 goto fail;
+        cove_criu_setup(&rt->criu, rt->ns_dir);
         if (!(rt->cg = cove_cgroups_open(err)))
                 goto fail;
         if (cove_seccomp_build(&rt->filter, err) < 0)

@@ -811,26 +811,54 @@ static int layer_adopt(struct cove_layers *l, const char *img, const char *from,
         return 0;
 }
 
+/* Adopt from_image that is still mounted as the detached mount from_mfd (taken over here,
+ * closed in every case): move the file into layers/<img> (a rename on the layer filesystem: the
+ * loop device follows the file, as for a warm layer) and attach that same mount at layers/<id>,
+ * so a restored layer is mounted once, not unmounted and mounted again. */
+static int layer_adopt_mounted(struct cove_layers *l, const char *id, const char *img,
+                               const char *from, int from_mfd, struct cove_err *err)
+{
+        cleanup_close int m = from_mfd;
+        if (renameat(AT_FDCWD, from, l->img_fd, img) < 0)
+                return cove_err_set(err, errno, "move %s to %s/%s", from, l->images, img);
+        return attach(m, l->fd, id, err);
+}
+
 int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb, uid_t owner,
-                       gid_t group, const char *from_image, const uint8_t *key,
+                       gid_t group, const char *from_image, int from_mfd, const uint8_t *key,
                        struct cove_err *err)
 {
         uint8_t ident[16];
-        if (check_id(id, err) < 0)
+        if (check_id(id, err) < 0) {
+                if (from_mfd >= 0)
+                        close(from_mfd);
                 return -1;
+        }
         char img[256];
         snprintf(img, sizeof(img), "%s.img", id);
         int created = 0, fresh = 0; /* fresh: a new image made (or taken warm) by this call */
         cleanup_close int fd = -1;
-        if (mkdirat(l->fd, id, 0711) == 0)
+        if (mkdirat(l->fd, id, 0711) == 0) {
                 created = 1;
-        else if (errno != EEXIST)
+        } else if (errno != EEXIST) {
+                if (from_mfd >= 0)
+                        close(from_mfd);
                 return cove_err_set(err, errno, "layer: mkdir %s/%s", l->dir, id);
+        }
         if (from_image) {
                 /* the old layer of this id (a rewind) is replaced; its mount must go first */
-                if (cove_layer_release(l, id, err) < 0 || layer_adopt(l, img, from_image, err) < 0)
+                int rc = cove_layer_release(l, id, err);
+                if (rc < 0 && from_mfd >= 0)
+                        close(from_mfd);
+                else if (rc == 0 && from_mfd >= 0)
+                        rc = layer_adopt_mounted(l, id, img, from_image, from_mfd, err);
+                else if (rc == 0)
+                        rc = layer_adopt(l, img, from_image, err);
+                if (rc < 0)
                         goto fail;
                 limit_mb = 1; /* the image's own size is the limit */
+        } else if (from_mfd >= 0) {
+                close(from_mfd);
         } else if (limit_mb && limit_mb < 16) {
                 limit_mb = 16; /* ext4 needs room for its own metadata */
         }
@@ -997,19 +1025,37 @@ int cove_layer_image_open(struct cove_layers *l, const char *image, int create, 
                 if (disk_mb == 0)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
                                              "layer image %s: disk_mb 0", image);
-                char golden[PATH_MAX + 32];
-                if (golden_for(l, disk_mb < 16 ? 16 : disk_mb, golden, sizeof(golden), err) < 0)
-                        return cove_err_wrap(err, "layer image %s", image);
-                cleanup_close int in = open(golden, O_RDONLY | O_CLOEXEC);
-                img = open(image, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-                if (in < 0 || img < 0)
-                        return cove_err_set(err, errno, "layer image: create %s", image);
-                if (copy_fd(in, img, err) < 0 ||
-                    (m = loop_fsmount_fd(img, image, "ext4", 0, err)) < 0)
-                        goto fail;
+                uint64_t mb = disk_mb < 16 ? 16 : disk_mb;
+                /* a warm layer when one is ready (a create's layer: the golden image cloned,
+                 * mounted, its empty dirs made), moved to the image's name; the mount goes
+                 * with the file (the loop device follows it across a rename) */
+                struct pool_entry e;
+                int warm = 0;
+                if (pool_take(l, mb, &e)) {
+                        if (renameat2(l->pool_fd, e.name, AT_FDCWD, image, RENAME_NOREPLACE) == 0) {
+                                m = e.mfd;
+                                warm = 1;
+                        } else {
+                                pool_entry_drop(l, &e); /* built below instead */
+                        }
+                }
+                if (!warm) {
+                        char golden[PATH_MAX + 32];
+                        if (golden_for(l, mb, golden, sizeof(golden), err) < 0)
+                                return cove_err_wrap(err, "layer image %s", image);
+                        cleanup_close int in = open(golden, O_RDONLY | O_CLOEXEC);
+                        img = open(image, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+                        if (in < 0 || img < 0)
+                                return cove_err_set(err, errno, "layer image: create %s", image);
+                        if (copy_fd(in, img, err) < 0 ||
+                            (m = loop_fsmount_fd(img, image, "ext4", 0, err)) < 0)
+                                goto fail;
+                }
                 root = openat(m, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                if (root < 0 || fchmod(root, 0700) < 0 || mkdirat(root, "upper", 0755) < 0 ||
-                    mkdirat(root, "work", 0700) < 0 || mkdirat(root, "mnt", 0755) < 0) {
+                if (root < 0 ||
+                    (!warm &&
+                     (fchmod(root, 0700) < 0 || mkdirat(root, "upper", 0755) < 0 ||
+                      mkdirat(root, "work", 0700) < 0 || mkdirat(root, "mnt", 0755) < 0))) {
                         cove_err_set(err, errno, "layer image %s: make layer dirs", image);
                         goto fail;
                 }

@@ -60,9 +60,12 @@ const char *cove_layers_image_dir(const struct cove_layers *l);
  * above); a plain directory layer (limit_mb 0, no from_image) gets them owned by owner:group.
  * Forks mkfs.ext4 only the first time a size is used. Returns 1 when the layer was created, 0
  * when an existing one was reused, -1 on failure (a newly created layer is removed again, a
- * reused one unmounted). A new layer with a limit comes from the warm pool when one is ready. */
+ * reused one unmounted). A new layer with a limit comes from the warm pool when one is ready.
+ * from_mfd: -1, or the detached mount of from_image that cove_layer_image_open(create = 1)
+ * returned (taken over and closed in every case): that mount becomes layers/<id> as it is (no
+ * second mount, no wait for the first one's loop device to let go). */
 int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb, uid_t owner,
-                       gid_t group, const char *from_image, const uint8_t *key,
+                       gid_t group, const char *from_image, int from_mfd, const uint8_t *key,
                        struct cove_err *err);
 /* 1 when layers/<id> is a mounted image (stores sandbox ids), 0 for a plain directory. */
 int cove_layer_has_image(struct cove_layers *l, const char *id);
@@ -81,8 +84,9 @@ int cove_layer_snapshot(struct cove_layers *l, const char *id, const char *dest,
 /* Mount an image outside any sandbox as a detached mount (nothing in mountinfo; the kernel
  * drops it with the last fd, also when coved dies) and open its upper tree as *tree_fd.
  * create = 0: read-only. create = 1: a new empty layer of disk_mb at image (must not exist),
- * read-write. Returns the mount fd (close it, and *tree_fd and every fd under it, to release
- * the mount and its loop device) or -1 (a created image is removed again). */
+ * read-write: a warm layer of that size when the pool has one ready (renamed to image), else
+ * a clone of the golden image. Returns the mount fd (close it, and *tree_fd and every fd under it,
+ * to release the mount and its loop device) or -1 (a created image is removed again). */
 int cove_layer_image_open(struct cove_layers *l, const char *image, int create, unsigned disk_mb,
                           const uint8_t *key, int *tree_fd, struct cove_err *err);
 

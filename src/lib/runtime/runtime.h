@@ -14,6 +14,9 @@
 /* Bytes of a writable layer's at-rest key (spec->layer_key, layer_open()). */
 #define COVE_RUNTIME_LAYER_KEY_LEN 64
 
+/* A writable layer opened outside any instance, to read it (capture) or fill it (restore). */
+struct cove_layer_handle;
+
 /* What a driver needs to start one instance. All strings are borrowed for the call. */
 struct cove_instance_spec {
         const char *sandbox_id;   /* sbx_…; also the hostname */
@@ -33,8 +36,14 @@ struct cove_instance_spec {
          * use the path afterwards, also when start() fails: the image is then deleted). It
          * replaces any layer this sandbox id had; the image's size is the disk limit (disk_mb
          * is ignored); the warm pool is not used. Refused (COVE_E_CONFLICT) while the image
-         * is still open (close tree_fd and layer_close() first). NULL: empty layer. */
+         * is still open (close tree_fd and layer_close() first), unless its handle is given
+         * as layer_handle. NULL: empty layer. */
         const char *layer_image;
+        /* With layer_image: the handle layer_open(create = 1) returned for it, still open (its
+         * tree fd closed). start() takes it over, also when it fails (the node releases it
+         * when the driver is not the one that opened it), and runs the instance on that very
+         * mount: no unmount and second mount of the image. NULL: start() mounts the image. */
+        struct cove_layer_handle *layer_handle;
         /* Full restore (ns with CRIU): the checkpoint directory made by full_dump() together
          * with layer_image; start() restores the processes from it instead of booting
          * cove-guest, and takes the directory over like layer_image (removed afterwards, also
@@ -60,9 +69,6 @@ struct cove_instance_spec {
         int full;
         int full_fd;
 };
-
-/* A writable layer opened outside any instance, to read it (capture) or fill it (restore). */
-struct cove_layer_handle;
 
 /* A running instance. The driver fills it in start() and owns priv. */
 struct cove_instance {
@@ -117,8 +123,9 @@ struct cove_runtime_ops {
         /* Open an image read-only (capture: *tree_fd is a directory fd of the layer's upper
          * tree, the files the sandbox changed, overlay whiteouts included), or create an
          * empty one of disk_mb at path and open it read-write (restore: fill *tree_fd, then
-         * close; the image can then be a spec->layer_image). layer_close releases mounts and
-         * loop devices; the image file stays.
+         * close; the image can then be a spec->layer_image, and the handle, instead of
+         * layer_close, its spec->layer_handle). layer_close releases mounts and loop devices
+         * (no sync: the unmount writes back); the image file stays.
          * Ownership contract (ns): the tree stores *sandbox* ids, 0..65535 (root is 0, the
          * template's user 1000 is 1000), never host ids: a capture reads them as they are and
          * a restore writes them as they are (as host root: chown, mknod 0/0 whiteouts,
