@@ -3,14 +3,19 @@ test_egress_attacks.py): upstream servers in a network namespace of their own (u
 the host's 127.0.0.1 are unreachable from sandboxes by design), and a coved whose resolver
 names them with --dns-static.
 
-    203.0.113.2  allowed.test   HTTP :80, TLS :443 (self-signed, SAN allowed.test/other.test),
-                                hold :7000 (echo), banner :2222 (speaks first)
-    203.0.113.3  other.test     the same servers
+    UP1 (203.0.113.16k+2)  allowed.test   HTTP :80, TLS :443 (self-signed, SAN
+                           allowed.test/other.test), hold :7000 (echo), banner :2222 (speaks first)
+    UP2 (203.0.113.16k+3)  other.test     the same servers
     UDP :9999 on both records every datagram (udp.log)
 Names pointing at special ranges: lo.test → 127.0.0.1, meta.test → 169.254.169.254,
 priv.test → 10.1.2.3.
+
+Several runs share a host (helpers, CI jobs): each process claims a slot k (1..15, an flock
+held until it exits) and uses its own namespace cove-test-up<k>, link cvt<k>h/cvt<k>n and
+/28 of 203.0.113.0/24, so one run's set-up never tears down another's upstream.
 """
 import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -19,8 +24,27 @@ import time
 
 from cove import Coved
 
-NS = "cove-test-up"
-UP1, UP2 = "203.0.113.2", "203.0.113.3"
+
+
+def _claim_slot():
+    for k in range(15):
+        slot = 1 + (os.getpid() + k) % 15
+        fd = os.open(os.path.join(tempfile.gettempdir(), f"cove-egress-up-{slot}.lock"),
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return slot, fd  # the fd stays open: the slot is ours until this process ends
+        except OSError:
+            os.close(fd)
+    raise RuntimeError("egressenv: all 15 upstream slots are taken by other processes")
+
+
+SLOT, _SLOT_LOCK = _claim_slot()
+NS = f"cove-test-up{SLOT}"
+HOST_LINK, NS_LINK = f"cvt{SLOT}h", f"cvt{SLOT}n"
+_BASE = 16 * SLOT
+HOST_IP = f"203.0.113.{_BASE + 1}"
+UP1, UP2 = f"203.0.113.{_BASE + 2}", f"203.0.113.{_BASE + 3}"
 STATICS = [f"allowed.test={UP1}", f"other.test={UP2}", "lo.test=127.0.0.1",
            "meta.test=169.254.169.254", "priv.test=10.1.2.3", f"www.allowed.test={UP1}",
            f"bad.test={UP1}"]  # bad.test: the upstream's certificate does not name it
@@ -31,6 +55,11 @@ d = sys.argv[1]
 lock = threading.Lock()
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # one send per response (head and body buffered, flushed after each request) and no
+    # Nagle: unbuffered writes of head then body met the client's delayed ACK (~40 ms per
+    # keep-alive request), which hid the proxy's own cost in every HTTPS figure
+    wbufsize = 1 << 16
+    disable_nagle_algorithm = True
     def record(self, body=b""):
         with lock, open(os.path.join(d, "requests.log"), "a") as f:
             f.write(json.dumps({"server": self.server.server_address[0],
@@ -86,6 +115,7 @@ def hold(addr):
     l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     l.bind((addr, 7000)); l.listen(64)
     def one(c):
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             while True:
                 b = c.recv(4096)
@@ -105,7 +135,7 @@ def udp(addr):
     while True:
         b, a = u.recvfrom(2048)
         with open(os.path.join(d, "udp.log"), "a") as f: f.write("%s %r\n" % (a, b))
-for a in ("203.0.113.2", "203.0.113.3"):
+for a in sys.argv[2:]:
     for f, args in ((serve, (a, 80)), (serve, (a, 443, True)), (hold, (a,)), (banner, (a,)), (udp, (a,))):
         threading.Thread(target=f, args=args, daemon=True).start()
 open(os.path.join(d, "ready"), "w").close()
@@ -122,12 +152,12 @@ class Upstream:
         self.dir = tempfile.mkdtemp(prefix="cove-egress-up-")
         self.down()
         sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", "cvt-h", "type", "veth", "peer", "name", "cvt-n", "netns", NS)
-        sh("ip", "addr", "add", "203.0.113.1/24", "dev", "cvt-h")
-        sh("ip", "link", "set", "cvt-h", "up")
+        sh("ip", "link", "add", HOST_LINK, "type", "veth", "peer", "name", NS_LINK, "netns", NS)
+        sh("ip", "addr", "add", HOST_IP + "/28", "dev", HOST_LINK)
+        sh("ip", "link", "set", HOST_LINK, "up")
         for a in (UP1, UP2):
-            sh("ip", "-n", NS, "addr", "add", a + "/24", "dev", "cvt-n")
-        sh("ip", "-n", NS, "link", "set", "cvt-n", "up")
+            sh("ip", "-n", NS, "addr", "add", a + "/28", "dev", NS_LINK)
+        sh("ip", "-n", NS, "link", "set", NS_LINK, "up")
         sh("ip", "-n", NS, "link", "set", "lo", "up")
         sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
            "-subj", "/CN=allowed.test", "-addext",
@@ -137,7 +167,7 @@ class Upstream:
             f.write(SERVER)
         self.log = open(os.path.join(self.dir, "server.log"), "w")
         self.proc = subprocess.Popen(["ip", "netns", "exec", NS, "python3",
-                                      os.path.join(self.dir, "server.py"), self.dir],
+                                      os.path.join(self.dir, "server.py"), self.dir, UP1, UP2],
                                      stdout=self.log, stderr=self.log)
         deadline = time.time() + 20
         while not os.path.exists(os.path.join(self.dir, "ready")):
@@ -169,7 +199,7 @@ class Upstream:
     @staticmethod
     def down():
         sh("ip", "netns", "del", NS, check=False)
-        sh("ip", "link", "del", "cvt-h", check=False)
+        sh("ip", "link", "del", HOST_LINK, check=False)
 
     def close(self):
         self.proc.kill()

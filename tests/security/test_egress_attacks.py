@@ -33,7 +33,7 @@ def run(c, sid, script, timeout=120):
 def host_ipv4():
     out = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True).stdout
     return [l.split()[3].split("/")[0] for l in out.splitlines()
-            if not l.split()[3].startswith("127.") and "cvt-h" not in l]
+            if not l.split()[3].startswith("127.") and not l.split()[1].startswith("cvt")]
 
 
 def test_internal_addresses_unreachable_by_address(env, mk):
@@ -84,7 +84,7 @@ def test_udp_icmp_and_other_resolvers(env, mk):
     sid = mk(allow=["allowed.test"])
     out = run(c, sid, f"echo leak | nc -u -w 1 {UP1} 9999; echo leak | nc -u -w 1 {UP1} 53;"
                       f"ping -c 1 -W 2 {UP1} && echo PING-OK;"
-                      "nslookup allowed.test 8.8.8.8; nslookup allowed.test 203.0.113.3")
+                      f"nslookup allowed.test 8.8.8.8; nslookup allowed.test {UP2}")
     assert "PING-OK" not in out
     time.sleep(0.5)
     assert up.udp_log() == ""
@@ -93,14 +93,19 @@ def test_udp_icmp_and_other_resolvers(env, mk):
 
 
 def test_fronting_by_address_is_refused(env, mk):
-    d, _ = env
+    d, up = env
     c = d.client
     sid = mk(template="base", allow=["allowed.test", "other.test"])
+    before = len(up.requests())
+    # other.test's pin makes UP2:80/443 reachable under some name, so the proxy connects
+    # upstream before the name is read (early connect): the refusal must still send nothing
     out = run(c, sid, "curl -sS -m 5 http://other.test/ >/dev/null;"  # pins other.test → UP2
                       f"curl -sS -m 5 -k --resolve allowed.test:443:{UP2} https://allowed.test/;"
                       f"curl -sS -m 5 --resolve allowed.test:80:{UP2} http://allowed.test/;"
                       "echo done")
     assert "hello" not in out.replace(f"hello other.test {UP2}", "")
+    got = up.requests()[before:]
+    assert [r["headers"].get("Host") for r in got] == ["other.test"], got
     ev = wait_audit(c, sid, lambda e: e["kind"] == "egress" and e["verdict"] == "deny" and
                     e["detail"]["dst"] == UP2)
     assert {e["detail"]["proto"] for e in ev} >= {"tls", "http"}

@@ -7,10 +7,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "util/util.h"
 
 #define BATCH_MAX 512
+/* The writer lets a burst share one transaction: after the first event of a batch it waits
+ * this long (less when BATCH_MAX are queued, a flush waits, or the log closes). Events sit
+ * in memory meanwhile, as they already did while a transaction ran; the proxy thread that
+ * queues them is woken for nothing and pays one wake-up per batch, not per event. */
+#define LINGER_MS 10
 #define ZERO_HASH "0000000000000000000000000000000000000000000000000000000000000000"
 
 struct qev {
@@ -29,6 +35,7 @@ struct cove_audit {
         uint64_t enq, written; /* events queued / handled (stored or dropped) so far */
         uint64_t dropped;
         int quit;
+        int flushing; /* callers waiting in cove_audit_flush */
         pthread_t thread;
         int64_t seq; /* chain head (writer thread only) */
         char hash[65];
@@ -125,6 +132,16 @@ static void *writer_main(void *arg)
                         pthread_cond_wait(&a->cv, &a->mu);
                 if (!a->head && a->quit)
                         break;
+                struct timespec until;
+                clock_gettime(CLOCK_MONOTONIC, &until);
+                until.tv_nsec += LINGER_MS * 1000000L;
+                if (until.tv_nsec >= 1000000000L) {
+                        until.tv_sec++;
+                        until.tv_nsec -= 1000000000L;
+                }
+                while (!a->quit && !a->flushing && a->queued < BATCH_MAX &&
+                       pthread_cond_timedwait(&a->cv, &a->mu, &until) == 0) {
+                }
                 struct qev *batch = a->head, *last = a->head;
                 size_t n = 1;
                 while (last->next && n < BATCH_MAX) {
@@ -169,7 +186,11 @@ struct cove_audit *cove_audit_open(const struct cove_catalog_ops *ops, struct co
                 snprintf(a->hash, sizeof(a->hash), ZERO_HASH);
         }
         pthread_mutex_init(&a->mu, NULL);
-        pthread_cond_init(&a->cv, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&a->cv, &ca);
+        pthread_condattr_destroy(&ca);
         pthread_cond_init(&a->done_cv, NULL);
         int e = pthread_create(&a->thread, NULL, writer_main, a);
         if (e) {
@@ -236,7 +257,9 @@ void cove_audit_log(struct cove_audit *a, const char *tenant, const char *sandbo
         a->tail = q;
         a->queued++;
         a->enq++;
-        pthread_cond_signal(&a->cv);
+        /* the writer waits for a first event, or lingers until BATCH_MAX */
+        if (a->queued == 1 || a->queued == BATCH_MAX)
+                pthread_cond_signal(&a->cv);
         pthread_mutex_unlock(&a->mu);
 }
 
@@ -246,8 +269,11 @@ void cove_audit_flush(struct cove_audit *a)
                 return;
         pthread_mutex_lock(&a->mu);
         uint64_t target = a->enq;
+        a->flushing++;
+        pthread_cond_signal(&a->cv); /* no lingering while someone waits */
         while (a->written < target && !a->quit)
                 pthread_cond_wait(&a->done_cv, &a->mu);
+        a->flushing--;
         pthread_mutex_unlock(&a->mu);
 }
 

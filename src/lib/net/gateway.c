@@ -175,6 +175,28 @@ int gw_pinned(struct cove_gateway *gw, const struct sbx_view *v, const char *nam
         return r;
 }
 
+int gw_pinned_allowed(struct cove_gateway *gw, const struct sbx_view *v, uint32_t ip, uint16_t port)
+{
+        enum { MAXN = 8 }; /* names checked per address: enough for an early connect */
+        char names[MAXN][254];
+        int n = 0;
+        int64_t now = gw_now_ms();
+        pthread_mutex_lock(&gw->mu);
+        struct slot *s = &gw->slots[v->slot];
+        if (s->used && !strcmp(s->id, v->id))
+                for (int i = 0; i < s->npins && n < MAXN; i++)
+                        if (s->pins[i].ip == ip && s->pins[i].expires_ms > now)
+                                snprintf(names[n++], sizeof(names[0]), "%s", s->pins[i].name);
+        pthread_mutex_unlock(&gw->mu);
+        for (int i = 0; i < n; i++) {
+                const char *rule;
+                if (cove_policy_check(v->policy, names[i], ntohl(ip), port, &rule) == COVE_ALLOW &&
+                    !strchr(rule, '/'))
+                        return 1;
+        }
+        return 0;
+}
+
 static void wake(struct cove_gateway *gw)
 {
         uint64_t one = 1;

@@ -21,6 +21,7 @@
 #define GW_CONNECT_MS 10000
 #define GW_TLS_BUF (256 * 1024) /* intercepted: bound of each BIO and plaintext buffer */
 #define GW_PIPE (256 * 1024)    /* spliced: pipe size per direction */
+#define GW_PIPE_POOL 32         /* empty pipes kept for the next spliced connections */
 
 enum ev_kind {
         EV_WAKE = 1,
@@ -114,6 +115,9 @@ struct pconn {
         struct cove_gateway *gw;
         int dead;      /* closed; freed after the current epoll batch */
         int intercept; /* a bound secret applies: terminate TLS (PC_TLS after connect) */
+        /* upstream connect started at accept, before the decision (nothing is sent on it
+         * until then; a refusal resets it): 1 in progress, 2 established */
+        int early;
         struct mitm_conn *m;
         struct sbx_view v;
         uint32_t dst;   /* network order */
@@ -148,7 +152,9 @@ struct cove_gateway {
         uint64_t epoch, seen_epoch; /* policy/attach changes (under mu) */
         struct pending pending[GW_PENDING_MAX];
         struct pconn *conns;
-        struct pconn *dead; /* closed connections, freed after each epoll batch */
+        struct pconn *dead;         /* closed connections, freed after each epoll batch */
+        int pipes[GW_PIPE_POOL][2]; /* empty pipes (sized GW_PIPE) of closed connections */
+        int npipes;
         struct dns_tcp *dtcp;
         struct cove_gateway_stats st;
 };
@@ -165,6 +171,11 @@ void gw_audit(struct cove_gateway *gw, const struct sbx_view *v, const char *kin
 void gw_pin(struct cove_gateway *gw, const struct sbx_view *v, const char *name,
             const uint32_t *ips, int n, uint32_t ttl);
 int gw_pinned(struct cove_gateway *gw, const struct sbx_view *v, const char *name, uint32_t ip);
+/* 1 when a name this sandbox's own DNS query pinned to ip (network order) is allowed by a
+ * name rule of its policy on port: a connection to ip:port may then be allowed once it
+ * announces that name (the proxy starts the upstream connect early). */
+int gw_pinned_allowed(struct cove_gateway *gw, const struct sbx_view *v, uint32_t ip,
+                      uint16_t port);
 int gw_epoll(struct cove_gateway *gw, int op, int fd, uint32_t events, struct ev *ev);
 /* Unregister fd from the gateway's epoll set, then close it (no-op for fd < 0). */
 void gw_close(struct cove_gateway *gw, int fd);

@@ -1,5 +1,7 @@
 /* nftables table of the sandbox links; see nft.h. Per-sandbox changes only add or delete
- * set elements, so the rules themselves are written once, at open. */
+ * set elements, so the rules themselves are written once, at open. The base chains see
+ * every packet of the host (the proxy's upstream traffic included): each tests the link
+ * set once and jumps, so other traffic pays one set lookup per hook. */
 #include "net/nft.h"
 
 #include <arpa/inet.h>
@@ -91,8 +93,11 @@ struct cove_nft *cove_nft_open(const char *table, uint16_t dns_port, uint16_t pr
             "  }\n"
             "  chain sbx_out {\n"
             "    type filter hook output priority filter; policy accept;\n"
-            "    oifname @links ct state established,related accept\n"
-            "    oifname @links counter drop\n"
+            "    oifname @links jump to_sandbox\n"
+            "  }\n"
+            "  chain to_sandbox {\n"
+            "    ct state established,related accept\n"
+            "    counter drop\n"
             "  }\n"
             "}\n",
             n->table, dns_port, proxy_port);

@@ -2,7 +2,9 @@
  * PEEK (read what it announces; nothing forwarded) → CONNECTING → SPLICE (copy both ways
  * through two bounded buffers; EOF on one side becomes shutdown(SHUT_WR) on the other once
  * its buffer is flushed; the connection ends when both directions are shut, or at once on
- * an error). Interest sets are recomputed after every event (level-triggered epoll). */
+ * an error) or TLS (intercepted). When the destination can only be allowed by a name whose
+ * pin names it, the upstream connect starts during PEEK (early_connect). Interest sets are
+ * recomputed after every event (level-triggered epoll). */
 #include "net/internal.h"
 
 #include <arpa/inet.h>
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -35,6 +38,49 @@ static void mitm_free(struct mitm_conn *m)
         ERR_clear_error();
 }
 
+/* A pipe of a closing connection goes back to the pool when it holds no byte (checked by
+ * the kernel, not by our count: a pipe never carries one connection's bytes into another). */
+static void pipe_put(struct cove_gateway *gw, int p[2])
+{
+        if (p[0] < 0)
+                return;
+        int n = -1;
+        if (gw->npipes < GW_PIPE_POOL && ioctl(p[0], FIONREAD, &n) == 0 && n == 0) {
+                gw->pipes[gw->npipes][0] = p[0];
+                gw->pipes[gw->npipes][1] = p[1];
+                gw->npipes++;
+        } else {
+                close(p[0]);
+                close(p[1]);
+        }
+        p[0] = p[1] = -1;
+}
+
+static int pipe_get(struct cove_gateway *gw, int p[2])
+{
+        if (gw->npipes) {
+                gw->npipes--;
+                p[0] = gw->pipes[gw->npipes][0];
+                p[1] = gw->pipes[gw->npipes][1];
+                return 0;
+        }
+        if (pipe2(p, O_NONBLOCK | O_CLOEXEC) < 0) {
+                p[0] = p[1] = -1;
+                return -1;
+        }
+        fcntl(p[1], F_SETPIPE_SZ, GW_PIPE);
+        return 0;
+}
+
+static void proxy_pipes_free(struct cove_gateway *gw)
+{
+        while (gw->npipes) {
+                gw->npipes--;
+                close(gw->pipes[gw->npipes][0]);
+                close(gw->pipes[gw->npipes][1]);
+        }
+}
+
 static void pc_free(struct cove_gateway *gw, struct pconn *c, int reset)
 {
         if (reset) { /* an abortive close tells both ends at once */
@@ -45,10 +91,8 @@ static void pc_free(struct cove_gateway *gw, struct pconn *c, int reset)
         }
         gw_close(gw, c->cfd);
         gw_close(gw, c->ufd);
-        int pfd[] = {c->pc[0], c->pc[1], c->pu[0], c->pu[1]};
-        for (int i = 0; i < 4; i++)
-                if (pfd[i] >= 0)
-                        close(pfd[i]);
+        pipe_put(gw, c->pc);
+        pipe_put(gw, c->pu);
         if (c->prev)
                 c->prev->next = c->next;
         else
@@ -115,6 +159,8 @@ static void update(struct cove_gateway *gw, struct pconn *c)
         uint32_t cm = 0, um = 0;
         if (c->state == PC_PEEK) {
                 cm = EPOLLIN;
+                if (c->early == 1)
+                        um = EPOLLOUT;
         } else if (c->state == PC_CONNECTING) {
                 um = EPOLLOUT;
         } else if (c->state == PC_TLS) {
@@ -150,29 +196,71 @@ static void update(struct cove_gateway *gw, struct pconn *c)
         set_mask(gw, c->ufd, &c->uev, &c->umask, um);
 }
 
-static void start_connect(struct cove_gateway *gw, struct pconn *c)
+/* A non-blocking connect to the original destination, registered for EPOLLOUT; -1 when it
+ * failed at once. */
+static int up_connect(struct cove_gateway *gw, struct pconn *c)
 {
-        gw_audit(gw, &c->v, "egress", "connect", "allow", detail(c, NULL));
-        gw_stat_add(gw, &gw->st.conns_allowed, 1);
-        c->u2c.b = malloc(GW_BUF);
         c->ufd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (!c->u2c.b || c->ufd < 0) {
-                pc_free(gw, c, 1);
-                return;
-        }
+        if (c->ufd < 0)
+                return -1;
         int one = 1;
         setsockopt(c->ufd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         struct sockaddr_in a = {
             .sin_family = AF_INET, .sin_port = htons(c->dport), .sin_addr.s_addr = c->dst};
         if (connect(c->ufd, (struct sockaddr *)&a, sizeof(a)) < 0 && errno != EINPROGRESS) {
+                close(c->ufd);
+                c->ufd = -1;
+                return -1;
+        }
+        c->uev = (struct ev){EV_PROXY_UP, c};
+        c->umask = EPOLLOUT;
+        gw_epoll(gw, EPOLL_CTL_ADD, c->ufd, EPOLLOUT, &c->uev);
+        return 0;
+}
+
+/* The destination is reachable only under a name rule, once the sandbox has announced the
+ * name and the name's pin matches the address. If some name this sandbox resolved to this
+ * address is allowed on this port, the upstream TCP handshake overlaps the wait for the
+ * first bytes: not a byte goes upstream before the decision, and a refusal resets it. */
+static void early_connect(struct cove_gateway *gw, struct pconn *c)
+{
+        if (gw_pinned_allowed(gw, &c->v, c->dst, c->dport) && up_connect(gw, c) == 0)
+                c->early = 1;
+}
+
+/* An early connect that failed before the decision is dropped quietly: the decision, if it
+ * allows, connects again and reports that one. */
+static void early_drop(struct cove_gateway *gw, struct pconn *c)
+{
+        gw_close(gw, c->ufd);
+        c->ufd = -1;
+        c->umask = 0;
+        c->early = 0;
+}
+
+static void on_connected(struct cove_gateway *gw, struct pconn *c);
+
+static void start_connect(struct cove_gateway *gw, struct pconn *c)
+{
+        gw_audit(gw, &c->v, "egress", "connect", "allow", detail(c, NULL));
+        gw_stat_add(gw, &gw->st.conns_allowed, 1);
+        if (c->early == 2) { /* the upstream may have given up on a slow sandbox meanwhile */
+                char b;
+                ssize_t n = recv(c->ufd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
+                        early_drop(gw, c);
+        }
+        c->u2c.b = malloc(GW_BUF);
+        if (!c->u2c.b || (c->ufd < 0 && up_connect(gw, c) < 0)) {
                 pc_free(gw, c, 1);
                 return;
         }
         c->state = PC_CONNECTING;
         c->deadline_ms = gw_now_ms() + GW_CONNECT_MS;
-        c->uev = (struct ev){EV_PROXY_UP, c};
-        c->umask = EPOLLOUT;
-        gw_epoll(gw, EPOLL_CTL_ADD, c->ufd, EPOLLOUT, &c->uev);
+        if (c->early == 2) {
+                on_connected(gw, c);
+                return;
+        }
         update(gw, c);
 }
 
@@ -619,62 +707,18 @@ static int splice_dir(int src, int dst, int p[2], size_t *inpipe, struct xbuf *x
         return 0;
 }
 
-static void splice_begin(struct pconn *c)
+static void splice_begin(struct cove_gateway *gw, struct pconn *c)
 {
-        if (pipe2(c->pc, O_NONBLOCK | O_CLOEXEC) < 0) {
-                c->pc[0] = c->pc[1] = -1;
+        if (pipe_get(gw, c->pc) < 0)
                 return;
-        }
-        if (pipe2(c->pu, O_NONBLOCK | O_CLOEXEC) < 0) {
-                close(c->pc[0]);
-                close(c->pc[1]);
-                c->pc[0] = c->pc[1] = c->pu[0] = c->pu[1] = -1;
-                return;
-        }
-        fcntl(c->pc[1], F_SETPIPE_SZ, GW_PIPE);
-        fcntl(c->pu[1], F_SETPIPE_SZ, GW_PIPE);
+        if (pipe_get(gw, c->pu) < 0)
+                pipe_put(gw, c->pc); /* both or neither: the copy fallback */
 }
 
-void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events)
+/* Bytes of a connection in PC_SPLICE (pipes, or the copy fallback) after an event. */
+static void pump(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events)
 {
-        if (c->dead)
-                return;
-        if (c->state == PC_PEEK) {
-                if (up)
-                        return;
-                if (do_read(c->cfd, &c->c2u, &gw->st.bytes_up) < 0 || (c->c2u.eof && !c->c2u.len)) {
-                        deny(gw, c, "closed before announcing a name");
-                        return;
-                }
-                if (c->c2u.len)
-                        on_peek(gw, c);
-                else if (c->c2u.eof)
-                        deny(gw, c, "closed before announcing a name");
-                return;
-        }
-        if (c->state == PC_CONNECTING) {
-                if (!up)
-                        return;
-                int e = 0;
-                socklen_t el = sizeof(e);
-                getsockopt(c->ufd, SOL_SOCKET, SO_ERROR, &e, &el);
-                if (e) {
-                        pc_free(gw, c, 1);
-                        return;
-                }
-                if (c->intercept) {
-                        if (tls_begin(gw, c) < 0) {
-                                pc_free(gw, c, 1);
-                                return;
-                        }
-                        tls_pump(gw, c);
-                        return;
-                }
-                c->state = PC_SPLICE;
-                splice_begin(c);
-                events = EPOLLOUT; /* flush what the client sent while we decided */
-        }
-        if (c->state == PC_SPLICE && c->pc[0] >= 0) {
+        if (c->pc[0] >= 0) {
                 /* the bytes read while deciding go first, by copy; then the pipes */
                 int bad = c->c2u.len && do_write(c->ufd, &c->c2u) < 0;
                 bad =
@@ -690,10 +734,6 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
                         return;
                 }
                 update(gw, c);
-                return;
-        }
-        if (c->state == PC_TLS) {
-                tls_pump(gw, c);
                 return;
         }
         int bad = 0;
@@ -719,6 +759,78 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
                 return;
         }
         update(gw, c);
+}
+
+/* The upstream connection is established: intercept, or splice. */
+static void on_connected(struct cove_gateway *gw, struct pconn *c)
+{
+        if (c->intercept) {
+                if (tls_begin(gw, c) < 0) {
+                        pc_free(gw, c, 1);
+                        return;
+                }
+                tls_pump(gw, c);
+                return;
+        }
+        c->state = PC_SPLICE;
+        /* the bytes read while deciding go first (by copy), before the pipes are made */
+        if (c->c2u.len && do_write(c->ufd, &c->c2u) < 0) {
+                pc_free(gw, c, 1);
+                return;
+        }
+        splice_begin(gw, c);
+        pump(gw, c, 1, EPOLLOUT);
+}
+
+void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events)
+{
+        if (c->dead)
+                return;
+        if (c->state == PC_PEEK) {
+                if (up) { /* the early connect finished (or failed) */
+                        int e = 0;
+                        socklen_t el = sizeof(e);
+                        getsockopt(c->ufd, SOL_SOCKET, SO_ERROR, &e, &el);
+                        if (e || (events & (EPOLLERR | EPOLLHUP)))
+                                early_drop(gw, c);
+                        else
+                                c->early = 2;
+                        update(gw, c);
+                        return;
+                }
+                if (do_read(c->cfd, &c->c2u, &gw->st.bytes_up) < 0 || (c->c2u.eof && !c->c2u.len)) {
+                        deny(gw, c, "closed before announcing a name");
+                        return;
+                }
+                if (c->c2u.len)
+                        on_peek(gw, c);
+                else if (c->c2u.eof)
+                        deny(gw, c, "closed before announcing a name");
+                return;
+        }
+        if (c->state == PC_CONNECTING) {
+                if (!up) {
+                        /* interest 0 still reports errors: a reset sandbox side ends it
+                         * rather than wake us until the connect times out */
+                        if (events & EPOLLERR)
+                                pc_free(gw, c, 1);
+                        return;
+                }
+                int e = 0;
+                socklen_t el = sizeof(e);
+                getsockopt(c->ufd, SOL_SOCKET, SO_ERROR, &e, &el);
+                if (e) {
+                        pc_free(gw, c, 1);
+                        return;
+                }
+                on_connected(gw, c);
+                return;
+        }
+        if (c->state == PC_TLS) {
+                tls_pump(gw, c);
+                return;
+        }
+        pump(gw, c, up, events);
 }
 
 void proxy_on_accept(struct cove_gateway *gw)
@@ -779,6 +891,8 @@ void proxy_on_accept(struct cove_gateway *gw)
                         deny(gw, c, "denied by the policy");
                 else if (vd == COVE_ALLOW)
                         start_connect(gw, c);
+                else
+                        early_connect(gw, c);
         }
 }
 
@@ -834,4 +948,5 @@ void proxy_close_all(struct cove_gateway *gw)
 {
         while (gw->conns)
                 pc_free(gw, gw->conns, 1);
+        proxy_pipes_free(gw);
 }
