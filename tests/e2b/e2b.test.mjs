@@ -484,8 +484,8 @@ describe('files', () => {
     const r2 = await fetch(down)
     assert.equal(r2.status, 200)
     assert.ok(Buffer.from(await r2.arrayBuffer()).equals(data))
-    // a tampered signature is refused
-    const bad = await fetch(down.replace(/signature=v1_./, 'signature=v1_A'))
+    // a tampered signature is refused (its first character changed, whatever it was)
+    const bad = await fetch(down.replace(/signature=v1_(.)/, (_, c) => `signature=v1_${c === 'A' ? 'B' : 'A'}`))
     assert.equal(bad.status, 401)
   })
 })
