@@ -7,6 +7,7 @@ import time
 
 import pytest
 from cove import poll
+from hostutil import loops_under
 
 pytestmark = pytest.mark.root
 
@@ -49,21 +50,6 @@ def mounts_under(path):
     return out
 
 
-def loops_of(path, ids=None):
-    """Loop devices whose backing file is under path (and names one of ids, when given)."""
-    path = os.path.realpath(path)
-    out = []
-    for bf in glob.glob("/sys/block/loop*/loop/backing_file"):
-        try:
-            with open(bf) as f:
-                b = f.read().strip()
-        except OSError:
-            continue
-        if b.startswith(path + "/") and (ids is None or any(i in b for i in ids)):
-            out.append((bf.split("/")[3], b))
-    return out
-
-
 def start_sleepers(c, n=3):
     """n sandboxes, each running a long sleep with a marker; returns (ids, uid ranges)."""
     ids, ranges = [], set()
@@ -90,9 +76,9 @@ def assert_host_clean(d, ids, ranges):
     # a lazily unmounted layer frees its loop device when the kernel drops the last
     # reference, which may lag a little: wait for it, with a deadline
     try:
-        poll(lambda: loops_of(d.data, ids) == [], timeout=30, what="loop devices detached")
+        poll(lambda: loops_under(d.data, ids) == [], timeout=30, what="loop devices detached")
     except AssertionError:
-        assert loops_of(d.data, ids) == [], "loop devices of the sandboxes still attached"
+        assert loops_under(d.data, ids) == [], "loop devices of the sandboxes still attached"
 
 
 def test_kill9_then_restart_reconciles(coved_factory):
@@ -137,7 +123,7 @@ def test_sigterm_stops_cleanly(coved_factory):
     assert rc == 0, f"coved exited with {rc} on SIGTERM; log:\n{d.log_tail()}"
     assert_host_clean(d, ids, ranges)
     assert mounts_under(d.data) == []
-    assert loops_of(d.data) == []
+    assert loops_under(d.data) == []
     assert not os.path.exists(os.path.join(d.data, "coved.sock")) or True
     # restart: nothing claims to run
     c = d.start()

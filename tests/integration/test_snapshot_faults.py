@@ -13,6 +13,7 @@ import time
 
 import pytest
 from cove import poll, sh, snapshots
+from hostutil import loops_under
 
 pytestmark = pytest.mark.root
 
@@ -340,15 +341,3 @@ def test_kill9_loop_snapshot_gc_rewind(coved_factory, tmp_path):
     poll(lambda: not loops_under(d.data, made), timeout=30, what="loop devices detached")
 
 
-def loops_under(path, ids):
-    path = os.path.realpath(path)
-    out = []
-    for bf in glob.glob("/sys/block/loop*/loop/backing_file"):
-        try:
-            with open(bf) as f:
-                b = f.read().strip()
-        except OSError:
-            continue
-        if b.startswith(path + "/") and any(i in b for i in ids):
-            out.append(b)
-    return out

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from cove import poll, sh, snapshots
+from hostutil import loops_under
 
 pytestmark = pytest.mark.root
 
@@ -287,21 +288,6 @@ def test_tampered_chunk_resume_fails_and_stays_paused(coved_factory):
     assert sb["state"] == "paused" and sb["last_snapshot_id"] == sid_snap
 
 
-def loops_backed_under(path):
-    """Backing files of the host's loop devices that lie under path."""
-    real = os.path.realpath(path)
-    found = []
-    for bf in glob.glob("/sys/block/loop*/loop/backing_file"):
-        try:
-            with open(bf) as f:
-                b = f.read().strip()
-        except OSError:
-            continue
-        if b == real or b.startswith(real + "/"):
-            found.append(b)
-    return found
-
-
 def test_resume_start_failure_leaves_nothing(coved_factory, templates_dir, tmp_path):
     """A resume hands the restored layer to the start still mounted (one mount, not two); a
     start that fails after the restore (here: the sandbox's template is gone) releases it: no
@@ -326,13 +312,13 @@ def test_resume_start_failure_leaves_nothing(coved_factory, templates_dir, tmp_p
     assert not os.path.exists(os.path.join(lfs, "layers", sid + ".img"))
     assert not os.path.ismount(os.path.join(d.data, "ns", "layers", sid))
     # the restore's detached mount is gone, so its autoclear loop device lets go
-    poll(lambda: not loops_backed_under(snapdir), timeout=10,
+    poll(lambda: not loops_under(snapdir), timeout=10,
          what="the restore's loop device to go")
     os.rename(tdir / "busybox.off", tdir / "busybox")
     sb = c.post(f"/v1/sandboxes/{sid}/resume")
     assert sb["state"] == "running", sb
     assert sh(c, sid, "cat /home/keep.txt") == "kept\n"
-    assert loops_backed_under(os.path.join(lfs, "layers", sid + ".img"))
+    assert loops_under(os.path.join(lfs, "layers", sid + ".img"))
 
 
 def test_kill9_during_snapshot_lists_only_complete(coved_factory):

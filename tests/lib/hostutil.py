@@ -1,5 +1,6 @@
 """Host-side helpers shared by tests/security and tests/integration: a recording TCP
-listener, the host's IPv4 addresses, a sandbox's cgroup files."""
+listener, the host's IPv4 addresses, a sandbox's cgroup files, loop devices under a path."""
+import glob
 import os
 import socket
 import subprocess
@@ -58,3 +59,19 @@ def cgroup_file(sid, controller, name):
         if os.path.exists(p):
             return p
     return None
+
+
+def loops_under(path, ids=None):
+    """(loopN, backing file) of the host's loop devices whose backing file is path or lies
+    under it (and names one of ids, when given)."""
+    real = os.path.realpath(path)
+    out = []
+    for bf in glob.glob("/sys/block/loop*/loop/backing_file"):
+        try:
+            with open(bf) as f:
+                b = f.read().strip()
+        except OSError:
+            continue
+        if (b == real or b.startswith(real + "/")) and (ids is None or any(i in b for i in ids)):
+            out.append((bf.split("/")[3], b))
+    return out
