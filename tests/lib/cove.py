@@ -10,6 +10,7 @@ an outside client does. Standard library only; used by tests/conftest.py's fixtu
 """
 import base64
 import collections
+import hashlib
 import http.client
 import json
 import os
@@ -283,6 +284,13 @@ def remove_data_dir(path):
         pass
     for mp in sorted(mounts, key=len, reverse=True):
         subprocess.run(["umount", "-l", mp], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, check=False)
+    # its egress gateway's nftables table (one per data dir, named from the path coved was
+    # given, control/egress.c): a coved killed with SIGKILL cannot remove it, and every
+    # packet on the host walks every table left behind
+    for p in {path, root}:
+        table = "cove_" + hashlib.sha256(p.encode()).hexdigest()[:12]
+        subprocess.run(["nft", "delete", "table", "inet", table], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False)
     shutil.rmtree(path, ignore_errors=True)
 
