@@ -252,7 +252,11 @@ int cove_criu_dump(const struct cove_criu *c, pid_t pid, const char *dir, const 
         arg(r, "%s", "--external=mnt[]"); /* /dev nodes and cove-guest: binds of host files */
         arg(r, "%s", "--manage-cgroups=ignore");
         arg(r, "--freeze-cgroup=%s", freezer_dir);
-        arg(r, "%s", "--network-lock=nftables");
+        /* no network lock: connections are not dumped (--tcp-close) and the namespace's
+         * set-up is not either (--empty-ns net), so there is nothing to hold still; a lock
+         * is an nftables table criu leaves behind, in the host's namespace too, when a run
+         * fails or dies */
+        arg(r, "%s", "--network-lock=skip");
         arg(r, "%s", "--empty-ns=net");
         arg(r, "%s", "--tcp-close");
         arg(r, "%s", "--ghost-limit=64M");
@@ -285,7 +289,7 @@ int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *ro
         arg(r, "--inherit-fd=%s", inh);
         arg(r, "%s", "--external=mnt[]");
         arg(r, "%s", "--manage-cgroups=ignore");
-        arg(r, "%s", "--network-lock=nftables");
+        arg(r, "%s", "--network-lock=skip"); /* as for the dump */
         arg(r, "%s", "--empty-ns=net");
         arg(r, "%s", "--tcp-close");
         arg(r, "--action-script=%s", c->action);
