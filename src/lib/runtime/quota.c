@@ -297,6 +297,16 @@ static void pool_entry_drop(struct cove_layers *l, struct pool_entry *e)
         unlinkat(l->pool_fd, e->name, 0);
 }
 
+/* The dirs of a new layer image, in its root (an fd, or -1 when opening it failed):
+ * root-owned on disk = owned by the sandbox's root through its idmapped mount. */
+static int layer_dirs(int root, const char *what, struct cove_err *err)
+{
+        if (root < 0 || fchmod(root, 0700) < 0 || mkdirat(root, "upper", 0755) < 0 ||
+            mkdirat(root, "work", 0700) < 0 || mkdirat(root, "mnt", 0755) < 0)
+                return cove_err_set(err, errno, "make layer dirs in %s", what);
+        return 0;
+}
+
 /* Build one warm layer of mb (pool_lock not held). */
 static int pool_make(struct cove_layers *l, uint64_t mb, unsigned seq, struct pool_entry *e,
                      struct cove_err *err)
@@ -312,16 +322,8 @@ static int pool_make(struct cove_layers *l, uint64_t mb, unsigned seq, struct po
         if ((e->mfd = loop_fsmount(l->pool_fd, e->name, err)) < 0)
                 goto fail;
         root = openat(e->mfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (root < 0 || fchmod(root, 0700) < 0) {
-                cove_err_set(err, errno, "open warm layer %s", e->name);
+        if (layer_dirs(root, e->name, err) < 0)
                 goto fail;
-        }
-        /* root-owned on disk = owned by the sandbox's root through its idmapped mount */
-        if (mkdirat(root, "upper", 0755) < 0 || mkdirat(root, "work", 0700) < 0 ||
-            mkdirat(root, "mnt", 0755) < 0) {
-                cove_err_set(err, errno, "mkdir in warm layer %s", e->name);
-                goto fail;
-        }
         return 0;
 fail:
         pool_entry_drop(l, e);
@@ -1009,13 +1011,12 @@ int cove_layer_image_open(struct cove_layers *l, const char *image, int create, 
                                 goto fail;
                 }
                 root = openat(m, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                if (root < 0 ||
-                    (!warm &&
-                     (fchmod(root, 0700) < 0 || mkdirat(root, "upper", 0755) < 0 ||
-                      mkdirat(root, "work", 0700) < 0 || mkdirat(root, "mnt", 0755) < 0))) {
-                        cove_err_set(err, errno, "layer image %s: make layer dirs", image);
+                if (warm && root < 0) {
+                        cove_err_set(err, errno, "layer image %s: open root", image);
                         goto fail;
                 }
+                if (!warm && layer_dirs(root, image, err) < 0)
+                        goto fail;
                 if (key && (fscrypt_add(root, key, ident, err) < 0 ||
                             fscrypt_policy(root, "upper", ident, err) < 0 ||
                             fscrypt_policy(root, "work", ident, err) < 0))
