@@ -678,11 +678,14 @@ static void damaged_chunks(void **state)
         assert_int_equal(rename(saved, c0), 0);
         assert_int_equal(cove_snapshot_verify(f->st, "t1", "good", &err), 0);
         restore_ok(f->st, "t1", "good", f->src, f->dst);
-        /* tampered manifest */
+        /* tampered manifest: one bit flipped (writing a fixed byte left it unchanged when
+         * that byte was already there, 1 time in 256) */
         char m[256];
         snprintf(m, sizeof(m), "%s/t1/manifests/good", f->root);
         fd = open(m, O_RDWR);
-        assert_int_equal(pwrite(fd, "Z", 1, 25), 1);
+        assert_int_equal(pread(fd, &byte, 1, 25), 1);
+        byte ^= 1;
+        assert_int_equal(pwrite(fd, &byte, 1, 25), 1);
         close(fd);
         assert_int_equal(restore(f->st, "t1", "good", f->dst, &err), -1);
         assert_non_null(strstr(err.msg, "snapshot good: manifest"));
