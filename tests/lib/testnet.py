@@ -13,13 +13,14 @@ machine and a refusal is proven by what the far end did not receive.
            - an nftables counter per address of OFF_MACHINE, one for any other address that
              is not a known test host, one for IPv6: counts every packet that arrives
            - a recorder: TCP listeners on TCP_PORTS of each address (accept, log, answer
-             "TEST-HOST"), UDP 53 (DNS: logs the query, answers REFUSED) and UDP 9999 (logs)
+             an HTTP 200 "TEST-HOST"), UDP 53 (DNS: logs the query, answers REFUSED) and UDP 9999 (logs)
            world does not forward (its ip_forward stays 0): a packet for an address it does
            not hold ends there, counted.
 
 Names carry the pid (and a per-process counter), so parallel runs on one host never share
 a namespace; close() deletes both namespaces (their links go with them).
 """
+import contextlib
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ import subprocess
 import tempfile
 import time
 
-from cove import socket_in
+from cove import Coved, socket_in
 
 # what the attack tests try: cloud metadata, private gateways (docker, libvirt/QEMU user
 # net, home routers), Alibaba's metadata, public resolvers
@@ -52,7 +53,13 @@ def tcp_on(a, p):
     while True:
         c, peer = l.accept()
         log(proto="tcp", addr=a, port=p, peer=peer[0])
-        try: c.sendall(b"TEST-HOST\n")
+        try:  # what the client says first (bounded), then an answer HTTP clients take too
+            c.settimeout(2)
+            try: c.recv(4096)
+            except socket.timeout: pass
+            c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 10\r\n\r\nTEST-HOST\n")
+            c.shutdown(socket.SHUT_WR)
+            c.recv(4096)
         except OSError: pass
         c.close()
 def udp_on(a, p):
@@ -220,7 +227,8 @@ class Contained:
             s.settimeout(10)
             try:
                 s.connect((a, 80))
-                assert s.recv(64) == b"TEST-HOST\n"
+                s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                assert s.recv(256).endswith(b"TEST-HOST\n")
             finally:
                 s.close()
             u = socket_in(self.node, socket.AF_INET, socket.SOCK_DGRAM)
@@ -256,3 +264,17 @@ class Contained:
 
     def __exit__(self, *exc):
         self.close()
+
+
+@contextlib.contextmanager
+def contained_coved(build_dir, templates_dir, log_dir, label, extra_args=()):
+    """(coved, net): a Contained whose recorder passed its positive control, and a coved in
+    its node namespace; both stopped on exit (coved's log kept as label)."""
+    with Contained() as net:
+        net.control()
+        d = Coved(build_dir, templates_dir=templates_dir, log_dir=log_dir, netns=net.node,
+                  extra_args=list(extra_args) + net.coved_args())
+        try:
+            yield d, net
+        finally:
+            d.stop(keep_log_as=label)
