@@ -15,6 +15,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -415,8 +416,10 @@ class Coved:
         if not any(a.startswith("--egress-pool") for a in self.extra):
             self.pool_octet = 64 + (os.getpid() * 7 + id(self)) % 180
             self.extra += ["--egress-pool", f"10.{self.pool_octet}.0.0/16"]
-        else:
-            self.pool_octet = None
+        else:  # the second octet of a 10.X.0.0/16 the test names (None for another form)
+            i = self.extra.index("--egress-pool") if "--egress-pool" in self.extra else -1
+            m = re.fullmatch(r"10\.(\d+)\.0\.0/16", self.extra[i + 1]) if i >= 0 else None
+            self.pool_octet = int(m.group(1)) if m else None
         self.log_dir = log_dir
         self.port = None
         self.proc = None
@@ -444,13 +447,17 @@ class Coved:
             a += ["--templates-dir", self.templates]
         return a + self.extra
 
+    def in_netns(self, argv):
+        """argv run in coved's network namespace (a client that must reach its 127.0.0.1)"""
+        return (["nsenter", f"--net=/run/netns/{self.netns}", "--"] if self.netns else []) \
+            + list(argv)
+
     def start(self, timeout=START_TIMEOUT_S):
         """Starts (or restarts) coved, waits for GET /healthz and reads admin.key."""
         self.port = free_port()
         with open(self.log_path, "ab") as log:
             # nsenter joins the namespace and execs coved (no fork): proc is coved itself
-            pre = ["nsenter", f"--net=/run/netns/{self.netns}", "--"] if self.netns else []
-            self.proc = subprocess.Popen(pre + self.argv(), stdout=log, stderr=log, env=self.env,
+            self.proc = subprocess.Popen(self.in_netns(self.argv()), stdout=log, stderr=log, env=self.env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         probe = Client(self.port, netns=self.netns)
         deadline = time.time() + timeout

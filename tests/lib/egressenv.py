@@ -10,8 +10,9 @@ names them with --dns-static.
 Names pointing at special ranges: lo.test → 127.0.0.1, meta.test → 169.254.169.254,
 priv.test → 10.1.2.3.
 
-With running(contained=True) coved runs in a namespace of a testnet.Contained instead and
-the upstreams in its world namespace, next to the test hosts of the off-machine addresses.
+running() puts coved in a namespace of a testnet.Contained instead and the upstreams in
+its world namespace, next to the test hosts of the off-machine addresses (no link to the
+host's namespace at all); Upstream() alone (bench/egress_bench.py) keeps its own namespace.
 
 Several runs share a host (helpers, CI jobs): each process claims a slot k (1..15, an flock
 held until it exits) and uses its own namespace cove-test-up<k>, link cvt<k>h/cvt<k>n and
@@ -234,33 +235,27 @@ def start_coved(build_dir, templates_dir, log_dir, ca_file=None, world=None):
 
 
 @contextlib.contextmanager
-def running(build_dir, templates_dir, log_dir, log_name, tls_ca=False, contained=False):
+def running(build_dir, templates_dir, log_dir, log_name, tls_ca=False):
     """An Upstream and a coved whose resolver knows it (and that trusts its CA with
     tls_ca), as (coved, upstream); stopped on exit, the coved log kept as log_name.
-    contained: coved runs in the node namespace of a testnet.Contained (whose world holds
-    the upstreams, the test hosts of every off-machine address and the test resolver), so
-    nothing a sandbox sends can leave the machine; yields (coved, upstream, net) then."""
+    coved runs in the node namespace of a testnet.Contained, the upstreams in its world
+    namespace next to the test hosts of the off-machine addresses and the test resolver
+    (upstream.world), so nothing a sandbox or coved's resolver sends can leave the machine."""
     import pytest
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces, nftables)")
-    net = None
-    if contained:
-        from testnet import Contained
-        net = Contained(extra=(UP1, UP2))
-    try:
+    from testnet import Contained
+    with Contained(extra=(UP1, UP2)) as net:
         up = Upstream(world=net)
         try:
             d = start_coved(build_dir, templates_dir, log_dir,
                             ca_file=up.ca_file() if tls_ca else None, world=net)
             try:
-                yield (d, up, net) if contained else (d, up)
+                yield d, up
             finally:
                 d.stop(keep_log_as=log_name)
         finally:
             up.close()
-    finally:
-        if net:
-            net.close()
 
 
 @contextlib.contextmanager

@@ -20,20 +20,20 @@ pytestmark = pytest.mark.root
 
 @pytest.fixture(scope="module")
 def contained(build_dir, templates_dir, log_dir):
-    with running(build_dir, templates_dir, log_dir, "egress-attacks", contained=True) as e:
-        e[2].control()  # the test hosts are reachable from coved's namespace and record
+    with running(build_dir, templates_dir, log_dir, "egress-attacks") as e:
+        e[1].world.control()  # the test hosts are reachable from coved's namespace and record
         yield e
 
 
 @pytest.fixture
 def env(contained):
-    return contained[:2]
+    return contained
 
 
 @pytest.fixture
 def net(contained):
     """the test hosts; what they had received when the test started"""
-    n = contained[2]
+    n = contained[1].world
     return n, n.received()
 
 
