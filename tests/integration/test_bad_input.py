@@ -1,5 +1,5 @@
 """Bad input on every endpoint: the documented error shape and status, never a 5xx other
-than 503, never a hang, and coved still healthy afterwards (issue 2 "Bad input")."""
+than 503, never a hang, and coved still healthy afterwards."""
 import json
 import socket
 

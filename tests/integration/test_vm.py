@@ -1,4 +1,4 @@
-"""vm sandboxes (issue 5, docs/vm.md): a QEMU microvm with its own kernel per sandbox, cloned
+"""vm sandboxes (docs/vm.md): a QEMU microvm with its own kernel per sandbox, cloned
 from a template snapshot, same API as ns. One coved for the module: the template (per
 template and shape) boots once, in the first create, and every test clones it. Under TCG
 (this machine has no usable KVM) a template boot takes ~10-20 s and a clone well under 1 s.
