@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The issue-2 benchmark (docs/benchmarks.md): a real coved on a temp data dir with the busybox
+"""The sandbox benchmark (docs/benchmarks.md): a real coved on a temp data dir with the busybox
 template, driven through its REST API, next to bwrap and unshare doing the same work.
 
     bench/bench.py --build build [--out build/bench] [--profile] [--quick]

@@ -1,4 +1,4 @@
-/* Chunk store benchmark (issue 3): capture throughput of changed data with time per stage,
+/* Chunk store benchmark (docs/storage.md): capture throughput of changed data with time per stage,
  * the dedup path (same data again), restore throughput, and bytes stored per snapshot of
  * an unchanged tree. Prints a markdown table.
  * usage: chunkstore_bench [--dir DIR] [--mb N (1024)] [--idle-mb N (200)] [--threads N] */

@@ -1,4 +1,4 @@
-// Issue 7 benchmark: Sandbox.create() → first commands.run('true') through the real E2B SDK,
+// E2B-compatibility benchmark (docs/e2b.md): Sandbox.create() → first commands.run('true') through the real E2B SDK,
 // next to the same two steps on cove's own API (POST /v1/sandboxes, then exec with
 // wait:true), to show what the compatibility layer costs. Sandboxes are killed after each
 // sample (outside the timed part).

@@ -1,4 +1,4 @@
-"""Egress gateway figures (docs/egress.md, issue 4): run as root from the checkout,
+"""Egress gateway figures (docs/egress.md): run as root from the checkout,
     BUILD=build python3 bench/egress_bench.py [--host-netns] [--json]
 Upstream servers in a netns of their own (tests/lib/egressenv.py); 'proxy' = a client in a
 sandbox of template base, 'direct' = the same client on the node side (one veth hop to the

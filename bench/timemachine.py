@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The issue-3 benchmark through the REST API of a real coved (busybox template, ns runtime):
+"""The time machine benchmark through the REST API of a real coved (busybox template, ns runtime):
 stop-the-world pause per snapshot of a sandbox with 100 MB written, for each kind (files:
 what rolling snapshots take; full: files + memory + processes with CRIU, where the node can),
 the pause of real rolling snapshots, pause and resume latency from the local store for

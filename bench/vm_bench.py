@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""vm runtime benchmark (issue 5, docs/vm.md): everything through coved's REST API.
+"""vm runtime benchmark (docs/vm.md): everything through coved's REST API.
 
   template build  first vm create of a shape: mkfs of the root disk, cold boot of the
                   template VM to cove-guest, device-state snapshot (x-ignore-shared)

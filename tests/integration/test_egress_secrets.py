@@ -458,8 +458,9 @@ def test_control_signals_are_audited(env, mk):
 
 
 def cove_cli(d, build_dir, *args):
-    return subprocess.run([os.path.join(build_dir, "cove"), "--url",
-                           f"http://127.0.0.1:{d.port}", "--api-key", d.client.key, *args],
+    return subprocess.run(d.in_netns([os.path.join(build_dir, "cove"), "--url",
+                                      f"http://127.0.0.1:{d.port}", "--api-key", d.client.key,
+                                      *args]),
                           capture_output=True, text=True, timeout=60)
 
 
@@ -481,9 +482,10 @@ def test_cli_audit_table_json_leases_and_verify_with_a_tampered_event(env, mk, b
     evs = [json.loads(x) for x in r.stdout.splitlines()]
     assert evs and all(e["kind"] == "control" and e["sandbox"] == sid for e in evs)
     # follow: prints what comes later
-    p = subprocess.Popen([os.path.join(build_dir, "cove"), "--url", f"http://127.0.0.1:{d.port}",
-                          "--api-key", c.key, "audit", "--sandbox", sid, "--kind", "control", "--follow", "--json",
-                          "--after", str(evs[-1]["seq"])],
+    p = subprocess.Popen(d.in_netns([os.path.join(build_dir, "cove"), "--url",
+                                     f"http://127.0.0.1:{d.port}", "--api-key", c.key, "audit",
+                                     "--sandbox", sid, "--kind", "control", "--follow", "--json",
+                                     "--after", str(evs[-1]["seq"])]),
                          stdout=subprocess.PIPE, text=True)
     try:
         c.exec(sid, ["true"])

@@ -1,5 +1,5 @@
 """exec with wait: output, exit status, signals, env/cwd/user, binary output, errors,
-timeouts (issue 2, shared/API.md "Processes")."""
+timeouts (docs/api.md "Processes")."""
 import base64
 
 import pytest

@@ -1,5 +1,5 @@
 """Files API: raw read/write (binary, large, modes), listing, mkdir/move/remove, errors, and
-an interrupted upload that must not damage the old file (issue 2, API.md "Files")."""
+an interrupted upload that must not damage the old file (docs/api.md "Files")."""
 import hashlib
 import os
 import socket

@@ -1,5 +1,5 @@
 """Sandbox lifecycle through the REST API: create (fields and defaults), get, list with
-filters, delete, and the shape of ids (issue 2, shared/API.md "Sandboxes")."""
+filters, delete, and the shape of ids (docs/api.md "Sandboxes")."""
 import re
 import time
 

@@ -1,4 +1,4 @@
-"""The time machine through the API (shared/API.md "Snapshots"): snapshot, rewind and undo,
+"""The time machine through the API (docs/api.md "Snapshots"): snapshot, rewind and undo,
 fork, pause/resume, rolling snapshots, dedup, no plaintext in the store, a tampered chunk,
 kill -9 during a snapshot, on_timeout pause.
 

@@ -1,5 +1,5 @@
 """exec as an NDJSON event stream: seq order, stdin, PTY, signals, the process list, and
-reconnects with ?after=SEQ that lose and duplicate nothing (issue 2, API.md "Processes")."""
+reconnects with ?after=SEQ that lose and duplicate nothing (docs/api.md "Processes")."""
 import base64
 import hashlib
 

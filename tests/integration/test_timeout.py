@@ -1,4 +1,4 @@
-"""Sandbox timeouts: expiry stops a sandbox; POST …/timeout extends it (issue 2 part 7)."""
+"""Sandbox timeouts: expiry stops a sandbox; POST …/timeout extends it."""
 import time
 
 import pytest

@@ -1,4 +1,4 @@
-"""vm sandboxes (issue 5, docs/vm.md): a QEMU microvm with its own kernel per sandbox, cloned
+"""vm sandboxes (docs/vm.md): a QEMU microvm with its own kernel per sandbox, cloned
 from a template snapshot, same API as ns. One coved for the module: the template (per
 template and shape) boots once, in the first create, and every test clones it. Under TCG
 (this machine has no usable KVM) a template boot takes ~10-20 s and a clone well under 1 s.
@@ -20,6 +20,7 @@ import pytest
 
 from cove import Coved, grep_data
 from hostutil import Listener, cgroup_file, host_ipv4
+from testnet import contained_coved
 
 pytestmark = pytest.mark.root
 
@@ -682,8 +683,9 @@ def test_vm_guest_network_only_through_egress(vmd):
     try:
         addr = c.get(f"/v1/sandboxes/{eg['id']}/egress").get("address")
         assert addr, "the egress sandbox has no address"
-        targets = [f"127.0.0.1 {lst.port}", f"127.0.0.1 {vmd.port}", "169.254.169.254 80",
-                   f"169.254.100.1 {lst.port}", "10.0.2.2 80"]
+        # (addresses off this machine: test_vm_off_machine_addresses_unreachable)
+        targets = [f"127.0.0.1 {lst.port}", f"127.0.0.1 {vmd.port}",
+                   f"169.254.100.1 {lst.port}"]
         targets += [f"{a} {lst.port}" for a in host_ipv4()]
         targets += [f"{a} {vmd.port}" for a in host_ipv4()]
         script = "".join(
@@ -702,6 +704,42 @@ def test_vm_guest_network_only_through_egress(vmd):
         lst.close()
         c.remove(plain["id"])
         c.remove(eg["id"])
+
+
+def test_vm_off_machine_addresses_unreachable(build_dir, templates_dir, log_dir):
+    """Metadata, QEMU's user-net host and private gateways from inside a VM, with and
+    without egress, on a coved whose namespace routes them to test hosts only
+    (tests/lib/testnet.py): refused, and the test hosts received nothing."""
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    if os.geteuid() != 0:
+        pytest.skip("coved needs root")
+    with contained_coved(build_dir, templates_dir, log_dir, "vm-contained",
+                         ["--pool", "0", "--vm-pool", "0"]) as (d, net):
+        c = d.client
+        made = [c.create(template="busybox", runtime="vm"),
+                c.create(template="busybox", runtime="vm",
+                         egress={"allow": ["allowed.test:80"], "deny": []})]
+        try:
+            targets = [f"{a} {p}" for a in ("169.254.169.254", "10.0.2.2", "10.0.0.1",
+                                            "172.17.0.1", "192.168.0.1") for p in (80, 22)]
+            targets += ["8.8.8.8 53", "1.1.1.1 443"]
+            script = "".join(
+                f"echo x | timeout 5 nc -w 2 {t} 2>/dev/null | grep -q . && echo REACHED:{t}\n"
+                for t in targets)
+            script += ("for a in 8.8.8.8 10.0.2.3 169.254.169.254; do echo x | nc -u -w 1 $a 53;"
+                       " ping -c 1 -W 1 $a; done >/dev/null 2>&1\n"
+                       "ip route | grep -q default && echo ROUTE\n")
+            for sb in made:
+                r = c.exec(sb["id"], script, timeout=300)
+                reached = [ln for ln in r["stdout"].splitlines() if ln.startswith("REACHED")]
+                assert not reached, (sb["id"], reached)
+                assert "ROUTE" in r["stdout"], r  # the guest does try: it has a default route
+            net.assert_nothing_received()
+        finally:
+            for sb in made:
+                c.remove(sb["id"])
 
 
 def _guest_chan_fd(c, sid):

@@ -1,4 +1,4 @@
-"""Test helpers: start a real coved and drive it over its REST API (shared/API.md), the way
+"""Test helpers: start a real coved and drive it over its REST API (docs/api.md), the way
 an outside client does. Standard library only; used by tests/conftest.py's fixtures.
 
     d = Coved(build_dir, templates_dir=...)   # starts coved on a fresh data dir
@@ -10,16 +10,19 @@ an outside client does. Standard library only; used by tests/conftest.py's fixtu
 """
 import base64
 import collections
+import ctypes
 import hashlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 
@@ -36,6 +39,53 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+_CLONE_NEWNET = 0x40000000
+
+
+def socket_in(netns, family=socket.AF_INET, type=socket.SOCK_STREAM):
+    """A socket of the named network namespace (/run/netns/<netns>), made by a thread that
+    joins it (setns changes only the calling thread; a socket keeps its namespace)."""
+    box = {}
+
+    def make():
+        fd = os.open(f"/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"setns {netns}: {os.strerror(e)}")
+            box["s"] = socket.socket(family, type)
+        except BaseException as e:  # re-raised in the caller's thread
+            box["e"] = e
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    if "e" in box:
+        raise box["e"]
+    return box["s"]
+
+
+class _NetnsConnection(http.client.HTTPConnection):
+    """HTTPConnection whose socket lives in another network namespace."""
+
+    def __init__(self, netns, host, port, timeout):
+        super().__init__(host, port, timeout=timeout)
+        self.netns = netns
+
+    def connect(self):
+        s = socket_in(self.netns)
+        try:
+            s.settimeout(self.timeout)
+            s.connect((self.host, self.port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except BaseException:
+            s.close()
+            raise
+        self.sock = s
 
 
 class Response(collections.namedtuple("Response", "status headers body")):
@@ -58,15 +108,18 @@ class Response(collections.namedtuple("Response", "status headers body")):
 
 
 class Client:
-    """HTTP client for one coved (TCP on 127.0.0.1:port) with one API key."""
+    """HTTP client for one coved (TCP on 127.0.0.1:port) with one API key; netns: the
+    network namespace coved listens in (None: the test's own)."""
 
-    def __init__(self, port, key=None, host="127.0.0.1"):
-        self.host, self.port, self.key = host, port, key
+    def __init__(self, port, key=None, host="127.0.0.1", netns=None):
+        self.host, self.port, self.key, self.netns = host, port, key, netns
 
     def with_key(self, key):
-        return Client(self.port, key, self.host)
+        return Client(self.port, key, self.host, self.netns)
 
     def conn(self, timeout=60):
+        if self.netns:
+            return _NetnsConnection(self.netns, self.host, self.port, timeout)
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     # -- raw ---------------------------------------------------------------------------
@@ -342,10 +395,12 @@ def grep_data(data_dir, needle):
 
 class Coved:
     """A real coved process on a data dir. The data dir is a fresh temp dir unless given;
-    templates come from templates_dir, shared across runs so base is built once."""
+    templates come from templates_dir, shared across runs so base is built once. netns:
+    a network namespace (/run/netns/<netns>) to run it in instead of the test's own (see
+    tests/lib/testnet.py); its client then connects from inside that namespace."""
 
     def __init__(self, build_dir, data_dir=None, templates_dir=None, extra_args=(),
-                 log_dir=None, start=True, env=None):
+                 log_dir=None, start=True, env=None, netns=None):
         self.bin = os.path.join(build_dir, "coved")
         if not os.access(self.bin, os.X_OK):
             raise CoveError(f"{self.bin} not built (make BUILD={os.path.basename(build_dir)})")
@@ -355,13 +410,16 @@ class Coved:
         self.templates = templates_dir
         self.extra = list(extra_args)
         self.env = dict(os.environ, **env) if env else None  # added to the environment
+        self.netns = netns
         # a link pool of its own unless the test names one: coveds of parallel runs on one
         # host must not hand out the same addresses
         if not any(a.startswith("--egress-pool") for a in self.extra):
             self.pool_octet = 64 + (os.getpid() * 7 + id(self)) % 180
             self.extra += ["--egress-pool", f"10.{self.pool_octet}.0.0/16"]
-        else:
-            self.pool_octet = None
+        else:  # the second octet of a 10.X.0.0/16 the test names (None for another form)
+            i = self.extra.index("--egress-pool") if "--egress-pool" in self.extra else -1
+            m = re.fullmatch(r"10\.(\d+)\.0\.0/16", self.extra[i + 1]) if i >= 0 else None
+            self.pool_octet = int(m.group(1)) if m else None
         self.log_dir = log_dir
         self.port = None
         self.proc = None
@@ -389,13 +447,19 @@ class Coved:
             a += ["--templates-dir", self.templates]
         return a + self.extra
 
+    def in_netns(self, argv):
+        """argv run in coved's network namespace (a client that must reach its 127.0.0.1)"""
+        return (["nsenter", f"--net=/run/netns/{self.netns}", "--"] if self.netns else []) \
+            + list(argv)
+
     def start(self, timeout=START_TIMEOUT_S):
         """Starts (or restarts) coved, waits for GET /healthz and reads admin.key."""
         self.port = free_port()
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env,
+            # nsenter joins the namespace and execs coved (no fork): proc is coved itself
+            self.proc = subprocess.Popen(self.in_netns(self.argv()), stdout=log, stderr=log, env=self.env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        probe = Client(self.port)
+        probe = Client(self.port, netns=self.netns)
         deadline = time.time() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -414,7 +478,7 @@ class Coved:
         if not os.path.exists(kp):
             raise CoveError(f"no admin.key in {self.data} after start")
         with open(kp) as f:
-            self.client = Client(self.port, f.read().strip())
+            self.client = Client(self.port, f.read().strip(), netns=self.netns)
         return self.client
 
     def log_tail(self, n=2000):

@@ -10,6 +10,10 @@ names them with --dns-static.
 Names pointing at special ranges: lo.test → 127.0.0.1, meta.test → 169.254.169.254,
 priv.test → 10.1.2.3.
 
+running() puts coved in a namespace of a testnet.Contained instead and the upstreams in
+its world namespace, next to the test hosts of the off-machine addresses (no link to the
+host's namespace at all); Upstream() alone (bench/egress_bench.py) keeps its own namespace.
+
 Several runs share a host (helpers, CI jobs): each process claims a slot k (1..15, an flock
 held until it exits) and uses its own namespace cove-test-up<k>, link cvt<k>h/cvt<k>n and
 /28 of 203.0.113.0/24, so one run's set-up never tears down another's upstream.
@@ -148,17 +152,23 @@ def sh(*argv, check=True):
 
 
 class Upstream:
-    def __init__(self):
+    def __init__(self, world=None):
+        """world: a testnet.Contained whose world namespace holds UP1 and UP2 (made with
+        extra=(UP1, UP2)); the servers then run there. Without it, in a namespace of their
+        own linked to the host's (NS, HOST_LINK)."""
         self.dir = tempfile.mkdtemp(prefix="cove-egress-up-")
-        self.down()
-        sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", HOST_LINK, "type", "veth", "peer", "name", NS_LINK, "netns", NS)
-        sh("ip", "addr", "add", HOST_IP + "/28", "dev", HOST_LINK)
-        sh("ip", "link", "set", HOST_LINK, "up")
-        for a in (UP1, UP2):
-            sh("ip", "-n", NS, "addr", "add", a + "/28", "dev", NS_LINK)
-        sh("ip", "-n", NS, "link", "set", NS_LINK, "up")
-        sh("ip", "-n", NS, "link", "set", "lo", "up")
+        self.world = world
+        if world is None:
+            self.down()
+            sh("ip", "netns", "add", NS)
+            sh("ip", "link", "add", HOST_LINK, "type", "veth", "peer", "name", NS_LINK,
+               "netns", NS)
+            sh("ip", "addr", "add", HOST_IP + "/28", "dev", HOST_LINK)
+            sh("ip", "link", "set", HOST_LINK, "up")
+            for a in (UP1, UP2):
+                sh("ip", "-n", NS, "addr", "add", a + "/28", "dev", NS_LINK)
+            sh("ip", "-n", NS, "link", "set", NS_LINK, "up")
+            sh("ip", "-n", NS, "link", "set", "lo", "up")
         sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
            "-subj", "/CN=allowed.test", "-addext",
            "subjectAltName=DNS:allowed.test,DNS:other.test,DNS:www.allowed.test",
@@ -166,7 +176,8 @@ class Upstream:
         with open(os.path.join(self.dir, "server.py"), "w") as f:
             f.write(SERVER)
         self.log = open(os.path.join(self.dir, "server.log"), "w")
-        self.proc = subprocess.Popen(["ip", "netns", "exec", NS, "python3",
+        ns = world.world if world else NS
+        self.proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", "--", "python3",
                                       os.path.join(self.dir, "server.py"), self.dir, UP1, UP2],
                                      stdout=self.log, stderr=self.log)
         deadline = time.time() + 20
@@ -205,36 +216,46 @@ class Upstream:
         self.proc.kill()
         self.proc.wait()
         self.log.close()
-        self.down()
+        if self.world is None:
+            self.down()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def start_coved(build_dir, templates_dir, log_dir, ca_file=None):
+def start_coved(build_dir, templates_dir, log_dir, ca_file=None, world=None):
+    """world: a testnet.Contained to run coved in (its node namespace, its test resolver)"""
     args = ["--pool", "0", "--templates", "busybox,base"]
+    if world:
+        args += world.coved_args()
     if ca_file:
         args += ["--egress-ca-file", ca_file]
     for s in STATICS:
         args += ["--dns-static", s]
-    return Coved(build_dir, templates_dir=templates_dir, extra_args=args, log_dir=log_dir)
+    return Coved(build_dir, templates_dir=templates_dir, extra_args=args, log_dir=log_dir,
+                 netns=world.node if world else None)
 
 
 @contextlib.contextmanager
 def running(build_dir, templates_dir, log_dir, log_name, tls_ca=False):
     """An Upstream and a coved whose resolver knows it (and that trusts its CA with
-    tls_ca), as (coved, upstream); stopped on exit, the coved log kept as log_name."""
+    tls_ca), as (coved, upstream); stopped on exit, the coved log kept as log_name.
+    coved runs in the node namespace of a testnet.Contained, the upstreams in its world
+    namespace next to the test hosts of the off-machine addresses and the test resolver
+    (upstream.world), so nothing a sandbox or coved's resolver sends can leave the machine."""
     import pytest
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces, nftables)")
-    up = Upstream()
-    try:
-        d = start_coved(build_dir, templates_dir, log_dir,
-                        ca_file=up.ca_file() if tls_ca else None)
+    from testnet import Contained
+    with Contained(extra=(UP1, UP2)) as net:
+        up = Upstream(world=net)
         try:
-            yield d, up
+            d = start_coved(build_dir, templates_dir, log_dir,
+                            ca_file=up.ca_file() if tls_ca else None, world=net)
+            try:
+                yield d, up
+            finally:
+                d.stop(keep_log_as=log_name)
         finally:
-            d.stop(keep_log_as=log_name)
-    finally:
-        up.close()
+            up.close()
 
 
 @contextlib.contextmanager

@@ -1,12 +1,27 @@
 """Host network services from inside a sandbox: nothing on the host is reachable (the
-sandbox's network namespace has only lo)."""
+sandbox's network namespace has only lo). Addresses off this machine (metadata, private
+gateways, public resolvers) are tried against a coved whose namespace routes them to test
+hosts only (tests/lib/testnet.py), which must receive nothing."""
 import os
+import shutil
 import socket
+import subprocess
+import tempfile
 
 import pytest
 
 from hostutil import Listener, host_ipv4
 from secutil import sh
+from testnet import contained_coved
+
+
+@pytest.fixture(scope="module")
+def contained(build_dir, templates_dir, log_dir):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    with contained_coved(build_dir, templates_dir, log_dir, "network-contained",
+                         ["--pool", "0"]) as e:
+        yield e
 
 
 @pytest.mark.root
@@ -23,18 +38,16 @@ def test_host_tcp_services_unreachable(client, sandbox, coved):
     lo = Listener("127.0.0.1")
     anyl = Listener("0.0.0.0")
     try:
+        # (addresses off this machine: test_off_machine_addresses_unreachable)
         targets = [f"127.0.0.1 {lo.port}", f"127.0.0.1 {anyl.port}",
-                   f"127.0.0.1 {coved.port}", "169.254.169.254 80", "10.0.0.1 80",
-                   "10.0.2.2 80", "172.17.0.1 80", "192.168.0.1 80"]
+                   f"127.0.0.1 {coved.port}"]
         targets += [f"{a} {anyl.port}" for a in host_ipv4()]
         targets += [f"{a} {coved.port}" for a in host_ipv4()]
         script = "".join(
             f"echo x | timeout 5 nc -w 2 {t} 2>/dev/null | grep -q . && echo REACHED:{t}\n"
             for t in targets)
         script += (f"timeout 5 wget -q -T 2 -O - http://127.0.0.1:{coved.port}/healthz "
-                   f"2>/dev/null && echo REACHED:wget-api\n"
-                   f"timeout 5 wget -q -T 2 -O - http://169.254.169.254/latest/meta-data/ "
-                   f"2>/dev/null && echo REACHED:metadata\n")
+                   f"2>/dev/null && echo REACHED:wget-api\n")
         r = sh(client, sandbox["id"], script, timeout=300)
         reached = [l for l in r["stdout"].splitlines() if l.startswith("REACHED")]
         assert not reached, f"host services reachable from the sandbox: {reached}"
@@ -43,6 +56,68 @@ def test_host_tcp_services_unreachable(client, sandbox, coved):
     finally:
         lo.close()
         anyl.close()
+
+
+@pytest.mark.root
+def test_off_machine_addresses_unreachable(contained):
+    """metadata, private gateways and public resolvers by TCP, UDP, ICMP and DNS: refused in
+    the sandbox, and the test hosts holding those addresses received nothing"""
+    d, net = contained
+    c = d.client
+    sid = c.create(template="busybox")["id"]
+    try:
+        node = subprocess.run(["ip", "-n", net.node, "-o", "-4", "addr"], capture_output=True,
+                              text=True).stdout
+        node_ips = [ln.split()[3].split("/")[0] for ln in node.splitlines()
+                    if not ln.split()[3].startswith("127.")]
+        assert node_ips, node
+        tcp = [f"{a} {p}" for a in ("169.254.169.254", "10.0.0.1", "10.0.2.2", "172.17.0.1",
+                                    "192.168.0.1", "100.100.100.200") for p in (80, 22)]
+        tcp += ["8.8.8.8 53", "1.1.1.1 443"] + [f"{a} {d.port}" for a in node_ips]
+        script = "".join(
+            f"echo x | timeout 5 nc -w 2 {t} 2>/dev/null | grep -q . && echo REACHED:{t}\n"
+            for t in tcp)
+        script += ("timeout 5 wget -q -T 2 -O - http://169.254.169.254/latest/meta-data/ "
+                   "2>/dev/null && echo REACHED:metadata\n"
+                   "for a in 8.8.8.8 1.1.1.1 169.254.169.254; do echo x | nc -u -w 1 $a 53;"
+                   " echo x | nc -u -w 1 $a 9999; nslookup example.com $a;"
+                   " ping -c 1 -W 1 $a; done 2>/dev/null; echo done\n")
+        r = sh(c, sid, script, timeout=300)
+        assert r["stdout"].endswith("done\n"), r
+        reached = [ln for ln in r["stdout"].splitlines() if ln.startswith("REACHED")]
+        assert not reached, f"off-machine addresses reachable from the sandbox: {reached}"
+        net.assert_nothing_received()
+        # control: the same script with the node's network instead of the sandbox's (what a
+        # broken namespace gate would give) reaches every test host, and they record it
+        out = _run_in_netns(net.node, script)
+        # (not wget: the host's busybox wget may crash; the counters cover its target)
+        for t in tcp[:-len(node_ips)]:
+            assert f"REACHED:{t}\n" in out, (t, out)
+        counters, hits = net.received()
+        assert {h["addr"] for h in hits if h["proto"] == "udp"} >= \
+            {"8.8.8.8", "1.1.1.1", "169.254.169.254"}, hits
+        with pytest.raises(AssertionError):
+            net.assert_nothing_received()
+        net.reset()
+    finally:
+        c.remove(sid)
+
+
+def _run_in_netns(netns, script):
+    """script run by the host's busybox (the sandbox's tools) in the named namespace"""
+    busybox = shutil.which("busybox")
+    if not busybox:
+        pytest.skip("no busybox on the host for the control run")
+    bindir = tempfile.mkdtemp(prefix="cove-bb-")
+    try:
+        for applet in ("sh", "nc", "wget", "nslookup", "ping", "timeout", "grep", "echo"):
+            os.symlink(busybox, os.path.join(bindir, applet))
+        return subprocess.run([shutil.which("nsenter"), f"--net=/run/netns/{netns}", "--",
+                               os.path.join(bindir, "sh"), "-c", script],
+                              env={"PATH": bindir}, capture_output=True, text=True,
+                              timeout=300).stdout
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)
 
 
 @pytest.mark.root

@@ -1,4 +1,4 @@
-/* HTTP client for the cove REST API (shared/API.md) over libcurl: endpoint and key
+/* HTTP client for the cove REST API (docs/api.md) over libcurl: endpoint and key
  * resolution (COVE_URL / unix socket), JSON calls that turn the server's error body into a
  * `code: message` error, and a poll loop that streaming verbs extend with their own fds. */
 #ifndef COVE_CLI_CLIENT_H

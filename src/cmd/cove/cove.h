@@ -12,7 +12,7 @@
 
 #include "util/err.h"
 
-/* Exit codes (CONVENTIONS.md). */
+/* Exit codes (docs/contributing.md "Errors"). */
 #define CLI_OK 0
 #define CLI_FAIL 1
 #define CLI_USAGE 2

@@ -1,5 +1,5 @@
 /* cove snapshot | snapshots | pause | resume | rewind | fork: the time machine verbs
- * (shared/API.md "Snapshots"). Each is one API call with a spinner on a terminal while it
+ * (docs/api.md "Snapshots"). Each is one API call with a spinner on a terminal while it
  * runs; `snapshots` prints the timeline as a table, --json prints the server's answers. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* E2B-compatible surface (issue 7): agents written for the E2B SDKs run on cove unchanged.
+/* E2B-compatible surface (docs/e2b.md): agents written for the E2B SDKs run on cove unchanged.
  * Two extra HTTP listeners over the same coved context:
  *   - the control plane (E2B_API_URL, default port 3000): sandboxes create/list/get/kill,
  *     timeout, connect, pause (answered "not possible" until snapshots land), metrics;

@@ -1,6 +1,6 @@
 /* HTTP front end over libmicrohttpd: thread per connection (handlers may block on a
  * sandbox), a route table with {param} segments, bounded request bodies, streaming
- * uploads and streaming (chunked) responses, and the error shape of shared/API.md.
+ * uploads and streaming (chunked) responses, and the error shape of docs/api.md.
  * Generic: it knows nothing of sandboxes; api/routes.c supplies the table. */
 #ifndef COVE_API_HTTP_H
 #define COVE_API_HTTP_H

@@ -1,4 +1,4 @@
-/* REST routes of shared/API.md (sandboxes, templates, service) and authentication.
+/* REST routes of docs/api.md (sandboxes, templates, service) and authentication.
  * Processes and files live in routes_exec.c and routes_files.c. */
 #include <microhttpd.h>
 #include <stdio.h>

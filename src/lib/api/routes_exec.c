@@ -1,5 +1,5 @@
 /* Process routes: exec (wait or NDJSON stream), reconnectable event streams, stdin,
- * signals, resize, process list. Event lines: {"seq":N,"type":…} as in shared/API.md. */
+ * signals, resize, process list. Event lines: {"seq":N,"type":…} as in docs/api.md. */
 #include <errno.h>
 #include <openssl/evp.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* REST routes of the time machine (shared/API.md "Snapshots" and the pause, resume, rewind
+/* REST routes of the time machine (docs/api.md "Snapshots" and the pause, resume, rewind
  * and fork calls). Thin: bodies go to control/snapshot.c, which validates them. */
 #include <string.h>
 

@@ -1,5 +1,5 @@
-/* The audit log (DESIGN.md §2 rule 5): append-only, hash-chained events in the catalog.
- * Each event: seq, at, tenant, sandbox, kind, action, verdict, detail (a JSON object),
+/* The audit log (docs/architecture.md, trust rule 5): append-only, hash-chained events in the
+ * catalog. Each event: seq, at, tenant, sandbox, kind, action, verdict, detail (a JSON object),
  * prev_hash and hash = hex SHA-256(prev_hash || "\n" || canonical event), where the
  * canonical event is the compact, key-sorted JSON object of the other fields (detail as
  * its stored text). Changing, removing or reordering any stored event breaks the chain

@@ -23,7 +23,7 @@ struct cove_retention {
         int n;
 };
 
-/* All for 1 h, one per 10 min for 24 h, one per hour for 7 days (DESIGN.md §3). */
+/* All for 1 h, one per 10 min for 24 h, one per hour for 7 days (docs/architecture.md §3). */
 void cove_retention_default(struct cove_retention *p);
 /* Parse and check a policy: NULL or "null" gives the default; otherwise a JSON array of
  * {"within_s": N, "every_s": M} with strictly increasing within_s (1 s .. 10 years),

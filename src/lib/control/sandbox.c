@@ -241,11 +241,14 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
             cove_template_lookup(d->templates_dir, s.template_name, rootfs, sizeof(rootfs), err);
         if (r == 1) {
                 r = cove_template_known(s.template_name)
-                        ? cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                        "template \"%s\" is not built on this node yet: run "
-                                        "`cove template build %s` (or restart coved with "
-                                        "--templates %s)",
-                                        s.template_name, s.template_name, s.template_name)
+                        ? cove_err_setk(
+                              err, COVE_E_UNAVAILABLE, 0,
+                              "template \"%s\" is not built on this node yet: restart coved "
+                              "with --templates %s%s (the templates it builds at "
+                              "start), or start it with `cove up`, which builds "
+                              "busybox and base",
+                              s.template_name, strcmp(s.template_name, "busybox") ? "busybox," : "",
+                              s.template_name)
                         : cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                         "unknown template \"%s\" (GET /v1/templates lists "
                                         "them)",

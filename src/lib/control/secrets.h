@@ -1,4 +1,4 @@
-/* Egress secrets and credential leases (docs/egress.md, DESIGN.md §2 rule 4).
+/* Egress secrets and credential leases (docs/egress.md; docs/architecture.md, trust rule 2).
  * A secret: a name ([A-Za-z_][A-Za-z0-9_]*, also the sandbox's env variable), a value
  * encrypted at rest with AES-256-GCM under HKDF(tenant DEK, COVE_KEY_INFO_SECRETS) (the
  * tenant and name are the associated data), host patterns it is bound to, and an injection

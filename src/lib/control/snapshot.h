@@ -1,4 +1,4 @@
-/* The time machine in the control plane (DESIGN.md §2.6, §3): snapshots of sandboxes into
+/* The time machine in the control plane (docs/architecture.md §6): snapshots of sandboxes into
  * the chunk store, and the operations built on them: pause, resume, rewind, fork, rolling
  * snapshots with retention, and what a restart does with sandboxes that have snapshots.
  *
@@ -55,7 +55,7 @@ int cove_snapshot_remove(struct coved *d, const char *tenant, const char *snap_i
 int cove_snapshot_purge_sandbox(struct coved *d, const char *tenant, const char *sandbox_id,
                                 struct cove_err *err);
 
-/* Operations of shared/API.md. Answers are new references. tenant NULL = internal caller
+/* Operations of docs/api.md. Answers are new references. tenant NULL = internal caller
  * (timer), any tenant. */
 int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
                        struct cove_err *err);

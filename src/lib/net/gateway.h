@@ -1,6 +1,6 @@
-/* The node's egress gateway (DESIGN.md §2 rules 1-3): sandbox links (link.h) under one
- * nftables table (nft.h), the DNS resolver and the egress proxy, all served by one event
- * thread (epoll, non-blocking; many connections per thread).
+/* The node's egress gateway (docs/architecture.md, trust rules 1-3): sandbox links (link.h) under
+ * one nftables table (nft.h), the DNS resolver and the egress proxy, all served by one event thread
+ * (epoll, non-blocking; many connections per thread).
  *   - A sandbox with a policy gets a veth pair and a /30 of the node pool. Its DNS queries
  *     (any resolver address, UDP or TCP 53) reach the resolver, its TCP connections (any
  *     address, any port) the proxy; nothing else leaves it.

@@ -32,8 +32,8 @@ struct inst {
 };
 
 /* A warm pool: instances started ahead of time for one template and shape, so a create
- * only has to take one (DESIGN.md §5). Each pooled instance is a complete sandbox with its
- * final id, uid range and limits; taking it hands all of that to the new sandbox. */
+ * only has to take one (docs/architecture.md §3). Each pooled instance is a complete sandbox with
+ * its final id, uid range and limits; taking it hands all of that to the new sandbox. */
 struct pool {
         struct pool *next;
         char owner[64]; /* "": plain instances; else keyed for this owner (cfg.layer_key) */

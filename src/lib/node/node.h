@@ -72,11 +72,11 @@ int cove_node_count(struct cove_node *n);
 /* Host pid of a running instance's init (to reach its namespaces), or 0 when none. */
 pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id);
 
-/* Warm pools (DESIGN.md §5): keep `size` instances of this template and shape started and
- * shaken hands with, refilled by a background thread, so a create takes one instead of
- * starting one. Pooled instances are ordinary instances with their final id and uid range
- * but belong to no sandbox until taken; a crash leaves them as orphan state dirs, which
- * the restart's reconciliation removes. */
+/* Warm pools (docs/architecture.md §3): keep `size` instances of this template and shape started
+ * and shaken hands with, refilled by a background thread, so a create takes one instead of starting
+ * one. Pooled instances are ordinary instances with their final id and uid range but belong to no
+ * sandbox until taken; a crash leaves them as orphan state dirs, which the restart's reconciliation
+ * removes. */
 /* owner NULL or "": plain instances. Else an owner's pool (at most
  * COVE_NODE_OWNER_POOLS_MAX, LIMIT beyond): its instances' writable layers are encrypted
  * under cfg.layer_key(owner, id), so only a create for that owner can take them. Adding a

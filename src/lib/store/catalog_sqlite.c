@@ -57,8 +57,8 @@ static const char *const migrations[] = {
     "  error TEXT"
     ");"
     "CREATE INDEX sandboxes_tenant_created ON sandboxes(tenant, created_at);"
-    /* Tenants never share host uids (DESIGN.md §2.4): two live rows with the same
-     * allocated range is a bug the catalog refuses rather than records. */
+    /* Tenants never share host uids (docs/architecture.md, trust rule 4): two live rows with the
+     * same allocated range is a bug the catalog refuses rather than records. */
     "CREATE UNIQUE INDEX sandboxes_uid_base ON sandboxes(uid_base) WHERE uid_base <> 0;",
     /* 2: the time machine: snapshot schedule per sandbox, complete snapshots. A snapshot
      * row outlives its sandbox (no foreign key to sandboxes). */

@@ -7,7 +7,7 @@
 
 #define COVE_ERR_MSG_MAX 512
 
-/* Error classes map onto API error codes (shared/API.md) in one place: api/. */
+/* Error classes map onto API error codes (docs/api.md "Errors") in one place: api/. */
 enum cove_err_kind {
         COVE_E_INTERNAL = 0, /* default: a bug or an unexpected system failure */
         COVE_E_BAD_REQUEST,  /* the caller's input is wrong */
