@@ -1530,12 +1530,21 @@ int cove_tm_open(struct coved *d, struct cove_err *err)
         snprintf(keys, sizeof(keys), "%s/keys", d->data_dir);
         if (cove_mkdir_p(keys, 0700, err) < 0)
                 return cove_err_wrap(err, "snapshot keys %s", keys);
+        char cache[PATH_MAX];
+        snprintf(cache, sizeof(cache), "%s/chunk-cache", d->data_dir);
+        struct cove_chunkstore_cfg backend = {
+            .url = d->store.url,
+            .s3_endpoint = d->store.s3_endpoint,
+            .s3_timeout_ms = d->store.s3_timeout_s * 1000,
+            .cache_dir = cache,
+            .cache_bytes = (uint64_t)(d->store.cache_mb > 0 ? d->store.cache_mb : 1024) << 20};
         struct cove_store_opts so = {.root = root,
                                      .keys_dir = keys,
                                      .io = cove_testhooks_io(),
-                                     .gc_grace_ms = cove_testhooks_gc_grace_ms()};
+                                     .gc_grace_ms = cove_testhooks_gc_grace_ms(),
+                                     .backend = &backend};
         if (cove_store_open(&so, &tm->store, err) < 0)
-                return cove_err_wrap(err, "snapshot store %s", root);
+                return cove_err_wrap(err, "snapshot store %s", d->store.url ? d->store.url : root);
         cleanup_crash(d);
         tm->last_thin_ms = 0;
         tm->rolling_off = !tm->layer_dir[0];
