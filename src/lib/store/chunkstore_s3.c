@@ -87,7 +87,7 @@ static size_t on_body(char *p, size_t sz, size_t n, void *arg)
 {
         struct s3_resp *r = arg;
         size_t k = sz * n;
-        if (k > r->max - r->len) {
+        if (r->too_big || k > r->max - r->len) {
                 r->too_big = 1;
                 return 0; /* abort: CURLE_WRITE_ERROR */
         }
