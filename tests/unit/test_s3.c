@@ -219,6 +219,7 @@ static void *serve(void *arg)
                         continue;
                 char req[2048];
                 size_t got = 0;
+                req[0] = '\0';
                 while (got < sizeof(req) - 1 && !strstr(req, "\r\n\r\n")) {
                         struct pollfd q = {fd, POLLIN, 0};
                         if (poll(&q, 1, 2000) <= 0)
@@ -230,6 +231,10 @@ static void *serve(void *arg)
                         req[got] = '\0';
                 }
                 req[got] = '\0';
+                if (got == 0) { /* a connection closed unused (or a probe): not a request */
+                        close(fd);
+                        continue;
+                }
                 pthread_mutex_lock(&s->mu);
                 snprintf(s->last_req, sizeof(s->last_req), "%s", req);
                 int n = ++s->requests;
@@ -447,7 +452,8 @@ static void hostile_time(void **state)
         set_mode(s, M_FAIL_THEN_OK, 2);
         void *d;
         size_t n;
-        assert_int_equal(cs->ops->get(cs, "t/chunks/aa/obj", 100, &d, &n, &err), 0);
+        if (cs->ops->get(cs, "t/chunks/aa/obj", 100, &d, &n, &err) < 0)
+                fail_msg("5xx then 200: %s (%d requests)", err.msg, s->requests);
         assert_int_equal(n, 5);
         assert_memory_equal(d, "hello", 5);
         free(d);
@@ -504,7 +510,8 @@ static void hostile_listings(void **state)
         assert_int_equal(cs->ops->list(cs, "t/chunks/", list_cb, got, &err), 0);
         assert_string_equal(got, "t/chunks/aa/ok");
         /* the query is canonical: sorted names, '/' encoded */
-        assert_non_null(strstr(s->last_req, "GET /hostile/?list-type=2&max-keys=1000&prefix=pre%2Ft%2Fchunks%2F "));
+        if (!strstr(s->last_req, "GET /hostile/?list-type=2&max-keys=1000&prefix=pre%2Ft%2Fchunks%2F "))
+                fail_msg("request: %.200s", s->last_req);
         cs->ops->close(cs);
 }
 
