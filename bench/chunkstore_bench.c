@@ -123,9 +123,8 @@ int main(int argc, char **argv)
         gen_tree(src, mb, 1);
         char cache[600];
         snprintf(cache, sizeof(cache), "%s/cache", dir);
-        struct cove_chunkstore_cfg backend = {.url = store_url,
-                                              .s3_endpoint = endpoint,
-                                              .cache_dir = use_cache ? cache : NULL};
+        struct cove_chunkstore_cfg backend = {
+            .url = store_url, .s3_endpoint = endpoint, .cache_dir = use_cache ? cache : NULL};
         struct cove_store_opts o = {
             .root = root, .keys_dir = keys, .threads = threads, .backend = &backend};
         struct cove_store *st;

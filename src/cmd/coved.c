@@ -42,9 +42,9 @@ static void usage(FILE *f)
                 "                                always are)\n"
                 "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
                 "                                (besides the system store; tests)\n"
-                "             [--store s3://BUCKET[/PREFIX]]  snapshots in S3-compatible storage\n"
-                "                                (default: <data-dir>/store); credentials from\n"
-                "                                AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION\n"
+                "             [--store s3://BUCKET[/PREFIX]]  snapshots in S3 storage (default:\n"
+                "                                <data-dir>/store); credentials from\n"
+                "                                AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY\n"
                 "             [--s3-endpoint URL]  http(s)://HOST[:PORT] of the S3 service\n"
                 "             [--s3-timeout S]  deadline of one S3 request (default 30)\n"
                 "             [--chunk-cache-mb N]  local cache of S3 chunks (default 1024)\n");

@@ -151,7 +151,6 @@ static void fs_objects(void **state)
         assert_int_equal(access(p, F_OK), -1);
 }
 
-
 /* ---- S3 backend against a real server (skipped without one) ---- */
 
 static struct cove_chunkstore *s3_open_test(void (*hook)(const char *, void *), void *arg)
@@ -180,7 +179,7 @@ static struct cove_chunkstore *s3_open_test(void (*hook)(const char *, void *), 
 #define S3_OR_SKIP(cs)                                                                             \
         do {                                                                                       \
                 if (!(cs)) {                                                                       \
-                        print_message("skipped: COVE_TEST_S3_ENDPOINT not set (no S3 server)\n"); \
+                        print_message("skipped: COVE_TEST_S3_ENDPOINT not set (no S3 server)\n");  \
                         skip();                                                                    \
                 }                                                                                  \
         } while (0)
@@ -297,7 +296,8 @@ static void cache(void **state)
         snprintf(inner_root, sizeof(inner_root), "%s/remote", f->dir);
         struct cove_chunkstore *inner = cove_chunkstore_fs_open(inner_root, NULL, &err);
         assert_non_null(inner);
-        struct cove_chunkstore *cs = cove_chunkstore_cache_open(inner, cdir, 1u << 20, "/chunks/", &err);
+        struct cove_chunkstore *cs =
+            cove_chunkstore_cache_open(inner, cdir, 1u << 20, "/chunks/", &err);
         assert_non_null(cs);
         const struct cove_chunkstore_ops *o = cs->ops;
         contract(cs);

@@ -64,10 +64,11 @@ static void xml(void **state)
 {
         (void)state;
         struct seen s;
-        assert_int_equal(walk("<?xml version=\"1.0\"?><a:R xmlns:a=\"u\"><a:K>x&amp;y&#x41;&#66;</a:K>"
-                              "<!-- c --><E/><C><![CDATA[<raw>]]></C></a:R>",
-                              &s),
-                         0);
+        assert_int_equal(
+            walk("<?xml version=\"1.0\"?><a:R xmlns:a=\"u\"><a:K>x&amp;y&#x41;&#66;</a:K>"
+                 "<!-- c --><E/><C><![CDATA[<raw>]]></C></a:R>",
+                 &s),
+            0);
         assert_int_equal(s.n, 4);
         assert_string_equal(s.last_path, "R");
         assert_int_equal(walk("<R><K>x&amp;y&#x41;&#66;</K></R>", &s), 0);
@@ -75,17 +76,17 @@ static void xml(void **state)
         assert_int_equal(walk("<R><K>a&lt;b</K><Z>1</Z></R>", &s), 0);
         /* refusals */
         const char *bad[] = {
-            "",                                        /* no root */
-            "<R>",                                     /* unclosed */
-            "<R></S>",                                 /* mismatched */
-            "<R></R><R></R>",                          /* two roots */
-            "<R></R>junk",                             /* text after the root */
+            "",                                              /* no root */
+            "<R>",                                           /* unclosed */
+            "<R></S>",                                       /* mismatched */
+            "<R></R><R></R>",                                /* two roots */
+            "<R></R>junk",                                   /* text after the root */
             "<!DOCTYPE R [<!ENTITY a \"aaaa\">]><R>&a;</R>", /* no DTD, no entities */
-            "<R>&bogus;</R>",                          /* unknown entity */
-            "<R>&#0;</R>",                             /* NUL reference */
-            "<R>&#x110000;</R>",                       /* beyond Unicode */
-            "<R a=b></R>",                             /* unquoted attribute */
-            "<R a=\"b></R>",                           /* unterminated attribute */
+            "<R>&bogus;</R>",                                /* unknown entity */
+            "<R>&#0;</R>",                                   /* NUL reference */
+            "<R>&#x110000;</R>",                             /* beyond Unicode */
+            "<R a=b></R>",                                   /* unquoted attribute */
+            "<R a=\"b></R>",                                 /* unterminated attribute */
             "<R><!-- never closed </R>",
             "<R><![CDATA[ never closed </R>",
             "<R>&amp</R>", /* unterminated reference */
@@ -113,8 +114,10 @@ static void xml(void **state)
         /* ListObjectsV2 */
         const char *page =
             "<ListBucketResult xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Name>b</Name>"
-            "<IsTruncated>true</IsTruncated><NextContinuationToken>t/c/k 2&amp;</NextContinuationToken>"
-            "<Contents><Key>p/t/chunks/aa/x</Key><LastModified>2026-12-01T10:11:31.046Z</LastModified>"
+            "<IsTruncated>true</IsTruncated><NextContinuationToken>t/c/k "
+            "2&amp;</NextContinuationToken>"
+            "<Contents><Key>p/t/chunks/aa/x</Key><LastModified>2026-12-01T10:11:31.046Z</"
+            "LastModified>"
             "<Size>12</Size></Contents><Contents><Key>p/t/chunks/aa/y</Key>"
             "<LastModified>2026-12-01T10:11:32Z</LastModified><Size>0</Size></Contents>"
             "</ListBucketResult>";
@@ -137,8 +140,8 @@ static void xml(void **state)
             "32Z</LastModified></Contents></ListBucketResult>",
         };
         for (size_t i = 0; i < sizeof(lbad) / sizeof(*lbad); i++)
-                assert_int_equal(cove_s3_parse_list(lbad[i], strlen(lbad[i]), &pg, NULL, NULL, NULL),
-                                 -1);
+                assert_int_equal(
+                    cove_s3_parse_list(lbad[i], strlen(lbad[i]), &pg, NULL, NULL, NULL), -1);
         char code[64];
         const char *e = "<Error><Code>NoSuchKey</Code><Message>m</Message></Error>";
         assert_int_equal(cove_s3_parse_error(e, strlen(e), code, NULL), 1);
@@ -201,7 +204,9 @@ static void sends(int fd, const char *s)
 static void answer_xml(int fd, const char *status, const char *xml_body)
 {
         char h[256];
-        snprintf(h, sizeof(h), "HTTP/1.1 %s\r\nContent-Type: application/xml\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+        snprintf(h, sizeof(h),
+                 "HTTP/1.1 %s\r\nContent-Type: application/xml\r\nContent-Length: "
+                 "%zu\r\nConnection: close\r\n\r\n",
                  status, strlen(xml_body));
         sends(fd, h);
         sends(fd, xml_body);
@@ -510,7 +515,8 @@ static void hostile_listings(void **state)
         assert_int_equal(cs->ops->list(cs, "t/chunks/", list_cb, got, &err), 0);
         assert_string_equal(got, "t/chunks/aa/ok");
         /* the query is canonical: sorted names, '/' encoded */
-        if (!strstr(s->last_req, "GET /hostile/?list-type=2&max-keys=1000&prefix=pre%2Ft%2Fchunks%2F "))
+        if (!strstr(s->last_req,
+                    "GET /hostile/?list-type=2&max-keys=1000&prefix=pre%2Ft%2Fchunks%2F "))
                 fail_msg("request: %.200s", s->last_req);
         cs->ops->close(cs);
 }

@@ -1431,8 +1431,7 @@ static void thin(struct coved *d, int64_t now)
                 struct cove_gc_stats gs;
                 memset(&gs, 0, sizeof(gs));
                 pthread_mutex_lock(&tm->io_mu);
-                int r =
-                    keep_ids ? cove_store_gc(tm->store, tname, keep_ids, n, &gs, &err) : -1;
+                int r = keep_ids ? cove_store_gc(tm->store, tname, keep_ids, n, &gs, &err) : -1;
                 pthread_mutex_unlock(&tm->io_mu);
                 free(keep_ids);
                 free(mids);
@@ -1440,9 +1439,8 @@ static void thin(struct coved *d, int64_t now)
                         cove_warn(&d->log, "snapshot.gc", "tenant %s: %s", tname, err.msg);
                 else if (gs.swept)
                         cove_info(&d->log, "snapshot.gc",
-                                  "tenant %s: %llu chunks (%llu bytes) swept, %llu kept",
-                                  tname, (unsigned long long)gs.swept,
-                                  (unsigned long long)gs.swept_bytes,
+                                  "tenant %s: %llu chunks (%llu bytes) swept, %llu kept", tname,
+                                  (unsigned long long)gs.swept, (unsigned long long)gs.swept_bytes,
                                   (unsigned long long)gs.marked);
         }
         free(tns.v);
@@ -1533,8 +1531,7 @@ static void cleanup_crash(struct coved *d)
                 size_t n = 0;
                 struct cove_err err;
                 if (cove_snapshot_list(tm->store, tname, &ids, &n, &err) < 0) {
-                        cove_warn(&d->log, "snapshot.recover", "tenant %s: %s", tname,
-                                  err.msg);
+                        cove_warn(&d->log, "snapshot.recover", "tenant %s: %s", tname, err.msg);
                         continue;
                 }
                 for (size_t i = 0; i < n; i++) {

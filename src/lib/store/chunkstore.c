@@ -16,9 +16,8 @@ struct cove_chunkstore *cove_chunkstore_open(const struct cove_chunkstore_cfg *c
                               "directory)");
                 return NULL;
         }
-        struct cove_s3_opts o = {.url = cfg->url,
-                                 .endpoint = cfg->s3_endpoint,
-                                 .timeout_ms = cfg->s3_timeout_ms};
+        struct cove_s3_opts o = {
+            .url = cfg->url, .endpoint = cfg->s3_endpoint, .timeout_ms = cfg->s3_timeout_ms};
         struct cove_chunkstore *cs = cove_chunkstore_s3_open(&o, err);
         if (!cs || !cfg->cache_dir)
                 return cs;

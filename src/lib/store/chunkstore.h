@@ -135,9 +135,9 @@ struct cove_chunkstore_cfg {
         const char *fs_root;
         const struct cove_sysio *io; /* fs only */
         const char *s3_endpoint;
-        int s3_timeout_ms;      /* 0: default */
-        const char *cache_dir;  /* NULL: no cache */
-        uint64_t cache_bytes;   /* 0: 1 GiB */
+        int s3_timeout_ms;     /* 0: default */
+        const char *cache_dir; /* NULL: no cache */
+        uint64_t cache_bytes;  /* 0: 1 GiB */
         const char *cache_match;
 };
 struct cove_chunkstore *cove_chunkstore_open(const struct cove_chunkstore_cfg *cfg,

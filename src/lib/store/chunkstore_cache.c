@@ -51,8 +51,7 @@ struct ent {
         char *path;
 };
 
-static int scan(const char *dir, int depth, struct ent **v, size_t *n, size_t *cap,
-                uint64_t *total)
+static int scan(const char *dir, int depth, struct ent **v, size_t *n, size_t *cap, uint64_t *total)
 {
         if (depth > 8)
                 return 0;
@@ -210,8 +209,8 @@ static int c_put(struct cove_chunkstore *cs, struct cove_cs_batch *b, const char
         return rc;
 }
 
-static int c_get(struct cove_chunkstore *cs, const char *name, size_t max, void **out,
-                 size_t *len, struct cove_err *err)
+static int c_get(struct cove_chunkstore *cs, const char *name, size_t max, void **out, size_t *len,
+                 struct cove_err *err)
 {
         struct cache *c = (struct cache *)cs;
         int ok = cacheable(c, name);
@@ -247,7 +246,8 @@ static int c_del(struct cove_chunkstore *cs, const char *name, int64_t not_after
                 struct stat st;
                 if (lstat(p, &st) == 0 && unlink(p) == 0) {
                         pthread_mutex_lock(&c->mu);
-                        c->bytes -= c->bytes < (uint64_t)st.st_size ? c->bytes : (uint64_t)st.st_size;
+                        c->bytes -=
+                            c->bytes < (uint64_t)st.st_size ? c->bytes : (uint64_t)st.st_size;
                         pthread_mutex_unlock(&c->mu);
                 }
         }
@@ -318,7 +318,8 @@ struct cove_chunkstore *cove_chunkstore_cache_open(struct cove_chunkstore *inner
                 cove_err_set(err, ENOMEM, "chunk cache");
                 goto fail;
         }
-        if (strlen(dir) >= sizeof(c->dir) || !dir[0] || (match && strlen(match) >= sizeof(c->match))) {
+        if (strlen(dir) >= sizeof(c->dir) || !dir[0] ||
+            (match && strlen(match) >= sizeof(c->match))) {
                 cove_err_set(err, ENAMETOOLONG, "chunk cache %s", dir);
                 goto fail;
         }

@@ -26,11 +26,11 @@
 #include "store/s3xml.h"
 #include "util/util.h"
 
-#define S3_IDLE_MAX 16              /* idle curl handles (and their connections) kept */
-#define S3_SMALL_MAX (1u << 20)     /* bound of a non-object answer (error, copy result) */
-#define S3_LIST_MAX (8u << 20)      /* bound of one listing page */
-#define S3_LIST_KEYS 1000           /* max-keys per page */
-#define S3_LIST_PAGES (1u << 20)    /* a server that never stops paging is an error */
+#define S3_IDLE_MAX 16           /* idle curl handles (and their connections) kept */
+#define S3_SMALL_MAX (1u << 20)  /* bound of a non-object answer (error, copy result) */
+#define S3_LIST_MAX (8u << 20)   /* bound of one listing page */
+#define S3_LIST_KEYS 1000        /* max-keys per page */
+#define S3_LIST_PAGES (1u << 20) /* a server that never stops paging is an error */
 #define S3_BACKOFF_BASE_MS 100
 #define S3_BACKOFF_CAP_MS 2000
 #define EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -71,12 +71,12 @@ struct s3_resp {
         long status;
         uint8_t *body;
         size_t len, cap, max;
-        size_t obj_max;  /* bound of a 2xx answer's body */
+        size_t obj_max;       /* bound of a 2xx answer's body */
         struct s3_conn *conn; /* the handle answering (for its socket) */
-        int too_big;     /* Content-Length or body above max */
-        int64_t clen;    /* Content-Length, -1 if none */
-        int64_t lm_ms;   /* Last-Modified, -1 if none */
-        char etag[72];   /* without quotes */
+        int too_big;          /* Content-Length or body above max */
+        int64_t clen;         /* Content-Length, -1 if none */
+        int64_t lm_ms;        /* Last-Modified, -1 if none */
+        char etag[72];        /* without quotes */
 };
 
 static void resp_reset(struct s3_resp *r)
@@ -452,8 +452,7 @@ static long request(struct s3_store *s, const struct s3_req *q, struct s3_resp *
                 if (n >= s->attempts || spent + (int64_t)wait >= s->budget_ms)
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, EIO,
                                              "s3 %s %s: %s (after %d attempts in %.1f s)",
-                                             q->method, q->what, last, n,
-                                             (double)spent / 1000.0);
+                                             q->method, q->what, last, n, (double)spent / 1000.0);
                 struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000};
                 nanosleep(&ts, NULL);
         }
@@ -472,8 +471,7 @@ static int status_err(const struct s3_req *q, const struct s3_resp *r, struct co
                              code[0] ? " " : "", code);
 }
 
-static int key_of(struct s3_store *s, const char *name, char *out, size_t cap,
-                  struct cove_err *err)
+static int key_of(struct s3_store *s, const char *name, char *out, size_t cap, struct cove_err *err)
 {
         if (!cove_cs_name_valid(name))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid object name");
@@ -552,8 +550,8 @@ static int s3_put(struct cove_chunkstore *cs, struct cove_cs_batch *b, const cha
         return rc;
 }
 
-static int s3_get(struct cove_chunkstore *cs, const char *name, size_t max, void **out,
-                  size_t *len, struct cove_err *err)
+static int s3_get(struct cove_chunkstore *cs, const char *name, size_t max, void **out, size_t *len,
+                  struct cove_err *err)
 {
         struct s3_store *s = (struct s3_store *)cs;
         char key[512];
@@ -707,11 +705,11 @@ static int s3_del(struct cove_chunkstore *cs, const char *name, int64_t not_afte
                         return cove_err_wrap(err, "delete %s", name);
                 if (p == -2)
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                                   "delete %s: the S3 store does not honour "
-                                                   "x-amz-delete-if-unmodified-since, so a "
-                                                   "delete could race a writer's touch; "
-                                                   "refusing (use radosgw)",
-                                                   name);
+                                             "delete %s: the S3 store does not honour "
+                                             "x-amz-delete-if-unmodified-since, so a "
+                                             "delete could race a writer's touch; "
+                                             "refusing (use radosgw)",
+                                             name);
         }
         struct s3_resp r = {0};
         int h = s3_head(s, key, name, &r, err);
@@ -787,8 +785,8 @@ static int s3_list(struct cove_chunkstore *cs, const char *prefix, cove_cs_list_
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid list prefix");
         snprintf(want, sizeof(want), "%s%s", s->prefix, prefix);
         pct_encode(want, enc, sizeof(enc));
-        struct list_state ls = {.s = s, .want = want, .plen = strlen(s->prefix), .cb = cb,
-                                .arg = arg};
+        struct list_state ls = {
+            .s = s, .want = want, .plen = strlen(s->prefix), .cb = cb, .arg = arg};
         struct s3_resp r = {0};
         int rc = 0;
         for (unsigned page = 0; rc == 0 && !ls.stopped; page++) {
@@ -810,8 +808,8 @@ static int s3_list(struct cove_chunkstore *cs, const char *prefix, cove_cs_list_
                         snprintf(query, sizeof(query), "list-type=2&max-keys=%d&prefix=%s",
                                  s->page_keys, enc);
                 }
-                struct s3_req q = {.method = "GET", .query = query, .max = S3_LIST_MAX,
-                                   .what = prefix};
+                struct s3_req q = {
+                    .method = "GET", .query = query, .max = S3_LIST_MAX, .what = prefix};
                 long st = request(s, &q, &r, NULL, err);
                 if (st < 0) {
                         rc = -1;
@@ -830,8 +828,9 @@ static int s3_list(struct cove_chunkstore *cs, const char *prefix, cove_cs_list_
                 if (!pg.truncated)
                         break;
                 if (!strcmp(pg.next_token, tok) || pg.keys == 0) {
-                        rc = cove_err_set(err, 0, "s3 list %s: a truncated page that does not "
-                                                  "advance",
+                        rc = cove_err_set(err, 0,
+                                          "s3 list %s: a truncated page that does not "
+                                          "advance",
                                           prefix);
                         break;
                 }
@@ -922,7 +921,8 @@ int cove_s3_url_parse(const char *url, char *bucket, size_t bcap, char *prefix, 
                       struct cove_err *err)
 {
         if (!url || strncmp(url, "s3://", 5))
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "store URL must be s3://BUCKET[/PREFIX]");
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "store URL must be s3://BUCKET[/PREFIX]");
         const char *b = url + 5, *slash = strchr(b, '/');
         size_t bl = slash ? (size_t)(slash - b) : strlen(b);
         int ok = bl >= 3 && bl <= 63 && bl < bcap;
@@ -939,7 +939,8 @@ int cove_s3_url_parse(const char *url, char *bucket, size_t bcap, char *prefix, 
                 char p[256];
                 size_t l = strlen(slash + 1);
                 if (l >= sizeof(p) - 1 || l + 2 > pcap)
-                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "store URL: prefix too long");
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "store URL: prefix too long");
                 memcpy(p, slash + 1, l + 1);
                 while (l && p[l - 1] == '/')
                         p[--l] = '\0';
@@ -967,7 +968,8 @@ struct cove_chunkstore *cove_chunkstore_s3_open(const struct cove_s3_opts *o, st
         const char *region = o->region ? o->region : getenv("AWS_REGION");
         if (!region || !*region)
                 region = "us-east-1";
-        if (!o->endpoint || (strncmp(o->endpoint, "http://", 7) && strncmp(o->endpoint, "https://", 8)) ||
+        if (!o->endpoint ||
+            (strncmp(o->endpoint, "http://", 7) && strncmp(o->endpoint, "https://", 8)) ||
             strlen(o->endpoint) >= 500) {
                 cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                               "S3 store: --s3-endpoint must be an http:// or https:// URL");
@@ -1029,8 +1031,8 @@ struct cove_chunkstore *cove_chunkstore_s3_open(const struct cove_s3_opts *o, st
                 struct s3_resp r = {0};
                 long st = request(s, &q, &r, NULL, err);
                 if (st == 404) {
-                        struct s3_req mk = {.method = "PUT", .upload = 1, .max = S3_SMALL_MAX,
-                                            .what = "bucket"};
+                        struct s3_req mk = {
+                            .method = "PUT", .upload = 1, .max = S3_SMALL_MAX, .what = "bucket"};
                         st = request(s, &mk, &r, NULL, err);
                         if (st >= 0 && st != 200 && st != 409)
                                 st = status_err(&mk, &r, err);

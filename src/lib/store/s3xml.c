@@ -78,8 +78,8 @@ static int utf8_put(struct xw *w, unsigned long cp, struct cove_err *err)
 /* At '&': decode one reference into the text. */
 static int entity(struct xw *w, struct cove_err *err)
 {
-        const char *semi = memchr(w->p, ';', (size_t)(w->end - w->p) < 12 ? (size_t)(w->end - w->p)
-                                                                           : 12);
+        const char *semi =
+            memchr(w->p, ';', (size_t)(w->end - w->p) < 12 ? (size_t)(w->end - w->p) : 12);
         if (!semi)
                 return BAD(w, "unterminated reference");
         const char *s = w->p + 1;
@@ -101,10 +101,10 @@ static int entity(struct xw *w, struct cove_err *err)
                         return BAD(w, "bad character reference");
                 unsigned long cp = 0;
                 for (; d < semi; d++) {
-                        int v = *d >= '0' && *d <= '9'                 ? *d - '0'
-                                : hex && *d >= 'a' && *d <= 'f'        ? *d - 'a' + 10
-                                : hex && *d >= 'A' && *d <= 'F'        ? *d - 'A' + 10
-                                                                       : -1;
+                        int v = *d >= '0' && *d <= '9'          ? *d - '0'
+                                : hex && *d >= 'a' && *d <= 'f' ? *d - 'a' + 10
+                                : hex && *d >= 'A' && *d <= 'F' ? *d - 'A' + 10
+                                                                : -1;
                         if (v < 0)
                                 return BAD(w, "bad character reference");
                         cp = cp * (hex ? 16 : 10) + (unsigned long)v;
@@ -402,8 +402,7 @@ static int parse_u64(const char *s, uint64_t *out)
         return 0;
 }
 
-static int list_cb(const char *path, const char *text, size_t len, void *arg,
-                   struct cove_err *err)
+static int list_cb(const char *path, const char *text, size_t len, void *arg, struct cove_err *err)
 {
         struct list_ctx *c = arg;
         if (!c->root_ok) {
@@ -428,8 +427,9 @@ static int list_cb(const char *path, const char *text, size_t len, void *arg,
                 c->have_mtime = 1;
         } else if (!strcmp(path, "ListBucketResult/Contents")) {
                 if (!c->have_key || !c->have_size || !c->have_mtime)
-                        return cove_err_set(err, 0, "listing: entry without Key, Size or "
-                                                    "LastModified");
+                        return cove_err_set(err, 0,
+                                            "listing: entry without Key, Size or "
+                                            "LastModified");
                 c->have_key = c->have_size = c->have_mtime = 0;
                 c->pg->keys++;
                 if (c->cb && c->cb(c->key, c->size, c->mtime, c->arg, err) < 0)
@@ -472,8 +472,7 @@ struct err_ctx {
         int seen;
 };
 
-static int err_cb(const char *path, const char *text, size_t len, void *arg,
-                  struct cove_err *err)
+static int err_cb(const char *path, const char *text, size_t len, void *arg, struct cove_err *err)
 {
         (void)err;
         struct err_ctx *c = arg;

@@ -32,9 +32,9 @@ struct cove_store_opts {
         int zstd_level;              /* 0: 1 */
         const struct cove_chunkstore_cfg *backend; /* NULL: the fs backend at root; else
                                         the backend it names (store/chunkstore.h) */
-        int no_recover;              /* 1: skip recover at open (a second handle on a store
-                                        another process is writing: recover would remove its
-                                        temp objects). The fs backend assumes one opener. */
+        int no_recover; /* 1: skip recover at open (a second handle on a store
+                           another process is writing: recover would remove its
+                           temp objects). The fs backend assumes one opener. */
 };
 
 /* Open the store (the backend o->backend names, by default fs at root) and run
