@@ -234,3 +234,36 @@ def test_resume_uses_the_local_chunk_cache(coved_factory, rgw, tmp_path):
         assert c.get_file(sid, "/home/data.bin").body == data
     finally:
         c.remove(sid, purge=True)
+
+
+@pytest.mark.root
+def test_gc_still_sweeps_the_local_store(coved_factory, tmp_path):
+    """GC finds its tenants through the catalog now (an S3 store has no directory to
+    list); on the local store it must still sweep a deleted snapshot's own chunks and keep
+    the shared ones."""
+    hp = str(tmp_path / "hooks")
+    with open(hp, "w") as f:
+        f.write("gc_grace_s 1\n")
+    d = coved_factory(extra_args=["--test-hooks", hp], env=HOOKS_ENV)
+    c = d.client
+    sid = c.create(template="busybox", snapshot_interval_s=0)["id"]
+    root = os.path.join(d.data, "store", "default", "chunks")
+
+    def files():
+        return {os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs
+                if not f.startswith(".")}
+    try:
+        snap(c, sid, "one")
+        keys1 = files()
+        c.put_file(sid, "/home/unique.bin", os.urandom(600000))
+        s2 = snap(c, sid, "two")
+        own2 = files() - keys1
+        assert len(own2) >= 5
+        sh(c, sid, "rm /home/unique.bin")
+        snap(c, sid, "three")
+        c.ok("DELETE", f"/v1/snapshots/{s2['id']}")
+        after = poll(lambda: len(own2 - files()) >= 5 and files(), timeout=120,
+                     what="GC of the deleted snapshot's chunks", every=0.5)
+        assert keys1 <= after
+    finally:
+        c.remove(sid, purge=True)

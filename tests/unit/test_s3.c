@@ -174,6 +174,7 @@ enum mode {
         M_LIST_NAMES,   /* a listing with names that are not valid, and one that is */
         M_COPY_ERROR,   /* 200 to a copy, with an <Error> body */
         M_BIG_ERROR,    /* 404 with a 100 MB body */
+        M_NAIVE,        /* a store that ignores x-amz-delete-if-unmodified-since */
 };
 
 struct srv {
@@ -325,6 +326,20 @@ static void *serve(void *arg)
                         break;
                 case M_COPY_ERROR:
                         answer_xml(fd, "200 OK", "<Error><Code>InternalError</Code></Error>");
+                        break;
+                case M_NAIVE:
+                        if (!strncmp(req, "PUT ", 4))
+                                sends(fd, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"
+                                          "Connection: close\r\n\r\n");
+                        else if (!strncmp(req, "DELETE ", 7))
+                                sends(fd, "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+                        else if (head && strstr(req, ".cove-probe/"))
+                                sends(fd, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n"
+                                          "Connection: close\r\n\r\n");
+                        else
+                                sends(fd, "HTTP/1.1 200 OK\r\nContent-Length: 1\r\n"
+                                          "Last-Modified: Thu, 01 Jan 1970 00:00:02 GMT\r\n"
+                                          "Connection: close\r\n\r\n");
                         break;
                 case M_BIG_ERROR: {
                         sends(fd, "HTTP/1.1 404 Not Found\r\nContent-Length: 100000000\r\n"
@@ -487,6 +502,24 @@ static void hostile_time(void **state)
         cs->ops->close(cs);
 }
 
+/* GC on a store that deletes whatever the condition says would race writers: refused. */
+static void hostile_naive_delete(void **state)
+{
+        struct srv *s = *state;
+        struct cove_chunkstore *cs = open_at(s, 2000, 4000);
+        struct cove_err err = {0};
+        set_mode(s, M_NAIVE, 0);
+        assert_int_equal(cs->ops->del(cs, "t/chunks/aa/obj", cove_now_ms() - 1000, &err), -1);
+        assert_int_equal(err.kind, COVE_E_UNAVAILABLE);
+        assert_non_null(strstr(err.msg, "x-amz-delete-if-unmodified-since"));
+        int n = s->requests;
+        assert_int_equal(cs->ops->del(cs, "t/chunks/aa/obj", cove_now_ms() - 1000, &err), -1);
+        assert_int_equal(s->requests, n); /* known now: not probed again, nothing deleted */
+        /* an unconditional delete (a snapshot's manifest) needs no condition */
+        assert_int_equal(cs->ops->del(cs, "t/chunks/aa/obj", INT64_MAX, &err), 1);
+        cs->ops->close(cs);
+}
+
 static int list_cb(const char *name, uint64_t size, int64_t mtime, void *arg)
 {
         (void)size;
@@ -528,6 +561,7 @@ int main(void)
             cmocka_unit_test_setup_teardown(hostile_lengths, srv_setup, srv_teardown),
             cmocka_unit_test_setup_teardown(hostile_time, srv_setup, srv_teardown),
             cmocka_unit_test_setup_teardown(hostile_listings, srv_setup, srv_teardown),
+            cmocka_unit_test_setup_teardown(hostile_naive_delete, srv_setup, srv_teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }
