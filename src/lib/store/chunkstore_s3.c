@@ -333,7 +333,7 @@ static CURLcode attempt(struct s3_store *s, const struct s3_req *q, struct s3_re
         if (!k)
                 return CURLE_OUT_OF_MEMORY;
         CURL *c = k->c;
-        char url[1536];
+        char url[8192]; /* endpoint + bucket + key + a query with an encoded token */
         snprintf(url, sizeof(url), "%s/%s%s%s%s%s", s->endpoint, s->bucket, q->key ? "/" : "/",
                  q->key ? q->key : "", q->query ? "?" : "", q->query ? q->query : "");
         char sha[65], shahdr[96];
