@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-tm bench-full bench-vm asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -27,6 +27,10 @@ bench-tm: all
 bench-store: all
 	$(BUILD)/bench/chunkstore_bench $(BENCH_STORE_ARGS)
 	$(BUILD)/bench/keys_bench --kms tests/security/kms.sh
+
+# the S3 chunk store (a throwaway radosgw) against the local one, same run
+bench-s3: all
+	BUILD=$(BUILD) bench/s3_bench.sh $(BENCH_S3_MB)
 
 # full snapshots (CRIU) of a sandbox holding 100 MB in RAM; BENCH_FULL_ARGS e.g. --mb 200 --runs 5
 bench-full: all

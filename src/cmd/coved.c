@@ -5,7 +5,8 @@
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
  *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
  *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers]
- *              [--egress-ca-file PEM] */
+ *              [--egress-ca-file PEM] [--store s3://BUCKET[/PREFIX] --s3-endpoint URL]
+ *              [--s3-timeout S] [--chunk-cache-mb N] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,7 +41,13 @@ static void usage(FILE *f)
                 "                                writable layer under fscrypt; BYOK tenants\n"
                 "                                always are)\n"
                 "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
-                "                                (besides the system store; tests)\n");
+                "                                (besides the system store; tests)\n"
+                "             [--store s3://BUCKET[/PREFIX]]  snapshots in S3 storage (default:\n"
+                "                                <data-dir>/store); credentials from\n"
+                "                                AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY\n"
+                "             [--s3-endpoint URL]  http(s)://HOST[:PORT] of the S3 service\n"
+                "             [--s3-timeout S]  deadline of one S3 request (default 30)\n"
+                "             [--chunk-cache-mb N]  local cache of S3 chunks (default 1024)\n");
 }
 
 int main(int argc, char **argv)
@@ -70,6 +77,10 @@ int main(int argc, char **argv)
             {"encrypt-layers", no_argument, 0, 'Y'},
             {"runtime", required_argument, 0, 'R'},
             {"vm-pool", required_argument, 0, 'V'},
+            {"store", required_argument, 0, 1001},
+            {"s3-endpoint", required_argument, 0, 1002},
+            {"s3-timeout", required_argument, 0, 1003},
+            {"chunk-cache-mb", required_argument, 0, 1004},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -195,6 +206,26 @@ int main(int argc, char **argv)
                                 optarg);
                         break;
                 }
+                case 1001:
+                        o.store.url = optarg;
+                        break;
+                case 1002:
+                        o.store.s3_endpoint = optarg;
+                        break;
+                case 1003:
+                        o.store.s3_timeout_s = atoi(optarg);
+                        if (o.store.s3_timeout_s < 1 || o.store.s3_timeout_s > 3600) {
+                                fprintf(stderr, "coved: --s3-timeout takes 1 to 3600\n");
+                                return 2;
+                        }
+                        break;
+                case 1004:
+                        o.store.cache_mb = atoi(optarg);
+                        if (o.store.cache_mb < 1 || o.store.cache_mb > (1 << 24)) {
+                                fprintf(stderr, "coved: --chunk-cache-mb takes 1 to 16777216\n");
+                                return 2;
+                        }
+                        break;
                 case 'h':
                         usage(stdout);
                         return 0;
@@ -205,6 +236,10 @@ int main(int argc, char **argv)
         }
         if (!o.data_dir || optind != argc) {
                 usage(stderr);
+                return 2;
+        }
+        if (!o.store.url != !o.store.s3_endpoint) {
+                fprintf(stderr, "coved: --store s3://… and --s3-endpoint go together\n");
                 return 2;
         }
         /* every thread inherits this mask; main waits for the signals synchronously */

@@ -1,6 +1,8 @@
-/* Unit tests for the chunk store pieces below snapshots: the fs backend (put/get/has/touch/
- * del/list, batches, recover), content-defined chunking, tenant keys, and the manifest
- * parser's refusals of hostile input. */
+/* Unit tests for the chunk store pieces below snapshots: the backend contract (put/get/has/
+ * touch/del/list, batches) on the fs backend and, when COVE_TEST_S3_ENDPOINT (+ AWS_ACCESS_KEY_ID
+ * and AWS_SECRET_ACCESS_KEY) names a real S3 server, on the S3 backend too (tests/integration/
+ * test_s3_store.py starts a radosgw and runs this); fs recover; the local chunk cache;
+ * content-defined chunking, tenant keys, and the manifest parser's refusals of hostile input. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,10 +10,13 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <dirent.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "crypto/keys.h"
@@ -59,49 +64,72 @@ static int count_cb(const char *name, uint64_t size, int64_t mtime, void *arg)
         return 0;
 }
 
+/* The backend contract of store/chunkstore.h, for any backend. */
+static void contract(struct cove_chunkstore *cs)
+{
+        const struct cove_chunkstore_ops *o = cs->ops;
+        struct cove_err err = {0};
+        assert_int_equal(o->put(cs, NULL, "t/chunks/ab/cdef", "hello", 5, &err), 0);
+        assert_int_equal(o->put(cs, NULL, "t/chunks/ab/cdef", "other", 5, &err), 1); /* kept */
+        void *d;
+        size_t n;
+        assert_int_equal(o->get(cs, "t/chunks/ab/cdef", 100, &d, &n, &err), 0);
+        assert_int_equal(n, 5);
+        assert_memory_equal(d, "hello", 5);
+        free(d);
+        assert_int_equal(o->get(cs, "t/chunks/ab/cdef", 4, &d, &n, &err), -1); /* bounded */
+        assert_int_equal(err.kind, COVE_E_LIMIT);
+        assert_int_equal(o->get(cs, "t/chunks/ab/none", 100, &d, &n, &err), -1);
+        assert_int_equal(err.kind, COVE_E_NOT_FOUND);
+        assert_int_equal(o->put(cs, NULL, "t/chunks/ab/empty", "", 0, &err), 0);
+        assert_int_equal(o->get(cs, "t/chunks/ab/empty", 100, &d, &n, &err), 0);
+        assert_int_equal(n, 0);
+        free(d);
+        assert_int_equal(o->has(cs, "t/chunks/ab/cdef", &err), 1);
+        assert_int_equal(o->has(cs, "t/chunks/ab/none", &err), 0);
+        assert_int_equal(o->touch(cs, "t/chunks/ab/none", &err), 0);
+        /* bad names never reach the store */
+        const char *bad[] = {"", "/abs", "a//b", "../x", "a/../b", "a/.hidden", "a/b/", "a b"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
+                assert_int_equal(o->put(cs, NULL, bad[i], "x", 1, &err), -1);
+        /* del with a cutoff: a recent object stays, an old one goes */
+        int64_t now = cove_now_ms();
+        assert_int_equal(o->del(cs, "t/chunks/ab/cdef", now - 60000, &err), 0);
+        assert_int_equal(o->has(cs, "t/chunks/ab/cdef", &err), 1);
+        assert_int_equal(o->touch(cs, "t/chunks/ab/cdef", &err), 1);
+        assert_int_equal(o->del(cs, "t/chunks/ab/cdef", now + 60000, &err), 1);
+        assert_int_equal(o->has(cs, "t/chunks/ab/cdef", &err), 0);
+        assert_int_equal(o->del(cs, "t/chunks/ab/cdef", INT64_MAX, &err), 0); /* gone */
+        assert_int_equal(o->del(cs, "t/chunks/ab/empty", INT64_MAX, &err), 1);
+        /* batches: every put durable and visible after commit */
+        struct cove_cs_batch *b = o->batch_new(cs, &err);
+        char name[64];
+        for (int i = 0; i < 300; i++) { /* crosses the fs auto-flush at 256 */
+                snprintf(name, sizeof(name), "t/chunks/%02x/obj%d", i % 7, i);
+                assert_int_equal(o->put(cs, b, name, name, strlen(name), &err), 0);
+        }
+        assert_int_equal(o->batch_commit(cs, b, &err), 0);
+        o->batch_free(cs, b);
+        int cnt = 0;
+        assert_int_equal(o->list(cs, "t/chunks/", count_cb, &cnt, &err), 0);
+        assert_int_equal(cnt, 300);
+        assert_int_equal(o->get(cs, "t/chunks/03/obj10", 100, &d, &n, &err), 0);
+        assert_int_equal(n, strlen("t/chunks/03/obj10"));
+        free(d);
+        cnt = 0; /* a prefix lists only its own objects */
+        assert_int_equal(o->list(cs, "t/manifests/", count_cb, &cnt, &err), 0);
+        assert_int_equal(cnt, 0);
+        assert_int_equal(o->list(cs, "../", count_cb, &cnt, &err), -1);
+}
+
 static void fs_objects(void **state)
 {
         struct fx *f = *state;
         const struct cove_chunkstore_ops *o = f->cs->ops;
         struct cove_err err = {0};
-        assert_int_equal(o->put(f->cs, NULL, "t/chunks/ab/cdef", "hello", 5, &err), 0);
-        assert_int_equal(o->put(f->cs, NULL, "t/chunks/ab/cdef", "other", 5, &err), 1); /* kept */
-        void *d;
-        size_t n;
-        assert_int_equal(o->get(f->cs, "t/chunks/ab/cdef", 100, &d, &n, &err), 0);
-        assert_int_equal(n, 5);
-        assert_memory_equal(d, "hello", 5);
-        free(d);
-        assert_int_equal(o->get(f->cs, "t/chunks/ab/cdef", 4, &d, &n, &err), -1); /* bounded */
-        assert_int_equal(err.kind, COVE_E_LIMIT);
-        assert_int_equal(o->get(f->cs, "t/chunks/ab/none", 100, &d, &n, &err), -1);
-        assert_int_equal(err.kind, COVE_E_NOT_FOUND);
-        assert_int_equal(o->has(f->cs, "t/chunks/ab/cdef", &err), 1);
-        assert_int_equal(o->has(f->cs, "t/chunks/ab/none", &err), 0);
-        assert_int_equal(o->touch(f->cs, "t/chunks/ab/none", &err), 0);
-        /* bad names never reach the file system */
-        const char *bad[] = {"", "/abs", "a//b", "../x", "a/../b", "a/.hidden", "a/b/", "a b"};
-        for (size_t i = 0; i < sizeof(bad) / sizeof(*bad); i++)
-                assert_int_equal(o->put(f->cs, NULL, bad[i], "x", 1, &err), -1);
-        /* del with a cutoff: a recent object stays, an old one goes */
-        int64_t now = cove_now_ms();
-        assert_int_equal(o->del(f->cs, "t/chunks/ab/cdef", now - 60000, &err), 0);
-        assert_int_equal(o->touch(f->cs, "t/chunks/ab/cdef", &err), 1);
-        assert_int_equal(o->del(f->cs, "t/chunks/ab/cdef", now + 60000, &err), 1);
-        assert_int_equal(o->has(f->cs, "t/chunks/ab/cdef", &err), 0);
-        /* batches: invisible until commit; free drops temps */
+        contract(f->cs);
+        /* fs batches: invisible until commit; free drops temps */
         struct cove_cs_batch *b = o->batch_new(f->cs, &err);
-        char name[64];
-        for (int i = 0; i < 300; i++) { /* crosses the auto-flush at 256 */
-                snprintf(name, sizeof(name), "t/chunks/%02x/obj%d", i % 7, i);
-                assert_int_equal(o->put(f->cs, b, name, name, strlen(name), &err), 0);
-        }
-        assert_int_equal(o->batch_commit(f->cs, b, &err), 0);
-        o->batch_free(f->cs, b);
-        int cnt = 0;
-        assert_int_equal(o->list(f->cs, "t/chunks/", count_cb, &cnt, &err), 0);
-        assert_int_equal(cnt, 300);
-        b = o->batch_new(f->cs, &err);
         assert_int_equal(o->put(f->cs, b, "t/chunks/zz/never", "x", 1, &err), 0);
         assert_int_equal(o->has(f->cs, "t/chunks/zz/never", &err), 0);
         o->batch_free(f->cs, b);
@@ -121,6 +149,228 @@ static void fs_objects(void **state)
         assert_int_equal(access(q, F_OK), -1);
         snprintf(p, sizeof(p), "%s/t/chunks/00/.tmp.1234.obj0", f->root);
         assert_int_equal(access(p, F_OK), -1);
+}
+
+/* ---- S3 backend against a real server (skipped without one) ---- */
+
+static struct cove_chunkstore *s3_open_test(void (*hook)(const char *, void *), void *arg)
+{
+        const char *ep = getenv("COVE_TEST_S3_ENDPOINT");
+        if (!ep || !*ep)
+                return NULL;
+        uint8_t r[6];
+        char hex[13], url[64];
+        struct cove_err err = {0};
+        assert_int_equal(cove_random(r, sizeof(r), &err), 0);
+        cove_hex(r, sizeof(r), hex);
+        snprintf(url, sizeof(url), "s3://cove-unit-%s/some/prefix", hex);
+        struct cove_s3_opts o = {.url = url,
+                                 .endpoint = ep,
+                                 .timeout_ms = 20000,
+                                 .list_page_keys = 7, /* 300 objects: 43 pages */
+                                 .before_delete = hook,
+                                 .hook_arg = arg};
+        struct cove_chunkstore *cs = cove_chunkstore_s3_open(&o, &err);
+        if (!cs)
+                fail_msg("S3 open: %s", err.msg);
+        return cs;
+}
+
+#define S3_OR_SKIP(cs)                                                                             \
+        do {                                                                                       \
+                if (!(cs)) {                                                                       \
+                        print_message("skipped: COVE_TEST_S3_ENDPOINT not set (no S3 server)\n");  \
+                        skip();                                                                    \
+                }                                                                                  \
+        } while (0)
+
+static void s3_objects(void **state)
+{
+        (void)state;
+        struct cove_chunkstore *cs = s3_open_test(NULL, NULL);
+        S3_OR_SKIP(cs);
+        contract(cs);
+        cs->ops->close(cs);
+}
+
+/* GC's delete against a writer's touch() in between its check and its delete: the delete
+ * must be refused by the server, and the object kept. S3 cannot backdate an object, so the
+ * test waits (bounded) until the object is older than a cutoff in the past. */
+static void touch_hook(const char *name, void *arg)
+{
+        struct cove_chunkstore **cs = arg;
+        struct cove_err err = {0};
+        if (*cs)
+                assert_int_equal((*cs)->ops->touch(*cs, name, &err), 1);
+}
+
+static void s3_gc_race(void **state)
+{
+        (void)state;
+        struct cove_chunkstore *writer = NULL;
+        struct cove_chunkstore *cs = s3_open_test(touch_hook, &writer);
+        S3_OR_SKIP(cs);
+        struct cove_err err = {0};
+        const struct cove_chunkstore_ops *o = cs->ops;
+        int64_t t0 = cove_now_ms();
+        assert_int_equal(o->put(cs, NULL, "t/chunks/aa/raced", "x", 1, &err), 0);
+        assert_int_equal(o->put(cs, NULL, "t/chunks/aa/plain", "y", 1, &err), 0);
+        int64_t cutoff = t0 + 2500;
+        while (cove_now_ms() < cutoff + 1500)
+                usleep(50000);
+        /* no touch in between: old enough, deleted */
+        assert_int_equal(o->del(cs, "t/chunks/aa/plain", cutoff, &err), 1);
+        assert_int_equal(o->has(cs, "t/chunks/aa/plain", &err), 0);
+        /* a touch lands between the HEAD (old) and the DELETE: kept */
+        writer = cs;
+        assert_int_equal(o->del(cs, "t/chunks/aa/raced", cutoff, &err), 0);
+        writer = NULL;
+        assert_int_equal(o->has(cs, "t/chunks/aa/raced", &err), 1);
+        cs->ops->close(cs);
+}
+
+struct racer {
+        struct cove_chunkstore *cs;
+        char body[32];
+        int rc;
+        pthread_barrier_t *go;
+};
+
+static void *race_put(void *arg)
+{
+        struct racer *r = arg;
+        struct cove_err err = {0};
+        pthread_barrier_wait(r->go);
+        r->rc = r->cs->ops->put(r->cs, NULL, "t/chunks/bb/same", r->body, strlen(r->body), &err);
+        return NULL;
+}
+
+/* Eight writers of one chunk at once: all succeed, exactly one wrote it, and the object is
+ * one writer's bytes whole. */
+static void s3_put_race(void **state)
+{
+        (void)state;
+        struct cove_chunkstore *cs = s3_open_test(NULL, NULL);
+        S3_OR_SKIP(cs);
+        pthread_barrier_t go;
+        pthread_barrier_init(&go, NULL, 8);
+        struct racer r[8];
+        pthread_t th[8];
+        for (int i = 0; i < 8; i++) {
+                r[i] = (struct racer){.cs = cs, .go = &go, .rc = -9};
+                snprintf(r[i].body, sizeof(r[i].body), "writer %d's sealed chunk", i);
+                pthread_create(&th[i], NULL, race_put, &r[i]);
+        }
+        int wrote = 0, kept = 0;
+        for (int i = 0; i < 8; i++) {
+                pthread_join(th[i], NULL);
+                wrote += r[i].rc == 0;
+                kept += r[i].rc == 1;
+        }
+        pthread_barrier_destroy(&go);
+        assert_int_equal(wrote, 1);
+        assert_int_equal(kept, 7);
+        void *d;
+        size_t n;
+        struct cove_err err = {0};
+        assert_int_equal(cs->ops->get(cs, "t/chunks/bb/same", 100, &d, &n, &err), 0);
+        int match = 0;
+        for (int i = 0; i < 8; i++)
+                match += r[i].rc == 0 && n == strlen(r[i].body) && !memcmp(d, r[i].body, n);
+        assert_int_equal(match, 1);
+        free(d);
+        int cnt = 0;
+        assert_int_equal(cs->ops->list(cs, "t/chunks/bb/", count_cb, &cnt, &err), 0);
+        assert_int_equal(cnt, 1);
+        cs->ops->close(cs);
+}
+
+/* ---- the local chunk cache, over an fs backend ---- */
+
+static void cache(void **state)
+{
+        struct fx *f = *state;
+        struct cove_err err = {0};
+        char cdir[256], inner_root[256], p[512];
+        snprintf(cdir, sizeof(cdir), "%s/cache", f->dir);
+        snprintf(inner_root, sizeof(inner_root), "%s/remote", f->dir);
+        struct cove_chunkstore *inner = cove_chunkstore_fs_open(inner_root, NULL, &err);
+        assert_non_null(inner);
+        struct cove_chunkstore *cs =
+            cove_chunkstore_cache_open(inner, cdir, 1u << 20, "/chunks/", &err);
+        assert_non_null(cs);
+        const struct cove_chunkstore_ops *o = cs->ops;
+        contract(cs);
+        /* a put keeps a copy: the object is served locally even once the remote lost it */
+        assert_int_equal(o->put(cs, NULL, "t/chunks/cc/one", "payload", 7, &err), 0);
+        assert_int_equal(inner->ops->del(inner, "t/chunks/cc/one", INT64_MAX, &err), 1);
+        void *d;
+        size_t n;
+        assert_int_equal(o->get(cs, "t/chunks/cc/one", 100, &d, &n, &err), 0);
+        assert_int_equal(n, 7);
+        assert_memory_equal(d, "payload", 7);
+        free(d);
+        assert_int_equal(o->has(cs, "t/chunks/cc/one", &err), 0); /* the store decides */
+        /* a damaged copy is never served: it is dropped and the remote asked */
+        snprintf(p, sizeof(p), "%s/t/chunks/cc/one", cdir);
+        int fd = open(p, O_WRONLY);
+        assert_true(fd >= 0);
+        assert_int_equal(pwrite(fd, "X", 1, 50), 1);
+        close(fd);
+        assert_int_equal(o->get(cs, "t/chunks/cc/one", 100, &d, &n, &err), -1);
+        assert_int_equal(err.kind, COVE_E_NOT_FOUND);
+        assert_int_equal(access(p, F_OK), -1);
+        /* a get fills the cache: later gets need no remote */
+        assert_int_equal(inner->ops->put(inner, NULL, "t/chunks/cc/two", "second", 6, NULL), 0);
+        assert_int_equal(o->get(cs, "t/chunks/cc/two", 100, &d, &n, &err), 0);
+        free(d);
+        assert_int_equal(inner->ops->del(inner, "t/chunks/cc/two", INT64_MAX, &err), 1);
+        assert_int_equal(o->get(cs, "t/chunks/cc/two", 100, &d, &n, &err), 0);
+        free(d);
+        /* manifests (not matching) are never cached */
+        assert_int_equal(o->put(cs, NULL, "t/manifests/m1", "m", 1, &err), 0);
+        snprintf(p, sizeof(p), "%s/t/manifests/m1", cdir);
+        assert_int_equal(access(p, F_OK), -1);
+        /* the budget holds (1 MiB), and the least recently used go first */
+        static uint8_t blob[60000];
+        char name[64];
+        memset(blob, 7, sizeof(blob));
+        assert_int_equal(o->put(cs, NULL, "t/chunks/dd/keep", blob, sizeof(blob), &err), 0);
+        for (int i = 0; i < 40; i++) {
+                snprintf(name, sizeof(name), "t/chunks/dd/o%d", i);
+                blob[0] = (uint8_t)i;
+                assert_int_equal(o->put(cs, NULL, name, blob, sizeof(blob), &err), 0);
+                /* "keep" is used all the time; its recency must keep it */
+                struct timespec ts = {0, 2000000};
+                nanosleep(&ts, NULL);
+                assert_int_equal(o->get(cs, "t/chunks/dd/keep", sizeof(blob), &d, &n, &err), 0);
+                free(d);
+        }
+        uint64_t total = 0;
+        int files = 0;
+        char sub[512];
+        snprintf(sub, sizeof(sub), "%s/t/chunks/dd", cdir);
+        DIR *dd = opendir(sub);
+        assert_non_null(dd);
+        struct dirent *de;
+        while ((de = readdir(dd))) {
+                struct stat st;
+                snprintf(p, sizeof(p), "%s/%s", sub, de->d_name);
+                if (de->d_name[0] != '.' && stat(p, &st) == 0) {
+                        total += (uint64_t)st.st_size;
+                        files++;
+                }
+        }
+        closedir(dd);
+        print_message("cache: %d files, %llu bytes under a 1 MiB budget\n", files,
+                      (unsigned long long)total);
+        assert_true(total <= (1u << 20));
+        assert_true(files < 41);
+        snprintf(p, sizeof(p), "%s/t/chunks/dd/keep", cdir);
+        assert_int_equal(access(p, F_OK), 0);
+        snprintf(p, sizeof(p), "%s/t/chunks/dd/o0", cdir);
+        assert_int_equal(access(p, F_OK), -1);
+        cs->ops->close(cs);
 }
 
 static void cdc(void **state)
@@ -303,6 +553,10 @@ int main(void)
 {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test_setup_teardown(fs_objects, setup, teardown),
+            cmocka_unit_test_setup_teardown(cache, setup, teardown),
+            cmocka_unit_test(s3_objects),
+            cmocka_unit_test(s3_gc_race),
+            cmocka_unit_test(s3_put_race),
             cmocka_unit_test(cdc),
             cmocka_unit_test_setup_teardown(keys, setup, teardown),
             cmocka_unit_test(manifest_parser),

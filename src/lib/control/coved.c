@@ -121,6 +121,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         pthread_mutex_init(&d->mu, NULL);
         pthread_mutex_init(&d->quota_mu, NULL);
         d->encrypt_layers = o->encrypt_layers;
+        d->store = o->store;
         pthread_cond_init(&d->cv, NULL);
         cove_keys_cache_ttl_set(o->key_cache_ttl_s < 0 ? 60000
                                                        : (int64_t)o->key_cache_ttl_s * 1000);

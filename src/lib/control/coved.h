@@ -16,6 +16,16 @@
 #include "util/err.h"
 #include "util/log.h"
 
+/* Where snapshots live (store/chunkstore.h): the local directory <data_dir>/store by
+ * default, or an S3-compatible bucket (credentials from AWS_ACCESS_KEY_ID,
+ * AWS_SECRET_ACCESS_KEY, AWS_REGION) with a local chunk cache <data_dir>/chunk-cache. */
+struct coved_store_options {
+        const char *url;         /* NULL: local directory; "s3://BUCKET[/PREFIX]" */
+        const char *s3_endpoint; /* http(s)://HOST[:PORT], required with s3:// */
+        int s3_timeout_s;        /* deadline of one S3 request (0: 30 s) */
+        int cache_mb;            /* chunk cache budget (0: 1024 MiB) */
+};
+
 struct coved_options {
         const char *data_dir;      /* required */
         const char *listen;        /* "127.0.0.1:7677"; NULL for none */
@@ -32,6 +42,7 @@ struct coved_options {
         int encrypt_layers;  /* 1: sandboxes default to storage_encrypted */
         int vm_pool_size;    /* warm vm instances per template (0: none) */
         const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
+        struct coved_store_options store; /* snapshot store */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -75,6 +86,7 @@ struct coved {
         int64_t key_sweep_at;     /* mono ms of the last revoked-key sweep */
         int encrypt_layers;       /* default of storage_encrypted on create */
         int pool_size;            /* warm ns instances per template (owner pools: at most 2) */
+        struct coved_store_options store; /* snapshot store (strings owned by the caller) */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),

@@ -1278,6 +1278,64 @@ static int by_sandbox(const void *a, const void *b)
 
 /* Apply every sandbox's retention to its rolling snapshots (the one a sandbox would resume
  * from is always kept), then GC each tenant whose snapshots changed. */
+/* Tenants whose objects the snapshot store may hold: the catalog's tenants and, for the
+ * local directory, every tenant directory in it (a deleted tenant's leftovers). An S3
+ * store has no directory to read: there the catalog is the list. */
+struct tenant_names {
+        char (*v)[64];
+        size_t n, cap;
+};
+
+static void tn_add(struct tenant_names *t, const char *name)
+{
+        if (!cove_tenant_name_valid(name) || strlen(name) >= sizeof(*t->v))
+                return;
+        for (size_t i = 0; i < t->n; i++)
+                if (!strcmp(t->v[i], name))
+                        return;
+        if (t->n == t->cap) {
+                size_t nc = t->cap ? 2 * t->cap : 16;
+                char(*nv)[64] = realloc(t->v, nc * sizeof(*nv));
+                if (!nv)
+                        return;
+                t->v = nv;
+                t->cap = nc;
+        }
+        snprintf(t->v[t->n++], sizeof(*t->v), "%s", name);
+}
+
+struct tn_ctx {
+        struct tenant_names *t;
+        const char *keys_dir;
+};
+
+/* a tenant without a key record never stored an object (and GC must not create one) */
+static int tn_cb(const struct cove_tenant_row *row, void *arg)
+{
+        struct tn_ctx *c = arg;
+        struct cove_key_status ks;
+        struct cove_err err;
+        if (cove_key_status_get(c->keys_dir, row->id, &ks, &err) == 0 && ks.exists)
+                tn_add(c->t, row->id);
+        return 0;
+}
+
+static void store_tenants(struct coved *d, struct tenant_names *t)
+{
+        memset(t, 0, sizeof(*t));
+        struct cove_err err;
+        char keys[PATH_MAX];
+        snprintf(keys, sizeof(keys), "%s/keys", d->data_dir);
+        struct tn_ctx c = {t, keys};
+        d->cat_ops->tenant_list(d->cat, tn_cb, &c, &err);
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof(dir), "%s/store", d->data_dir);
+        cleanup_dir DIR *dh = opendir(dir);
+        struct dirent *de;
+        while (dh && (de = readdir(dh)))
+                tn_add(t, de->d_name);
+}
+
 static void thin(struct coved *d, int64_t now)
 {
         struct cove_tm *tm = d->tm;
@@ -1346,25 +1404,22 @@ static void thin(struct coved *d, int64_t now)
                 free(all.v);
                 return;
         }
-        char dir[PATH_MAX];
-        snprintf(dir, sizeof(dir), "%s/store", d->data_dir);
-        cleanup_dir DIR *dh = opendir(dir);
-        struct dirent *de;
-        while (dh && (de = readdir(dh))) {
-                if (!cove_tenant_name_valid(de->d_name))
-                        continue;
+        struct tenant_names tns;
+        store_tenants(d, &tns);
+        for (size_t ti = 0; ti < tns.n; ti++) {
+                const char *tname = tns.v[ti];
                 const char **keep_ids = calloc(all.n ? 2 * all.n : 1, sizeof(*keep_ids));
                 char(*mids)[80] = calloc(all.n ? all.n : 1, sizeof(*mids));
                 size_t n = 0;
                 for (size_t i = 0; keep_ids && mids && i < all.n; i++)
-                        if (!strcmp(all.v[i].tenant, de->d_name)) {
+                        if (!strcmp(all.v[i].tenant, tname)) {
                                 keep_ids[n++] = all.v[i].id;
                                 struct cove_snapshot_info mi;
                                 struct cove_err e2;
                                 /* an ns full snapshot's checkpoint (a vm one has none) */
                                 if (!strcmp(all.v[i].kind, "full")) {
                                         mem_id(all.v[i].id, mids[i], sizeof(mids[i]));
-                                        if (cove_snapshot_info(tm->store, de->d_name, mids[i], &mi,
+                                        if (cove_snapshot_info(tm->store, tname, mids[i], &mi,
                                                                &e2) == 0)
                                                 keep_ids[n++] = mids[i];
                                 }
@@ -1376,20 +1431,19 @@ static void thin(struct coved *d, int64_t now)
                 struct cove_gc_stats gs;
                 memset(&gs, 0, sizeof(gs));
                 pthread_mutex_lock(&tm->io_mu);
-                int r =
-                    keep_ids ? cove_store_gc(tm->store, de->d_name, keep_ids, n, &gs, &err) : -1;
+                int r = keep_ids ? cove_store_gc(tm->store, tname, keep_ids, n, &gs, &err) : -1;
                 pthread_mutex_unlock(&tm->io_mu);
                 free(keep_ids);
                 free(mids);
                 if (r < 0)
-                        cove_warn(&d->log, "snapshot.gc", "tenant %s: %s", de->d_name, err.msg);
+                        cove_warn(&d->log, "snapshot.gc", "tenant %s: %s", tname, err.msg);
                 else if (gs.swept)
                         cove_info(&d->log, "snapshot.gc",
-                                  "tenant %s: %llu chunks (%llu bytes) swept, %llu kept",
-                                  de->d_name, (unsigned long long)gs.swept,
-                                  (unsigned long long)gs.swept_bytes,
+                                  "tenant %s: %llu chunks (%llu bytes) swept, %llu kept", tname,
+                                  (unsigned long long)gs.swept, (unsigned long long)gs.swept_bytes,
                                   (unsigned long long)gs.marked);
         }
+        free(tns.v);
         free(all.v);
 }
 
@@ -1469,19 +1523,15 @@ static void cleanup_crash(struct coved *d)
                                           de->d_name);
                 }
         }
-        char dir[PATH_MAX];
-        snprintf(dir, sizeof(dir), "%s/store", d->data_dir);
-        cleanup_dir DIR *dh = opendir(dir);
-        struct dirent *de;
-        while (dh && (de = readdir(dh))) {
-                if (!cove_tenant_name_valid(de->d_name))
-                        continue;
+        struct tenant_names tns;
+        store_tenants(d, &tns);
+        for (size_t ti = 0; ti < tns.n; ti++) {
+                const char *tname = tns.v[ti];
                 char **ids = NULL;
                 size_t n = 0;
                 struct cove_err err;
-                if (cove_snapshot_list(tm->store, de->d_name, &ids, &n, &err) < 0) {
-                        cove_warn(&d->log, "snapshot.recover", "tenant %s: %s", de->d_name,
-                                  err.msg);
+                if (cove_snapshot_list(tm->store, tname, &ids, &n, &err) < 0) {
+                        cove_warn(&d->log, "snapshot.recover", "tenant %s: %s", tname, err.msg);
                         continue;
                 }
                 for (size_t i = 0; i < n; i++) {
@@ -1494,7 +1544,7 @@ static void cleanup_crash(struct coved *d)
                                 base[bl - sl] = 0;
                         if (d->cat_ops->snapshot_get(d->cat, NULL, base, &s, &err) != 1)
                                 continue;
-                        if (cove_snapshot_delete(tm->store, de->d_name, ids[i], &err) == 0)
+                        if (cove_snapshot_delete(tm->store, tname, ids[i], &err) == 0)
                                 cove_info(&d->log, "snapshot.recover",
                                           "removed incomplete snapshot %s (never reported)",
                                           ids[i]);
@@ -1502,6 +1552,7 @@ static void cleanup_crash(struct coved *d)
                 }
                 cove_snapshot_list_free(ids, n);
         }
+        free(tns.v);
 }
 
 int cove_tm_open(struct coved *d, struct cove_err *err)
@@ -1530,12 +1581,21 @@ int cove_tm_open(struct coved *d, struct cove_err *err)
         snprintf(keys, sizeof(keys), "%s/keys", d->data_dir);
         if (cove_mkdir_p(keys, 0700, err) < 0)
                 return cove_err_wrap(err, "snapshot keys %s", keys);
+        char cache[PATH_MAX];
+        snprintf(cache, sizeof(cache), "%s/chunk-cache", d->data_dir);
+        struct cove_chunkstore_cfg backend = {
+            .url = d->store.url,
+            .s3_endpoint = d->store.s3_endpoint,
+            .s3_timeout_ms = d->store.s3_timeout_s * 1000,
+            .cache_dir = cache,
+            .cache_bytes = (uint64_t)(d->store.cache_mb > 0 ? d->store.cache_mb : 1024) << 20};
         struct cove_store_opts so = {.root = root,
                                      .keys_dir = keys,
                                      .io = cove_testhooks_io(),
-                                     .gc_grace_ms = cove_testhooks_gc_grace_ms()};
+                                     .gc_grace_ms = cove_testhooks_gc_grace_ms(),
+                                     .backend = &backend};
         if (cove_store_open(&so, &tm->store, err) < 0)
-                return cove_err_wrap(err, "snapshot store %s", root);
+                return cove_err_wrap(err, "snapshot store %s", d->store.url ? d->store.url : root);
         cleanup_crash(d);
         tm->last_thin_ms = 0;
         tm->rolling_off = !tm->layer_dir[0];

@@ -185,10 +185,19 @@ int cove_store_open_backend(struct cove_chunkstore *cs, const struct cove_store_
 
 int cove_store_open(const struct cove_store_opts *o, struct cove_store **out, struct cove_err *err)
 {
-        if (!o->root || !o->keys_dir)
+        if ((!o->root && !o->backend) || !o->keys_dir)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "store: root and keys_dir required");
-        struct cove_chunkstore *cs = cove_chunkstore_fs_open(o->root, o->io, err);
+        struct cove_chunkstore_cfg cfg = {0};
+        if (o->backend)
+                cfg = *o->backend;
+        if (!cfg.fs_root)
+                cfg.fs_root = o->root;
+        if (!cfg.io)
+                cfg.io = o->io;
+        cfg.cache_match = "/chunks/"; /* chunks are immutable and content-named; manifests
+                                         are not cached (a deleted one must be gone) */
+        struct cove_chunkstore *cs = cove_chunkstore_open(&cfg, err);
         if (!cs)
                 return -1;
         return cove_store_open_backend(cs, o, out, err);

@@ -30,12 +30,15 @@ struct cove_store_opts {
                                         (max 8); 1: everything on the caller's thread */
         int64_t gc_grace_ms;         /* GC never deletes objects younger than this; 0: 1 h */
         int zstd_level;              /* 0: 1 */
-        int no_recover;              /* 1: skip recover at open (a second handle on a store
-                                        another process is writing: recover would remove its
-                                        temp objects). The fs backend assumes one opener. */
+        const struct cove_chunkstore_cfg *backend; /* NULL: the fs backend at root; else
+                                        the backend it names (store/chunkstore.h) */
+        int no_recover; /* 1: skip recover at open (a second handle on a store
+                           another process is writing: recover would remove its
+                           temp objects). The fs backend assumes one opener. */
 };
 
-/* Open the store (fs backend) and run cove_store_recover(). Caller closes. */
+/* Open the store (the backend o->backend names, by default fs at root) and run
+ * cove_store_recover(). Caller closes. */
 int cove_store_open(const struct cove_store_opts *o, struct cove_store **out, struct cove_err *err);
 /* Same over an already opened backend, which the store takes over (closed with it). */
 int cove_store_open_backend(struct cove_chunkstore *cs, const struct cove_store_opts *o,
