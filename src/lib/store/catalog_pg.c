@@ -174,18 +174,24 @@ static int pg_err(PGconn *conn, const PGresult *res, struct cove_err *err, const
 /* ---- queries ---- */
 
 struct params {
-        const char *v[16];
-        char buf[16][24];
+        const char *v[24];
+        char buf[24][24];
         int n;
 };
 
+#define P_MAX ((int)(sizeof(((struct params *)0)->v) / sizeof(const char *)))
+
 static void p_text(struct params *p, const char *s)
 {
+        if (p->n >= P_MAX)
+                abort(); /* a programming error: every call site has a fixed count */
         p->v[p->n++] = s;
 }
 
 static void p_int(struct params *p, int64_t x)
 {
+        if (p->n >= P_MAX)
+                abort();
         snprintf(p->buf[p->n], sizeof(p->buf[p->n]), "%" PRId64, x);
         p->v[p->n] = p->buf[p->n];
         p->n++;
