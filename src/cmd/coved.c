@@ -5,7 +5,7 @@
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
  *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
  *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers]
- *              [--egress-ca-file PEM] */
+ *              [--egress-ca-file PEM] [--db postgres://…|PATH] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,7 +40,10 @@ static void usage(FILE *f)
                 "                                writable layer under fscrypt; BYOK tenants\n"
                 "                                always are)\n"
                 "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
-                "                                (besides the system store; tests)\n");
+                "                                (besides the system store; tests)\n"
+                "             [--db URL|PATH]  catalog: postgres://USER:PW@HOST:PORT/DB (or\n"
+                "                                postgresql://) for PostgreSQL, or a SQLite file\n"
+                "                                (default DIR/catalog.db)\n");
 }
 
 int main(int argc, char **argv)
@@ -70,6 +73,7 @@ int main(int argc, char **argv)
             {"encrypt-layers", no_argument, 0, 'Y'},
             {"runtime", required_argument, 0, 'R'},
             {"vm-pool", required_argument, 0, 'V'},
+            {"db", required_argument, 0, 'B'},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -175,6 +179,13 @@ int main(int argc, char **argv)
                         break;
                 case 'Y':
                         o.encrypt_layers = 1;
+                        break;
+                case 'B':
+                        if (!*optarg) {
+                                fprintf(stderr, "coved: --db takes a postgres:// URL or a path\n");
+                                return 2;
+                        }
+                        o.db = optarg;
                         break;
                 case 'X': {
                         /* fault injection and a shifted clock: never in production */

@@ -32,6 +32,7 @@ struct coved_options {
         int encrypt_layers;  /* 1: sandboxes default to storage_encrypted */
         int vm_pool_size;    /* warm vm instances per template (0: none) */
         const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
+        const char *db; /* catalog: "postgres://…" or a SQLite path; NULL: <data>/catalog.db */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
