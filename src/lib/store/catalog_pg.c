@@ -890,7 +890,7 @@ static int pg_snapshot_delete(struct cove_catalog *c, const char *id, struct cov
 static int audit_insert(PGconn *conn, const struct cove_audit_row *rows, size_t n,
                         struct cove_err *err)
 {
-        size_t cap = 64 + n * 64;
+        size_t cap = 256 + n * 96; /* the column list, then ($1,…,$10) per row */
         char *sql = malloc(cap);
         const char **vals = calloc(n * AUDIT_NCOLS, sizeof(*vals));
         char(*ints)[24] = calloc(n * 2, sizeof(*ints));
@@ -906,6 +906,10 @@ static int audit_insert(PGconn *conn, const struct cove_audit_row *rows, size_t 
                         o += (size_t)snprintf(sql + o, cap - o, "%s$%zu", k ? "," : "",
                                               i * AUDIT_NCOLS + (size_t)k + 1);
                 o += (size_t)snprintf(sql + o, cap - o, ")");
+                if (o >= cap) { /* cannot happen with the sizes above; never write past */
+                        cove_err_set(err, 0, "catalog: append audit events: statement too long");
+                        goto out;
+                }
                 const struct cove_audit_row *a = &rows[i];
                 const char **v = vals + i * AUDIT_NCOLS;
                 snprintf(ints[2 * i], 24, "%" PRId64, a->seq);
