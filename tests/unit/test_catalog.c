@@ -1137,6 +1137,26 @@ static void pg_restart_unavailable_then_recovers(void **state)
         assert_int_equal(ops->wait_wakeup(f->c, NULL, 60000, &err), 0);
 }
 
+/* A DSN's password never reaches a message: the userinfo's and a password= parameter's. */
+static void dsn_redact_hides_passwords(void **state)
+{
+        (void)state;
+        char out[256];
+        cove_catalog_dsn_redact("postgres://cove:s3cr%40t@db:5432/cove?sslmode=require", out,
+                                sizeof(out));
+        assert_string_equal(out, "postgres://cove:***@db:5432/cove?sslmode=require");
+        cove_catalog_dsn_redact("postgresql://db/cove?user=u&password=hunter2&x=1", out,
+                                sizeof(out));
+        assert_string_equal(out, "postgresql://db/cove?user=u&password=***&x=1");
+        cove_catalog_dsn_redact("postgres://u@db/cove", out, sizeof(out));
+        assert_string_equal(out, "postgres://u@db/cove");
+        cove_catalog_dsn_redact("/var/lib/cove/catalog.db", out, sizeof(out));
+        assert_string_equal(out, "/var/lib/cove/catalog.db");
+        assert_ptr_equal(cove_catalog_for("postgres://x/y"), &cove_catalog_pg);
+        assert_ptr_equal(cove_catalog_for("postgresql://x/y"), &cove_catalog_pg);
+        assert_ptr_equal(cove_catalog_for("/tmp/postgres://x"), &cove_catalog_sqlite);
+}
+
 static int run_all(const char *name)
 {
         const struct CMUnitTest tests[] = {
@@ -1156,6 +1176,7 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(placement_wakes_waiter, setup, teardown),
             cmocka_unit_test_setup_teardown(audit_two_writers_one_chain, setup, teardown),
             cmocka_unit_test_setup_teardown(pg_restart_unavailable_then_recovers, setup, teardown),
+            cmocka_unit_test(dsn_redact_hides_passwords),
         };
         return _cmocka_run_group_tests(name, tests, sizeof(tests) / sizeof(tests[0]), NULL, NULL);
 }
