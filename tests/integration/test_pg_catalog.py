@@ -29,13 +29,21 @@ def pg_ctl(pg, *args):
     return " ".join(argv)
 
 
+def freeze(pg, sig):
+    """A shell command sending sig to this server's postmaster and its children (by pid)."""
+    pidfile = os.path.join(pg.data, "postmaster.pid")
+    return f'p=$(head -1 {pidfile}) && kill -{sig} $p $(ps -o pid= --ppid $p)'
+
+
 def test_catalog_contract_on_postgres(build_dir, pg):
     """Every catalog contract test (migrations, conflicts, ordering, cluster leases, SKIP
     LOCKED claims, NOTIFY wake-ups, two audit writers) passes on PostgreSQL as on SQLite,
-    and a PostgreSQL stopped mid-run fails calls with UNAVAILABLE, then they recover."""
+    and a PostgreSQL stopped mid-run (or frozen by SIGSTOP) fails calls with UNAVAILABLE in
+    bounded time, then they recover."""
     env = dict(os.environ, COVE_TEST_PG_URL=pg.url,
                COVE_TEST_PG_STOP=pg_ctl(pg, "-m", "fast", "-w", "-t", "60", "-s", "stop"),
-               COVE_TEST_PG_START=pg_ctl(pg, "-l", pg.log, "-w", "-t", "60", "-s", "start"))
+               COVE_TEST_PG_START=pg_ctl(pg, "-l", pg.log, "-w", "-t", "60", "-s", "start"),
+               COVE_TEST_PG_FREEZE=freeze(pg, "STOP"), COVE_TEST_PG_THAW=freeze(pg, "CONT"))
     r = subprocess.run([os.path.join(build_dir, "tests", "unit", "test_catalog")], env=env,
                        capture_output=True, text=True, timeout=900)
     out = r.stdout + r.stderr
@@ -44,7 +52,7 @@ def test_catalog_contract_on_postgres(build_dir, pg):
     assert len(runs) == 3, out[-4000:]  # SQLite, then PostgreSQL
     pg_part = runs[1] + runs[2]
     assert "postgres catalog cost" in pg_part
-    assert "[  PASSED  ] 16 test(s)." in runs[2], pg_part[-3000:]  # the restart test ran too
+    assert "[  PASSED  ] 17 test(s)." in runs[2], pg_part[-3000:]  # the restart and freeze tests ran too
     with open(os.path.join(pg.data, "postmaster.pid")) as f:  # the server is back up
         pg.pid = int(f.readline())
     assert pg.psql("SELECT 1").strip() == "1"

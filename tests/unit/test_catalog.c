@@ -3,7 +3,9 @@
  * leases, placements and jobs, and audit appends from two writers. They run on SQLite,
  * then again on PostgreSQL when COVE_TEST_PG_URL names a server (each test in a database
  * of its own; tests/integration/test_pg_catalog.py starts one and sets it). With
- * COVE_TEST_PG_STOP / COVE_TEST_PG_START (shell commands) a restart test runs too. */
+ * COVE_TEST_PG_STOP / COVE_TEST_PG_START (shell commands) a restart test runs too, and with
+ * COVE_TEST_PG_FREEZE / COVE_TEST_PG_THAW (SIGSTOP / SIGCONT of the server) a hung-server
+ * test. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1137,6 +1139,35 @@ static void pg_restart_unavailable_then_recovers(void **state)
         assert_int_equal(ops->wait_wakeup(f->c, NULL, 60000, &err), 0);
 }
 
+/* A server that stops answering (SIGSTOP: its kernel still ACKs, so no TCP timeout fires)
+ * never hangs a caller: the call gives up after the call timeout with UNAVAILABLE, and once
+ * the server runs again the next call works. */
+static void pg_frozen_server_bounded(void **state)
+{
+        struct fx *f = *state;
+        const char *freeze = getenv("COVE_TEST_PG_FREEZE"), *thaw = getenv("COVE_TEST_PG_THAW");
+        if (!f->pg || !freeze || !thaw) {
+                print_message("skipped: needs PostgreSQL and COVE_TEST_PG_FREEZE/THAW\n");
+                skip();
+        }
+        setenv("COVE_PG_CALL_TIMEOUT_MS", "2000", 1);
+        f->c = open_ok(f);
+        unsetenv("COVE_PG_CALL_TIMEOUT_MS");
+        struct cove_err err = {0};
+        struct cove_tenant_row t;
+        add_tenant(f->c, "t1");
+        assert_int_equal(system(freeze), 0);
+        int64_t t0 = cove_mono_ns();
+        int r = ops->tenant_get(f->c, "t1", &t, &err);
+        double ms = (double)(cove_mono_ns() - t0) / 1e6;
+        assert_int_equal(system(thaw), 0);
+        assert_int_equal(r, -1);
+        assert_int_equal(err.kind, COVE_E_UNAVAILABLE);
+        assert_non_null(strstr(err.msg, "did not answer"));
+        print_message("frozen server: the call gave up after %.0f ms: %s\n", ms, err.msg);
+        assert_int_equal(ops->tenant_get(f->c, "t1", &t, &err), 0);
+}
+
 /* A DSN's password never reaches a message: the userinfo's and a password= parameter's. */
 static void dsn_redact_hides_passwords(void **state)
 {
@@ -1176,6 +1207,7 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(placement_wakes_waiter, setup, teardown),
             cmocka_unit_test_setup_teardown(audit_two_writers_one_chain, setup, teardown),
             cmocka_unit_test_setup_teardown(pg_restart_unavailable_then_recovers, setup, teardown),
+            cmocka_unit_test_setup_teardown(pg_frozen_server_bounded, setup, teardown),
             cmocka_unit_test(dsn_redact_hides_passwords),
         };
         return _cmocka_run_group_tests(name, tests, sizeof(tests) / sizeof(tests[0]), NULL, NULL);

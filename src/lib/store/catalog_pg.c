@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <libpq-events.h>
 #include <libpq-fe.h>
 #include <poll.h>
 #include <pthread.h>
@@ -35,9 +36,85 @@ struct cove_catalog {
         pthread_mutex_t listen_mu; /* wait_wakeup's own connection */
         PGconn *listen;
         int listened; /* LISTEN was set up once: a later reconnect may have missed NOTIFYs */
+        int64_t call_timeout_ms; /* longest wait for one answer (COVE_PG_CALL_TIMEOUT_MS) */
 };
 
+/* ---- bounded calls ----
+ * statement_timeout is enforced by the server; a server that is stopped (SIGSTOP, a paused
+ * VM) or a link that drops packets answers nothing, and its kernel may still ACK, so TCP
+ * timeouts never fire. Every call therefore waits at most call_timeout_ms here, then gives
+ * the connection up (conn_put drops it). */
+#define TIMED_OUT ((PGresult *)-1) /* returned by exec_bounded when the deadline passed */
+
+static PGresult *exec_bounded(PGconn *conn, int64_t timeout_ms, const char *sql, int n,
+                              const char *const *vals)
+{
+        int sent = n >= 0 ? PQsendQueryParams(conn, sql, n, NULL, vals, NULL, NULL, 0)
+                          : PQsendQuery(conn, sql); /* n < 0: several statements, no params */
+        if (!sent)
+                return NULL;
+        int64_t deadline = cove_mono_ns() + timeout_ms * 1000000;
+        for (;;) {
+                int f = PQflush(conn);
+                if (f < 0)
+                        return NULL;
+                if (f == 0) {
+                        if (!PQconsumeInput(conn))
+                                return NULL;
+                        if (!PQisBusy(conn))
+                                break;
+                }
+                int64_t left = (deadline - cove_mono_ns()) / 1000000;
+                if (left <= 0)
+                        return TIMED_OUT;
+                struct pollfd pfd = {.fd = PQsocket(conn),
+                                     .events = (short)(POLLIN | (f == 1 ? POLLOUT : 0))};
+                if (poll(&pfd, 1, left > 1000 ? 1000 : (int)left) < 0 && errno != EINTR)
+                        return NULL;
+        }
+        /* several statements give several results: the first error, else the last one */
+        PGresult *res = NULL, *r;
+        while ((r = PQgetResult(conn)) != NULL) {
+                ExecStatusType st = PQresultStatus(r);
+                int bad = st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK;
+                int have_bad = res && PQresultStatus(res) != PGRES_COMMAND_OK &&
+                               PQresultStatus(res) != PGRES_TUPLES_OK;
+                if (!have_bad || (bad && !res)) {
+                        PQclear(res);
+                        res = r;
+                } else {
+                        PQclear(r);
+                }
+                if (PQstatus(conn) != CONNECTION_OK)
+                        break;
+        }
+        return res;
+}
+
+static int timed_out_err(struct cove_err *err, int64_t ms, const char *ctx)
+{
+        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                             "catalog: %s: PostgreSQL did not answer within %lld ms; the next "
+                             "call reconnects",
+                             ctx, (long long)ms);
+}
+
 /* ---- connections ---- */
+
+/* Each connection carries its catalog's call timeout as libpq instance data. */
+static int conn_event(PGEventId id, void *info, void *arg)
+{
+        (void)id;
+        (void)info;
+        (void)arg;
+        return 1;
+}
+
+static int64_t call_timeout_ms(const PGconn *conn)
+{
+        const int64_t *ms = PQinstanceData(conn, conn_event);
+        return ms ? *ms : 35000;
+}
 
 static PGconn *pg_connect(struct cove_catalog *c, struct cove_err *err)
 {
@@ -69,11 +146,20 @@ static PGconn *pg_connect(struct cove_catalog *c, struct cove_err *err)
                               c->redacted, msg);
                 return NULL;
         }
+        if (!PQregisterEventProc(conn, conn_event, "cove", NULL) ||
+            !PQsetInstanceData(conn, conn_event, &c->call_timeout_ms)) {
+                PQfinish(conn);
+                cove_err_set(err, ENOMEM, "catalog %s: connection set-up", c->redacted);
+                return NULL;
+        }
         /* commits are durable whatever the server's default (and the dsn's options) say */
-        PGresult *res = PQexec(conn, "SET synchronous_commit = on; SET client_min_messages = "
-                                     "warning; SET client_encoding = 'UTF8'");
-        int ok = PQresultStatus(res) == PGRES_COMMAND_OK;
-        PQclear(res);
+        PGresult *res = exec_bounded(conn, c->call_timeout_ms,
+                                     "SET synchronous_commit = on; SET client_min_messages ="
+                                     " warning; SET client_encoding = 'UTF8'",
+                                     -1, NULL);
+        int ok = res != TIMED_OUT && PQresultStatus(res) == PGRES_COMMAND_OK;
+        if (res != TIMED_OUT)
+                PQclear(res);
         if (!ok) {
                 cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "catalog %s: set up session: %s",
                               c->redacted, PQerrorMessage(conn));
@@ -110,9 +196,11 @@ static PGconn *conn_get(struct cove_catalog *c, struct cove_err *err)
  * call too. A connection left inside a transaction is rolled back first. */
 static void conn_put(struct cove_catalog *c, PGconn *conn)
 {
-        if (PQstatus(conn) == CONNECTION_OK && PQtransactionStatus(conn) != PQTRANS_IDLE) {
-                PGresult *res = PQexec(conn, "ROLLBACK");
-                PQclear(res);
+        PGTransactionStatusType ts = PQtransactionStatus(conn);
+        if (PQstatus(conn) == CONNECTION_OK && (ts == PQTRANS_INTRANS || ts == PQTRANS_INERROR)) {
+                PGresult *res = exec_bounded(conn, call_timeout_ms(conn), "ROLLBACK", -1, NULL);
+                if (res != TIMED_OUT)
+                        PQclear(res);
         }
         int broken = PQstatus(conn) != CONNECTION_OK || PQtransactionStatus(conn) != PQTRANS_IDLE;
         PGconn *drop[POOL_MAX];
@@ -201,7 +289,10 @@ static void p_int(struct params *p, int64_t x)
 static PGresult *run(PGconn *conn, const char *sql, const struct params *p, struct cove_err *err,
                      const char *ctx)
 {
-        PGresult *res = PQexecParams(conn, sql, p ? p->n : 0, NULL, p ? p->v : NULL, NULL, NULL, 0);
+        int64_t ms = call_timeout_ms(conn);
+        PGresult *res = exec_bounded(conn, ms, sql, p ? p->n : 0, p ? p->v : NULL);
+        if (res == TIMED_OUT)
+                return timed_out_err(err, ms, ctx), NULL;
         ExecStatusType st = PQresultStatus(res);
         if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
                 return res;
@@ -232,7 +323,10 @@ static PGresult *run1(struct cove_catalog *c, const char *sql, const struct para
 
 static int exec_ok(PGconn *conn, const char *sql, struct cove_err *err, const char *ctx)
 {
-        PGresult *res = PQexec(conn, sql);
+        int64_t ms = call_timeout_ms(conn);
+        PGresult *res = exec_bounded(conn, ms, sql, -1, NULL);
+        if (res == TIMED_OUT)
+                return timed_out_err(err, ms, ctx);
         ExecStatusType st = PQresultStatus(res);
         int r = (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
                     ? 0
@@ -330,8 +424,7 @@ static int migrate(struct cove_catalog *c, PGconn *conn, struct cove_err *err)
 fail:
         cove_err_wrap(err, "open catalog %s", c->redacted);
 fail_quiet:
-        PQclear(PQexec(conn, "ROLLBACK"));
-        return -1;
+        return -1; /* conn_put rolls back */
 }
 
 static void pg_close(struct cove_catalog *c)
@@ -364,6 +457,9 @@ static struct cove_catalog *pg_open(const char *dsn, struct cove_err *err)
                 return NULL;
         }
         cove_catalog_dsn_redact(dsn, c->redacted, sizeof(c->redacted));
+        /* statement_timeout (30 s) plus a margin, unless the environment says otherwise */
+        const char *t = getenv("COVE_PG_CALL_TIMEOUT_MS");
+        c->call_timeout_ms = t && atoll(t) > 0 ? atoll(t) : 35000;
         pthread_mutex_init(&c->mu, NULL);
         pthread_cond_init(&c->cv, NULL);
         pthread_mutex_init(&c->listen_mu, NULL);
@@ -925,7 +1021,12 @@ static int audit_insert(PGconn *conn, const struct cove_audit_row *rows, size_t 
                 v[8] = a->prev_hash;
                 v[9] = a->hash;
         }
-        PGresult *res = PQexecParams(conn, sql, (int)(n * AUDIT_NCOLS), NULL, vals, NULL, NULL, 0);
+        int64_t ms = call_timeout_ms(conn);
+        PGresult *res = exec_bounded(conn, ms, sql, (int)(n * AUDIT_NCOLS), vals);
+        if (res == TIMED_OUT) {
+                r = timed_out_err(err, ms, "append audit events");
+                goto out;
+        }
         r = PQresultStatus(res) == PGRES_COMMAND_OK
                 ? 0
                 : pg_err(conn, res, err, "append audit events %lld..", (long long)rows[0].seq);
