@@ -144,3 +144,23 @@ def test_two_coved_one_audit_chain(coved_factory, pg):
     seqs = [int(x) for x in pg.psql("SELECT seq FROM audit_events ORDER BY seq",
                                     db="coved_audit").split()]
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_coved_answers_503_while_postgres_is_down(coved_factory, pg):
+    """PostgreSQL restarted under a running coved: requests get 503 unavailable (never a
+    hang or a crash) while it is down, and succeed again once it is back."""
+    url = pg.create_db("coved_restart")
+    d = coved_factory(extra_args=["--db", url, "--pool", "0"])
+    c = d.client
+    assert c.get("/v1/sandboxes")["sandboxes"] == []
+    pg.stop_server()
+    try:
+        for _ in range(3):
+            r = c.request("GET", "/v1/sandboxes", timeout=60)
+            assert r.status == 503, r.body[:300]
+            assert r.error["code"] == "unavailable"
+            assert pg.password not in r.body.decode(errors="replace")
+    finally:
+        pg.start_server()
+    assert c.get("/v1/sandboxes")["sandboxes"] == []
+    assert d.alive()
