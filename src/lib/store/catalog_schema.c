@@ -49,8 +49,8 @@ const struct cove_migration cove_catalog_migrations[] = {
             "  error TEXT"
             ");"
             "CREATE INDEX sandboxes_tenant_created ON sandboxes(tenant, created_at);"
-            /* Tenants never share host uids (DESIGN.md §2.4): two live rows with the same
-             * allocated range is a bug the catalog refuses rather than records. */
+            /* Tenants never share host uids (docs/architecture.md, trust rule 4): two live rows
+             * with the same allocated range is a bug the catalog refuses rather than records. */
             "CREATE UNIQUE INDEX sandboxes_uid_base ON sandboxes(uid_base) WHERE uid_base <> 0;",
      /* PostgreSQL has no json_valid/json_type: the same names, so the CHECKs read alike.
       * Both are exception-safe (a malformed text is a CHECK failure, not an error). */
