@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -40,6 +40,11 @@ bench-full: all
 # and the guest kernel from scripts/install-deps); BENCH_VM_ARGS e.g. --n 20
 bench-vm: all
 	/usr/bin/python3 bench/vm_bench.py --build $(BUILD) $(BENCH_VM_ARGS)
+
+# cluster catalog: placement cycles/s on PostgreSQL next to SQLite (bench/cluster_bench.{py,c},
+# a throwaway PostgreSQL); BENCH_CLUSTER_ARGS e.g. --n 1000 --clients 8
+bench-cluster: all
+	/usr/bin/python3 bench/cluster_bench.py --build $(BUILD) $(BENCH_CLUSTER_ARGS)
 
 asan:
 	$(MAKE) BUILD=build-asan MESON_OPTS="-Db_sanitize=address,undefined -Db_lundef=false" test

@@ -5,7 +5,8 @@
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
  *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
  *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers]
- *              [--egress-ca-file PEM] [--store s3://BUCKET[/PREFIX] --s3-endpoint URL]
+ *              [--egress-ca-file PEM] [--db postgres://…|PATH]
+ *              [--store s3://BUCKET[/PREFIX] --s3-endpoint URL]
  *              [--s3-timeout S] [--chunk-cache-mb N] */
 #include <getopt.h>
 #include <signal.h>
@@ -47,7 +48,10 @@ static void usage(FILE *f)
                 "                                AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY\n"
                 "             [--s3-endpoint URL]  http(s)://HOST[:PORT] of the S3 service\n"
                 "             [--s3-timeout S]  deadline of one S3 request (default 30)\n"
-                "             [--chunk-cache-mb N]  local cache of S3 chunks (default 1024)\n");
+                "             [--chunk-cache-mb N]  local cache of S3 chunks (default 1024)\n"
+                "             [--db URL|PATH]  catalog: postgres://USER:PW@HOST:PORT/DB (or\n"
+                "                                postgresql://) for PostgreSQL, or a SQLite file\n"
+                "                                (default DIR/catalog.db)\n");
 }
 
 int main(int argc, char **argv)
@@ -81,6 +85,7 @@ int main(int argc, char **argv)
             {"s3-endpoint", required_argument, 0, 1002},
             {"s3-timeout", required_argument, 0, 1003},
             {"chunk-cache-mb", required_argument, 0, 1004},
+            {"db", required_argument, 0, 'B'},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -186,6 +191,13 @@ int main(int argc, char **argv)
                         break;
                 case 'Y':
                         o.encrypt_layers = 1;
+                        break;
+                case 'B':
+                        if (!*optarg) {
+                                fprintf(stderr, "coved: --db takes a postgres:// URL or a path\n");
+                                return 2;
+                        }
+                        o.db = optarg;
                         break;
                 case 'X': {
                         /* fault injection and a shifted clock: never in production */

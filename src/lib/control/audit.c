@@ -87,6 +87,13 @@ static void free_batch(struct qev *q)
         }
 }
 
+/* Chain the batch onto the head (seq, hash) and append it. Another writer (a second coved
+ * on the same PostgreSQL catalog, or a second handle on the same SQLite file) may have
+ * moved the head since this one read it: the catalog refuses the batch with CONFLICT,
+ * and the batch is re-chained onto the head read again and retried. Only other failures
+ * (or a head that keeps moving) drop the batch. */
+#define APPEND_TRIES 16
+
 static void write_batch(struct cove_audit *a, struct qev *batch, size_t n)
 {
         struct cove_audit_row *rows = calloc(n, sizeof(*rows));
@@ -94,32 +101,42 @@ static void write_batch(struct cove_audit *a, struct qev *batch, size_t n)
                 __atomic_fetch_add(&a->dropped, n, __ATOMIC_RELAXED);
                 return;
         }
-        int64_t seq = a->seq;
-        char prev[65];
-        snprintf(prev, sizeof(prev), "%s", a->hash);
-        size_t i = 0;
-        for (struct qev *q = batch; q; q = q->next, i++) {
-                q->row.seq = ++seq;
-                snprintf(q->row.prev_hash, sizeof(q->row.prev_hash), "%s", prev);
-                cove_audit_hash(&q->row, prev, q->row.hash);
-                snprintf(prev, sizeof(prev), "%s", q->row.hash);
-                rows[i] = q->row;
-        }
-        struct cove_err err;
-        if (a->ops->audit_append(a->cat, rows, n, &err) == 0) {
-                a->seq = seq;
-                snprintf(a->hash, sizeof(a->hash), "%s", prev);
-        } else {
-                cove_warn(a->log, "audit", "%zu audit events lost: %s", n, err.msg);
-                __atomic_fetch_add(&a->dropped, n, __ATOMIC_RELAXED);
+        struct cove_err err = {0};
+        for (int attempt = 0; attempt < APPEND_TRIES; attempt++) {
+                int64_t seq = a->seq;
+                char prev[65];
+                snprintf(prev, sizeof(prev), "%s", a->hash);
+                size_t i = 0;
+                for (struct qev *q = batch; q; q = q->next, i++) {
+                        q->row.seq = ++seq;
+                        snprintf(q->row.prev_hash, sizeof(q->row.prev_hash), "%s", prev);
+                        cove_audit_hash(&q->row, prev, q->row.hash);
+                        snprintf(prev, sizeof(prev), "%s", q->row.hash);
+                        rows[i] = q->row;
+                }
+                if (a->ops->audit_append(a->cat, rows, n, &err) == 0) {
+                        a->seq = seq;
+                        snprintf(a->hash, sizeof(a->hash), "%s", prev);
+                        free(rows);
+                        return;
+                }
                 /* another writer may have moved the head: read it again */
                 int64_t s;
                 char h[65];
-                if (a->ops->audit_last(a->cat, &s, h, &err) == 0) {
+                struct cove_err e2;
+                int r = a->ops->audit_last(a->cat, &s, h, &e2);
+                if (r == 0) {
                         a->seq = s;
                         snprintf(a->hash, sizeof(a->hash), "%s", h);
+                } else if (r == 1) {
+                        a->seq = 0;
+                        snprintf(a->hash, sizeof(a->hash), ZERO_HASH);
                 }
+                if (err.kind != COVE_E_CONFLICT || r < 0)
+                        break;
         }
+        cove_warn(a->log, "audit", "%zu audit events lost: %s", n, err.msg);
+        __atomic_fetch_add(&a->dropped, n, __ATOMIC_RELAXED);
         free(rows);
 }
 

@@ -153,12 +153,18 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                     "--guest-binary)",
                                     d->guest_binary);
 
-        char db[PATH_MAX];
-        snprintf(db, sizeof(db), "%s/catalog.db", d->data_dir);
-        d->cat_ops = &cove_catalog_sqlite;
+        char db[PATH_MAX], shown[512];
+        if (o->db)
+                snprintf(db, sizeof(db), "%s", o->db);
+        else
+                snprintf(db, sizeof(db), "%s/catalog.db", d->data_dir);
+        d->cat_ops = cove_catalog_for(db);
+        cove_catalog_dsn_redact(db, shown, sizeof(shown)); /* never log a password */
         d->cat = d->cat_ops->open(db, err);
+        explicit_bzero(db, sizeof(db));
         if (!d->cat)
-                return cove_err_wrap(err, "catalog %s", db);
+                return cove_err_wrap(err, "catalog %s", shown);
+        cove_info(&d->log, "coved.start", "catalog: %s %s", d->cat_ops->name, shown);
         if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 || ensure_admin_key(d, err) < 0)
                 goto fail;
         if (build_templates(d, o->templates ? o->templates : "busybox", err) < 0)

@@ -43,6 +43,7 @@ struct coved_options {
         int vm_pool_size;    /* warm vm instances per template (0: none) */
         const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
         struct coved_store_options store; /* snapshot store */
+        const char *db; /* catalog: "postgres://…" or a SQLite path; NULL: <data>/catalog.db */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */

@@ -1,8 +1,11 @@
 /* Catalog: the control plane's durable state (tenants, API keys, sandboxes, …) behind
  * one interface. SQLite is the embedded default (store/catalog_sqlite.c); PostgreSQL
- * implements the same ops later with the same schema migrations.
- * All calls are thread-safe (the backend serialises); strings in rows are owned by the
- * row and freed with cove_sandbox_row_clear(). */
+ * (store/catalog_pg.c) implements the same ops with the same schema migrations
+ * (store/catalog_schema.c), for a cluster of control replicas and nodes.
+ * All calls are thread-safe (the backend serialises, or uses one connection per call);
+ * strings in rows are owned by the row and freed with cove_sandbox_row_clear().
+ * Errors: COVE_E_UNAVAILABLE when the database cannot be reached or answered in time (the
+ * call did not happen, or its outcome is unknown for a write; the next call reconnects). */
 #ifndef COVE_STORE_CATALOG_H
 #define COVE_STORE_CATALOG_H
 
@@ -97,6 +100,49 @@ struct cove_audit_row {
         char hash[65];      /* hex SHA-256(prev_hash || canonical event) */
 };
 typedef int (*cove_audit_cb)(const struct cove_audit_row *row, void *arg); /* <0 stops */
+/* ---- the cluster (schema 6): nodes with leases, placements, jobs ----
+ * The control plane places a sandbox on a node and enqueues a job in one transaction;
+ * the owning node claims the job, converges and reports. A node's every write names
+ * (node, epoch, generation) and is refused with COVE_E_CONFLICT when any is stale, so a
+ * node that lost its lease (or a sandbox that moved) can change nothing. Lease times are
+ * the database's clock (PostgreSQL's, or the process's for SQLite), never the caller's. */
+struct cove_node_row {
+        char name[64];
+        char state[16];                   /* "ready", "cordoned", "draining", "lost" */
+        int64_t epoch;                    /* bumped by every lease acquire; 0 = never held */
+        int64_t lease_expires_at;         /* unix ms (database clock) */
+        int64_t cpus, memory_mb, disk_mb; /* capacity the node announced */
+        /* summed cpus / memory_mb / disk_mb of the sandboxes placed on it whose desired
+         * state is not "stopped" (computed by node_list, ignored by node_lease_acquire) */
+        int64_t alloc_cpus, alloc_memory_mb, alloc_disk_mb;
+        char address[256]; /* its node API, "https://host:port" */
+        int64_t last_seen; /* unix ms of the last acquire or renew */
+};
+typedef int (*cove_node_cb)(const struct cove_node_row *row, void *arg); /* <0 stops */
+
+/* Where a sandbox runs and what it should be. generation is bumped on every placement
+ * (a new node, or the same node again); a desired-state change alone keeps it. */
+struct cove_placement_row {
+        char sandbox_id[64];
+        char node[64];
+        int64_t generation;
+        char desired_state[16];  /* a sandbox state ("running", "paused", "stopped") */
+        char observed_state[16]; /* last report of the owning node, "" before any */
+        int64_t updated_at;      /* unix ms of the last write */
+};
+
+struct cove_job_row {
+        int64_t id; /* increasing: claims take the oldest first */
+        char sandbox_id[64];
+        char kind[16];      /* "start", "pause", "resume", "stop", … (the caller's vocabulary) */
+        int64_t generation; /* the placement's generation the job was written for */
+        char state[16];     /* "queued", "claimed", "done", "failed" */
+        char claimed_by[64];
+        int64_t claimed_epoch;
+        char *result_json; /* owned by the row (free()), NULL before finish */
+        int64_t created_at, updated_at;
+};
+
 /* An egress document (schema 4): kind "secret" or "lease"; <0 stops. */
 typedef int (*cove_doc_cb)(const char *tenant, const char *key, const char *owner, const char *json,
                            void *arg);
@@ -204,8 +250,94 @@ struct cove_catalog_ops {
                         const char *owner, cove_doc_cb cb, void *arg, struct cove_err *err);
         int (*doc_delete)(struct cove_catalog *c, const char *kind, const char *tenant,
                           const char *key, struct cove_err *err);
+
+        /* ---- cluster (schema 6); see struct cove_node_row ---- */
+
+        /* A node process takes the lease of its name (n: name, capacity, address; the
+         * state of a new row is "ready", a "lost" one becomes "ready", cordoned/draining
+         * stay). The new epoch is the old one + 1 and the lease runs ttl_ms from now.
+         * Refused with COVE_E_CONFLICT while the current lease has not expired (another
+         * live holder, or this node's previous process: wait for the TTL). Committed with
+         * a full fsync. Fills *epoch and *expires_at. */
+        int (*node_lease_acquire)(struct cove_catalog *c, const struct cove_node_row *n,
+                                  int64_t ttl_ms, int64_t *epoch, int64_t *expires_at,
+                                  struct cove_err *err);
+        /* The holder extends its lease to now + ttl_ms. Only with the current epoch and
+         * before expiry: otherwise COVE_E_CONFLICT, and the node must fence itself (stop
+         * what it runs) and acquire again. Fills *expires_at. */
+        int (*node_lease_renew)(struct cove_catalog *c, const char *name, int64_t epoch,
+                                int64_t ttl_ms, int64_t *expires_at, struct cove_err *err);
+        /* Control plane: set a node's state (ready|cordoned|draining|lost). 0, 1 unknown
+         * node, -1 (bad state: COVE_E_BAD_REQUEST). */
+        int (*node_set_state)(struct cove_catalog *c, const char *name, const char *state,
+                              struct cove_err *err);
+        /* Every node by name, with alloc_* summed; cb runs after the lock is released. */
+        int (*node_list)(struct cove_catalog *c, cove_node_cb cb, void *arg, struct cove_err *err);
+
+        /* Control plane, ONE transaction: set sandbox_id's desired state, optionally place it
+         * (node non-NULL: a new placement, generation + 1; NULL: keep node and generation,
+         * the sandbox must be placed already, else COVE_E_NOT_FOUND), and enqueue a job of
+         * job_kind (NULL: none) for the resulting generation. Queued jobs of older
+         * generations are failed ("superseded") in the same transaction. expect_generation
+         * >= 0 makes it a compare-and-set: the current generation (0 = never placed) must
+         * equal it, else COVE_E_CONFLICT (two replicas racing to place the same sandbox:
+         * one wins). A node that is not "ready" cannot take a new placement
+         * (COVE_E_CONFLICT); an unknown one is COVE_E_NOT_FOUND. Wakes the node's waiters
+         * (wait_wakeup) once committed. Fills *generation and *job_id (0 when no job), both
+         * optional. The sandbox row itself is not touched and need not exist. */
+        int (*placement_write)(struct cove_catalog *c, const char *sandbox_id, const char *node,
+                               const char *desired_state, const char *job_kind,
+                               int64_t expect_generation, int64_t *generation, int64_t *job_id,
+                               struct cove_err *err);
+        /* 0 found, 1 never placed, -1 error. */
+        int (*placement_get)(struct cove_catalog *c, const char *sandbox_id,
+                             struct cove_placement_row *out, struct cove_err *err);
+        /* A node records what it observed of a sandbox it owns. Refused (COVE_E_CONFLICT)
+         * unless the sandbox is placed on node at generation and node holds a live lease
+         * with epoch. Idempotent. */
+        int (*placement_observe)(struct cove_catalog *c, const char *sandbox_id, const char *node,
+                                 int64_t epoch, int64_t generation, const char *observed_state,
+                                 struct cove_err *err);
+
+        /* A node claims its oldest job: one whose sandbox is placed on node at the job's
+         * generation, queued (or claimed by an older epoch of this same node: a restart
+         * takes its jobs back). Needs a live lease with epoch (COVE_E_CONFLICT otherwise).
+         * Concurrent claimers never get the same job (PostgreSQL: FOR UPDATE SKIP LOCKED).
+         * 0 claimed (*out filled; free out->result_json), 1 nothing to do, -1 error. */
+        int (*job_claim)(struct cove_catalog *c, const char *node, int64_t epoch,
+                         struct cove_job_row *out, struct cove_err *err);
+        /* The claimer finishes job_id: ok 1 → "done", 0 → "failed", with result_json (a
+         * JSON value or NULL). Refused (COVE_E_CONFLICT) unless the job is claimed by
+         * (node, epoch), its generation is the sandbox's current one and the lease is
+         * live; a repeat of the same finish is accepted (idempotent). COVE_E_NOT_FOUND
+         * for an unknown job. Committed with a full fsync. */
+        int (*job_finish)(struct cove_catalog *c, int64_t job_id, const char *node, int64_t epoch,
+                          int64_t generation, int ok, const char *result_json,
+                          struct cove_err *err);
+        /* 0 found (free out->result_json), 1 none, -1 error. */
+        int (*job_get)(struct cove_catalog *c, int64_t job_id, struct cove_job_row *out,
+                       struct cove_err *err);
+        /* Block until a placement_write for node (NULL: any) may have enqueued work, or
+         * timeout_ms passes. 0 woken, 1 timed out, -1 error. A hint only: the caller
+         * claims after either answer, and its own poll interval bounds what a lost
+         * wake-up costs. PostgreSQL: LISTEN/NOTIFY on a dedicated connection (writes by
+         * any process wake it; it listens from its first call on, so call it once with 0
+         * before the first claim); SQLite: writes through this handle only. */
+        int (*wait_wakeup)(struct cove_catalog *c, const char *node, int timeout_ms,
+                           struct cove_err *err);
 };
 
 extern const struct cove_catalog_ops cove_catalog_sqlite;
+extern const struct cove_catalog_ops cove_catalog_pg;
+
+/* The backend for a --db value: "postgres://…" / "postgresql://…" → PostgreSQL, anything
+ * else (a path) → SQLite. */
+const struct cove_catalog_ops *cove_catalog_for(const char *dsn);
+/* The dsn with any password replaced by "***", for messages and logs. */
+void cove_catalog_dsn_redact(const char *dsn, char *out, size_t cap);
+/* 1 if s is one of ready cordoned draining lost. */
+int cove_node_state_valid(const char *s);
+/* Frees result_json. */
+void cove_job_row_clear(struct cove_job_row *row);
 
 #endif

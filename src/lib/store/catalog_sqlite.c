@@ -2,6 +2,7 @@
  * mutex, versioned schema migrations applied at open, and every statement prepared once.
  * No SQL is ever built from caller data: all values are bound parameters. */
 #include "store/catalog.h"
+#include "store/catalog_schema.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -13,121 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-/* Schema migrations, in order: step i brings the schema from version i to i+1. Each step
- * runs in its own transaction together with its schema_migrations row, so a crash leaves
- * the database at one version or the next. Never edit a released step; append a new one. */
-static const char *const migrations[] = {
-    /* 1: tenants, API keys (hashed), sandboxes */
-    "CREATE TABLE tenants ("
-    "  id TEXT PRIMARY KEY,"
-    "  name TEXT NOT NULL,"
-    "  created_at INTEGER NOT NULL"
-    ");"
-    "CREATE TABLE api_keys ("
-    "  id TEXT PRIMARY KEY,"
-    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
-    "  salt_hex TEXT NOT NULL CHECK (length(salt_hex) = 64),"
-    "  hash_hex TEXT NOT NULL CHECK (length(hash_hex) = 64),"
-    "  admin INTEGER NOT NULL DEFAULT 0,"
-    "  revoked INTEGER NOT NULL DEFAULT 0,"
-    "  created_at INTEGER NOT NULL"
-    ");"
-    "CREATE INDEX api_keys_tenant ON api_keys(tenant);"
-    "CREATE TABLE sandboxes ("
-    "  id TEXT PRIMARY KEY,"
-    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
-    "  state TEXT NOT NULL,"
-    "  template_name TEXT NOT NULL,"
-    "  runtime TEXT NOT NULL,"
-    "  created_at INTEGER NOT NULL,"
-    "  expires_at INTEGER NOT NULL DEFAULT 0,"
-    "  cpus INTEGER NOT NULL,"
-    "  memory_mb INTEGER NOT NULL,"
-    "  disk_mb INTEGER NOT NULL,"
-    "  timeout_s INTEGER NOT NULL,"
-    "  on_timeout TEXT NOT NULL,"
-    "  uid_base INTEGER NOT NULL DEFAULT 0,"
-    "  node TEXT NOT NULL DEFAULT '',"
-    "  last_snapshot_id TEXT NOT NULL DEFAULT '',"
-    "  metadata_json TEXT NOT NULL DEFAULT '{}'"
-    "    CHECK (json_valid(metadata_json) AND json_type(metadata_json) = 'object'),"
-    "  env_json TEXT NOT NULL DEFAULT '{}'"
-    "    CHECK (json_valid(env_json) AND json_type(env_json) = 'object'),"
-    "  error TEXT"
-    ");"
-    "CREATE INDEX sandboxes_tenant_created ON sandboxes(tenant, created_at);"
-    /* Tenants never share host uids (docs/architecture.md, trust rule 4): two live rows with the
-     * same allocated range is a bug the catalog refuses rather than records. */
-    "CREATE UNIQUE INDEX sandboxes_uid_base ON sandboxes(uid_base) WHERE uid_base <> 0;",
-    /* 2: the time machine: snapshot schedule per sandbox, complete snapshots. A snapshot
-     * row outlives its sandbox (no foreign key to sandboxes). */
-    "ALTER TABLE sandboxes ADD COLUMN snapshot_interval_s INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE sandboxes ADD COLUMN retention_json TEXT"
-    "  CHECK (retention_json IS NULL OR json_valid(retention_json));"
-    "CREATE TABLE snapshots ("
-    "  id TEXT PRIMARY KEY,"
-    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
-    "  sandbox_id TEXT NOT NULL,"
-    "  parent_id TEXT NOT NULL DEFAULT '',"
-    "  kind TEXT NOT NULL CHECK (kind IN ('files', 'full')),"
-    "  created_at INTEGER NOT NULL,"
-    "  label TEXT NOT NULL DEFAULT '',"
-    "  size_bytes INTEGER NOT NULL DEFAULT 0,"
-    "  new_bytes INTEGER NOT NULL DEFAULT 0,"
-    "  pause_us INTEGER NOT NULL DEFAULT 0,"
-    "  rolling INTEGER NOT NULL DEFAULT 0"
-    ");"
-    "CREATE INDEX snapshots_sandbox ON snapshots(sandbox_id, created_at);"
-    "CREATE INDEX snapshots_tenant ON snapshots(tenant, created_at);",
-    /* 3: the audit log (append-only, hash-chained: control/audit.h) and egress policies */
-    "CREATE TABLE audit_events ("
-    "  seq INTEGER PRIMARY KEY,"
-    "  at INTEGER NOT NULL,"
-    "  tenant TEXT NOT NULL,"
-    "  sandbox TEXT NOT NULL DEFAULT '',"
-    "  kind TEXT NOT NULL,"
-    "  action TEXT NOT NULL,"
-    "  verdict TEXT NOT NULL DEFAULT '',"
-    "  detail_json TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(detail_json)),"
-    "  prev_hash TEXT NOT NULL CHECK (length(prev_hash) = 64),"
-    "  hash TEXT NOT NULL CHECK (length(hash) = 64)"
-    ");"
-    "CREATE INDEX audit_events_tenant ON audit_events(tenant, seq);"
-    "CREATE INDEX audit_events_sandbox ON audit_events(sandbox, seq);"
-    "CREATE TRIGGER audit_events_no_update BEFORE UPDATE ON audit_events"
-    "  BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END;"
-    "CREATE TRIGGER audit_events_no_delete BEFORE DELETE ON audit_events"
-    "  BEGIN SELECT RAISE(ABORT, 'audit events are append-only'); END;"
-    "CREATE TABLE egress_policies ("
-    "  sandbox_id TEXT PRIMARY KEY,"
-    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
-    "  policy_json TEXT NOT NULL CHECK (json_valid(policy_json)),"
-    "  updated_at INTEGER NOT NULL"
-    ");",
-    /* 4: tenants: quotas (0 = unlimited) and soft deletion (rows stay: snapshots and audit
-     * events refer to them) */
-    "ALTER TABLE tenants ADD COLUMN max_sandboxes INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE tenants ADD COLUMN max_cpus INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE tenants ADD COLUMN max_memory_mb INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE tenants ADD COLUMN max_storage_mb INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE tenants ADD COLUMN deleted_at INTEGER NOT NULL DEFAULT 0;"
-    /* and sandboxes whose writable layer is encrypted at rest (fscrypt, control/tenant.h) */
-    "ALTER TABLE sandboxes ADD COLUMN storage_encrypted INTEGER NOT NULL DEFAULT 0;",
-    /* 5: egress secrets (value encrypted under the tenant's key: control/secrets.h) and
-     * credential leases, as JSON documents keyed by (kind, tenant, key) */
-    "CREATE TABLE egress_docs ("
-    "  kind TEXT NOT NULL CHECK (kind IN ('secret', 'lease')),"
-    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
-    "  key TEXT NOT NULL,"
-    "  owner TEXT NOT NULL DEFAULT '',"
-    "  doc_json TEXT NOT NULL CHECK (json_valid(doc_json)),"
-    "  updated_at INTEGER NOT NULL,"
-    "  PRIMARY KEY (kind, tenant, key)"
-    ");"
-    "CREATE INDEX egress_docs_owner ON egress_docs(kind, owner);",
-};
-#define SCHEMA_VERSION ((int)COVE_ARRAY_SIZE(migrations))
+/* Schema migrations: store/catalog_schema.c, shared with PostgreSQL. */
+#define SCHEMA_VERSION cove_catalog_schema_version
 
 #define SBX_COLS                                                                                   \
         "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
@@ -139,6 +29,16 @@ static const char *const migrations[] = {
 
 #define TENANT_COLS                                                                                \
         "id, name, created_at, max_sandboxes, max_cpus, max_memory_mb, max_storage_mb, deleted_at"
+#define NODE_COLS_IN                                                                               \
+        "name, state, epoch, lease_expires_at, cpus, memory_mb, disk_mb, address, last_seen"
+#define NODE_LIST_COLS                                                                             \
+        "n.name, n.state, n.epoch, n.lease_expires_at, n.cpus, n.memory_mb, n.disk_mb,"            \
+        " coalesce(sum(s.cpus), 0), coalesce(sum(s.memory_mb), 0), coalesce(sum(s.disk_mb), 0),"   \
+        " n.address, n.last_seen"
+#define PLACE_COLS "sandbox_id, node, generation, desired_state, observed_state, updated_at"
+#define JOB_COLS                                                                                   \
+        "id, sandbox_id, kind, generation, state, claimed_by, claimed_epoch, result_json,"         \
+        " created_at, updated_at"
 #define AUDIT_COLS "seq, at, tenant, sandbox, kind, action, verdict, detail_json, prev_hash, hash"
 
 enum stmt_id {
@@ -174,6 +74,21 @@ enum stmt_id {
         ST_DOC_GET,
         ST_DOC_LIST,
         ST_DOC_DELETE,
+        ST_NODE_ACQUIRE,
+        ST_NODE_RENEW,
+        ST_NODE_SET_STATE,
+        ST_NODE_LIST,
+        ST_NODE_STATE,
+        ST_PLACE_GET,
+        ST_PLACE_PUT,
+        ST_PLACE_DESIRE,
+        ST_PLACE_OBSERVE,
+        ST_JOB_SUPERSEDE,
+        ST_JOB_INSERT,
+        ST_JOB_CLAIM,
+        ST_JOB_FINISH,
+        ST_JOB_GET,
+        ST_LEASE_LIVE,
         ST__COUNT
 };
 
@@ -252,12 +167,69 @@ static const char *const stmt_sql[ST__COUNT] = {
                     " AND (?2 IS NULL OR tenant = ?2) AND (?3 IS NULL OR owner = ?3)"
                     " ORDER BY key",
     [ST_DOC_DELETE] = "DELETE FROM egress_docs WHERE kind = ?1 AND tenant = ?2 AND key = ?3",
+    /* cluster (schema 6): "now" is the process clock, bound; the checks of catalog.h are in
+     * the WHERE clauses, so a stale caller changes no row */
+    [ST_NODE_ACQUIRE] = "INSERT INTO nodes(" NODE_COLS_IN ") VALUES (?1, 'ready', 1, ?2, ?3, ?4,"
+                        " ?5, ?6, ?7) ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
+                        " lease_expires_at = excluded.lease_expires_at, cpus = excluded.cpus,"
+                        " memory_mb = excluded.memory_mb, disk_mb = excluded.disk_mb,"
+                        " address = excluded.address, last_seen = excluded.last_seen,"
+                        " state = CASE nodes.state WHEN 'lost' THEN 'ready' ELSE nodes.state END"
+                        " WHERE nodes.lease_expires_at <= excluded.last_seen"
+                        " RETURNING epoch, lease_expires_at",
+    [ST_NODE_RENEW] = "UPDATE nodes SET lease_expires_at = ?3, last_seen = ?4 WHERE name = ?1"
+                      " AND epoch = ?2 AND lease_expires_at > ?4 RETURNING lease_expires_at",
+    [ST_NODE_SET_STATE] = "UPDATE nodes SET state = ?2 WHERE name = ?1",
+    [ST_NODE_LIST] =
+        "SELECT " NODE_LIST_COLS " FROM nodes n LEFT JOIN placements p"
+        " ON p.node = n.name AND p.desired_state <> 'stopped'"
+        " LEFT JOIN sandboxes s ON s.id = p.sandbox_id GROUP BY n.name ORDER BY n.name",
+    [ST_NODE_STATE] = "SELECT state FROM nodes WHERE name = ?1",
+    [ST_PLACE_GET] = "SELECT " PLACE_COLS " FROM placements WHERE sandbox_id = ?1",
+    [ST_PLACE_PUT] = "INSERT INTO placements(sandbox_id, node, generation, desired_state,"
+                     " observed_state, updated_at) VALUES (?1, ?2, ?3, ?4, '', ?5)"
+                     " ON CONFLICT(sandbox_id) DO UPDATE SET node = excluded.node,"
+                     " generation = excluded.generation, desired_state = excluded.desired_state,"
+                     " observed_state = '', updated_at = excluded.updated_at",
+    [ST_PLACE_DESIRE] = "UPDATE placements SET desired_state = ?2, updated_at = ?3"
+                        " WHERE sandbox_id = ?1",
+    [ST_PLACE_OBSERVE] = "UPDATE placements SET observed_state = ?5, updated_at = ?6"
+                         " WHERE sandbox_id = ?1 AND node = ?2 AND generation = ?4"
+                         " AND EXISTS (SELECT 1 FROM nodes WHERE name = ?2 AND epoch = ?3"
+                         " AND lease_expires_at > ?6)",
+    [ST_JOB_SUPERSEDE] = "UPDATE jobs SET state = 'failed', result_json = '\"superseded\"',"
+                         " updated_at = ?3 WHERE sandbox_id = ?1 AND generation < ?2"
+                         " AND state IN ('queued', 'claimed')",
+    [ST_JOB_INSERT] = "INSERT INTO jobs(sandbox_id, kind, generation, created_at, updated_at)"
+                      " VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id",
+    [ST_JOB_CLAIM] = "UPDATE jobs SET state = 'claimed', claimed_by = ?1, claimed_epoch = ?2,"
+                     " updated_at = ?3 WHERE id = (SELECT j.id FROM jobs j JOIN placements p"
+                     " ON p.sandbox_id = j.sandbox_id AND p.generation = j.generation"
+                     " WHERE p.node = ?1 AND (j.state = 'queued' OR (j.state = 'claimed'"
+                     " AND j.claimed_by = ?1 AND j.claimed_epoch < ?2)) ORDER BY j.id LIMIT 1)"
+                     " AND EXISTS (SELECT 1 FROM nodes WHERE name = ?1 AND epoch = ?2"
+                     " AND lease_expires_at > ?3) RETURNING " JOB_COLS,
+    [ST_JOB_FINISH] = "UPDATE jobs SET state = ?5, result_json = ?6, updated_at = ?7"
+                      " WHERE id = ?1 AND claimed_by = ?2 AND claimed_epoch = ?3"
+                      " AND generation = ?4 AND (state = 'claimed' OR (state = ?5"
+                      " AND result_json IS ?6))"
+                      " AND EXISTS (SELECT 1 FROM placements p WHERE p.sandbox_id = jobs.sandbox_id"
+                      " AND p.generation = jobs.generation AND p.node = ?2)"
+                      " AND EXISTS (SELECT 1 FROM nodes WHERE name = ?2 AND epoch = ?3"
+                      " AND lease_expires_at > ?7)",
+    [ST_JOB_GET] = "SELECT " JOB_COLS " FROM jobs WHERE id = ?1",
+    [ST_LEASE_LIVE] = "SELECT count(*) FROM nodes WHERE name = ?1 AND epoch = ?2"
+                      " AND lease_expires_at > ?3",
 };
 
 struct cove_catalog {
         sqlite3 *db;
         pthread_mutex_t lock; /* serialises every use of db and st[] (connection is NOMUTEX) */
         sqlite3_stmt *st[ST__COUNT];
+        /* wait_wakeup: placement writes through this handle bump wake_seq under lock and
+         * broadcast wake; a waiter returns at once when it has not seen the latest */
+        pthread_cond_t wake;
+        uint64_t wake_seq, wake_seen;
 };
 
 /* Classify a failed sqlite call and fill err with "catalog: <context>: <sqlite message>".
@@ -410,7 +382,9 @@ static int migrate(sqlite3 *db, const char *dsn, struct cove_err *err)
                 }
                 char what[64];
                 snprintf(what, sizeof(what), "migration %d", v + 1);
-                if (exec_sql(db, migrations[v], err, what) < 0)
+                if (exec_sql(db, cove_catalog_migrations[v].sql, err, what) < 0 ||
+                    (cove_catalog_migrations[v].sqlite &&
+                     exec_sql(db, cove_catalog_migrations[v].sqlite, err, what) < 0))
                         goto fail;
                 sqlite3_stmt *s = NULL;
                 int rc = sqlite3_prepare_v2(
@@ -443,6 +417,7 @@ static void sqlite_close(struct cove_catalog *c)
                 sqlite3_finalize(c->st[i]);
         sqlite3_close(c->db);
         pthread_mutex_destroy(&c->lock);
+        pthread_cond_destroy(&c->wake);
         free(c);
 }
 
@@ -469,6 +444,11 @@ static struct cove_catalog *sqlite_open(const char *dsn, struct cove_err *err)
                 return NULL;
         }
         pthread_mutex_init(&c->lock, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&c->wake, &ca);
+        pthread_condattr_destroy(&ca);
         int rc = sqlite3_open_v2(dsn, &c->db,
                                  SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX |
                                      SQLITE_OPEN_URI,
@@ -774,34 +754,6 @@ static int sqlite_apikey_count(struct cove_catalog *c, int64_t *n, struct cove_e
 
 /* ---- sandboxes ---- */
 
-static int sbx_check(const struct cove_sandbox_row *s, struct cove_err *err, const char *op)
-{
-        if (!field_ok(s->id, sizeof(s->id)) || !s->id[0])
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog: %s sandbox: id missing or too long", op);
-        if (!field_ok(s->tenant, sizeof(s->tenant)) || !s->tenant[0] ||
-            !field_ok(s->state, sizeof(s->state)) ||
-            !field_ok(s->template_name, sizeof(s->template_name)) ||
-            !field_ok(s->runtime, sizeof(s->runtime)) ||
-            !field_ok(s->on_timeout, sizeof(s->on_timeout)) ||
-            !field_ok(s->node, sizeof(s->node)) ||
-            !field_ok(s->last_snapshot_id, sizeof(s->last_snapshot_id)))
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog: %s sandbox %s: a field is missing or too long", op,
-                                     s->id);
-        /* States are checked here rather than by a CHECK constraint so that adding a state
-         * is a code change, not a table rebuild. */
-        if (!cove_sandbox_state_valid(s->state, strlen(s->state)))
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog: %s sandbox %s: unknown state \"%s\"", op, s->id,
-                                     s->state);
-        if (strcmp(s->on_timeout, "kill") != 0 && strcmp(s->on_timeout, "pause") != 0)
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog: %s sandbox %s: on_timeout must be kill or pause", op,
-                                     s->id);
-        return 0;
-}
-
 static void sbx_bind(sqlite3_stmt *st, const struct cove_sandbox_row *s)
 {
         bind_text(st, 1, s->id);
@@ -873,7 +825,7 @@ static int sqlite_sandbox_write(struct cove_catalog *c, enum stmt_id which,
                                 const struct cove_sandbox_row *s, struct cove_err *err)
 {
         const char *op = which == ST_SBX_INSERT ? "insert" : "update";
-        if (sbx_check(s, err, op) < 0)
+        if (cove__sandbox_check(s, err, op) < 0)
                 return -1;
         pthread_mutex_lock(&c->lock);
         sqlite3_stmt *st = c->st[which];
@@ -923,54 +875,12 @@ static int sqlite_sandbox_get(struct cove_catalog *c, const char *tenant, const 
         return r;
 }
 
-/* Turn "running, paused,bogus" into ",running,paused," keeping only known states. Returns
- * 0 with *any = 1 when no filter applies (NULL or no tokens), 0 otherwise, -1 too long. An
- * all-unknown list yields "" (matches nothing). */
-static int parse_states(const char *states, char *out, size_t cap, int *any)
-{
-        *any = 1;
-        out[0] = '\0';
-        if (!states)
-                return 0;
-        size_t n = 0;
-        int tokens = 0;
-        const char *p = states;
-        while (*p) {
-                while (*p == ' ' || *p == '\t')
-                        p++;
-                const char *start = p;
-                while (*p && *p != ',')
-                        p++;
-                const char *end = p;
-                while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
-                        end--;
-                if (*p == ',')
-                        p++;
-                size_t len = (size_t)(end - start);
-                if (len == 0)
-                        continue;
-                tokens++;
-                if (!cove_sandbox_state_valid(start, len))
-                        continue;
-                if (n + len + 2 >= cap)
-                        return -1;
-                if (n == 0)
-                        out[n++] = ',';
-                memcpy(out + n, start, len);
-                n += len;
-                out[n++] = ',';
-                out[n] = '\0';
-        }
-        *any = tokens == 0;
-        return 0;
-}
-
 static int sqlite_sandbox_list(struct cove_catalog *c, const char *tenant, const char *states,
                                cove_sandbox_cb cb, void *arg, struct cove_err *err)
 {
         char filter[256];
         int any;
-        if (parse_states(states, filter, sizeof(filter), &any) < 0)
+        if (cove__states_filter(states, filter, sizeof(filter), &any) < 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "catalog: list sandboxes: state filter too long");
         if (!any && filter[0] == '\0')
@@ -1477,6 +1387,487 @@ static int sqlite_doc_delete(struct cove_catalog *c, const char *kind, const cha
         return r;
 }
 
+/* ---- cluster (schema 6): leases, placements, jobs ---- */
+
+static int name_ok(const char *s, size_t cap)
+{
+        return s && s[0] && strnlen(s, cap) < cap;
+}
+
+static int sqlite_node_lease_acquire(struct cove_catalog *c, const struct cove_node_row *n,
+                                     int64_t ttl_ms, int64_t *epoch, int64_t *expires_at,
+                                     struct cove_err *err)
+{
+        if (!name_ok(n->name, sizeof(n->name)) || !field_ok(n->address, sizeof(n->address)) ||
+            ttl_ms <= 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: acquire node lease: bad name, address or ttl");
+        int64_t now = cove_now_ms();
+        pthread_mutex_lock(&c->lock);
+        step_done(c->st[ST_SYNC_FULL]);
+        done(c->st[ST_SYNC_FULL]);
+        sqlite3_stmt *st = c->st[ST_NODE_ACQUIRE];
+        bind_text(st, 1, n->name);
+        sqlite3_bind_int64(st, 2, now + ttl_ms);
+        sqlite3_bind_int64(st, 3, n->cpus);
+        sqlite3_bind_int64(st, 4, n->memory_mb);
+        sqlite3_bind_int64(st, 5, n->disk_mb);
+        bind_text(st, 6, n->address);
+        sqlite3_bind_int64(st, 7, now);
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+                if (epoch)
+                        *epoch = sqlite3_column_int64(st, 0);
+                if (expires_at)
+                        *expires_at = sqlite3_column_int64(st, 1);
+                r = 0;
+                rc = sqlite3_step(st); /* finish the statement: the upsert commits now */
+                if (rc != SQLITE_DONE)
+                        r = db_err(c->db, rc, err, "acquire lease of node %s", n->name);
+        } else if (rc == SQLITE_DONE) {
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "catalog: node %s: its lease is held and has not expired",
+                                  n->name);
+        } else {
+                r = db_err(c->db, rc, err, "acquire lease of node %s", n->name);
+        }
+        done(st);
+        step_done(c->st[ST_SYNC_NORMAL]);
+        done(c->st[ST_SYNC_NORMAL]);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_node_lease_renew(struct cove_catalog *c, const char *name, int64_t epoch,
+                                   int64_t ttl_ms, int64_t *expires_at, struct cove_err *err)
+{
+        if (ttl_ms <= 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "catalog: renew lease: bad ttl");
+        int64_t now = cove_now_ms();
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_NODE_RENEW];
+        bind_text(st, 1, name);
+        sqlite3_bind_int64(st, 2, epoch);
+        sqlite3_bind_int64(st, 3, now + ttl_ms);
+        sqlite3_bind_int64(st, 4, now);
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+                if (expires_at)
+                        *expires_at = sqlite3_column_int64(st, 0);
+                rc = sqlite3_step(st);
+                r = rc == SQLITE_DONE ? 0 : db_err(c->db, rc, err, "renew lease of %s", name);
+        } else if (rc == SQLITE_DONE) {
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "catalog: node %s: lease of epoch %lld is stale or expired", name,
+                                  (long long)epoch);
+        } else {
+                r = db_err(c->db, rc, err, "renew lease of node %s", name);
+        }
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_node_set_state(struct cove_catalog *c, const char *name, const char *state,
+                                 struct cove_err *err)
+{
+        if (!cove_node_state_valid(state))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: node state must be ready, cordoned, draining or "
+                                     "lost");
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_NODE_SET_STATE];
+        bind_text(st, 1, name);
+        bind_text(st, 2, state);
+        int r = run_delete(c, st, err, "set state of node %s", name); /* 0 changed, 1 none */
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_node_list(struct cove_catalog *c, cove_node_cb cb, void *arg,
+                            struct cove_err *err)
+{
+        struct cove_node_row *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0, rc;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_NODE_LIST];
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                if (n == cap) {
+                        size_t ncap = cap ? cap * 2 : 16;
+                        struct cove_node_row *nr = realloc(rows, ncap * sizeof(*rows));
+                        if (!nr) {
+                                r = cove_err_set(err, ENOMEM, "catalog: list nodes");
+                                break;
+                        }
+                        rows = nr;
+                        cap = ncap;
+                }
+                struct cove_node_row *o = &rows[n];
+                memset(o, 0, sizeof(*o));
+                if (col_copy(st, 0, o->name, sizeof(o->name)) < 0 ||
+                    col_copy(st, 1, o->state, sizeof(o->state)) < 0 ||
+                    col_copy(st, 10, o->address, sizeof(o->address)) < 0) {
+                        r = cove_err_set(err, 0, "catalog: list nodes: stored field too long");
+                        break;
+                }
+                o->epoch = sqlite3_column_int64(st, 2);
+                o->lease_expires_at = sqlite3_column_int64(st, 3);
+                o->cpus = sqlite3_column_int64(st, 4);
+                o->memory_mb = sqlite3_column_int64(st, 5);
+                o->disk_mb = sqlite3_column_int64(st, 6);
+                o->alloc_cpus = sqlite3_column_int64(st, 7);
+                o->alloc_memory_mb = sqlite3_column_int64(st, 8);
+                o->alloc_disk_mb = sqlite3_column_int64(st, 9);
+                o->last_seen = sqlite3_column_int64(st, 11);
+                n++;
+        }
+        if (r == 0 && rc != SQLITE_DONE)
+                r = db_err(c->db, rc, err, "list nodes");
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (cb(&rows[i], arg) < 0)
+                        break;
+        free(rows);
+        return r;
+}
+
+static int place_read(sqlite3_stmt *st, struct cove_placement_row *o)
+{
+        memset(o, 0, sizeof(*o));
+        if (col_copy(st, 0, o->sandbox_id, sizeof(o->sandbox_id)) < 0 ||
+            col_copy(st, 1, o->node, sizeof(o->node)) < 0 ||
+            col_copy(st, 3, o->desired_state, sizeof(o->desired_state)) < 0 ||
+            col_copy(st, 4, o->observed_state, sizeof(o->observed_state)) < 0)
+                return -1;
+        o->generation = sqlite3_column_int64(st, 2);
+        o->updated_at = sqlite3_column_int64(st, 5);
+        return 0;
+}
+
+static int sqlite_placement_get(struct cove_catalog *c, const char *sandbox_id,
+                                struct cove_placement_row *out, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_PLACE_GET];
+        bind_text(st, 1, sandbox_id);
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW)
+                r = place_read(st, out) < 0
+                        ? cove_err_set(err, 0, "catalog: placement of %s: bad stored row",
+                                       sandbox_id)
+                        : 0;
+        else if (rc == SQLITE_DONE)
+                r = 1;
+        else
+                r = db_err(c->db, rc, err, "get placement of %s", sandbox_id);
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+/* Lock held, inside BEGIN IMMEDIATE: the body of placement_write. */
+static int place_txn(struct cove_catalog *c, const char *sandbox_id, const char *node,
+                     const char *desired_state, const char *job_kind, int64_t expect_generation,
+                     int64_t *generation, int64_t *job_id, struct cove_err *err)
+{
+        int64_t now = cove_now_ms(), cur = 0;
+        sqlite3_stmt *st = c->st[ST_PLACE_GET];
+        bind_text(st, 1, sandbox_id);
+        int rc = sqlite3_step(st), placed = rc == SQLITE_ROW;
+        if (placed)
+                cur = sqlite3_column_int64(st, 2);
+        done(st);
+        if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+                return db_err(c->db, rc, err, "place %s", sandbox_id);
+        if (expect_generation >= 0 && cur != expect_generation)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "catalog: place %s: generation is %lld, not %lld", sandbox_id,
+                                     (long long)cur, (long long)expect_generation);
+        int64_t gen = cur;
+        if (node) {
+                st = c->st[ST_NODE_STATE];
+                bind_text(st, 1, node);
+                rc = sqlite3_step(st);
+                char state[16] = "";
+                if (rc == SQLITE_ROW)
+                        col_copy(st, 0, state, sizeof(state));
+                done(st);
+                if (rc == SQLITE_DONE)
+                        return cove_err_setk(err, COVE_E_NOT_FOUND, 0,
+                                             "catalog: place %s: no node %s", sandbox_id, node);
+                if (rc != SQLITE_ROW)
+                        return db_err(c->db, rc, err, "place %s: node %s", sandbox_id, node);
+                if (strcmp(state, "ready") != 0)
+                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                             "catalog: place %s: node %s is %s", sandbox_id, node,
+                                             state);
+                gen = cur + 1;
+                st = c->st[ST_PLACE_PUT];
+                bind_text(st, 1, sandbox_id);
+                bind_text(st, 2, node);
+                sqlite3_bind_int64(st, 3, gen);
+                bind_text(st, 4, desired_state);
+                sqlite3_bind_int64(st, 5, now);
+        } else {
+                if (!placed)
+                        return cove_err_setk(err, COVE_E_NOT_FOUND, 0,
+                                             "catalog: %s is not placed on any node", sandbox_id);
+                st = c->st[ST_PLACE_DESIRE];
+                bind_text(st, 1, sandbox_id);
+                bind_text(st, 2, desired_state);
+                sqlite3_bind_int64(st, 3, now);
+        }
+        rc = step_done(st);
+        done(st);
+        if (rc != SQLITE_OK)
+                return db_err(c->db, rc, err, "place %s", sandbox_id);
+        st = c->st[ST_JOB_SUPERSEDE];
+        bind_text(st, 1, sandbox_id);
+        sqlite3_bind_int64(st, 2, gen);
+        sqlite3_bind_int64(st, 3, now);
+        rc = step_done(st);
+        done(st);
+        if (rc != SQLITE_OK)
+                return db_err(c->db, rc, err, "place %s: supersede jobs", sandbox_id);
+        int64_t id = 0;
+        if (job_kind) {
+                st = c->st[ST_JOB_INSERT];
+                bind_text(st, 1, sandbox_id);
+                bind_text(st, 2, job_kind);
+                sqlite3_bind_int64(st, 3, gen);
+                sqlite3_bind_int64(st, 4, now);
+                rc = sqlite3_step(st);
+                if (rc == SQLITE_ROW) {
+                        id = sqlite3_column_int64(st, 0);
+                        rc = step_done(st);
+                }
+                done(st);
+                if (rc != SQLITE_OK)
+                        return db_err(c->db, rc, err, "enqueue %s job of %s", job_kind, sandbox_id);
+        }
+        if (generation)
+                *generation = gen;
+        if (job_id)
+                *job_id = id;
+        return 0;
+}
+
+static int place_args_ok(const char *sandbox_id, const char *node, const char *desired_state,
+                         const char *job_kind, struct cove_err *err)
+{
+        if (!name_ok(sandbox_id, 64) || (node && !name_ok(node, 64)) || !desired_state ||
+            !cove_sandbox_state_valid(desired_state, strlen(desired_state)) ||
+            (job_kind && !name_ok(job_kind, 16)))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: place: bad sandbox id, node, desired state or "
+                                     "job kind");
+        return 0;
+}
+
+static int sqlite_placement_write(struct cove_catalog *c, const char *sandbox_id, const char *node,
+                                  const char *desired_state, const char *job_kind,
+                                  int64_t expect_generation, int64_t *generation, int64_t *job_id,
+                                  struct cove_err *err)
+{
+        if (place_args_ok(sandbox_id, node, desired_state, job_kind, err) < 0)
+                return -1;
+        pthread_mutex_lock(&c->lock);
+        step_done(c->st[ST_SYNC_FULL]);
+        done(c->st[ST_SYNC_FULL]);
+        int r = exec_sql(c->db, "BEGIN IMMEDIATE", err, "begin placement");
+        if (r == 0) {
+                r = place_txn(c, sandbox_id, node, desired_state, job_kind, expect_generation,
+                              generation, job_id, err);
+                if (r == 0)
+                        r = exec_sql(c->db, "COMMIT", err, "commit placement");
+                if (r < 0)
+                        sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+        }
+        step_done(c->st[ST_SYNC_NORMAL]);
+        done(c->st[ST_SYNC_NORMAL]);
+        if (r == 0) {
+                c->wake_seq++;
+                pthread_cond_broadcast(&c->wake);
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_placement_observe(struct cove_catalog *c, const char *sandbox_id,
+                                    const char *node, int64_t epoch, int64_t generation,
+                                    const char *observed_state, struct cove_err *err)
+{
+        if (!observed_state || !cove_sandbox_state_valid(observed_state, strlen(observed_state)))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: observe %s: unknown state", sandbox_id);
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_PLACE_OBSERVE];
+        bind_text(st, 1, sandbox_id);
+        bind_text(st, 2, node);
+        sqlite3_bind_int64(st, 3, epoch);
+        sqlite3_bind_int64(st, 4, generation);
+        bind_text(st, 5, observed_state);
+        sqlite3_bind_int64(st, 6, cove_now_ms());
+        int r = run_delete(c, st, err, "observe %s", sandbox_id);
+        pthread_mutex_unlock(&c->lock);
+        if (r == 1)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "catalog: observe %s: node %s epoch %lld generation %lld is "
+                                  "stale",
+                                  sandbox_id, node, (long long)epoch, (long long)generation);
+        return r;
+}
+
+static int job_read(sqlite3_stmt *st, struct cove_job_row *o)
+{
+        memset(o, 0, sizeof(*o));
+        o->id = sqlite3_column_int64(st, 0);
+        if (col_copy(st, 1, o->sandbox_id, sizeof(o->sandbox_id)) < 0 ||
+            col_copy(st, 2, o->kind, sizeof(o->kind)) < 0 ||
+            col_copy(st, 4, o->state, sizeof(o->state)) < 0 ||
+            col_copy(st, 5, o->claimed_by, sizeof(o->claimed_by)) < 0)
+                return -1;
+        o->generation = sqlite3_column_int64(st, 3);
+        o->claimed_epoch = sqlite3_column_int64(st, 6);
+        if (sqlite3_column_type(st, 7) != SQLITE_NULL && !(o->result_json = col_dup(st, 7, NULL)))
+                return -1;
+        o->created_at = sqlite3_column_int64(st, 8);
+        o->updated_at = sqlite3_column_int64(st, 9);
+        return 0;
+}
+
+/* Lock held: 1 when (node, epoch) holds a live lease now, 0 not, -1 error. */
+static int lease_live(struct cove_catalog *c, const char *node, int64_t epoch, struct cove_err *err)
+{
+        sqlite3_stmt *st = c->st[ST_LEASE_LIVE];
+        bind_text(st, 1, node);
+        sqlite3_bind_int64(st, 2, epoch);
+        sqlite3_bind_int64(st, 3, cove_now_ms());
+        int rc = sqlite3_step(st);
+        int r = rc == SQLITE_ROW ? sqlite3_column_int(st, 0) > 0
+                                 : db_err(c->db, rc, err, "lease of node %s", node);
+        done(st);
+        return r;
+}
+
+static int sqlite_job_claim(struct cove_catalog *c, const char *node, int64_t epoch,
+                            struct cove_job_row *out, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_JOB_CLAIM];
+        bind_text(st, 1, node);
+        sqlite3_bind_int64(st, 2, epoch);
+        sqlite3_bind_int64(st, 3, cove_now_ms());
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+                r = job_read(st, out) < 0 ? cove_err_set(err, 0, "catalog: claim: bad stored job")
+                                          : 0;
+                rc = sqlite3_step(st);
+                if (r == 0 && rc != SQLITE_DONE) {
+                        cove_job_row_clear(out);
+                        r = db_err(c->db, rc, err, "claim a job for node %s", node);
+                }
+        } else if (rc == SQLITE_DONE) {
+                r = 1;
+        } else {
+                r = db_err(c->db, rc, err, "claim a job for node %s", node);
+        }
+        done(st);
+        if (r == 1) {
+                int live = lease_live(c, node, epoch, err);
+                if (live < 0)
+                        r = -1;
+                else if (!live)
+                        r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                          "catalog: claim: node %s epoch %lld holds no live lease",
+                                          node, (long long)epoch);
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_job_get(struct cove_catalog *c, int64_t job_id, struct cove_job_row *out,
+                          struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_JOB_GET];
+        sqlite3_bind_int64(st, 1, job_id);
+        int r, rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW)
+                r = job_read(st, out) < 0
+                        ? cove_err_set(err, 0, "catalog: job %lld: bad row", (long long)job_id)
+                        : 0;
+        else if (rc == SQLITE_DONE)
+                r = 1;
+        else
+                r = db_err(c->db, rc, err, "get job %lld", (long long)job_id);
+        done(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_job_finish(struct cove_catalog *c, int64_t job_id, const char *node,
+                             int64_t epoch, int64_t generation, int ok, const char *result_json,
+                             struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_JOB_FINISH];
+        sqlite3_bind_int64(st, 1, job_id);
+        bind_text(st, 2, node);
+        sqlite3_bind_int64(st, 3, epoch);
+        sqlite3_bind_int64(st, 4, generation);
+        bind_text(st, 5, ok ? "done" : "failed");
+        bind_text(st, 6, result_json);
+        sqlite3_bind_int64(st, 7, cove_now_ms());
+        step_done(c->st[ST_SYNC_FULL]);
+        done(c->st[ST_SYNC_FULL]);
+        int r = run_delete(c, st, err, "finish job %lld", (long long)job_id);
+        step_done(c->st[ST_SYNC_NORMAL]);
+        done(c->st[ST_SYNC_NORMAL]);
+        pthread_mutex_unlock(&c->lock);
+        if (r == 1) {
+                struct cove_job_row j;
+                int g = sqlite_job_get(c, job_id, &j, err);
+                if (g < 0)
+                        return -1;
+                if (g == 1)
+                        return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "catalog: no job %lld",
+                                             (long long)job_id);
+                cove_job_row_clear(&j);
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "catalog: finish job %lld: node %s epoch %lld generation "
+                                     "%lld is stale (or the job is not claimed by it)",
+                                     (long long)job_id, node, (long long)epoch,
+                                     (long long)generation);
+        }
+        return r;
+}
+
+static int sqlite_wait_wakeup(struct cove_catalog *c, const char *node, int timeout_ms,
+                              struct cove_err *err)
+{
+        (void)node; /* one counter per handle: a wake-up may be for another node */
+        (void)err;
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        int64_t ns = until.tv_nsec + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000;
+        until.tv_sec += ns / 1000000000;
+        until.tv_nsec = ns % 1000000000;
+        pthread_mutex_lock(&c->lock);
+        int r = 0;
+        while (c->wake_seen == c->wake_seq) {
+                if (timeout_ms <= 0 || pthread_cond_timedwait(&c->wake, &c->lock, &until) != 0) {
+                        r = c->wake_seen == c->wake_seq;
+                        break;
+                }
+        }
+        c->wake_seen = c->wake_seq;
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
 const struct cove_catalog_ops cove_catalog_sqlite = {
     .name = "sqlite",
     .open = sqlite_open,
@@ -1508,4 +1899,15 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .doc_get = sqlite_doc_get,
     .doc_list = sqlite_doc_list,
     .doc_delete = sqlite_doc_delete,
+    .node_lease_acquire = sqlite_node_lease_acquire,
+    .node_lease_renew = sqlite_node_lease_renew,
+    .node_set_state = sqlite_node_set_state,
+    .node_list = sqlite_node_list,
+    .placement_write = sqlite_placement_write,
+    .placement_get = sqlite_placement_get,
+    .placement_observe = sqlite_placement_observe,
+    .job_claim = sqlite_job_claim,
+    .job_finish = sqlite_job_finish,
+    .job_get = sqlite_job_get,
+    .wait_wakeup = sqlite_wait_wakeup,
 };
