@@ -5,7 +5,8 @@
  *              [--e2b-sandbox-listen HOST:PORT|none] [--egress-pool CIDR]
  *              [--dns-upstream IP[:PORT]]... [--dns-static NAME=IP]...
  *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers]
- *              [--egress-ca-file PEM] */
+ *              [--egress-ca-file PEM] [--ports-listen HOST:PORT] [--ports-domain DOMAIN]
+ *              [--ports-max-conns N] [--ports-idle-timeout S] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,7 +41,12 @@ static void usage(FILE *f)
                 "                                writable layer under fscrypt; BYOK tenants\n"
                 "                                always are)\n"
                 "             [--egress-ca-file PEM]  a CA intercepted upstreams may chain to\n"
-                "                                (besides the system store; tests)\n");
+                "                                (besides the system store; tests)\n"
+                "             [--ports-listen HOST:PORT]  serve exposed sandbox ports there\n"
+                "             [--ports-domain DOMAIN]  also route Host {port}-{id}.DOMAIN\n"
+                "                                (a wildcard name pointing at the listener)\n"
+                "             [--ports-max-conns N]  open connections per sandbox (default 2048)\n"
+                "             [--ports-idle-timeout S]  close connections idle that long (600)\n");
 }
 
 int main(int argc, char **argv)
@@ -70,6 +76,10 @@ int main(int argc, char **argv)
             {"encrypt-layers", no_argument, 0, 'Y'},
             {"runtime", required_argument, 0, 'R'},
             {"vm-pool", required_argument, 0, 'V'},
+            {"ports-listen", required_argument, 0, 1001},
+            {"ports-domain", required_argument, 0, 1002},
+            {"ports-max-conns", required_argument, 0, 1003},
+            {"ports-idle-timeout", required_argument, 0, 1004},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -165,6 +175,26 @@ int main(int argc, char **argv)
                         break;
                 case 'C':
                         o.egress.ca_file = optarg;
+                        break;
+                case 1001:
+                        o.ports.listen = strcmp(optarg, "none") ? optarg : NULL;
+                        break;
+                case 1002:
+                        o.ports.domain = optarg;
+                        break;
+                case 1003:
+                        o.ports.max_conns = atoi(optarg);
+                        if (o.ports.max_conns < 1 || o.ports.max_conns > 100000) {
+                                fprintf(stderr, "coved: --ports-max-conns takes 1 to 100000\n");
+                                return 2;
+                        }
+                        break;
+                case 1004:
+                        o.ports.idle_s = atoi(optarg);
+                        if (o.ports.idle_s < 1 || o.ports.idle_s > 86400) {
+                                fprintf(stderr, "coved: --ports-idle-timeout takes 1 to 86400\n");
+                                return 2;
+                        }
                         break;
                 case 'K':
                         o.key_cache_ttl_s = atoi(optarg);

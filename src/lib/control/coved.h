@@ -11,6 +11,7 @@
 
 #include "api/http.h"
 #include "control/egress.h"
+#include "control/ports.h"
 #include "node/node.h"
 #include "store/catalog.h"
 #include "util/err.h"
@@ -32,6 +33,7 @@ struct coved_options {
         int encrypt_layers;  /* 1: sandboxes default to storage_encrypted */
         int vm_pool_size;    /* warm vm instances per template (0: none) */
         const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
+        struct coved_ports_options ports; /* exposed ports listener (control/ports.h) */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -44,6 +46,7 @@ struct cove_e2b;
 struct cove_gateway;
 struct cove_audit;
 struct cove_tm;
+struct coved_ports;
 
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
@@ -64,6 +67,7 @@ struct coved {
         struct cove_gateway *gw;  /* egress gateway (net/gateway.h), NULL when unavailable */
         struct cove_audit *audit; /* audit log (control/audit.h) */
         struct cove_tm *tm; /* snapshots: chunk store, rolling/retention thread (snapshot.h) */
+        struct coved_ports *ports; /* exposed ports (control/ports.h), NULL when off */
         int quitting;
         pthread_mutex_t mu; /* metrics, timer wake-up */
         pthread_cond_t cv;

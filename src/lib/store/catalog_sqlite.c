@@ -126,6 +126,22 @@ static const char *const migrations[] = {
     "  PRIMARY KEY (kind, tenant, key)"
     ");"
     "CREATE INDEX egress_docs_owner ON egress_docs(kind, owner);",
+    /* 6: documents of exposed ports (control/ports.h) too: the kind check is widened by
+     * copying the table (SQLite cannot alter a CHECK) */
+    "CREATE TABLE egress_docs_6 ("
+    "  kind TEXT NOT NULL CHECK (kind IN ('secret', 'lease', 'port')),"
+    "  tenant TEXT NOT NULL REFERENCES tenants(id),"
+    "  key TEXT NOT NULL,"
+    "  owner TEXT NOT NULL DEFAULT '',"
+    "  doc_json TEXT NOT NULL CHECK (json_valid(doc_json)),"
+    "  updated_at INTEGER NOT NULL,"
+    "  PRIMARY KEY (kind, tenant, key)"
+    ");"
+    "INSERT INTO egress_docs_6 SELECT kind, tenant, key, owner, doc_json, updated_at"
+    "  FROM egress_docs;"
+    "DROP TABLE egress_docs;"
+    "ALTER TABLE egress_docs_6 RENAME TO egress_docs;"
+    "CREATE INDEX egress_docs_owner ON egress_docs(kind, owner);",
 };
 #define SCHEMA_VERSION ((int)COVE_ARRAY_SIZE(migrations))
 
