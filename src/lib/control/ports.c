@@ -70,6 +70,19 @@ static void locate(void *arg, const char *sandbox, struct cove_ports_where *w)
         cove_sandbox_row_clear(&row);
 }
 
+static void tenant_of(void *arg, const char *sandbox, char *out, size_t cap)
+{
+        struct coved *d = arg;
+        struct cove_sandbox_row row;
+        struct cove_err e;
+        memset(&row, 0, sizeof(row));
+        out[0] = '\0';
+        if (d->cat_ops->sandbox_get(d->cat, NULL, sandbox, &row, &e) == 0) {
+                snprintf(out, cap, "%s", row.tenant);
+                cove_sandbox_row_clear(&row);
+        }
+}
+
 struct resume_job {
         struct coved *d;
         char tenant[64], id[64];
@@ -190,6 +203,7 @@ int coved_ports_open(struct coved *d, const struct coved_ports_options *o, struc
             .max_conns = o->max_conns,
             .idle_ms = o->idle_s > 0 ? o->idle_s * 1000 : 0,
             .locate = locate,
+            .tenant_of = tenant_of,
             .resume = resume,
             .audit = audit_sink,
             .arg = d,

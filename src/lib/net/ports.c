@@ -544,7 +544,10 @@ static int on_head(struct cove_ports *p, struct pc *c, size_t hl)
                 char m[160];
                 snprintf(m, sizeof(m), "port %u of sandbox %s is not exposed", (unsigned)rq.port,
                          rq.sandbox);
-                refuse(p, c, 404, m, NULL, rq.sandbox, rq.port);
+                char tn[64] = "";
+                if (p->cfg.tenant_of)
+                        p->cfg.tenant_of(p->cfg.arg, rq.sandbox, tn, sizeof(tn));
+                refuse(p, c, 404, m, tn, tn[0] ? rq.sandbox : NULL, rq.port);
                 return 1;
         }
         if (!e.pub) {

@@ -21,6 +21,7 @@
 #define COVE_NET_PORTS_H
 
 #include <jansson.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -50,6 +51,9 @@ struct cove_ports_config {
         int resume_ms;      /* auto_resume: wait at most this long (default 120 s) */
         /* Called on the ports thread; must not block for long. */
         void (*locate)(void *arg, const char *sandbox, struct cove_ports_where *w);
+        /* The tenant of sandbox into out ("" when it does not exist), for auditing a refusal
+         * of a port that is not exposed. Called on the ports thread. */
+        void (*tenant_of)(void *arg, const char *sandbox, char *out, size_t cap);
         /* auto_resume: start resuming sandbox (in the background) and then call
          * cove_ports_kick(). Called on the ports thread. */
         void (*resume)(void *arg, const char *tenant, const char *sandbox);
