@@ -474,3 +474,31 @@ def test_inbound_does_not_widen_egress(env):
         assert r["stdout"].strip() == "[]", r
     finally:
         c.remove(sid, purge=True)
+
+
+def test_cli_port_add_ls_rm(env, build_dir, other):
+    e = dict(os.environ, COVE_URL=f"http://127.0.0.1:{env.port}", COVE_API_KEY=env.client.key)
+    e.pop("COVE_DATA_DIR", None)
+    cove = os.path.join(build_dir, "cove")
+
+    def run(*a):
+        return subprocess.run([cove, *a], env=e, capture_output=True, text=True, timeout=60)
+    r = run("port", "add", other, "3000")
+    assert r.returncode == 0, r.stderr
+    url, tok = r.stdout.splitlines()
+    assert url.startswith(f"http://3000-{other}.{DOMAIN}:") and "cove_token=" in url
+    assert tok.startswith("token cpt_") and tok.split()[1] in url
+    r = run("port", "add", other, "3001", "--public", "--auto-resume")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1
+    r = run("port", "ls", other)
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["PORT", "ACCESS", "AUTO_RESUME", "URL"]
+    assert [ln.split()[:3] for ln in lines[1:]] == [["3000", "token", "no"],
+                                                    ["3001", "public", "yes"]]
+    assert run("port", "rm", other, "3000").returncode == 0
+    r = run("port", "rm", other, "3000")
+    assert r.returncode != 0 and "not exposed" in r.stderr
+    r = run("--json", "port", "ls", other)
+    assert [p["port"] for p in json.loads(r.stdout)["ports"]] == [3001]
+    assert run("port", "add", other, "70000").returncode != 0
+    run("port", "rm", other, "3001")

@@ -33,19 +33,19 @@ static char *rewrite(const char *head)
 static void test_routes(void **state)
 {
         (void)state;
-        assert_int_equal(parse("GET /x HTTP/1.1\r\nHost: 8080-sbx_ab12.Ports.Test:9000\r\n\r\n",
-                               "ports.test"),
-                         0);
+        assert_int_equal(
+            parse("GET /x HTTP/1.1\r\nHost: 8080-sbx_ab12.Ports.Test:9000\r\n\r\n", "ports.test"),
+            0);
         assert_int_equal(rq.mode, COVE_PORTS_HOST);
         assert_string_equal(rq.sandbox, "sbx_ab12");
         assert_int_equal(rq.port, 8080);
         /* without a domain the same Host is no route */
-        assert_int_equal(parse("GET /x HTTP/1.1\r\nHost: 8080-sbx_ab12.ports.test\r\n\r\n", NULL), 0);
+        assert_int_equal(parse("GET /x HTTP/1.1\r\nHost: 8080-sbx_ab12.ports.test\r\n\r\n", NULL),
+                         0);
         assert_int_equal(rq.mode, COVE_PORTS_NONE);
         /* a look-alike domain is not the domain */
-        assert_int_equal(parse("GET / HTTP/1.1\r\nHost: 80-sbx_a.evilports.test\r\n\r\n",
-                               "ports.test"),
-                         0);
+        assert_int_equal(
+            parse("GET / HTTP/1.1\r\nHost: 80-sbx_a.evilports.test\r\n\r\n", "ports.test"), 0);
         assert_int_equal(rq.mode, COVE_PORTS_NONE);
         const char *h = "GET /p/sbx_ab12/3000/a/b?c=d HTTP/1.1\r\nHost: node\r\n\r\n";
         assert_int_equal(parse(h, "ports.test"), 0);
@@ -62,7 +62,7 @@ static void test_routes(void **state)
         free(o);
         /* bad ports and ids are no route */
         const char *bad[] = {"/p/sbx/0/", "/p/sbx/65536/", "/p/sbx/080/", "/p/sb%78/80/",
-                             "/p//80/", "/p/sbx/80x/", "/q/sbx/80/"};
+                             "/p//80/",   "/p/sbx/80x/",   "/q/sbx/80/"};
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
                 char b[256];
                 snprintf(b, sizeof(b), "GET %s HTTP/1.1\r\nHost: n\r\n\r\n", bad[i]);
@@ -98,7 +98,8 @@ static void test_tokens_never_reach_the_sandbox(void **state)
         assert_non_null(strstr(o, "X-Forwarded-For: 10.0.0.9\r\n"));
         assert_non_null(strstr(o, "X-Forwarded-Host: n\r\n"));
         free(o);
-        h = "GET /p/sbx_a/80/?cove_token=QQQ HTTP/1.1\r\nHost: n\r\nCookie: cove_port_token=C\r\n\r\n";
+        h = "GET /p/sbx_a/80/?cove_token=QQQ HTTP/1.1\r\nHost: n\r\nCookie: "
+            "cove_port_token=C\r\n\r\n";
         assert_int_equal(parse(h, NULL), 0);
         assert_int_equal(rq.tsrc, COVE_PORTS_TOK_QUERY);
         o = rewrite(h);
@@ -107,7 +108,8 @@ static void test_tokens_never_reach_the_sandbox(void **state)
         free(o);
         /* a token longer than any is kept as one that matches nothing */
         char big[600];
-        snprintf(big, sizeof(big), "GET / HTTP/1.1\r\nHost: n\r\nX-Cove-Port-Token: %0300d\r\n\r\n", 1);
+        snprintf(big, sizeof(big), "GET / HTTP/1.1\r\nHost: n\r\nX-Cove-Port-Token: %0300d\r\n\r\n",
+                 1);
         assert_int_equal(parse(big, NULL), 0);
         assert_int_equal(rq.token[0], '!');
 }
@@ -133,11 +135,11 @@ static void test_refusals(void **state)
         };
         for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
                 assert_int_not_equal(parse(bad[i], "ports.test"), 0);
-        assert_int_equal(parse("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
-                               NULL),
-                         0);
+        assert_int_equal(
+            parse("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", NULL), 0);
         assert_true(rq.chunked);
-        assert_int_equal(parse("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\n\r\n", NULL), 0);
+        assert_int_equal(parse("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 12\r\n\r\n", NULL),
+                         0);
         assert_int_equal(rq.clen, 12);
         assert_int_equal(cove_ports_head_len((const uint8_t *)"GET / HTTP/1.1\r\n\r\nxyz", 21), 18);
         assert_int_equal(cove_ports_head_len((const uint8_t *)"GET / HTTP/1.1\r\n\r", 17), 0);

@@ -398,6 +398,13 @@ static int list_one(const char *tenant, const char *key, const char *owner, cons
         return 0;
 }
 
+static int by_port(const void *a, const void *b)
+{
+        json_int_t x = json_integer_value(json_object_get(*(json_t *const *)a, "port"));
+        json_int_t y = json_integer_value(json_object_get(*(json_t *const *)b, "port"));
+        return x < y ? -1 : x > y;
+}
+
 int coved_port_list(struct coved *d, const char *tenant, const char *id, json_t **out,
                     struct cove_err *err)
 {
@@ -412,7 +419,18 @@ int coved_port_list(struct coved *d, const char *tenant, const char *id, json_t 
                 json_decref(l.arr);
                 return -1;
         }
-        *out = json_pack("{s:o}", "ports", l.arr);
+        size_t n = json_array_size(l.arr);
+        json_t **v = calloc(n ? n : 1, sizeof(*v));
+        json_t *sorted = json_array();
+        for (size_t i = 0; v && i < n; i++)
+                v[i] = json_array_get(l.arr, i);
+        if (v)
+                qsort(v, n, sizeof(*v), by_port);
+        for (size_t i = 0; v && i < n; i++)
+                json_array_append(sorted, v[i]);
+        free(v);
+        json_decref(l.arr);
+        *out = json_pack("{s:o}", "ports", sorted);
         return 0;
 }
 
