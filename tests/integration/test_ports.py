@@ -502,3 +502,29 @@ def test_cli_port_add_ls_rm(env, build_dir, other):
     assert [p["port"] for p in json.loads(r.stdout)["ports"]] == [3001]
     assert run("port", "add", other, "70000").returncode != 0
     run("port", "rm", other, "3001")
+
+
+def test_vm_sandbox_port_through_qemus_network(env):
+    """A vm sandbox: the connection is made inside QEMU's network namespace, to the guest's
+    address behind the tap (HTTP, SSE and a WebSocket through the same listener)."""
+    c = env.client
+    r = c.request("POST", "/v1/sandboxes", {"template": "base", "runtime": "vm"}, timeout=300)
+    if r.status != 201:
+        pytest.skip(f"no vm runtime here: {r.status} {r.body[:200]!r}")
+    sid = r.json()["id"]
+    try:
+        assert c.sandbox(sid)["runtime"] == "vm"
+        start_app(c, sid)
+        tok = expose(c, sid)["token"]
+        st, _, body = req(env, "GET", "/headers", host=f"{HTTP}-{sid}.{DOMAIN}",
+                          headers={"X-Cove-Port-Token": tok})
+        assert st == 200, body
+        assert json.loads(body)["client"] == "169.254.100.1"  # QEMU's tap end
+        expose(c, sid, port=WS, public=True)
+        s, head = ws_connect(env, f"/p/{sid}/{WS}/")
+        assert head.startswith("HTTP/1.1 101"), head
+        ws_send(s, b"from the vm test")
+        assert ws_recv(s) == (1, b"from the vm test")
+        s.close()
+    finally:
+        c.remove(sid, purge=True)
