@@ -29,7 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         char *h2 = malloc(out.len + 1);
                         memcpy(h2, out.b, out.len);
                         h2[out.len] = '\0';
-                        if (out.len <= COVE_PORTS_HEAD_MAX) {
+                        /* the node adds up to 4 lines (X-Forwarded-*) */
+                        if (out.len <= COVE_PORTS_HEAD_MAX && rq.nh <= COVE_PORTS_HEADERS_MAX - 4) {
                                 if (cove_ports_head_len(out.b, out.len) != out.len)
                                         abort();
                                 if (cove_ports_parse(h2, out.len, domain, &rq2, &why) != 0)

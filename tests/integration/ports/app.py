@@ -1,7 +1,11 @@
 """A small web app run inside a sandbox by test_ports.py and bench/ports_bench.py.
 
-python3 app.py HTTP_PORT [WS_PORT]: HTTP on HTTP_PORT (/, /headers, /sse, /echo, /big),
-a WebSocket echo server on WS_PORT (both on 0.0.0.0). Standard library only."""
+python3 app.py HTTP_PORT [WS_PORT [ASYNC_PORT]]: HTTP on HTTP_PORT (/, /headers, /sse, /echo,
+/big; a thread per connection), a WebSocket echo server on WS_PORT, and on ASYNC_PORT an
+asyncio keep-alive server answering every request "ok" (one thread: many connections need
+no more processes than the sandbox's pids limit allows). All on 0.0.0.0, standard library
+only."""
+import asyncio
 import base64
 import hashlib
 import json
@@ -15,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # head and body are separate writes
 
     def log_message(self, *a):
         pass
@@ -130,7 +135,30 @@ def ws_server(port):
         threading.Thread(target=ws_client, args=(c,), daemon=True).start()
 
 
+async def ok_client(r, w):
+    try:
+        while True:
+            head = await r.readuntil(b"\r\n\r\n")
+            if not head:
+                return
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await w.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        pass
+    finally:
+        w.close()
+
+
+def async_server(port):
+    async def main():
+        srv = await asyncio.start_server(ok_client, "0.0.0.0", port, backlog=4096)
+        await srv.serve_forever()
+    asyncio.run(main())
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 3:
+        threading.Thread(target=async_server, args=(int(sys.argv[3]),), daemon=True).start()
     if len(sys.argv) > 2:
         threading.Thread(target=ws_server, args=(int(sys.argv[2]),), daemon=True).start()
     ThreadingHTTPServer.daemon_threads = True
