@@ -528,3 +528,72 @@ def test_vm_sandbox_port_through_qemus_network(env):
         s.close()
     finally:
         c.remove(sid, purge=True)
+
+
+def test_e2b_get_host_and_traffic_access_token(build_dir, templates_dir, log_dir):
+    """E2B's create answers the ports domain and a traffic access token; getHost's
+    {port}-{id}.{domain} and the E2b-Sandbox-Id/-Port headers route to the sandbox; the
+    token is needed unless network.allowPublicTraffic was true; unknown routes on the E2B
+    listeners answer in E2B's error shape."""
+    pport, api, sbx = free_port(), free_port(), free_port()
+    d = Coved(build_dir, templates_dir=templates_dir, log_dir=log_dir,
+              extra_args=["--templates", "busybox,base", "--pool", "0",
+                          "--ports-listen", f"127.0.0.1:{pport}", "--ports-domain", DOMAIN,
+                          "--e2b-api-listen", f"127.0.0.1:{api}",
+                          "--e2b-sandbox-listen", f"127.0.0.1:{sbx}"])
+    d.pport = pport
+    key = "e2b_" + d.client.key.encode().hex()
+    ids = []
+    try:
+        def e2b(method, path, body=None, port=api):
+            cn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            cn.request(method, path, body=json.dumps(body) if body is not None else None,
+                       headers={"X-API-KEY": key, "Content-Type": "application/json"})
+            r = cn.getresponse()
+            out = r.status, r.read()
+            cn.close()
+            return out
+        st, body = e2b("POST", "/sandboxes", {"templateID": "base"})
+        assert st == 201, body
+        sb = json.loads(body)
+        sid, tt = sb["sandboxID"], sb["trafficAccessToken"]
+        ids.append(sid)
+        assert sb["domain"] == DOMAIN and tt.startswith("cpt_")
+        start_app(d.client, sid)
+        host = f"{HTTP}-{sid}.{DOMAIN}"  # what getHost(8000) answers
+        st, _, body = req(d, "GET", "/", host=host)
+        assert st == 401
+        st, _, body = req(d, "GET", "/", host=host,
+                          headers={"e2b-traffic-access-token": tt})
+        assert st == 200 and b"hello from the sandbox" in body
+        st, _, body = req(d, "GET", "/headers", headers={
+            "E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": str(WS + 1), "X-Cove-Port-Token": tt})
+        assert st == 502
+        assert json.loads(body)["code"] == 502 and json.loads(body)["sandboxId"] == sid
+        st, _, body = req(d, "GET", "/headers", headers={
+            "E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": str(HTTP), "X-Cove-Port-Token": "cpt_no"})
+        assert st == 403 and json.loads(body)["code"] == 403
+        # the answer of a get carries the same token again
+        st, body = e2b("GET", f"/sandboxes/{sid}")
+        assert json.loads(body)["trafficAccessToken"] == tt
+        # allowPublicTraffic: no token
+        st, body = e2b("POST", "/sandboxes", {"templateID": "base",
+                                              "network": {"allowPublicTraffic": True}})
+        assert st == 201, body
+        pub = json.loads(body)["sandboxID"]
+        ids.append(pub)
+        start_app(d.client, pub)
+        st, _, _ = req(d, "GET", "/", host=f"{HTTP}-{pub}.{DOMAIN}")
+        assert st == 200
+        st, body = e2b("POST", "/sandboxes", {"templateID": "base",
+                                              "network": {"allowOut": ["x"]}})
+        assert st == 400
+        # unknown routes: E2B's shape {code, message}
+        for port in (api, sbx):
+            st, body = e2b("GET", "/no/such/route", port=port)
+            j = json.loads(body)
+            assert st == 404 and j["code"] == 404 and "no such route" in j["message"]
+    finally:
+        for s in ids:
+            d.client.remove(s, purge=True)
+        d.stop()
