@@ -131,7 +131,9 @@ static void stat_add(struct cove_ports *p, uint64_t *f, uint64_t v)
 static void audit(struct cove_ports *p, const struct pc *c, const char *tenant, const char *sandbox,
                   uint16_t port, const char *action, const char *verdict, const char *reason)
 {
-        if (!p->cfg.audit)
+        /* a refusal that names no known sandbox (no route, junk, a slow first head) is
+         * counted, not audited: anyone who can reach the listener could fill the log */
+        if (!p->cfg.audit || !sandbox || !*sandbox)
                 return;
         json_t *d = json_pack("{s:i, s:s}", "port", (int)port, "client", c->ip);
         if (reason)
