@@ -26,7 +26,9 @@
 
 #include "net/ports_route.h"
 
-#define IN_CAP (64 * 1024)    /* client bytes read, not yet handled */
+#define IN_CAP (64 * 1024) /* client bytes read, not yet handled (grows from IN_MIN) */
+#define IN_MIN 4096
+#define PENDING_MAX 4096      /* connections not yet into a sandbox; over it new ones are closed */
 #define OUT_CAP (128 * 1024)  /* bytes for the sandbox, not yet written */
 #define UHEAD_MAX (64 * 1024) /* an answer head that gets the cookie */
 #define PIPE_SZ (256 * 1024)  /* answers: pipe per connection */
@@ -70,7 +72,8 @@ struct pc {
         int e2b;       /* answers in E2B's error shape */
         /* client → sandbox */
         uint8_t *in;
-        size_t ioff, ilen;
+        size_t ioff, ilen, icap;
+        int pending; /* counted in npending (not yet connected into a sandbox) */
         uint8_t *out;
         size_t ooff, olen;
         uint64_t left;
@@ -111,6 +114,7 @@ struct cove_ports {
         struct done_note notes[64];
         int nnotes;
         struct pc *conns, *dead;
+        int npending;
         struct cove_ports_stats st;
         uint8_t scratch[COVE_PORTS_HEAD_MAX + 1];
 };
@@ -195,6 +199,9 @@ static void pc_free(struct cove_ports *p, struct pc *c, const char *reason)
         if (c->dead)
                 return;
         up_close(p, c, reason);
+        if (c->pending)
+                p->npending--;
+        c->pending = 0;
         epoll_ctl(p->epfd, EPOLL_CTL_DEL, c->cfd, NULL);
         close(c->cfd);
         free(c->in);
@@ -588,6 +595,10 @@ static int on_head(struct cove_ports *p, struct pc *c, size_t hl)
         up_open(p, c, &e);
         return c->st == S_CLOSING ? 1 : 0;
 forward:;
+        if (!c->out && !(c->out = malloc(OUT_CAP))) {
+                refuse(p, c, 503, "out of memory", c->tenant, c->sandbox, c->port);
+                return 1;
+        }
         if (c->olen + c->ooff + hl + 1024 > OUT_CAP)
                 return 0; /* room first */
         struct cove_bytes o = {0};
@@ -814,14 +825,20 @@ static void pump(struct cove_ports *p, struct pc *c)
                 int moved = 0;
                 /* client → in */
                 if (c->st != S_CLOSING && !c->c_eof && c->ilen + c->ioff < IN_CAP) {
-                        if (!c->in && !(c->in = malloc(IN_CAP))) {
-                                pc_free(p, c, "out of memory");
-                                return;
-                        }
                         if (c->ioff && !c->ilen)
                                 c->ioff = 0;
+                        if (c->ioff + c->ilen >= c->icap) { /* grow (a head is bounded) */
+                                size_t nc = c->icap ? c->icap * 2 : IN_MIN;
+                                uint8_t *nb = realloc(c->in, nc > IN_CAP ? IN_CAP : nc);
+                                if (!nb) {
+                                        pc_free(p, c, "out of memory");
+                                        return;
+                                }
+                                c->in = nb;
+                                c->icap = nc > IN_CAP ? IN_CAP : nc;
+                        }
                         ssize_t n = recv(c->cfd, c->in + c->ioff + c->ilen,
-                                         IN_CAP - c->ioff - c->ilen, MSG_DONTWAIT);
+                                         c->icap - c->ioff - c->ilen, MSG_DONTWAIT);
                         if (n > 0) {
                                 c->ilen += (size_t)n;
                                 c->nin += (uint64_t)n;
@@ -844,10 +861,6 @@ static void pump(struct cove_ports *p, struct pc *c)
                         }
                 }
                 if (c->ilen && c->st != S_CLOSING) {
-                        if (!c->out && !(c->out = malloc(OUT_CAP))) {
-                                pc_free(p, c, "out of memory");
-                                return;
-                        }
                         size_t before = c->ilen;
                         enum pc_state sb = c->st;
                         c2u(p, c);
@@ -991,6 +1004,9 @@ static void on_up_event(struct cove_ports *p, struct pc *c, uint32_t events)
                 }
                 c->st = S_OPEN;
                 c->bound = 1;
+                if (c->pending)
+                        p->npending--;
+                c->pending = 0;
                 c->u_eof = c->u_shut = 0;
                 c->opened_at = now_ms();
                 stat_add(p, &p->st.opened, 1);
@@ -1008,6 +1024,11 @@ static void on_accept(struct cove_ports *p)
                     accept4(p->lfd, (struct sockaddr *)&src, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd < 0)
                         return;
+                if (p->npending >= PENDING_MAX) { /* a flood of idle or slow clients */
+                        close(fd);
+                        stat_add(p, &p->st.refused, 1);
+                        continue;
+                }
                 struct pc *c = calloc(1, sizeof(*c));
                 if (!c) {
                         close(fd);
@@ -1023,6 +1044,8 @@ static void on_accept(struct cove_ports *p)
                 c->uev = (struct ev){3, c};
                 c->st = S_HEAD;
                 c->bst = B_HEAD;
+                c->pending = 1;
+                p->npending++;
                 c->active = c->opened_at = now_ms();
                 c->head_at = c->active; /* the first head is due from the accept on */
                 c->next = p->conns;
