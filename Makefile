@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster bench-ports asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -22,6 +22,10 @@ bench: bench-store
 # time machine through the API (bench/timemachine.py): snapshot pause, pause/resume, fork of 10
 bench-tm: all
 	/usr/bin/python3 bench/timemachine.py --build $(BUILD) $(BENCH_TM_ARGS)
+
+# exposed ports: preview URL vs straight to the sandbox's server (bench/ports_bench.py)
+bench-ports: all
+	BUILD=$(BUILD) /usr/bin/python3 bench/ports_bench.py $(BENCH_PORTS_ARGS)
 
 # chunk store capture/restore/dedup figures (bench/chunkstore_bench.c); BENCH_STORE_ARGS e.g. --mb 256
 bench-store: all

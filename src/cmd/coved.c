@@ -7,7 +7,9 @@
  *              [--runtime ns|vm] [--vm-pool N] [--key-cache-ttl S] [--encrypt-layers]
  *              [--egress-ca-file PEM] [--db postgres://…|PATH]
  *              [--store s3://BUCKET[/PREFIX] --s3-endpoint URL]
- *              [--s3-timeout S] [--chunk-cache-mb N] */
+ *              [--s3-timeout S] [--chunk-cache-mb N]
+ *              [--ports-listen HOST:PORT] [--ports-domain DOMAIN]
+ *              [--ports-max-conns N] [--ports-idle-timeout S] */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,7 +53,12 @@ static void usage(FILE *f)
                 "             [--chunk-cache-mb N]  local cache of S3 chunks (default 1024)\n"
                 "             [--db URL|PATH]  catalog: postgres://USER:PW@HOST:PORT/DB (or\n"
                 "                                postgresql://) for PostgreSQL, or a SQLite file\n"
-                "                                (default DIR/catalog.db)\n");
+                "                                (default DIR/catalog.db)\n"
+                "             [--ports-listen HOST:PORT]  serve exposed sandbox ports there\n"
+                "             [--ports-domain DOMAIN]  also route Host {port}-{id}.DOMAIN\n"
+                "                                (a wildcard name pointing at the listener)\n"
+                "             [--ports-max-conns N]  open connections per sandbox (default 2048)\n"
+                "             [--ports-idle-timeout S]  close connections idle that long (600)\n");
 }
 
 int main(int argc, char **argv)
@@ -86,6 +93,10 @@ int main(int argc, char **argv)
             {"s3-timeout", required_argument, 0, 1003},
             {"chunk-cache-mb", required_argument, 0, 1004},
             {"db", required_argument, 0, 'B'},
+            {"ports-listen", required_argument, 0, 1101},
+            {"ports-domain", required_argument, 0, 1102},
+            {"ports-max-conns", required_argument, 0, 1103},
+            {"ports-idle-timeout", required_argument, 0, 1104},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -181,6 +192,26 @@ int main(int argc, char **argv)
                         break;
                 case 'C':
                         o.egress.ca_file = optarg;
+                        break;
+                case 1101:
+                        o.ports.listen = strcmp(optarg, "none") ? optarg : NULL;
+                        break;
+                case 1102:
+                        o.ports.domain = optarg;
+                        break;
+                case 1103:
+                        o.ports.max_conns = atoi(optarg);
+                        if (o.ports.max_conns < 1 || o.ports.max_conns > 100000) {
+                                fprintf(stderr, "coved: --ports-max-conns takes 1 to 100000\n");
+                                return 2;
+                        }
+                        break;
+                case 1104:
+                        o.ports.idle_s = atoi(optarg);
+                        if (o.ports.idle_s < 1 || o.ports.idle_s > 86400) {
+                                fprintf(stderr, "coved: --ports-idle-timeout takes 1 to 86400\n");
+                                return 2;
+                        }
                         break;
                 case 'K':
                         o.key_cache_ttl_s = atoi(optarg);

@@ -45,6 +45,7 @@ int cmd_exec(struct cli *c, int argc, char **argv);
 int cmd_cp(struct cli *c, int argc, char **argv);
 int cmd_rm(struct cli *c, int argc, char **argv);
 int cmd_timeout(struct cli *c, int argc, char **argv);
+int cmd_port(struct cli *c, int argc, char **argv);     /* port.c: exposed ports */
 int cmd_snapshot(struct cli *c, int argc, char **argv); /* snapshot.c: the time machine verbs */
 int cmd_snapshots(struct cli *c, int argc, char **argv);
 int cmd_pause(struct cli *c, int argc, char **argv);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "control/apikey.h"
+#include "control/ports.h"
 #include "control/snapshot.h"
 #include "util/cleanup.h"
 #include "util/util.h"
@@ -32,6 +33,22 @@ void cove_e2b_token(const struct cove_e2b *e, const char *sandbox_id, char out[C
         HMAC(EVP_sha256(), e->secret, sizeof(e->secret), (const unsigned char *)sandbox_id,
              strlen(sandbox_id), mac, &len);
         cove_hex(mac, sizeof(mac), out);
+}
+
+/* The sandbox's traffic access token (its ports, E2B's form): "cpt_" + hex HMAC-SHA256
+ * (secret, "traffic:" + id), so every answer about the sandbox can carry it again. */
+static void traffic_token(const struct cove_e2b *e, const char *sandbox_id, char out[80])
+{
+        char msg[96];
+        snprintf(msg, sizeof(msg), "traffic:%s", sandbox_id);
+        unsigned char mac[32];
+        unsigned int len = sizeof(mac);
+        HMAC(EVP_sha256(), e->secret, sizeof(e->secret), (const unsigned char *)msg, strlen(msg),
+             mac, &len);
+        char hex[65];
+        cove_hex(mac, sizeof(mac), hex);
+        snprintf(out, 80, "cpt_%.48s", hex);
+        OPENSSL_cleanse(mac, sizeof(mac));
 }
 
 static int hexval(char c)
@@ -226,7 +243,14 @@ static json_t *detail(struct cove_e2b *e, const struct cove_sandbox_row *s, int 
                 char tok[COVE_E2B_TOKEN_HEX];
                 cove_e2b_token(e, s->id, tok);
                 json_object_set_new(o, "envdAccessToken", json_string(tok));
-                json_object_set_new(o, "domain", json_null());
+                const char *dom = coved_ports_domain(e->d);
+                json_object_set_new(o, "domain", dom[0] ? json_string(dom) : json_null());
+                if (dom[0] || e->d->ports) {
+                        char tt[80];
+                        traffic_token(e, s->id, tt);
+                        json_object_set_new(o, "trafficAccessToken", json_string(tt));
+                        OPENSSL_cleanse(tt, sizeof(tt));
+                }
         }
         return o;
 }
@@ -272,6 +296,23 @@ static int nonempty(json_t *v)
                !(json_is_array(v) && json_array_size(v) == 0);
 }
 
+/* network: absent, or an object with nothing but allowPublicTraffic (a boolean) */
+static int network_ok(json_t *n)
+{
+        if (!nonempty(n))
+                return 1;
+        if (!json_is_object(n))
+                return 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(n, k, v)
+        {
+                if (strcmp(k, "allowPublicTraffic") || !json_is_boolean(v))
+                        return 0;
+        }
+        return 1;
+}
+
 /* Whether pauses here keep memory and processes (runtime full snapshots, CRIU); waits for
  * coved's start-up self-check when it still runs (1-3 s), as a pause itself would. */
 static int full_snapshots(struct cove_e2b *e)
@@ -290,6 +331,8 @@ static int h_create(void *app, struct cove_req *r)
                 return 0;
         const char *why = NULL;
         json_t *tpl = json_object_get(b, "templateID"), *to = json_object_get(b, "timeout");
+        int public_traffic =
+            json_is_true(json_object_get(json_object_get(b, "network"), "allowPublicTraffic"));
         if (!json_is_string(tpl) || !json_string_length(tpl))
                 why = "templateID is required (cove templates: base, busybox)";
         else if (to && !json_is_null(to) && !json_is_integer(to))
@@ -305,9 +348,9 @@ static int h_create(void *app, struct cove_req *r)
                 why = "MCP gateways are not supported by cove";
         else if (nonempty(json_object_get(b, "volumeMounts")))
                 why = "volume mounts are not supported by cove";
-        else if (nonempty(json_object_get(b, "network")))
+        else if (!network_ok(json_object_get(b, "network")))
                 why = "network rules are not supported yet: cove sandboxes have no network beyond "
-                      "their own loopback";
+                      "their own loopback (network.allowPublicTraffic is)";
         if (why) {
                 json_decref(b);
                 return reply_error(r, 400, "%s", why);
@@ -332,6 +375,13 @@ static int h_create(void *app, struct cove_req *r)
                 return reply_err(r, &err);
         const char *id = json_string_value(json_object_get(out, "id"));
         struct cove_sandbox_row row;
+        if (id) { /* its ports: behind the traffic token unless allowPublicTraffic: true */
+                char tt[80];
+                traffic_token(e, id, tt);
+                if (coved_ports_expose_all(e->d, r->tenant, id, public_traffic, tt, &err) < 0)
+                        cove_warn(&e->d->log, "e2b", "ports of %s: %s", id, err.msg);
+                OPENSSL_cleanse(tt, sizeof(tt));
+        }
         rc = id ? cove_sandbox_load(e->d, r->tenant, id, &row, &err) : -1;
         json_decref(out);
         if (rc < 0)
@@ -782,6 +832,16 @@ static const struct cove_route e2b_api_routes[] = {
     {"GET", "/sandboxes/{id}/metrics", h_metrics, NULL, COVE_ROUTE_PUBLIC},
 };
 
+/* A route E2B does not have: answered in E2B's error shape, not cove's. */
+static int h_unknown(void *app, struct cove_req *r)
+{
+        (void)app;
+        return reply_error(r, 404, "no such route: %.16s %.200s", r->method ? r->method : "",
+                           r->url ? r->url : "");
+}
+
+static const struct cove_route e2b_unknown = {"*", "*", h_unknown, NULL, COVE_ROUTE_PUBLIC};
+
 /* Every route is public to the generic front end: each handler authenticates itself, so
  * that even a missing key is answered in E2B's error shape. */
 static int no_auth(void *app, struct cove_req *r, const char *authorization, struct cove_err *err)
@@ -809,6 +869,7 @@ int cove_e2b_start(struct coved *d, const char *api_listen, const char *sandbox_
                     .app = e,
                     .log = &d->log,
                     .quitting = &d->quitting,
+                    .fallback = &e2b_unknown,
                 };
                 e->api = cove_http_start(&hc, api_listen, NULL, err);
                 if (!e->api) {
@@ -824,6 +885,7 @@ int cove_e2b_start(struct coved *d, const char *api_listen, const char *sandbox_
                     .app = e,
                     .log = &d->log,
                     .quitting = &d->quitting,
+                    .fallback = &e2b_unknown,
                 };
                 e->envd = cove_http_start(&hc, sandbox_listen, NULL, err);
                 if (!e->envd) {

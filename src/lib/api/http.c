@@ -308,6 +308,8 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
                 if (nul)
                         return answer_now(r, 400, "bad_request",
                                           "query parameters must not contain NUL bytes");
+                if (!r->route && h->cfg.fallback)
+                        r->route = h->cfg.fallback;
                 if (!r->route)
                         return path_matched ? answer_now(r, 405, "bad_request",
                                                          "method not allowed on this path")

@@ -70,6 +70,9 @@ struct cove_http_config {
         void *app;
         const struct cove_log *log;
         int *quitting; /* streams end when *quitting becomes non-zero */
+        /* Runs for a request no route matches (NULL: 404/405 in cove's error shape); its
+         * flags apply (COVE_ROUTE_PUBLIC: no auth). */
+        const struct cove_route *fallback;
 };
 
 /* Listen on tcp "HOST:PORT" (may be NULL) and on a unix socket path (may be NULL; created

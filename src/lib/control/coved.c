@@ -230,6 +230,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .log = &d->log,
             .quitting = &d->quitting,
         };
+        if (coved_ports_open(d, &o->ports, err) < 0)
+                goto fail;
         d->http = cove_http_start(&hc, o->listen, sock, err);
         if (!d->http)
                 goto fail;
@@ -265,6 +267,7 @@ void coved_close(struct coved *d)
         if (d->timer_started)
                 pthread_join(d->timer, NULL);
         d->timer_started = 0;
+        coved_ports_close(d);
         cove_tm_close(d); /* before the node: its thread snapshots instances */
         if (d->node) {
                 /* the instances end with coved; say so in the catalog */

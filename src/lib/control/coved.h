@@ -11,6 +11,7 @@
 
 #include "api/http.h"
 #include "control/egress.h"
+#include "control/ports.h"
 #include "node/node.h"
 #include "store/catalog.h"
 #include "util/err.h"
@@ -44,6 +45,7 @@ struct coved_options {
         const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
         struct coved_store_options store; /* snapshot store */
         const char *db; /* catalog: "postgres://…" or a SQLite path; NULL: <data>/catalog.db */
+        struct coved_ports_options ports; /* exposed ports listener (control/ports.h) */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -56,6 +58,7 @@ struct cove_e2b;
 struct cove_gateway;
 struct cove_audit;
 struct cove_tm;
+struct coved_ports;
 
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
@@ -76,6 +79,7 @@ struct coved {
         struct cove_gateway *gw;  /* egress gateway (net/gateway.h), NULL when unavailable */
         struct cove_audit *audit; /* audit log (control/audit.h) */
         struct cove_tm *tm; /* snapshots: chunk store, rolling/retention thread (snapshot.h) */
+        struct coved_ports *ports; /* exposed ports (control/ports.h), NULL when off */
         int quitting;
         pthread_mutex_t mu; /* metrics, timer wake-up */
         pthread_cond_t cv;

@@ -446,6 +446,7 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %.64s not found", id);
         coved_egress_forget(d, id);
         coved_leases_forget(d, tenant, id);
+        coved_ports_forget(d, tenant, id);
         if (purge && cove_snapshot_purge_sandbox(d, tenant, id, err) < 0)
                 return cove_err_wrap(err, "sandbox %s deleted, but purging its snapshots", id);
         pthread_mutex_lock(&d->mu);

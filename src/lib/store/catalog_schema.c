@@ -176,6 +176,22 @@ const struct cove_migration cove_catalog_migrations[] = {
             "  updated_at INTEGER NOT NULL"
             ");"
             "CREATE INDEX jobs_open ON jobs(sandbox_id, id) WHERE state IN ('queued', 'claimed');"},
+    /* 7: documents of exposed ports (control/ports.h) too: the kind check is widened by
+     * copying the table (SQLite cannot alter a CHECK; the same steps work in PostgreSQL) */
+    {.sql = "CREATE TABLE egress_docs_7 ("
+            "  kind TEXT NOT NULL CHECK (kind IN ('secret', 'lease', 'port')),"
+            "  tenant TEXT NOT NULL REFERENCES tenants(id),"
+            "  key TEXT NOT NULL,"
+            "  owner TEXT NOT NULL DEFAULT '',"
+            "  doc_json TEXT NOT NULL CHECK (json_valid(doc_json)),"
+            "  updated_at INTEGER NOT NULL,"
+            "  PRIMARY KEY (kind, tenant, key)"
+            ");"
+            "INSERT INTO egress_docs_7 SELECT kind, tenant, key, owner, doc_json, updated_at"
+            "  FROM egress_docs;"
+            "DROP TABLE egress_docs;"
+            "ALTER TABLE egress_docs_7 RENAME TO egress_docs;"
+            "CREATE INDEX egress_docs_owner ON egress_docs(kind, owner);"},
 };
 const int cove_catalog_schema_version = (int)COVE_ARRAY_SIZE(cove_catalog_migrations);
 

@@ -1,0 +1,509 @@
+/* Exposed ports: control-plane glue between the API, the catalog and the node's port
+ * listener; see ports.h. */
+#include "control/ports.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include "control/audit.h"
+#include "control/coved.h"
+#include "control/egress.h"
+#include "control/snapshot.h"
+#include "net/ports.h"
+#include "util/util.h"
+
+#define DOC_KIND "port"
+#define VM_GUEST_IP 0xa9fe6402u /* 169.254.100.2: the guest's eth0 behind QEMU's tap */
+#define NS_LOOPBACK 0x7f000001u
+
+struct coved_ports {
+        struct cove_ports *p;
+        char domain[254];
+        char url_host[80]; /* path routes: "HOST:PORT" */
+        unsigned listen_port;
+        pthread_mutex_t mu; /* resumes running */
+        pthread_cond_t cv;
+        int resuming;
+        int closing;
+};
+
+static void audit_sink(void *arg, const char *tenant, const char *sandbox, const char *action,
+                       const char *verdict, json_t *detail)
+{
+        struct coved *d = arg;
+        cove_audit_log(d->audit, tenant, sandbox, "port", action, verdict, detail);
+}
+
+static void locate(void *arg, const char *sandbox, struct cove_ports_where *w)
+{
+        struct coved *d = arg;
+        pid_t pid = d->node ? cove_node_pid(d->node, sandbox) : 0;
+        if (pid > 0) {
+                w->state = COVE_PORTS_RUNNING;
+                w->pid = pid;
+                return;
+        }
+        struct cove_sandbox_row row;
+        struct cove_err e;
+        memset(&row, 0, sizeof(row));
+        int r = d->cat_ops->sandbox_get(d->cat, NULL, sandbox, &row, &e);
+        if (r != 0) {
+                w->state = COVE_PORTS_GONE;
+                snprintf(w->why, sizeof(w->why), "sandbox %s does not exist", sandbox);
+                return;
+        }
+        if (!strcmp(row.state, "paused") || !strcmp(row.state, "pausing") ||
+            !strcmp(row.state, "resuming")) {
+                w->state = COVE_PORTS_PAUSED;
+        } else {
+                w->state = COVE_PORTS_GONE;
+                snprintf(w->why, sizeof(w->why), "sandbox %s is %s, not running", sandbox,
+                         row.state);
+        }
+        cove_sandbox_row_clear(&row);
+}
+
+static void tenant_of(void *arg, const char *sandbox, char *out, size_t cap)
+{
+        struct coved *d = arg;
+        struct cove_sandbox_row row;
+        struct cove_err e;
+        memset(&row, 0, sizeof(row));
+        out[0] = '\0';
+        if (d->cat_ops->sandbox_get(d->cat, NULL, sandbox, &row, &e) == 0) {
+                snprintf(out, cap, "%s", row.tenant);
+                cove_sandbox_row_clear(&row);
+        }
+}
+
+struct resume_job {
+        struct coved *d;
+        char tenant[64], id[64];
+};
+
+static void *resume_main(void *arg)
+{
+        struct resume_job *j = arg;
+        struct coved *d = j->d;
+        struct coved_ports *cp = d->ports;
+        json_t *out = NULL;
+        struct cove_err e;
+        int r = cove_sandbox_resume(d, j->tenant, j->id, NULL, &out, &e);
+        json_decref(out);
+        if (r < 0 && e.kind != COVE_E_CONFLICT) /* CONFLICT: running or resuming already */
+                cove_ports_resume_failed(cp->p, j->id, e.msg);
+        else
+                cove_ports_kick(cp->p);
+        free(j);
+        pthread_mutex_lock(&cp->mu);
+        cp->resuming--;
+        pthread_cond_broadcast(&cp->cv);
+        pthread_mutex_unlock(&cp->mu);
+        return NULL;
+}
+
+static void resume(void *arg, const char *tenant, const char *sandbox)
+{
+        struct coved *d = arg;
+        struct coved_ports *cp = d->ports;
+        struct resume_job *j = calloc(1, sizeof(*j));
+        if (!j) {
+                cove_ports_resume_failed(cp->p, sandbox, "out of memory");
+                return;
+        }
+        j->d = d;
+        snprintf(j->tenant, sizeof(j->tenant), "%s", tenant);
+        snprintf(j->id, sizeof(j->id), "%s", sandbox);
+        pthread_mutex_lock(&cp->mu);
+        int closing = cp->closing;
+        if (!closing)
+                cp->resuming++;
+        pthread_mutex_unlock(&cp->mu);
+        pthread_t t;
+        pthread_attr_t at;
+        pthread_attr_init(&at);
+        pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+        if (closing || pthread_create(&t, &at, resume_main, j) != 0) {
+                free(j);
+                if (!closing) {
+                        pthread_mutex_lock(&cp->mu);
+                        cp->resuming--;
+                        pthread_mutex_unlock(&cp->mu);
+                }
+                cove_ports_resume_failed(cp->p, sandbox, "no resume thread");
+        }
+        pthread_attr_destroy(&at);
+}
+
+static uint32_t target_addr(const char *runtime)
+{
+        return !strcmp(runtime, "vm") ? VM_GUEST_IP : NS_LOOPBACK;
+}
+
+static int hash_hex(const char *hex, uint8_t out[32])
+{
+        if (!hex || strlen(hex) != 64)
+                return -1;
+        for (int i = 0; i < 32; i++) {
+                unsigned v;
+                if (sscanf(hex + 2 * i, "%2x", &v) != 1)
+                        return -1;
+                out[i] = (uint8_t)v;
+        }
+        return 0;
+}
+
+/* Hand one stored exposure to the listener. */
+static int load_one(const char *tenant, const char *key, const char *owner, const char *json,
+                    void *arg)
+{
+        struct coved *d = arg;
+        (void)key;
+        json_error_t je;
+        json_t *o = json_loads(json, 0, &je);
+        struct cove_sandbox_row row;
+        struct cove_err e;
+        memset(&row, 0, sizeof(row));
+        if (o && d->cat_ops->sandbox_get(d->cat, tenant, owner, &row, &e) == 0) {
+                uint8_t h[32] = {0};
+                int pub = json_is_true(json_object_get(o, "public"));
+                if (pub || hash_hex(json_string_value(json_object_get(o, "token_sha256")), h) == 0)
+                        cove_ports_expose(d->ports->p, tenant, owner,
+                                          (uint16_t)json_integer_value(json_object_get(o, "port")),
+                                          pub, json_is_true(json_object_get(o, "auto_resume")),
+                                          target_addr(row.runtime), pub ? NULL : h, &e);
+                cove_sandbox_row_clear(&row);
+        }
+        json_decref(o);
+        return 0;
+}
+
+int coved_ports_open(struct coved *d, const struct coved_ports_options *o, struct cove_err *err)
+{
+        if (!o || !o->listen)
+                return 0;
+        struct coved_ports *cp = calloc(1, sizeof(*cp));
+        if (!cp)
+                return cove_err_set(err, ENOMEM, "ports");
+        pthread_mutex_init(&cp->mu, NULL);
+        pthread_cond_init(&cp->cv, NULL);
+        if (o->domain)
+                snprintf(cp->domain, sizeof(cp->domain), "%s", o->domain);
+        struct cove_ports_config pc = {
+            .log = &d->log,
+            .listen = o->listen,
+            .domain = o->domain,
+            .max_conns = o->max_conns,
+            .idle_ms = o->idle_s > 0 ? o->idle_s * 1000 : 0,
+            .locate = locate,
+            .tenant_of = tenant_of,
+            .resume = resume,
+            .audit = audit_sink,
+            .arg = d,
+        };
+        d->ports = cp;
+        cp->p = cove_ports_new(&pc, err);
+        if (!cp->p) {
+                d->ports = NULL;
+                free(cp);
+                return cove_err_wrap(err, "port listener");
+        }
+        const char *b = cove_ports_bound(cp->p);
+        const char *colon = strrchr(b, ':');
+        cp->listen_port = (unsigned)atoi(colon + 1);
+        if (!strncmp(b, "0.0.0.0:", 8))
+                snprintf(cp->url_host, sizeof(cp->url_host), "127.0.0.1:%u", cp->listen_port);
+        else
+                snprintf(cp->url_host, sizeof(cp->url_host), "%s", b);
+        if (d->cat_ops->doc_list(d->cat, DOC_KIND, NULL, NULL, load_one, d, err) < 0) {
+                coved_ports_close(d);
+                return cove_err_wrap(err, "load exposed ports");
+        }
+        cove_info(&d->log, "ports", "serving exposed ports on %s%s%s", b,
+                  cp->domain[0] ? " for *." : "", cp->domain);
+        return 0;
+}
+
+void coved_ports_close(struct coved *d)
+{
+        struct coved_ports *cp = d->ports;
+        if (!cp)
+                return;
+        pthread_mutex_lock(&cp->mu);
+        cp->closing = 1;
+        while (cp->resuming)
+                pthread_cond_wait(&cp->cv, &cp->mu);
+        pthread_mutex_unlock(&cp->mu);
+        cove_ports_free(cp->p);
+        pthread_mutex_destroy(&cp->mu);
+        pthread_cond_destroy(&cp->cv);
+        free(cp);
+        d->ports = NULL;
+}
+
+const char *coved_ports_domain(struct coved *d)
+{
+        return d->ports ? d->ports->domain : "";
+}
+
+static int need_ports(struct coved *d, struct cove_err *err)
+{
+        if (!d->ports)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "this node serves no ports (start coved with --ports-listen "
+                                     "HOST:PORT)");
+        return 0;
+}
+
+static json_t *url_of(struct coved_ports *cp, const char *id, unsigned port, const char *token)
+{
+        char url[512];
+        if (cp->domain[0]) {
+                char pp[16] = "";
+                if (cp->listen_port != 80)
+                        snprintf(pp, sizeof(pp), ":%u", cp->listen_port);
+                snprintf(url, sizeof(url), "http://%u-%s.%s%s/", port, id, cp->domain, pp);
+        } else {
+                snprintf(url, sizeof(url), "http://%s/p/%s/%u/", cp->url_host, id, port);
+        }
+        if (token) {
+                size_t n = strlen(url);
+                snprintf(url + n, sizeof(url) - n, "?cove_token=%s", token);
+        }
+        return json_string(url);
+}
+
+static void doc_key(char *key, size_t cap, const char *id, unsigned port)
+{
+        if (port)
+                snprintf(key, cap, "%s/%u", id, port);
+        else
+                snprintf(key, cap, "%s/*", id);
+}
+
+/* Store and apply one exposure; *token (hex) filled when private. */
+static int expose(struct coved *d, const struct cove_sandbox_row *row, unsigned port, int pub,
+                  int auto_resume, const char *given_token, char *token, size_t tcap,
+                  struct cove_err *err)
+{
+        uint8_t raw[24], h[32];
+        if (!pub) {
+                if (given_token) {
+                        snprintf(token, tcap, "%s", given_token);
+                } else {
+                        if (cove_random(raw, sizeof(raw), err) < 0)
+                                return -1;
+                        char hex[49];
+                        cove_hex(raw, sizeof(raw), hex);
+                        snprintf(token, tcap, "cpt_%s", hex);
+                        OPENSSL_cleanse(raw, sizeof(raw));
+                }
+                unsigned hl;
+                EVP_Digest(token, strlen(token), h, &hl, EVP_sha256(), NULL);
+        }
+        char hhex[65] = "";
+        if (!pub)
+                cove_hex(h, 32, hhex);
+        json_t *doc =
+            json_pack("{s:i, s:b, s:b, s:I}", "port", (int)port, "public", pub, "auto_resume",
+                      auto_resume, "created_at", (json_int_t)cove_now_ms());
+        if (!pub)
+                json_object_set_new(doc, "token_sha256", json_string(hhex));
+        char *text = json_dumps(doc, JSON_COMPACT | JSON_SORT_KEYS);
+        json_decref(doc);
+        char key[96];
+        doc_key(key, sizeof(key), row->id, port);
+        int r = text ? d->cat_ops->doc_put(d->cat, DOC_KIND, row->tenant, key, row->id, text, err)
+                     : cove_err_set(err, ENOMEM, "port document");
+        free(text);
+        if (r < 0)
+                return -1;
+        return cove_ports_expose(d->ports->p, row->tenant, row->id, (uint16_t)port, pub,
+                                 auto_resume, target_addr(row->runtime), pub ? NULL : h, err);
+}
+
+int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *body, json_t **out,
+                   struct cove_err *err)
+{
+        if (need_ports(d, err) < 0)
+                return -1;
+        json_t *jp = json_object_get(body, "port");
+        json_t *jpub = json_object_get(body, "public");
+        json_t *jar = json_object_get(body, "auto_resume");
+        const char *k;
+        json_t *v;
+        json_object_foreach(body, k, v)
+        {
+                if (strcmp(k, "port") && strcmp(k, "public") && strcmp(k, "auto_resume"))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "unknown field \"%s\"", k);
+        }
+        if (!json_is_integer(jp) || json_integer_value(jp) < 1 || json_integer_value(jp) > 65535)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "\"port\" must be an integer from 1 to 65535");
+        if ((jpub && !json_is_boolean(jpub)) || (jar && !json_is_boolean(jar)))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "\"public\" and \"auto_resume\" must be booleans");
+        unsigned port = (unsigned)json_integer_value(jp);
+        int pub = json_is_true(jpub), ar = json_is_true(jar);
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        char token[COVE_PORTS_TOKEN_HASH * 2 + 8] = "";
+        int r = expose(d, &row, port, pub, ar, NULL, token, sizeof(token), err);
+        if (r == 0) {
+                *out = json_pack("{s:i, s:o, s:o, s:b, s:b}", "port", (int)port, "url",
+                                 url_of(d->ports, id, port, pub ? NULL : token), "token",
+                                 pub ? json_null() : json_string(token), "public", pub,
+                                 "auto_resume", ar);
+                coved_audit_control(d, row.tenant, id, "port.add",
+                                    json_pack("{s:i, s:b, s:b}", "port", (int)port, "public", pub,
+                                              "auto_resume", ar));
+        }
+        OPENSSL_cleanse(token, sizeof(token));
+        cove_sandbox_row_clear(&row);
+        return r;
+}
+
+struct list_ctx {
+        struct coved *d;
+        json_t *arr;
+};
+
+static int list_one(const char *tenant, const char *key, const char *owner, const char *json,
+                    void *arg)
+{
+        struct list_ctx *l = arg;
+        (void)tenant;
+        (void)key;
+        json_error_t je;
+        json_t *o = json_loads(json, 0, &je);
+        if (!o)
+                return 0;
+        unsigned port = (unsigned)json_integer_value(json_object_get(o, "port"));
+        json_t *item = json_pack("{s:i, s:o, s:O, s:O, s:O}", "port", (int)port, "url",
+                                 port ? url_of(l->d->ports, owner, port, NULL) : json_null(),
+                                 "public", json_object_get(o, "public"), "auto_resume",
+                                 json_object_get(o, "auto_resume"), "created_at",
+                                 json_object_get(o, "created_at"));
+        if (item)
+                json_array_append_new(l->arr, item);
+        json_decref(o);
+        return 0;
+}
+
+static int by_port(const void *a, const void *b)
+{
+        json_int_t x = json_integer_value(json_object_get(*(json_t *const *)a, "port"));
+        json_int_t y = json_integer_value(json_object_get(*(json_t *const *)b, "port"));
+        return x < y ? -1 : x > y;
+}
+
+int coved_port_list(struct coved *d, const char *tenant, const char *id, json_t **out,
+                    struct cove_err *err)
+{
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        struct list_ctx l = {d, json_array()};
+        int r = d->ports ? d->cat_ops->doc_list(d->cat, DOC_KIND, row.tenant, id, list_one, &l, err)
+                         : 0;
+        cove_sandbox_row_clear(&row);
+        if (r < 0) {
+                json_decref(l.arr);
+                return -1;
+        }
+        size_t n = json_array_size(l.arr);
+        json_t **v = calloc(n ? n : 1, sizeof(*v));
+        json_t *sorted = json_array();
+        for (size_t i = 0; v && i < n; i++)
+                v[i] = json_array_get(l.arr, i);
+        if (v)
+                qsort(v, n, sizeof(*v), by_port);
+        for (size_t i = 0; v && i < n; i++)
+                json_array_append(sorted, v[i]);
+        free(v);
+        json_decref(l.arr);
+        *out = json_pack("{s:o}", "ports", sorted);
+        return 0;
+}
+
+int coved_port_delete(struct coved *d, const char *tenant, const char *id, unsigned port,
+                      struct cove_err *err)
+{
+        if (need_ports(d, err) < 0)
+                return -1;
+        if (port < 1 || port > 65535)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "port must be from 1 to 65535");
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        char key[96];
+        doc_key(key, sizeof(key), id, port);
+        int r = d->cat_ops->doc_delete(d->cat, DOC_KIND, row.tenant, key, err);
+        if (r == 1)
+                r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "port %u of sandbox %s is not exposed",
+                                  port, id);
+        if (r == 0) {
+                cove_ports_unexpose(d->ports->p, id, (int)port);
+                coved_audit_control(d, row.tenant, id, "port.remove",
+                                    json_pack("{s:i}", "port", (int)port));
+        }
+        cove_sandbox_row_clear(&row);
+        return r;
+}
+
+int coved_ports_expose_all(struct coved *d, const char *tenant, const char *id, int public_,
+                           const char *token, struct cove_err *err)
+{
+        if (!d->ports)
+                return 0; /* no listener: nothing to reach anyway */
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        char tok[128] = "";
+        int r = expose(d, &row, 0, public_, 0, token, tok, sizeof(tok), err);
+        OPENSSL_cleanse(tok, sizeof(tok));
+        cove_sandbox_row_clear(&row);
+        return r;
+}
+
+struct forget_ctx {
+        json_t *keys; /* [[tenant, key], …] */
+};
+
+static int forget_one(const char *tenant, const char *key, const char *owner, const char *json,
+                      void *arg)
+{
+        struct forget_ctx *f = arg;
+        (void)owner;
+        (void)json;
+        json_array_append_new(f->keys, json_pack("[s, s]", tenant, key));
+        return 0;
+}
+
+void coved_ports_forget(struct coved *d, const char *tenant, const char *id)
+{
+        struct forget_ctx f = {json_array()};
+        struct cove_err e;
+        if (d->cat_ops->doc_list(d->cat, DOC_KIND, tenant, id, forget_one, &f, &e) < 0)
+                cove_warn(&d->log, "ports", "forget ports of %s: %s", id, e.msg);
+        size_t i;
+        json_t *v;
+        json_array_foreach(f.keys, i, v)
+        {
+                if (d->cat_ops->doc_delete(d->cat, DOC_KIND,
+                                           json_string_value(json_array_get(v, 0)),
+                                           json_string_value(json_array_get(v, 1)), &e) < 0)
+                        cove_warn(&d->log, "ports", "forget a port of %s: %s", id, e.msg);
+        }
+        json_decref(f.keys);
+        if (d->ports)
+                cove_ports_unexpose(d->ports->p, id, -1);
+}
