@@ -416,6 +416,11 @@ int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struc
                 if (running)
                         cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                       "sandbox %s: guest channel closed (instance stopping)", id);
+                else if (!strcmp(row->state, "error"))
+                        /* its guest died or hung: unavailable, and why (the row's reason) */
+                        cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                      "sandbox %s is in state error: %.300s", id,
+                                      row->error ? row->error : "instance failed");
                 else
                         cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running", id,
                                       row->state);

@@ -1,7 +1,9 @@
 /* Instances, uid ranges and the channel I/O thread; see node.h. */
 #include "node/node.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -16,6 +18,15 @@
 #include "util/util.h"
 
 #define HELLO_TIMEOUT_MS 10000
+/* Heartbeat: a guest silent this long (ms) although pinged, none of whose threads is
+ * runnable or in uninterruptible sleep, in a cgroup that is not frozen, is hung. A guest
+ * starved by load stays runnable ('R') and one waiting on a slow disk sleeps in 'D', so
+ * neither is taken for hung however long it takes; the figure only bounds how long a truly
+ * stuck guest (stopped, deadlocked) holds requests. A vm's init is its VMM, whose threads
+ * sleep while its guest kernel is stuck as well as idle: the same rule, a longer grace. */
+#define HUNG_NS_MS 5000
+#define HUNG_VM_MS 15000
+#define HEARTBEAT_TICK_MS 500
 
 struct inst {
         struct inst *next;
@@ -29,6 +40,7 @@ struct inst {
         struct pool *pool; /* non-NULL while it waits, idle, in a warm pool */
         int busy;          /* layer snapshots in progress: stop waits for them */
         int warming;       /* pooled, but not ready to be taken yet (warm_up running) */
+        int frozen;        /* cove_node_freeze() froze it (or a full dump left it frozen) */
 };
 
 /* A warm pool: instances started ahead of time for one template and shape, so a create
@@ -182,12 +194,147 @@ static void *fullcheck_main(void *arg)
         return NULL;
 }
 
+/* 1 when a thread of pid is runnable or in uninterruptible sleep (starved by load, busy,
+ * waiting on a disk), or its cgroup is frozen (v1 freezer or v2 cgroup.freeze, also one a
+ * host admin froze): silence from such a guest is no sign of a hang. */
+static int cgroup_frozen(pid_t pid)
+{
+        char path[PATH_MAX], buf[4096];
+        snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+        cleanup_free char *cg = NULL;
+        size_t len;
+        if (cove_read_file(path, 16384, &cg, &len, NULL) < 0)
+                return 0;
+        int frozen = 0;
+        char *save = NULL;
+        for (char *line = strtok_r(cg, "\n", &save); line && !frozen;
+             line = strtok_r(NULL, "\n", &save)) {
+                char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+                if (!c2 || strstr(c2 + 1, ".."))
+                        continue;
+                *c2 = 0;
+                const char *ctrls = c1 + 1, *cgpath = c2 + 1;
+                const char *files[3] = {NULL, NULL, NULL};
+                char p1[PATH_MAX], p2[PATH_MAX];
+                if (!strcmp(ctrls, "freezer") || strstr(ctrls, ",freezer") ||
+                    !strncmp(ctrls, "freezer,", 8)) {
+                        snprintf(p1, sizeof(p1), "/sys/fs/cgroup/freezer%s/freezer.state", cgpath);
+                        files[0] = p1;
+                } else if (!*ctrls) {
+                        snprintf(p1, sizeof(p1), "/sys/fs/cgroup%s/cgroup.events", cgpath);
+                        snprintf(p2, sizeof(p2), "/sys/fs/cgroup/unified%s/cgroup.events", cgpath);
+                        files[0] = p1;
+                        files[1] = p2;
+                }
+                for (int i = 0; files[i] && !frozen; i++) {
+                        int fd = open(files[i], O_RDONLY | O_CLOEXEC);
+                        if (fd < 0)
+                                continue;
+                        ssize_t k = read(fd, buf, sizeof(buf) - 1);
+                        close(fd);
+                        if (k <= 0)
+                                continue;
+                        buf[k] = 0;
+                        frozen = strstr(buf, "FROZEN") || strstr(buf, "FREEZING") ||
+                                 strstr(buf, "frozen 1");
+                }
+        }
+        return frozen;
+}
+
+static int guest_active(pid_t pid)
+{
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+        cleanup_dir DIR *d = opendir(path);
+        if (!d)
+                return 0; /* gone: its channel ends by itself */
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (de->d_name[0] < '0' || de->d_name[0] > '9')
+                        continue;
+                char sp[128], buf[512];
+                snprintf(sp, sizeof(sp), "/proc/%d/task/%.20s/stat", (int)pid, de->d_name);
+                int fd = open(sp, O_RDONLY | O_CLOEXEC);
+                if (fd < 0)
+                        continue;
+                ssize_t k = read(fd, buf, sizeof(buf) - 1);
+                close(fd);
+                if (k <= 0)
+                        continue;
+                buf[k] = 0;
+                const char *rp = strrchr(buf, ')'); /* comm may hold anything */
+                if (rp && rp[1] == ' ' && (rp[2] == 'R' || rp[2] == 'D'))
+                        return 1;
+        }
+        return cgroup_frozen(pid);
+}
+
+struct dead_inst {
+        char id[64];
+        char why[160];
+        int pooled;
+};
+
+/* One heartbeat round over every instance (I/O thread, io_mu held). Hung guests get their
+ * channel closed and are added to dead[] (at most cap). */
+static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, int cap)
+{
+        int64_t now = cove_mono_ns() / 1000000;
+        pthread_mutex_lock(&n->mu);
+        int k = 0;
+        for (struct inst *in = n->insts; in; in = in->next)
+                k++;
+        struct hb {
+                struct cove_chan *c;
+                pid_t pid;
+                int limit;
+                int pooled;
+                char id[64];
+        } *hb = calloc((size_t)(k ? k : 1), sizeof(*hb));
+        int m = 0;
+        for (struct inst *in = n->insts; in && hb; in = in->next) {
+                if (in->stopping)
+                        continue;
+                if (in->busy || in->frozen) { /* a snapshot or a freeze holds it still */
+                        cove_chan_touch(in->chan, now);
+                        continue;
+                }
+                cove_chan_ref(in->chan);
+                hb[m].c = in->chan;
+                hb[m].pid = in->ri.pid;
+                hb[m].limit = strcmp(in->ops->name, "vm") ? HUNG_NS_MS : HUNG_VM_MS;
+                hb[m].pooled = in->pool != NULL;
+                snprintf(hb[m].id, sizeof(hb[m].id), "%s", in->id);
+                m++;
+        }
+        pthread_mutex_unlock(&n->mu);
+        for (int i = 0; i < m; i++) {
+                int64_t silent = cove_chan_heartbeat(hb[i].c, now);
+                if (silent >= hb[i].limit && hb[i].pid > 0 && !guest_active(hb[i].pid) &&
+                    *ndead < cap && !cove_chan_is_closed(hb[i].c)) {
+                        struct dead_inst *d = &dead[(*ndead)++];
+                        snprintf(d->id, sizeof(d->id), "%s", hb[i].id);
+                        snprintf(d->why, sizeof(d->why),
+                                 "guest stopped answering its channel (no answer to the "
+                                 "heartbeat for %lld s)",
+                                 (long long)(silent / 1000));
+                        d->pooled = hb[i].pooled;
+                        epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(hb[i].c), NULL);
+                        cove_chan_close(hb[i].c, d->why);
+                }
+                cove_chan_unref(hb[i].c);
+        }
+        free(hb);
+}
+
 static void *io_main(void *arg)
 {
         struct cove_node *n = arg;
         struct epoll_event evs[64];
+        int64_t last_hb = 0;
         while (!n->quit) {
-                int k = epoll_wait(n->epfd, evs, 64, -1);
+                int k = epoll_wait(n->epfd, evs, 64, HEARTBEAT_TICK_MS);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -195,8 +342,7 @@ static void *io_main(void *arg)
                         break;
                 }
                 /* on_dead stops the instance, which takes io_mu: call it after unlocking */
-                char dead[64][64];
-                int pooled[64] = {0};
+                struct dead_inst dead[64];
                 int ndead = 0;
                 struct {
                         struct cove_chan *c;
@@ -234,12 +380,19 @@ static void *io_main(void *arg)
                                 pthread_mutex_lock(&n->mu);
                                 for (struct inst *in = n->insts; in; in = in->next)
                                         if (in->chan == c && !in->stopping && ndead < 64) {
-                                                pooled[ndead] = in->pool != NULL;
-                                                snprintf(dead[ndead++], sizeof(dead[0]), "%s",
+                                                dead[ndead].pooled = in->pool != NULL;
+                                                snprintf(dead[ndead].why, sizeof(dead[0].why),
+                                                         "guest exited");
+                                                snprintf(dead[ndead++].id, sizeof(dead[0].id), "%s",
                                                          in->id);
                                         }
                                 pthread_mutex_unlock(&n->mu);
                         }
+                }
+                int64_t now = cove_mono_ns() / 1000000;
+                if (now - last_hb >= HEARTBEAT_TICK_MS) {
+                        last_hb = now;
+                        heartbeat(n, dead, &ndead, 64);
                 }
                 pthread_mutex_unlock(&n->io_mu);
                 for (int i = 0; i < nasked; i++) {
@@ -256,13 +409,14 @@ static void *io_main(void *arg)
                         cove_chan_unref(asked[i].c);
                 }
                 for (int i = 0; i < ndead; i++) {
-                        if (pooled[i]) { /* nobody owns it yet: just clear it away */
+                        if (dead[i].pooled) { /* nobody owns it yet: just clear it away */
                                 struct cove_err e;
-                                cove_warn(n->cfg.log, "pool", "pooled sandbox %s died", dead[i]);
-                                if (cove_node_stop(n, dead[i], 1, &e) < 0)
+                                cove_warn(n->cfg.log, "pool", "pooled sandbox %s died: %s",
+                                          dead[i].id, dead[i].why);
+                                if (cove_node_stop(n, dead[i].id, 1, &e) < 0)
                                         cove_warn(n->cfg.log, "pool", "%s", e.msg);
                         } else if (n->cfg.on_dead) {
-                                n->cfg.on_dead(n->cfg.arg, dead[i], "guest exited");
+                                n->cfg.on_dead(n->cfg.arg, dead[i].id, dead[i].why);
                         }
                 }
         }
@@ -907,6 +1061,7 @@ static void busy_end(struct cove_node *n, struct inst *in)
 {
         pthread_mutex_lock(&n->mu);
         in->busy--;
+        cove_chan_touch(in->chan, cove_mono_ns() / 1000000); /* silence while held is no hang */
         pthread_cond_broadcast(&n->stop_cv);
         pthread_mutex_unlock(&n->mu);
 }
@@ -977,6 +1132,11 @@ int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char 
                 return busy_unsupported(n, in, "take checkpoints", err);
         int r = in->ops->full_dump(in->rt, &in->ri, sandbox_id, dest_image, dest_mem, leave_frozen,
                                    pause_ns, err);
+        if (r == 0 && leave_frozen) {
+                pthread_mutex_lock(&n->mu);
+                in->frozen = 1; /* until cove_node_freeze(0) or the stop */
+                pthread_mutex_unlock(&n->mu);
+        }
         busy_end(n, in);
         return r;
 }
@@ -1084,6 +1244,11 @@ int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, st
         else
                 r = freeze ? in->ops->freeze(in->rt, &in->ri, err)
                            : in->ops->thaw(in->rt, &in->ri, err);
+        if (in && (r == 0 || freeze)) {
+                /* also a freeze that failed half-way may hold some of it still */
+                in->frozen = freeze;
+                cove_chan_touch(in->chan, cove_mono_ns() / 1000000);
+        }
         pthread_mutex_unlock(&n->mu);
         return r;
 }
