@@ -144,6 +144,8 @@ static int string_field(json_t *body, const char *key, char *out, size_t cap, in
 int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_t **out,
                         struct cove_err *err)
 {
+        if (coved_space_check(d, "create sandbox", err) < 0)
+                return -1;
         struct cove_sandbox_row s;
         memset(&s, 0, sizeof(s));
         snprintf(s.tenant, sizeof(s.tenant), "%s", tenant);

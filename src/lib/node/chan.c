@@ -946,8 +946,15 @@ static int resp_err(struct cove_chan *c, json_t *resp, struct cove_err *err)
         if (!resp)
                 return closed_err(c, err);
         const char *msg = json_string_value(json_object_get(resp, "message"));
-        return cove_err_setk(err, kind_of(json_string_value(json_object_get(resp, "code"))), 0,
-                             "%.300s", msg ? msg : "guest error");
+        enum cove_err_kind k = kind_of(json_string_value(json_object_get(resp, "code")));
+        /* EIO in the sandbox is its disk failing under it (the node's data disk ran full):
+         * the node is unavailable, not buggy */
+        if (k == COVE_E_INTERNAL && json_integer_value(json_object_get(resp, "errno")) == EIO)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "%.300s (the sandbox's disk failed a write: is the node's "
+                                     "data disk full?)",
+                                     msg ? msg : "guest error");
+        return cove_err_setk(err, k, 0, "%.300s", msg ? msg : "guest error");
 }
 
 /* Wait for pd->done; returns 0, or -1 on timeout/closed (pd is left in place). */

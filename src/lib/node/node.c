@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/statvfs.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #define HUNG_NS_MS 5000
 #define HUNG_VM_MS 15000
 #define HEARTBEAT_TICK_MS 500
+#define LOW_SPACE_MB 16 /* free MB on the data disk under which pooled instances are suspect */
 
 struct inst {
         struct inst *next;
@@ -93,6 +95,10 @@ struct cove_node {
         int fullcheck_done;     /* with mu; full_cv is broadcast when it is set */
         pthread_cond_t full_cv; /* CLOCK_MONOTONIC */
         int pool_quit;
+        /* the data disk ran (nearly) full since the pooled instances started: their layers
+         * may have hit write errors (quota.h), so none of them is handed out; the refill
+         * thread replaces them once there is room again. With mu. */
+        int space_tainted;
 };
 
 struct spawn_job {
@@ -328,6 +334,13 @@ static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, i
         free(hb);
 }
 
+static int space_low(struct cove_node *n)
+{
+        struct statvfs vf;
+        return statvfs(n->data_dir, &vf) == 0 &&
+               ((uint64_t)vf.f_bavail * vf.f_frsize >> 20) < LOW_SPACE_MB;
+}
+
 static void *io_main(void *arg)
 {
         struct cove_node *n = arg;
@@ -393,6 +406,11 @@ static void *io_main(void *arg)
                 if (now - last_hb >= HEARTBEAT_TICK_MS) {
                         last_hb = now;
                         heartbeat(n, dead, &ndead, 64);
+                        if (space_low(n)) {
+                                pthread_mutex_lock(&n->mu);
+                                n->space_tainted = 1;
+                                pthread_mutex_unlock(&n->mu);
+                        }
                 }
                 pthread_mutex_unlock(&n->io_mu);
                 for (int i = 0; i < nasked; i++) {
@@ -794,6 +812,42 @@ static void *refill_main(void *arg)
         struct cove_node *n = arg;
         pthread_mutex_lock(&n->mu);
         while (!n->pool_quit) {
+                if (n->space_tainted) {
+                        /* replace the pooled instances once the disk has room again */
+                        pthread_mutex_unlock(&n->mu);
+                        int low = space_low(n);
+                        pthread_mutex_lock(&n->mu);
+                        char(*ids)[64] = NULL;
+                        size_t nids = 0;
+                        if (!low) {
+                                for (struct inst *in = n->insts; in; in = in->next)
+                                        nids += in->pool && !in->stopping;
+                                ids = nids ? calloc(nids, sizeof(*ids)) : NULL;
+                                size_t k = 0;
+                                for (struct inst *in = n->insts; ids && in; in = in->next)
+                                        if (in->pool && !in->stopping && k < nids)
+                                                snprintf(ids[k++], 64, "%s", in->id);
+                                nids = ids ? k : 0;
+                        }
+                        pthread_mutex_unlock(&n->mu);
+                        for (size_t i = 0; i < nids; i++) {
+                                struct cove_err e2;
+                                cove_node_stop(n, ids[i], 1, &e2);
+                        }
+                        free(ids);
+                        pthread_mutex_lock(&n->mu);
+                        /* cleared only now: until then no pooled instance is taken, so none
+                         * of those stopped above can have become a sandbox's meanwhile */
+                        if (!low)
+                                n->space_tainted = 0;
+                        if (low) {
+                                struct timespec ts;
+                                clock_gettime(CLOCK_MONOTONIC, &ts);
+                                ts.tv_sec += 1;
+                                pthread_cond_timedwait(&n->pool_cv, &n->mu, &ts);
+                                continue;
+                        }
+                }
                 struct pool *want = NULL;
                 int64_t now = cove_mono_ns(), next_retry = 0;
                 for (struct pool *p = n->pools; p && !want; p = p->next) {
@@ -981,6 +1035,11 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
             pool_find_locked(n, runtime, rootfs, cpus, memory_mb, disk_mb, owner ? owner : "");
         if (p && p->dropped)
                 p = NULL;
+        if (p && n->space_tainted) {
+                p->missed++; /* a cold start instead of a layer that may have hit errors */
+                pthread_cond_broadcast(&n->pool_cv);
+                p = NULL;
+        }
         if (p) {
                 for (struct inst *in = n->insts; in && r; in = in->next) {
                         if (in->pool != p || in->stopping || in->warming ||
