@@ -131,3 +131,25 @@ def test_frozen_sandbox_is_not_taken_for_hung(coved):
         assert c.sandbox(sid)["state"] == "running"
     finally:
         c.remove(sid)
+
+
+def test_guest_with_paused_channel_is_not_taken_for_hung(coved):
+    """A process that never reads its stdin, given more than the guest buffers for it
+    (1 MiB): the guest stops reading its channel (it cannot see the node's pings then) but
+    says it is alive on its own; the sandbox stays running past the hang bound."""
+    c = coved.client
+    sid = c.create(template="busybox")["id"]
+    try:
+        events = c.exec(sid, "sleep 600", wait=False, stdin=True)
+        start = next(events)
+        assert start["type"] == "start", start
+        pid = start["pid"]
+        for n in (1 << 20, 160 << 10):  # a 64 KiB pipe + 1 MiB buffered, then more
+            r = c.request("POST", f"/v1/sandboxes/{sid}/processes/{pid}/stdin", b"z" * n)
+            assert r.status == 200, r
+        deadline = time.time() + 12  # past the 5 s bound, with margin for the checks
+        while time.time() < deadline:
+            assert c.sandbox(sid)["state"] == "running", c.sandbox(sid)
+            time.sleep(0.5)
+    finally:
+        c.remove(sid)
