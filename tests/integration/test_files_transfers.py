@@ -86,6 +86,14 @@ class E2B:
         self.d = coved
         self.api, self.sbx = coved.e2b_api, coved.e2b_sbx
         key = "e2b_" + coved.client.key.encode().hex()
+
+        def listening():
+            try:
+                socket.create_connection(("127.0.0.1", self.api), timeout=5).close()
+                return True
+            except OSError:
+                return False
+        poll(listening, timeout=30, what="the E2B API listener")
         c = http.client.HTTPConnection("127.0.0.1", self.api, timeout=120)
         c.request("POST", "/sandboxes", body=json.dumps({"templateID": "busybox"}),
                   headers={"X-API-KEY": key, "Content-Type": "application/json"})
