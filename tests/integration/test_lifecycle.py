@@ -185,7 +185,7 @@ def test_guest_death_marks_sandbox_error_and_node_keeps_serving(coved):
         os.kill(guest, signal.SIGKILL)
         sb = c.wait_state(victim, ("error", "stopped"), timeout=60)
         assert sb["state"] == "error" and sb.get("error"), sb
-        c.expect_error("POST", f"/v1/sandboxes/{victim}/exec", 409, "conflict",
+        c.expect_error("POST", f"/v1/sandboxes/{victim}/exec", 503, "unavailable",
                        body={"shell": "true", "wait": True})
         # the rest of the node is unaffected
         assert c.exec(other, "echo still here", timeout=30)["stdout"] == "still here\n"

@@ -1315,8 +1315,17 @@ static int h_files_get(void *app, struct cove_req *r)
                         g->c = x.c;
                         x.c = NULL;
                         g->xf = xf;
-                        rc = cove_reply_stream(r, 200, "application/octet-stream", (int64_t)size,
-                                               get_read, get_free, g);
+                        /* as the cove route: a length only when all of it is here */
+                        uint64_t len;
+                        int whole = cove_chan_xfer_prefetch(xf, 60000, &len, &err);
+                        if (whole < 0) {
+                                get_free(g);
+                                rc = http_error(r, http_status(&err), "%s", err.msg);
+                        } else {
+                                rc = cove_reply_stream(r, 200, "application/octet-stream",
+                                                       whole ? (int64_t)len : -1, get_read,
+                                                       get_free, g);
+                        }
                 }
         }
         ctx_clear(&x);

@@ -168,6 +168,18 @@ int cove_reply_err(struct cove_req *r, const struct cove_err *err)
         unsigned k = (unsigned)err->kind;
         if (k >= COVE_ARRAY_SIZE(map))
                 k = COVE_E_INTERNAL;
+        /* the node's own disk (errnum is only ever a host-side errno: a guest's answers carry
+         * none): full, or failing after it filled up. Not a bug, and the caller should know
+         * it is the node, not the request. */
+        if (err->errnum == ENOSPC || err->errnum == EDQUOT)
+                return cove_reply_error(r, 503, "unavailable",
+                                        "no space left on the node's data disk (free space "
+                                        "there or delete snapshots, then retry): %s",
+                                        err->msg);
+        if (k == COVE_E_INTERNAL && (err->errnum == EIO || err->errnum == EROFS))
+                return cove_reply_error(
+                    r, 503, "unavailable",
+                    "I/O error on the node's disk (was its data disk full?): %s", err->msg);
         return cove_reply_error(r, map[k].status, map[k].code, "%s",
                                 err->msg[0] ? err->msg : "error");
 }

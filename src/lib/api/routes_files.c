@@ -99,8 +99,17 @@ int cove_h_file_get(void *app, struct cove_req *r)
         }
         g->c = c;
         g->x = x;
-        return cove_reply_stream(r, 200, "application/octet-stream", (int64_t)size, get_read,
-                                 get_free, g);
+        /* a Content-Length only when the whole body is known before the first byte: a
+         * file that changes while it streams, or a pseudo-file whose size says nothing,
+         * then never breaks the answer (a longer one streams without a length) */
+        uint64_t len;
+        int whole = cove_chan_xfer_prefetch(x, 60000, &len, &err);
+        if (whole < 0) {
+                get_free(g);
+                return cove_reply_err(r, &err);
+        }
+        return cove_reply_stream(r, 200, "application/octet-stream", whole ? (int64_t)len : -1,
+                                 get_read, get_free, g);
 }
 
 struct putctx {

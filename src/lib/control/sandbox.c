@@ -144,6 +144,8 @@ static int string_field(json_t *body, const char *key, char *out, size_t cap, in
 int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_t **out,
                         struct cove_err *err)
 {
+        if (coved_space_check(d, "create sandbox", err) < 0)
+                return -1;
         struct cove_sandbox_row s;
         memset(&s, 0, sizeof(s));
         snprintf(s.tenant, sizeof(s.tenant), "%s", tenant);
@@ -419,6 +421,11 @@ int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struc
                 if (running)
                         cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                       "sandbox %s: guest channel closed (instance stopping)", id);
+                else if (!strcmp(row->state, "error"))
+                        /* its guest died or hung: unavailable, and why (the row's reason) */
+                        cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                      "sandbox %s is in state error: %.300s", id,
+                                      row->error ? row->error : "instance failed");
                 else
                         cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s, not running", id,
                                       row->state);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "control/egress.h"
@@ -424,6 +425,28 @@ captured:
         return 0;
 }
 
+int coved_space_check(struct coved *d, const char *what, struct cove_err *err)
+{
+        struct statvfs vf;
+        if (statvfs(d->data_dir, &vf) < 0)
+                return 0; /* nothing to judge by: the write itself will say */
+        uint64_t total = (uint64_t)vf.f_blocks * vf.f_frsize >> 20;
+        uint64_t avail = (uint64_t)vf.f_bavail * vf.f_frsize >> 20;
+        uint64_t reserve = total / 50;
+        if (reserve > 1024)
+                reserve = 1024;
+        if (reserve < COVE_DISK_RESERVE_MB_MIN)
+                reserve = COVE_DISK_RESERVE_MB_MIN;
+        if (avail >= reserve)
+                return 0;
+        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                             "%s: no space left on the node's data disk (%llu MB free of %llu "
+                             "MB; the last %llu MB are kept for running sandboxes): free "
+                             "space there or delete snapshots, then retry",
+                             what, (unsigned long long)avail, (unsigned long long)total,
+                             (unsigned long long)reserve);
+}
+
 int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_id,
                        const char *label, const char *kind, int rolling,
                        struct cove_snapshot_row *out, struct cove_err *err)
@@ -434,6 +457,10 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
         if (kind && strcmp(kind, "files") && strcmp(kind, "full"))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "kind must be \"files\" or \"full\"");
+        char what[128];
+        snprintf(what, sizeof(what), "snapshot of sandbox %.64s", sandbox_id);
+        if (coved_space_check(d, what, err) < 0)
+                return -1;
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, sandbox_id, &row, err) < 0)
                 return -1;
@@ -731,6 +758,10 @@ static int pick_snapshot(struct coved *d, const char *tenant, json_t *body, cons
 int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, json_t *body,
                         json_t **out, struct cove_err *err)
 {
+        char what[128];
+        snprintf(what, sizeof(what), "resume of sandbox %s", id);
+        if (coved_space_check(d, what, err) < 0)
+                return -1;
         struct cove_sandbox_row row;
         if (op_begin(d, tenant, id, &row, err) < 0)
                 return -1;
@@ -817,6 +848,10 @@ out:
 int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, json_t *body,
                         json_t **out, struct cove_err *err)
 {
+        char what[128];
+        snprintf(what, sizeof(what), "rewind of sandbox %s", id);
+        if (coved_space_check(d, what, err) < 0)
+                return -1;
         struct cove_sandbox_row row;
         if (op_begin(d, tenant, id, &row, err) < 0)
                 return -1;
@@ -907,6 +942,10 @@ out:
 int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_t *body,
                       json_t **out, struct cove_err *err)
 {
+        char what[128];
+        snprintf(what, sizeof(what), "fork of sandbox %s", id);
+        if (coved_space_check(d, what, err) < 0)
+                return -1;
         int count = 1;
         json_t *cv = json_object_get(body, "count");
         if (cv && !json_is_null(cv)) {

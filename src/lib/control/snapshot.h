@@ -34,6 +34,14 @@ void cove_tm_kick(struct coved *d);
 
 json_t *cove_snapshot_json(const struct cove_snapshot_row *s);
 
+/* 0 when the node's data disk has room for what an operation writes (a sandbox, a
+ * snapshot, a restore); else -1 with UNAVAILABLE naming the free space. A reserve
+ * (COVE_DISK_RESERVE_MB_MIN, or 2% of the disk up to 1 GiB) is kept for the sandboxes
+ * already running, which write to their layers without asking: coved's own work never
+ * takes the last of the disk from them. */
+#define COVE_DISK_RESERVE_MB_MIN 32
+int coved_space_check(struct coved *d, const char *what, struct cove_err *err);
+
 /* Take a snapshot of a running sandbox and wait until it is complete. label may be NULL.
  * kind: NULL (full where the node can, files otherwise; rolling ones are files), "files"
  * or "full" (BAD_REQUEST for anything else; CONFLICT when this node or sandbox cannot take

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -168,54 +169,216 @@ static int reply_errno(struct cove_guest *g, uint32_t id, int en, const char *wh
 
 /* ---- read ---- */
 
+/* A download in progress. Reads are pumped from the event loop one chunk at a time (never
+ * in one go), so requests, process output and other transfers keep flowing while a large
+ * or slow one runs; with a window (the node's "window" field and WINDOW frames) a read
+ * sends no more than the node said it takes, and CANCEL ends it. */
+struct gread {
+        uint32_t id;
+        int fd;
+        uint64_t left;   /* bytes still to send at most (size bound) */
+        uint64_t credit; /* bytes the node accepts now; UINT64_MAX without a window */
+        bool sized;      /* left is the file's size: its last chunk carries END */
+};
+
+/* Filesystems whose st_size says nothing about what a read returns (sysfs reports 4096,
+ * procfs 0): such files are read to end of file, at most G_READ_UNSIZED_MAX bytes. */
+static bool size_unreliable(int fd, const struct stat *st)
+{
+        if (st->st_size == 0)
+                return true;
+        struct statfs sf;
+        if (fstatfs(fd, &sf) < 0)
+                return false;
+        switch ((unsigned long)sf.f_type) {
+        case 0x9fa0:     /* proc */
+        case 0x62656572: /* sysfs */
+        case 0x64626720: /* debugfs */
+        case 0x74726163: /* tracefs */
+        case 0x73636673: /* securityfs */
+        case 0x27e0eb:   /* cgroup */
+        case 0x63677270: /* cgroup2 */
+        case 0x62656570: /* configfs */
+        case 0xcafe4a11: /* bpf */
+        case 0x6e736673: /* nsfs */
+                return true;
+        default:
+                return false;
+        }
+}
+
+static const char *kind_name(mode_t m)
+{
+        return S_ISCHR(m)    ? "a character device"
+               : S_ISBLK(m)  ? "a block device"
+               : S_ISFIFO(m) ? "a FIFO"
+               : S_ISSOCK(m) ? "a socket"
+                             : "not a regular file";
+}
+
+static void read_free(struct gread *r)
+{
+        if (r->fd >= 0)
+                close(r->fd);
+        free(r);
+}
+
 int g_op_read(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err)
 {
         struct cove_err e = {0};
         char path[G_PATH_MAX];
-        if (get_path(g, req, "path", path, &e) < 0)
+        int64_t window = 0;
+        if (get_path(g, req, "path", path, &e) < 0 ||
+            g_get_int(req, "window", false, 1, UINT32_MAX, &window, &e) < 0)
                 return g_reply_err(g, id, &e, err);
-        cleanup_close int fd =
-            g_open_in_root(g, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0);
+        size_t slot = G_MAX_READS;
+        for (size_t i = 0; i < G_MAX_READS; i++) {
+                if (g->reads[i] && g->reads[i]->id == id) {
+                        cove_err_setk(&e, COVE_E_CONFLICT, 0, "read: request id %u in use", id);
+                        return g_reply_err(g, id, &e, err);
+                }
+                if (!g->reads[i] && slot == G_MAX_READS)
+                        slot = i;
+        }
+        if (slot == G_MAX_READS) {
+                cove_err_setk(&e, COVE_E_LIMIT, 0, "read: %d downloads already in progress",
+                              G_MAX_READS);
+                return g_reply_err(g, id, &e, err);
+        }
+        /* look before opening: opening a device or a FIFO can block or act (a tape rewinds,
+         * /dev/tty without a terminal fails), so only what O_PATH shows as a regular file is
+         * opened, through the very inode O_PATH found */
+        cleanup_close int pfd = g_open_in_root(g, path, O_PATH | O_CLOEXEC, 0);
         struct stat st;
-        if (fd < 0 || fstat(fd, &st) < 0)
+        if (pfd < 0 || fstat(pfd, &st) < 0)
                 return reply_errno(g, id, errno, "read", path, err);
         if (S_ISDIR(st.st_mode))
                 return reply_errno(g, id, EISDIR, "read", path, err);
         if (!S_ISREG(st.st_mode)) {
-                cove_err_setk(&e, COVE_E_BAD_REQUEST, 0, "read %s: not a regular file", path);
+                cove_err_setk(&e, COVE_E_BAD_REQUEST, 0,
+                              "read %s: %s; only regular files can be read", path,
+                              kind_name(st.st_mode));
                 return g_reply_err(g, id, &e, err);
         }
+        char self[64];
+        snprintf(self, sizeof(self), "/proc/self/fd/%d", pfd);
+        int fd = open(self, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+        struct stat st2;
+        if (fd < 0 && errno == ENOENT) /* no /proc: open the path again, same inode or no */
+                fd = g_open_in_root(g, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0);
+        if (fd < 0 || fstat(fd, &st2) < 0) {
+                int en = errno;
+                if (fd >= 0)
+                        close(fd);
+                return reply_errno(g, id, en, "read", path, err);
+        }
+        if (st2.st_dev != st.st_dev || st2.st_ino != st.st_ino || !S_ISREG(st2.st_mode)) {
+                close(fd);
+                cove_err_setk(&e, COVE_E_CONFLICT, 0, "read %s: replaced while opened", path);
+                return g_reply_err(g, id, &e, err);
+        }
+        struct gread *r = calloc(1, sizeof(*r));
+        if (!r) {
+                close(fd);
+                return cove_err_set(err, ENOMEM, "read");
+        }
+        r->id = id;
+        r->fd = fd;
+        r->sized = !size_unreliable(fd, &st2);
+        r->left = r->sized ? (uint64_t)st2.st_size : G_READ_UNSIZED_MAX;
+        r->credit = window > 0 ? (uint64_t)window : UINT64_MAX;
+        /* "size" is what the node gets at most: a regular file is cut at the size it had
+         * when opened (one that shrinks ends early with an empty END); a pseudo-file is read
+         * to its end, at most G_READ_UNSIZED_MAX bytes */
         if (g_reply_ok(g, id,
-                       json_pack("{s:I, s:i}", "size", (json_int_t)st.st_size, "mode",
-                                 (int)(st.st_mode & 07777)),
-                       err) < 0)
+                       json_pack("{s:I, s:i, s:b}", "size", (json_int_t)r->left, "mode",
+                                 (int)(st2.st_mode & 07777), "sized", r->sized),
+                       err) < 0) {
+                read_free(r);
                 return -1;
-        /* Stream at most the size announced: a file that grows while read is cut there; one
-         * that shrinks (or fails to read) ends early with an empty END frame. */
-        off_t left = st.st_size;
-        uint8_t *chunk = g->chunk;
-        while (left > 0) {
-                size_t want = left < (off_t)COVE_FRAME_CHUNK ? (size_t)left : COVE_FRAME_CHUNK;
+        }
+        g->reads[slot] = r;
+        return 0;
+}
+
+int g_read_window(struct cove_guest *g, uint32_t id, const uint8_t *p, size_t n,
+                  struct cove_err *err)
+{
+        if (n != 4)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "channel: WINDOW frame of %zu bytes (4 expected)", n);
+        uint32_t more =
+            ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+        if (more == 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "channel: WINDOW of 0 bytes");
+        for (size_t i = 0; i < G_MAX_READS; i++) {
+                struct gread *r = g->reads[i];
+                if (r && r->id == id && r->credit != UINT64_MAX)
+                        r->credit = r->credit + more > G_READ_CREDIT_MAX ? G_READ_CREDIT_MAX
+                                                                         : r->credit + more;
+        }
+        return 0; /* an unknown id: the read ended already (races with END) */
+}
+
+int g_read_cancel(struct cove_guest *g, uint32_t id, size_t n, struct cove_err *err)
+{
+        if (n != 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "channel: CANCEL frame with a payload");
+        for (size_t i = 0; i < G_MAX_READS; i++)
+                if (g->reads[i] && g->reads[i]->id == id) {
+                        read_free(g->reads[i]);
+                        g->reads[i] = NULL;
+                }
+        return 0;
+}
+
+/* One chunk of every read that may send. Returns 1 when a read can send more right away,
+ * 0 when all wait (for a WINDOW, or none is left), -1 with err when the channel failed. */
+int g_reads_pump(struct cove_guest *g, struct cove_err *err)
+{
+        int more = 0;
+        for (size_t i = 0; i < G_MAX_READS; i++) {
+                struct gread *r = g->reads[i];
+                if (!r || r->credit == 0)
+                        continue;
+                uint64_t want = r->left < COVE_FRAME_CHUNK ? r->left : COVE_FRAME_CHUNK;
+                if (want > r->credit)
+                        want = r->credit;
                 size_t have = 0;
                 while (have < want) {
-                        ssize_t n = read(fd, chunk + have, want - have);
-                        if (n < 0 && errno == EINTR)
+                        ssize_t k = read(r->fd, g->chunk + have, (size_t)want - have);
+                        if (k < 0 && errno == EINTR)
                                 continue;
-                        if (n <= 0)
+                        if (k <= 0)
                                 break;
-                        have += (size_t)n;
+                        have += (size_t)k;
                 }
-                if (have == 0)
-                        break;
-                left -= (off_t)have;
-                if (g_send(g, COVE_F_DATA, left == 0 ? COVE_FF_END : 0, id, chunk, have, err) < 0)
+                r->left -= have;
+                if (r->credit != UINT64_MAX)
+                        r->credit -= have;
+                /* the end: the size bound reached, end of file, or a read error */
+                bool end = r->left == 0 || have < want;
+                if ((have || end) &&
+                    g_send(g, COVE_F_DATA, end ? COVE_FF_END : 0, r->id, g->chunk, have, err) < 0)
                         return -1;
-                if (have < want)
-                        break;
+                if (end) {
+                        read_free(r);
+                        g->reads[i] = NULL;
+                } else if (r->credit > 0) {
+                        more = 1;
+                }
         }
-        if (left > 0 || st.st_size == 0)
-                return g_send(g, COVE_F_DATA, COVE_FF_END, id, NULL, 0, err);
-        return 0;
+        return more;
+}
+
+void g_reads_abort(struct cove_guest *g)
+{
+        for (size_t i = 0; i < G_MAX_READS; i++) {
+                if (g->reads[i])
+                        read_free(g->reads[i]);
+                g->reads[i] = NULL;
+        }
 }
 
 /* ---- write ---- */

@@ -249,6 +249,13 @@ static int op_usage(struct cove_guest *g, uint32_t id, json_t *req, struct cove_
         return g_reply_ok(g, id, o, err);
 }
 
+/* The node's heartbeat: any answer shows the event loop runs. */
+static int op_ping(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err)
+{
+        (void)req;
+        return g_reply_ok(g, id, NULL, err);
+}
+
 /* ---- dispatch ---- */
 
 typedef int (*op_fn)(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);
@@ -260,7 +267,7 @@ static const struct {
     {"read", g_op_read},     {"write", g_op_write},   {"stat", g_op_stat},
     {"list", g_op_list},     {"mkdir", g_op_mkdir},   {"move", g_op_move},
     {"remove", g_op_remove}, {"watch", g_op_watch},   {"unwatch", g_op_unwatch},
-    {"usage", op_usage},
+    {"usage", op_usage},     {"ping", op_ping},
 };
 
 static int handle_req(struct cove_guest *g, const struct cove_frame *f, struct cove_err *err)
@@ -389,8 +396,8 @@ static int handle_hello(struct cove_guest *g, const struct cove_frame *f, struct
         json_decref(h);
         json_t *o = msg[0] ? json_pack("{s:i, s:b, s:s}", "version", COVE_PROTO_VERSION, "ok", 0,
                                        "message", msg)
-                           : json_pack("{s:i, s:b, s:o}", "version", COVE_PROTO_VERSION, "ok", 1,
-                                       "procs", running_procs(g));
+                           : json_pack("{s:i, s:b, s:o, s:b}", "version", COVE_PROTO_VERSION, "ok",
+                                       1, "procs", running_procs(g), "window", 1);
         if (g_send_json(g, COVE_F_HELLO, 0, o, err) < 0)
                 return -1;
         if (msg[0])
@@ -434,6 +441,7 @@ static int handle_rechannel(struct cove_guest *g, struct loop_state *ls, const s
                 return cove_err_set(err, e, "rechannel: dup3");
         }
         close(sv[0]);
+        g_reads_abort(g);
         cove_decoder_free(&g->dec);
         if (cove_decoder_init(&g->dec, COVE_FRAME_MAX, err) < 0)
                 return -1;
@@ -473,6 +481,10 @@ static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struc
         case COVE_F_ANSWER:
                 g_ask_answer(g, f->id, f->payload, f->len);
                 return 0;
+        case COVE_F_WINDOW:
+                return g_read_window(g, f->id, f->payload, f->len, err);
+        case COVE_F_CANCEL:
+                return g_read_cancel(g, f->id, f->len, err);
         case COVE_F_DATA: {
                 bool handled = false;
                 if (g_write_data(g, f->id, f->flags, f->payload, f->len, &handled, err) < 0)
@@ -511,6 +523,7 @@ static int chan_reaccept(struct cove_guest *g, struct loop_state *ls, struct cov
         epoll_ctl(g->epfd, EPOLL_CTL_DEL, g->chan, NULL);
         close(g->chan);
         g->chan = -1;
+        g_reads_abort(g); /* the next node knows nothing of this session's downloads */
         int fd;
         do
                 fd = accept4(g->listen, NULL, NULL, SOCK_CLOEXEC);
@@ -570,6 +583,7 @@ static void guest_free(struct cove_guest *g)
 {
         g_procs_kill_all(g);
         g_writes_abort(g);
+        g_reads_abort(g);
         g_watches_free(g);
         g_ask_close(g);
         g_procs_sweep(g);
@@ -660,14 +674,29 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                 goto out;
 
         struct epoll_event evs[64];
+        int pump = 0;         /* a download can send more without waiting */
+        int64_t alive_ms = 0; /* last ALIVE sent */
         for (;;) {
                 int64_t now = g_now_ms(), next = -1;
                 if (g_proc_timers(g, now, &next, err) < 0)
                         goto out;
                 g_ask_timers(g, now, &next);
+                /* a paused channel (a stdin window is full) hides the node's pings from us:
+                 * say we are alive on our own, once a second */
+                if (g->chan_paused) {
+                        if (now - alive_ms >= 1000) {
+                                if (g_send(g, COVE_F_ALIVE, 0, 0, NULL, 0, err) < 0)
+                                        goto out;
+                                alive_ms = now;
+                        }
+                        if (next < 0 || alive_ms + 1000 < next)
+                                next = alive_ms + 1000;
+                }
                 int timeout = -1;
                 if (next >= 0)
                         timeout = next <= now ? 0 : (int)(next - now < 60000 ? next - now : 60000);
+                if (pump)
+                        timeout = 0;
                 int n = epoll_wait(g->epfd, evs, (int)COVE_ARRAY_SIZE(evs), timeout);
                 if (n < 0) {
                         if (errno == EINTR)
@@ -724,6 +753,10 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                         if (chan_process(g, &ls, err) < 0)
                                 goto out;
                 }
+                /* downloads go one chunk each per turn, between everything else */
+                pump = g_reads_pump(g, err);
+                if (pump < 0)
+                        goto out;
                 g_procs_sweep(g);
                 g_watches_sweep(g);
         }

@@ -16,6 +16,9 @@
 #define G_MAX_PROCS 1024               /* live processes (incl. those draining output) */
 #define G_STDIN_WINDOW (1024u * 1024u) /* buffered stdin per process before the channel pauses */
 #define G_MAX_WRITES 64                /* concurrent file uploads */
+#define G_MAX_READS 64                 /* concurrent file downloads */
+#define G_READ_UNSIZED_MAX (16u << 20) /* bytes read of a file whose size means nothing */
+#define G_READ_CREDIT_MAX (64u << 20)  /* WINDOW credit one read may accumulate */
 #define G_MAX_WATCHES 64               /* watch requests */
 #define G_MAX_WATCH_DIRS 8192          /* inotify watches (directories) over all watch requests */
 #define G_LIST_MAX 10000               /* entries in one list answer */
@@ -57,6 +60,7 @@ struct gproc {
 };
 
 struct gwrite; /* files.c: an upload in progress */
+struct gread;  /* files.c: a download in progress */
 struct gwatch; /* watch.c */
 
 struct cove_guest {
@@ -75,6 +79,7 @@ struct cove_guest {
         struct gproc *procs[G_MAX_PROCS];
         size_t nprocs;
         struct gwrite *writes[G_MAX_WRITES];
+        struct gread *reads[G_MAX_READS];
         struct gwatch *watches[G_MAX_WATCHES];
         size_t watch_dirs; /* inotify watches over all watches */
         uint8_t iobuf[G_IO_BUF];
@@ -161,6 +166,14 @@ int g_op_mkdir(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *
 int g_op_move(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);
 int g_op_remove(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);
 void g_writes_abort(struct cove_guest *g);
+/* WINDOW and CANCEL frames of a read (unknown ids are ignored: they race with END); -1 with
+ * err on a malformed frame. */
+int g_read_window(struct cove_guest *g, uint32_t id, const uint8_t *p, size_t n,
+                  struct cove_err *err);
+int g_read_cancel(struct cove_guest *g, uint32_t id, size_t n, struct cove_err *err);
+/* Send one chunk of each read that may: 1 when some read can send more now, 0, -1 (err). */
+int g_reads_pump(struct cove_guest *g, struct cove_err *err);
+void g_reads_abort(struct cove_guest *g);
 
 /* watch.c */
 int g_op_watch(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,8 +32,14 @@
 #define WATCH_REPLAY_BYTES (1u << 20)
 #define WATCH_REPLAY_EVENTS 20000
 #define MAX_WATCHES 64
-#define RX_PAUSE_BYTES (8u << 20) /* queued file bytes before the guest is not read */
+#define RX_PAUSE_BYTES (8u << 20) /* queued file bytes before the guest is not read (old guest) */
 #define RX_RESUME_BYTES (2u << 20)
+/* Downloads from a guest that takes windows: each read may have at most READ_WINDOW bytes
+ * queued here or on the way, and more is granted as its reader takes them, so a slow or
+ * gone reader stalls only its own transfer. At most MAX_READS at once per channel. */
+#define READ_WINDOW (1u << 20)
+#define MAX_READS 16
+#define PING_AFTER_MS 1000 /* silence after which the node pings the guest */
 /* Request ids start above every possible pid (< 2^22): a DATA frame's id names either an
  * upload or a process's stdin, and the two must never collide. */
 #define REQ_ID_FIRST 0x400000u
@@ -54,9 +61,11 @@ struct pending {
         /* PEND_READ */
         struct chunk *qh, *qt;
         size_t qbytes;
-        uint64_t expect; /* announced size */
+        uint64_t expect; /* announced size (an upper bound) */
         uint64_t got;
-        int data_end;
+        uint64_t allowed; /* bytes granted (windowed reads) */
+        int data_end;     /* END arrived, or the channel died */
+        int ended;        /* END arrived */
         /* PEND_EXEC */
         char tag[128];
         json_t *cmd;
@@ -111,6 +120,9 @@ struct cove_chan {
         struct cove_watch *watches;
         int nwatches;
         int rx_paused;
+        int flow;           /* the guest takes WINDOW and CANCEL (its HELLO said "window") */
+        int64_t last_rx_ms; /* monotonic ms of the last bytes from the guest */
+        int64_t ping_ms;    /* when the last unanswered ping went out; 0: none */
         struct cove_ask asks[COVE_CHAN_MAX_ASKS]; /* validated, not yet handed out */
         int nasks;
         void (*rx_notify)(void *arg, struct cove_chan *c);
@@ -412,8 +424,11 @@ int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname
                         int ok =
                             json_is_object(j) && json_is_true(json_object_get(j, "ok")) &&
                             json_integer_value(json_object_get(j, "version")) == COVE_PROTO_VERSION;
-                        if (ok)
+                        if (ok) {
                                 adopt_procs(c, json_object_get(j, "procs"));
+                                c->flow = json_is_true(json_object_get(j, "window"));
+                                c->last_rx_ms = cove_mono_ns() / 1000000;
+                        }
                         json_decref(j);
                         if (!ok)
                                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
@@ -619,6 +634,8 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                         return -1; /* data before the reply, or after the end */
                 if (pd->got + f->len > pd->expect)
                         return -1; /* more than announced */
+                if (c->flow && pd->got + f->len > pd->allowed)
+                        return -1; /* more than the window let it send */
                 if (f->len) {
                         struct chunk *ch = malloc(sizeof(*ch) + f->len);
                         if (!ch)
@@ -634,11 +651,11 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                         pd->qt = ch;
                         pd->qbytes += f->len;
                         pd->got += f->len;
-                        if (pd->qbytes > RX_PAUSE_BYTES)
+                        if (!c->flow && pd->qbytes > RX_PAUSE_BYTES)
                                 c->rx_paused = 1;
                 }
                 if (f->flags & COVE_FF_END)
-                        pd->data_end = 1; /* possibly early: the file shrank while read */
+                        pd->data_end = pd->ended = 1; /* possibly early: it shrank */
                 return 0;
         }
         case COVE_F_OUT: {
@@ -723,6 +740,8 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                 json_decref(j);
                 return ok ? 0 : -1;
         }
+        case COVE_F_ALIVE: /* the guest's own keepalive (its channel is paused) */
+                return f->len == 0 && f->id == 0 ? 0 : -1;
         case COVE_F_ASK: {
                 /* a sandbox program's request, relayed: hostile bytes, bounded and checked;
                  * more than COVE_CHAN_MAX_ASKS waiting are dropped (the asker times out) */
@@ -785,8 +804,11 @@ int cove_chan_on_readable(struct cove_chan *c)
                 pthread_mutex_unlock(&c->mu);
                 return -1;
         }
-        if (n > 0)
+        if (n > 0) {
                 cove_decoder_commit(&c->dec, (size_t)n);
+                c->last_rx_ms = cove_mono_ns() / 1000000;
+                c->ping_ms = 0;
+        }
         struct cove_frame f;
         struct cove_err err;
         int r;
@@ -806,6 +828,61 @@ int cove_chan_on_readable(struct cove_chan *c)
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);
         return r < 0 ? -1 : 0;
+}
+
+int64_t cove_chan_heartbeat(struct cove_chan *c, int64_t now_ms)
+{
+        pthread_mutex_lock(&c->mu);
+        if (c->closed || c->rx_paused || !c->last_rx_ms) {
+                /* not read on purpose (a consumer is behind): the guest may be blocked
+                 * writing to us, which is no sign of a hang */
+                c->last_rx_ms = now_ms;
+                c->ping_ms = 0;
+                pthread_mutex_unlock(&c->mu);
+                return 0;
+        }
+        int64_t silent = now_ms - c->last_rx_ms;
+        int ping = silent >= PING_AFTER_MS && (!c->ping_ms || now_ms - c->ping_ms >= PING_AFTER_MS);
+        uint32_t id = 0;
+        if (ping) {
+                id = c->next_id++;
+                if (c->next_id == 0)
+                        c->next_id = REQ_ID_FIRST;
+        }
+        pthread_mutex_unlock(&c->mu);
+        int unread = 0;
+        if (silent >= PING_AFTER_MS && ioctl(c->fd, FIONREAD, &unread) == 0 && unread > 0)
+                return 0; /* bytes wait for the I/O thread: the guest spoke */
+        /* the ping goes out only if it cannot block the I/O thread: nobody else writing, room
+         * in the socket; its RESP (or any frame) resets the silence, an old guest's
+         * bad_request answer too */
+        if (ping && pthread_mutex_trylock(&c->wmu) == 0) {
+                struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+                int sent = 0, failed = 0;
+                if (poll(&pf, 1, 0) == 1 && (pf.revents & POLLOUT)) {
+                        static const char req[] = "{\"op\":\"ping\"}";
+                        struct cove_err e2;
+                        failed = cove_frame_write_timeout(c->fd, COVE_F_REQ, 0, id, req,
+                                                          sizeof(req) - 1, 200, &e2) < 0;
+                        sent = !failed;
+                }
+                pthread_mutex_unlock(&c->wmu);
+                if (failed)
+                        cove_chan_close(c, "guest does not read its channel");
+                pthread_mutex_lock(&c->mu);
+                if (sent && c->last_rx_ms + silent == now_ms)
+                        c->ping_ms = now_ms;
+                pthread_mutex_unlock(&c->mu);
+        }
+        return silent;
+}
+
+void cove_chan_touch(struct cove_chan *c, int64_t now_ms)
+{
+        pthread_mutex_lock(&c->mu);
+        c->last_rx_ms = now_ms;
+        c->ping_ms = 0;
+        pthread_mutex_unlock(&c->mu);
 }
 
 /* ---- API thread side -------------------------------------------------------------- */
@@ -869,8 +946,15 @@ static int resp_err(struct cove_chan *c, json_t *resp, struct cove_err *err)
         if (!resp)
                 return closed_err(c, err);
         const char *msg = json_string_value(json_object_get(resp, "message"));
-        return cove_err_setk(err, kind_of(json_string_value(json_object_get(resp, "code"))), 0,
-                             "%.300s", msg ? msg : "guest error");
+        enum cove_err_kind k = kind_of(json_string_value(json_object_get(resp, "code")));
+        /* EIO in the sandbox is its disk failing under it (the node's data disk ran full):
+         * the node is unavailable, not buggy */
+        if (k == COVE_E_INTERNAL && json_integer_value(json_object_get(resp, "errno")) == EIO)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "%.300s (the sandbox's disk failed a write: is the node's "
+                                     "data disk full?)",
+                                     msg ? msg : "guest error");
+        return cove_err_setk(err, k, 0, "%.300s", msg ? msg : "guest error");
 }
 
 /* Wait for pd->done; returns 0, or -1 on timeout/closed (pd is left in place). */
@@ -1098,14 +1182,28 @@ int cove_chan_read_begin(struct cove_chan *c, const char *path, struct cove_xfer
                          uint64_t *size, uint32_t *mode, struct cove_err *err)
 {
         pthread_mutex_lock(&c->mu);
+        int reads = 0;
+        for (struct pending *p = c->pend; p; p = p->next)
+                reads += p->kind == PEND_READ;
+        if (reads >= MAX_READS) {
+                pthread_mutex_unlock(&c->mu);
+                return cove_err_setk(err, COVE_E_LIMIT, 0,
+                                     "sandbox %s: %d downloads in progress already", c->sandbox_id,
+                                     MAX_READS);
+        }
         struct pending *pd = pending_new_locked(c, PEND_READ, err);
         if (!pd) {
                 pthread_mutex_unlock(&c->mu);
                 return -1;
         }
         uint32_t id = pd->id;
+        int flow = c->flow;
+        if (flow)
+                pd->allowed = READ_WINDOW;
         pthread_mutex_unlock(&c->mu);
         json_t *req = json_pack("{s:s, s:s}", "op", "read", "path", path);
+        if (flow)
+                json_object_set_new(req, "window", json_integer(READ_WINDOW));
         int r = send_json(c, COVE_F_REQ, id, req, err);
         json_decref(req);
         pthread_mutex_lock(&c->mu);
@@ -1145,6 +1243,7 @@ long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout
         abs_deadline(&dl, timeout_ms);
         void (*notify)(void *, struct cove_chan *) = NULL;
         void *narg = NULL;
+        uint32_t grant = 0;
         long r;
         pthread_mutex_lock(&c->mu);
         for (;;) {
@@ -1166,24 +1265,28 @@ long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout
                                         free(ch);
                                 }
                         }
-                        if (c->rx_paused && pd->qbytes < RX_RESUME_BYTES) {
+                        if (!c->flow && c->rx_paused && pd->qbytes < RX_RESUME_BYTES) {
                                 c->rx_paused = 0;
                                 notify = c->rx_notify;
                                 narg = c->rx_arg;
+                        }
+                        /* half the window free (queued + on the way): grant it again */
+                        uint64_t inflight = pd->qbytes + (pd->allowed - pd->got);
+                        if (c->flow && !pd->data_end && inflight <= READ_WINDOW / 2) {
+                                grant = (uint32_t)(READ_WINDOW - inflight);
+                                pd->allowed += grant;
                         }
                         r = (long)n;
                         break;
                 }
                 if (pd->data_end) {
-                        r = pd->got != pd->expect
-                                ? cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                                "sandbox %s: file ended after %llu of %llu "
-                                                "bytes (%s)",
-                                                c->sandbox_id, (unsigned long long)pd->got,
-                                                (unsigned long long)pd->expect,
-                                                c->closed ? "guest channel closed"
-                                                          : "it shrank while read")
-                                : 0;
+                        /* an END before the size is a file that shrank: what it had is the
+                         * body; a channel that died before END is an error */
+                        r = pd->ended ? 0
+                                      : cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                                      "sandbox %s: file ended after %llu bytes "
+                                                      "(guest channel closed)",
+                                                      c->sandbox_id, (unsigned long long)pd->got);
                         break;
                 }
                 if (wait_until(c, &dl) == ETIMEDOUT && !pd->qh && !pd->data_end) {
@@ -1192,9 +1295,48 @@ long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout
                         break;
                 }
         }
+        uint32_t id = pd->id;
         pthread_mutex_unlock(&c->mu);
         if (notify)
                 notify(narg, c);
+        if (grant) {
+                uint8_t b[4] = {(uint8_t)(grant >> 24), (uint8_t)(grant >> 16),
+                                (uint8_t)(grant >> 8), (uint8_t)grant};
+                struct cove_err e2; /* a failure closes the channel: the next read says so */
+                send_frame(c, COVE_F_WINDOW, 0, id, b, sizeof(b), &e2);
+        }
+        return r;
+}
+
+int cove_chan_xfer_prefetch(struct cove_xfer *x, int timeout_ms, uint64_t *len,
+                            struct cove_err *err)
+{
+        struct cove_chan *c = x->c;
+        struct pending *pd = x->p;
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
+        pthread_mutex_lock(&c->mu);
+        int r;
+        for (;;) {
+                if (pd->data_end) {
+                        r = pd->ended ? 1 : -1;
+                        if (r < 0)
+                                closed_err(c, err);
+                        break;
+                }
+                /* the window is used up (or an old guest sent a full window's worth) */
+                if (pd->qbytes >= READ_WINDOW) {
+                        r = 0;
+                        break;
+                }
+                if (wait_until(c, &dl) == ETIMEDOUT && !pd->data_end && pd->qbytes < READ_WINDOW) {
+                        r = cove_err_setk(err, COVE_E_UNAVAILABLE, ETIMEDOUT,
+                                          "sandbox %s: file transfer stalled", c->sandbox_id);
+                        break;
+                }
+        }
+        *len = pd->qbytes;
+        pthread_mutex_unlock(&c->mu);
         return r;
 }
 
@@ -1284,6 +1426,10 @@ void cove_chan_xfer_free(struct cove_xfer *x)
         void (*notify)(void *, struct cove_chan *) = c->rx_notify;
         void *narg = c->rx_arg;
         int abort_write = x->p->kind == PEND_WRITE && !x->finished && !x->p->done;
+        /* a download nobody reads any more: the guest stops it (it sends at most what is
+         * left of the window meanwhile, which the node drops) */
+        int cancel_read =
+            x->p->kind == PEND_READ && c->flow && x->p->done && !x->p->data_end && !c->closed;
         uint32_t id = x->p->id;
         pending_remove_locked(c, x->p);
         pthread_mutex_unlock(&c->mu);
@@ -1292,6 +1438,10 @@ void cove_chan_xfer_free(struct cove_xfer *x)
                  * its temporary file (it answers; nobody waits for that any more) */
                 struct cove_err e2;
                 send_frame(c, COVE_F_DATA, COVE_FF_END | COVE_FF_ABORT, id, NULL, 0, &e2);
+        }
+        if (cancel_read) {
+                struct cove_err e2;
+                send_frame(c, COVE_F_CANCEL, 0, id, NULL, 0, &e2);
         }
         if (wake && notify)
                 notify(narg, c);

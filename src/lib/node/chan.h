@@ -49,6 +49,13 @@ int cove_chan_hello(struct cove_chan *c, const char *token, const char *hostname
 int cove_chan_on_readable(struct cove_chan *c);
 /* 1 when the I/O thread should stop polling for input (a consumer is behind). */
 int cove_chan_rx_paused(struct cove_chan *c);
+/* Heartbeat (I/O thread, about once a second): how long the guest has been silent, in ms
+ * (0 while the node itself holds it back: rx paused, bytes not read yet). After
+ * a second of silence it pings the guest (REQ op "ping", never blocking the caller); any
+ * frame ends the silence. What silence means (frozen, starved, hung) is the caller's call.
+ * touch: start counting from now (after a freeze or a snapshot). */
+int64_t cove_chan_heartbeat(struct cove_chan *c, int64_t now_ms);
+void cove_chan_touch(struct cove_chan *c, int64_t now_ms);
 /* Mark dead (guest gone, sandbox stopped): wakes and fails every waiter. */
 void cove_chan_close(struct cove_chan *c, const char *why);
 int cove_chan_is_closed(struct cove_chan *c);
@@ -92,13 +99,22 @@ int cove_chan_read_begin(struct cove_chan *c, const char *path, struct cove_xfer
                          uint64_t *size, uint32_t *mode, struct cove_err *err);
 long cove_chan_xfer_read(struct cove_xfer *x, void *buf, size_t cap, int timeout_ms,
                          struct cove_err *err);
+/* Before the first xfer_read: wait until the whole file or the first window (1 MiB) has
+ * arrived. 1: it is all here, *len is its exact length (answer with a Content-Length);
+ * 0: more follows (*len bytes so far: stream without a length); -1 with err. The guest's
+ * *size of read_begin is only a bound: a file that shrank ends early (xfer_read returns 0),
+ * a pseudo-file (procfs, sysfs) has no size of its own. */
+int cove_chan_xfer_prefetch(struct cove_xfer *x, int timeout_ms, uint64_t *len,
+                            struct cove_err *err);
 /* File write: begin, feed bytes, finish (gets the guest's {entry}). */
 /* user (NULL: root) owns what the write creates. */
 int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode, const char *user,
                           struct cove_xfer **x, struct cove_err *err);
 int cove_chan_xfer_write(struct cove_xfer *x, const void *data, size_t len, struct cove_err *err);
 int cove_chan_write_finish(struct cove_xfer *x, json_t **entry, struct cove_err *err);
-void cove_chan_xfer_free(struct cove_xfer *x); /* also aborts an unfinished transfer */
+/* Also aborts an unfinished transfer: an upload ends with END|ABORT (the guest keeps the old
+ * file), a download with CANCEL (the guest stops reading). */
+void cove_chan_xfer_free(struct cove_xfer *x);
 
 /* Watch: events as COVE_EV_JSON in a replay buffer. */
 struct cove_watch;

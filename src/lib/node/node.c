@@ -1,13 +1,16 @@
 /* Instances, uid ranges and the channel I/O thread; see node.h. */
 #include "node/node.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/statvfs.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -16,6 +19,16 @@
 #include "util/util.h"
 
 #define HELLO_TIMEOUT_MS 10000
+/* Heartbeat: a guest silent this long (ms) although pinged, none of whose threads is
+ * runnable or in uninterruptible sleep, in a cgroup that is not frozen, is hung. A guest
+ * starved by load stays runnable ('R') and one waiting on a slow disk sleeps in 'D', so
+ * neither is taken for hung however long it takes; the figure only bounds how long a truly
+ * stuck guest (stopped, deadlocked) holds requests. A vm's init is its VMM, whose threads
+ * sleep while its guest kernel is stuck as well as idle: the same rule, a longer grace. */
+#define HUNG_NS_MS 5000
+#define HUNG_VM_MS 15000
+#define HEARTBEAT_TICK_MS 500
+#define LOW_SPACE_MB 16 /* free MB on the data disk under which pooled instances are suspect */
 
 struct inst {
         struct inst *next;
@@ -29,6 +42,7 @@ struct inst {
         struct pool *pool; /* non-NULL while it waits, idle, in a warm pool */
         int busy;          /* layer snapshots in progress: stop waits for them */
         int warming;       /* pooled, but not ready to be taken yet (warm_up running) */
+        int frozen;        /* cove_node_freeze() froze it (or a full dump left it frozen) */
 };
 
 /* A warm pool: instances started ahead of time for one template and shape, so a create
@@ -81,6 +95,10 @@ struct cove_node {
         int fullcheck_done;     /* with mu; full_cv is broadcast when it is set */
         pthread_cond_t full_cv; /* CLOCK_MONOTONIC */
         int pool_quit;
+        /* the data disk ran (nearly) full since the pooled instances started: their layers
+         * may have hit write errors (quota.h), so none of them is handed out; the refill
+         * thread replaces them once there is room again. With mu. */
+        int space_tainted;
 };
 
 struct spawn_job {
@@ -182,12 +200,154 @@ static void *fullcheck_main(void *arg)
         return NULL;
 }
 
+/* 1 when a thread of pid is runnable or in uninterruptible sleep (starved by load, busy,
+ * waiting on a disk), or its cgroup is frozen (v1 freezer or v2 cgroup.freeze, also one a
+ * host admin froze): silence from such a guest is no sign of a hang. */
+static int cgroup_frozen(pid_t pid)
+{
+        char path[PATH_MAX], buf[4096];
+        snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
+        cleanup_free char *cg = NULL;
+        size_t len;
+        if (cove_read_file(path, 16384, &cg, &len, NULL) < 0)
+                return 0;
+        int frozen = 0;
+        char *save = NULL;
+        for (char *line = strtok_r(cg, "\n", &save); line && !frozen;
+             line = strtok_r(NULL, "\n", &save)) {
+                char *c1 = strchr(line, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+                if (!c2 || strstr(c2 + 1, ".."))
+                        continue;
+                *c2 = 0;
+                const char *ctrls = c1 + 1, *cgpath = c2 + 1;
+                const char *files[3] = {NULL, NULL, NULL};
+                char p1[PATH_MAX], p2[PATH_MAX];
+                if (!strcmp(ctrls, "freezer") || strstr(ctrls, ",freezer") ||
+                    !strncmp(ctrls, "freezer,", 8)) {
+                        snprintf(p1, sizeof(p1), "/sys/fs/cgroup/freezer%s/freezer.state", cgpath);
+                        files[0] = p1;
+                } else if (!*ctrls) {
+                        snprintf(p1, sizeof(p1), "/sys/fs/cgroup%s/cgroup.events", cgpath);
+                        snprintf(p2, sizeof(p2), "/sys/fs/cgroup/unified%s/cgroup.events", cgpath);
+                        files[0] = p1;
+                        files[1] = p2;
+                }
+                for (int i = 0; files[i] && !frozen; i++) {
+                        int fd = open(files[i], O_RDONLY | O_CLOEXEC);
+                        if (fd < 0)
+                                continue;
+                        ssize_t k = read(fd, buf, sizeof(buf) - 1);
+                        close(fd);
+                        if (k <= 0)
+                                continue;
+                        buf[k] = 0;
+                        frozen = strstr(buf, "FROZEN") || strstr(buf, "FREEZING") ||
+                                 strstr(buf, "frozen 1");
+                }
+        }
+        return frozen;
+}
+
+static int guest_active(pid_t pid)
+{
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+        cleanup_dir DIR *d = opendir(path);
+        if (!d)
+                return 0; /* gone: its channel ends by itself */
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (de->d_name[0] < '0' || de->d_name[0] > '9')
+                        continue;
+                char sp[128], buf[512];
+                snprintf(sp, sizeof(sp), "/proc/%d/task/%.20s/stat", (int)pid, de->d_name);
+                int fd = open(sp, O_RDONLY | O_CLOEXEC);
+                if (fd < 0)
+                        continue;
+                ssize_t k = read(fd, buf, sizeof(buf) - 1);
+                close(fd);
+                if (k <= 0)
+                        continue;
+                buf[k] = 0;
+                const char *rp = strrchr(buf, ')'); /* comm may hold anything */
+                if (rp && rp[1] == ' ' && (rp[2] == 'R' || rp[2] == 'D'))
+                        return 1;
+        }
+        return cgroup_frozen(pid);
+}
+
+struct dead_inst {
+        char id[64];
+        char why[160];
+        int pooled;
+};
+
+/* One heartbeat round over every instance (I/O thread, io_mu held). Hung guests get their
+ * channel closed and are added to dead[] (at most cap). */
+static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, int cap)
+{
+        int64_t now = cove_mono_ns() / 1000000;
+        pthread_mutex_lock(&n->mu);
+        int k = 0;
+        for (struct inst *in = n->insts; in; in = in->next)
+                k++;
+        struct hb {
+                struct cove_chan *c;
+                pid_t pid;
+                int limit;
+                int pooled;
+                char id[64];
+        } *hb = calloc((size_t)(k ? k : 1), sizeof(*hb));
+        int m = 0;
+        for (struct inst *in = n->insts; in && hb; in = in->next) {
+                if (in->stopping)
+                        continue;
+                if (in->busy || in->frozen) { /* a snapshot or a freeze holds it still */
+                        cove_chan_touch(in->chan, now);
+                        continue;
+                }
+                cove_chan_ref(in->chan);
+                hb[m].c = in->chan;
+                hb[m].pid = in->ri.pid;
+                hb[m].limit = strcmp(in->ops->name, "vm") ? HUNG_NS_MS : HUNG_VM_MS;
+                hb[m].pooled = in->pool != NULL;
+                snprintf(hb[m].id, sizeof(hb[m].id), "%s", in->id);
+                m++;
+        }
+        pthread_mutex_unlock(&n->mu);
+        for (int i = 0; i < m; i++) {
+                int64_t silent = cove_chan_heartbeat(hb[i].c, now);
+                if (silent >= hb[i].limit && hb[i].pid > 0 && !guest_active(hb[i].pid) &&
+                    *ndead < cap && !cove_chan_is_closed(hb[i].c)) {
+                        struct dead_inst *d = &dead[(*ndead)++];
+                        snprintf(d->id, sizeof(d->id), "%s", hb[i].id);
+                        snprintf(d->why, sizeof(d->why),
+                                 "guest stopped answering its channel (no answer to the "
+                                 "heartbeat for %lld s)",
+                                 (long long)(silent / 1000));
+                        d->pooled = hb[i].pooled;
+                        epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(hb[i].c), NULL);
+                        cove_chan_close(hb[i].c, d->why);
+                }
+                cove_chan_unref(hb[i].c);
+        }
+        free(hb);
+}
+
+static int space_low(struct cove_node *n)
+{
+        struct statvfs vf;
+        return statvfs(n->data_dir, &vf) == 0 &&
+               ((uint64_t)vf.f_bavail * vf.f_frsize >> 20) < LOW_SPACE_MB;
+}
+
 static void *io_main(void *arg)
 {
         struct cove_node *n = arg;
         struct epoll_event evs[64];
+        int64_t last_hb = 0;
         while (!n->quit) {
-                int k = epoll_wait(n->epfd, evs, 64, -1);
+                int k = epoll_wait(n->epfd, evs, 64, HEARTBEAT_TICK_MS);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -195,8 +355,7 @@ static void *io_main(void *arg)
                         break;
                 }
                 /* on_dead stops the instance, which takes io_mu: call it after unlocking */
-                char dead[64][64];
-                int pooled[64] = {0};
+                struct dead_inst dead[64];
                 int ndead = 0;
                 struct {
                         struct cove_chan *c;
@@ -234,10 +393,22 @@ static void *io_main(void *arg)
                                 pthread_mutex_lock(&n->mu);
                                 for (struct inst *in = n->insts; in; in = in->next)
                                         if (in->chan == c && !in->stopping && ndead < 64) {
-                                                pooled[ndead] = in->pool != NULL;
-                                                snprintf(dead[ndead++], sizeof(dead[0]), "%s",
+                                                dead[ndead].pooled = in->pool != NULL;
+                                                snprintf(dead[ndead].why, sizeof(dead[0].why),
+                                                         "guest exited");
+                                                snprintf(dead[ndead++].id, sizeof(dead[0].id), "%s",
                                                          in->id);
                                         }
+                                pthread_mutex_unlock(&n->mu);
+                        }
+                }
+                int64_t now = cove_mono_ns() / 1000000;
+                if (now - last_hb >= HEARTBEAT_TICK_MS) {
+                        last_hb = now;
+                        heartbeat(n, dead, &ndead, 64);
+                        if (space_low(n)) {
+                                pthread_mutex_lock(&n->mu);
+                                n->space_tainted = 1;
                                 pthread_mutex_unlock(&n->mu);
                         }
                 }
@@ -256,13 +427,14 @@ static void *io_main(void *arg)
                         cove_chan_unref(asked[i].c);
                 }
                 for (int i = 0; i < ndead; i++) {
-                        if (pooled[i]) { /* nobody owns it yet: just clear it away */
+                        if (dead[i].pooled) { /* nobody owns it yet: just clear it away */
                                 struct cove_err e;
-                                cove_warn(n->cfg.log, "pool", "pooled sandbox %s died", dead[i]);
-                                if (cove_node_stop(n, dead[i], 1, &e) < 0)
+                                cove_warn(n->cfg.log, "pool", "pooled sandbox %s died: %s",
+                                          dead[i].id, dead[i].why);
+                                if (cove_node_stop(n, dead[i].id, 1, &e) < 0)
                                         cove_warn(n->cfg.log, "pool", "%s", e.msg);
                         } else if (n->cfg.on_dead) {
-                                n->cfg.on_dead(n->cfg.arg, dead[i], "guest exited");
+                                n->cfg.on_dead(n->cfg.arg, dead[i].id, dead[i].why);
                         }
                 }
         }
@@ -640,6 +812,42 @@ static void *refill_main(void *arg)
         struct cove_node *n = arg;
         pthread_mutex_lock(&n->mu);
         while (!n->pool_quit) {
+                if (n->space_tainted) {
+                        /* replace the pooled instances once the disk has room again */
+                        pthread_mutex_unlock(&n->mu);
+                        int low = space_low(n);
+                        pthread_mutex_lock(&n->mu);
+                        char(*ids)[64] = NULL;
+                        size_t nids = 0;
+                        if (!low) {
+                                for (struct inst *in = n->insts; in; in = in->next)
+                                        nids += in->pool && !in->stopping;
+                                ids = nids ? calloc(nids, sizeof(*ids)) : NULL;
+                                size_t k = 0;
+                                for (struct inst *in = n->insts; ids && in; in = in->next)
+                                        if (in->pool && !in->stopping && k < nids)
+                                                snprintf(ids[k++], 64, "%s", in->id);
+                                nids = ids ? k : 0;
+                        }
+                        pthread_mutex_unlock(&n->mu);
+                        for (size_t i = 0; i < nids; i++) {
+                                struct cove_err e2;
+                                cove_node_stop(n, ids[i], 1, &e2);
+                        }
+                        free(ids);
+                        pthread_mutex_lock(&n->mu);
+                        /* cleared only now: until then no pooled instance is taken, so none
+                         * of those stopped above can have become a sandbox's meanwhile */
+                        if (!low)
+                                n->space_tainted = 0;
+                        if (low) {
+                                struct timespec ts;
+                                clock_gettime(CLOCK_MONOTONIC, &ts);
+                                ts.tv_sec += 1;
+                                pthread_cond_timedwait(&n->pool_cv, &n->mu, &ts);
+                                continue;
+                        }
+                }
                 struct pool *want = NULL;
                 int64_t now = cove_mono_ns(), next_retry = 0;
                 for (struct pool *p = n->pools; p && !want; p = p->next) {
@@ -827,6 +1035,11 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
             pool_find_locked(n, runtime, rootfs, cpus, memory_mb, disk_mb, owner ? owner : "");
         if (p && p->dropped)
                 p = NULL;
+        if (p && n->space_tainted) {
+                p->missed++; /* a cold start instead of a layer that may have hit errors */
+                pthread_cond_broadcast(&n->pool_cv);
+                p = NULL;
+        }
         if (p) {
                 for (struct inst *in = n->insts; in && r; in = in->next) {
                         if (in->pool != p || in->stopping || in->warming ||
@@ -907,6 +1120,7 @@ static void busy_end(struct cove_node *n, struct inst *in)
 {
         pthread_mutex_lock(&n->mu);
         in->busy--;
+        cove_chan_touch(in->chan, cove_mono_ns() / 1000000); /* silence while held is no hang */
         pthread_cond_broadcast(&n->stop_cv);
         pthread_mutex_unlock(&n->mu);
 }
@@ -977,6 +1191,11 @@ int cove_node_full_dump(struct cove_node *n, const char *sandbox_id, const char 
                 return busy_unsupported(n, in, "take checkpoints", err);
         int r = in->ops->full_dump(in->rt, &in->ri, sandbox_id, dest_image, dest_mem, leave_frozen,
                                    pause_ns, err);
+        if (r == 0 && leave_frozen) {
+                pthread_mutex_lock(&n->mu);
+                in->frozen = 1; /* until cove_node_freeze(0) or the stop */
+                pthread_mutex_unlock(&n->mu);
+        }
         busy_end(n, in);
         return r;
 }
@@ -1084,6 +1303,11 @@ int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, st
         else
                 r = freeze ? in->ops->freeze(in->rt, &in->ri, err)
                            : in->ops->thaw(in->rt, &in->ri, err);
+        if (in && (r == 0 || freeze)) {
+                /* also a freeze that failed half-way may hold some of it still */
+                in->frozen = freeze;
+                cove_chan_touch(in->chan, cove_mono_ns() / 1000000);
+        }
         pthread_mutex_unlock(&n->mu);
         return r;
 }

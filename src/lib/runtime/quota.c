@@ -67,6 +67,7 @@ struct cove_layers {
         unsigned seq;     /* names of pool images */
         int stopping;     /* close() asks the refill thread to end */
         int thread_ok;    /* refill thread was started */
+        int tainted;      /* the host disk ran (nearly) full since the warm layers were made */
         pthread_t refill; /* the refill thread */
 };
 
@@ -330,6 +331,35 @@ fail:
         return cove_err_wrap(err, "warm layer of %llu MB", (unsigned long long)mb);
 }
 
+/* The layer images are sparse, on the sparse layer filesystem: when the host disk under them
+ * fills up, a write to any of them fails with EIO and ext4 aborts its journal (the layer goes
+ * read-only for good), also in warm layers that only had a write pending. So a warm layer made
+ * before the host disk ran full is not handed out: the pool is dropped and made again. */
+#define POOL_LOW_SPACE_MB 16
+
+static int host_space_low(struct cove_layers *l)
+{
+        struct statvfs vf;
+        return statvfs(l->dir, &vf) == 0 &&
+               ((uint64_t)vf.f_bavail * vf.f_frsize >> 20) < POOL_LOW_SPACE_MB;
+}
+
+/* pool_lock held: drop every warm layer when the disk ran low since they were made. */
+static void pool_check_taint_locked(struct cove_layers *l)
+{
+        int low = host_space_low(l);
+        if (low)
+                l->tainted = 1;
+        if (!l->tainted)
+                return;
+        for (unsigned i = 0; i < l->nsizes; i++) {
+                while (l->sizes[i].count)
+                        pool_entry_drop(l, &l->sizes[i].e[--l->sizes[i].count]);
+                l->sizes[i].failed = low; /* no refill while the disk is still full */
+        }
+        l->tainted = low;
+}
+
 static struct pool_size *pool_find(struct cove_layers *l, uint64_t mb)
 {
         for (unsigned i = 0; i < l->nsizes; i++)
@@ -348,7 +378,12 @@ static void *pool_refill_main(void *arg)
                         if (!l->sizes[i].failed && l->sizes[i].count < l->pool_n)
                                 ps = &l->sizes[i];
                 if (!ps) {
-                        pthread_cond_wait(&l->pool_cond, &l->pool_lock);
+                        /* wake each second to watch the host disk (see host_space_low) */
+                        struct timespec ts;
+                        clock_gettime(CLOCK_REALTIME, &ts);
+                        ts.tv_sec += 1;
+                        pthread_cond_timedwait(&l->pool_cond, &l->pool_lock, &ts);
+                        pool_check_taint_locked(l);
                         continue;
                 }
                 uint64_t mb = ps->mb;
@@ -358,9 +393,10 @@ static void *pool_refill_main(void *arg)
                 struct cove_err err;
                 int rc = pool_make(l, mb, seq, &e, &err);
                 pthread_mutex_lock(&l->pool_lock);
+                pool_check_taint_locked(l);
                 if (rc < 0)
                         ps->failed = 1; /* retried on the next take of this size */
-                else if (l->stopping || ps->count >= l->pool_n)
+                else if (l->stopping || ps->count >= l->pool_n || l->tainted)
                         pool_entry_drop(l, &e);
                 else
                         ps->e[ps->count++] = e;
@@ -387,10 +423,19 @@ static int pool_take(struct cove_layers *l, uint64_t mb, struct pool_entry *e)
                         ps = NULL; /* no pool for this size; the caller builds the layer */
                 }
         }
+        pool_check_taint_locked(l);
         if (ps) {
-                if (ps->count) {
+                while (!got && ps->count) {
                         *e = ps->e[--ps->count];
-                        got = 1;
+                        /* a metadata write (same mode) starts a journal handle: a layer whose
+                         * journal aborted on a write error says EROFS here, not in the
+                         * sandbox */
+                        int root = openat(e->mfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                        got = root >= 0 && fchmod(root, 0700) == 0;
+                        if (root >= 0)
+                                close(root);
+                        if (!got)
+                                pool_entry_drop(l, e);
                 }
                 ps->failed = 0;
                 pthread_cond_signal(&l->pool_cond);
