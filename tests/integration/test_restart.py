@@ -78,7 +78,30 @@ def assert_host_clean(d, ids, ranges):
     try:
         poll(lambda: loops_under(d.data, ids) == [], timeout=30, what="loop devices detached")
     except AssertionError:
-        assert loops_under(d.data, ids) == [], "loop devices of the sandboxes still attached"
+        assert loops_under(d.data, ids) == [], \
+            f"loop devices of the sandboxes still attached; {mount_holders(d.data)}"
+
+
+def mount_holders(path):
+    """Which host processes have a mount under path in their mount namespace (a copy of a
+    mount in another namespace keeps its filesystem, and so its loop device, alive)."""
+    path = os.path.realpath(path)
+    mine = os.stat("/proc/self/ns/mnt").st_ino
+    out = {}
+    for mi in glob.glob("/proc/[0-9]*/mountinfo"):
+        pid = mi.split("/")[2]
+        try:
+            if os.stat(f"/proc/{pid}/ns/mnt").st_ino == mine:
+                continue
+            with open(mi) as f:
+                hits = [line.split()[4] for line in f if path in line]
+            if hits:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+                out[pid] = (cmd, hits[:4])
+        except OSError:
+            continue
+    return f"mounts under {path} held in other namespaces by: {out}"
 
 
 def test_kill9_then_restart_reconciles(coved_factory):
@@ -122,8 +145,8 @@ def test_sigterm_stops_cleanly(coved_factory):
     rc = d.terminate(timeout=60)
     assert rc == 0, f"coved exited with {rc} on SIGTERM; log:\n{d.log_tail()}"
     assert_host_clean(d, ids, ranges)
-    assert mounts_under(d.data) == []
-    assert loops_under(d.data) == []
+    assert mounts_under(d.data) == [], (mounts_under(d.data), mount_holders(d.data))
+    assert loops_under(d.data) == [], (loops_under(d.data), mount_holders(d.data))
     assert not os.path.exists(os.path.join(d.data, "coved.sock")) or True
     # restart: nothing claims to run
     c = d.start()
@@ -132,6 +155,27 @@ def test_sigterm_stops_cleanly(coved_factory):
     sid = c.create(template="busybox")["id"]
     assert c.exec(sid, "echo ok")["stdout"] == "ok\n"
     c.remove(sid)
+
+
+def test_sigterm_stops_cleanly_while_a_copy_of_the_mounts_lingers(coved_factory):
+    """A process that copied the host's mounts (clone with a new mount namespace, as every
+    sandbox's child does until it pivots away) keeps the layers' filesystems, their loop
+    devices and so the layer filesystem busy for a while after coved unmounted them: a
+    SIGTERM stop waits for that to end rather than leaving the layer filesystem mounted."""
+    import subprocess
+    d = coved_factory()
+    ids, ranges = start_sleepers(d.client, n=2)
+    # the copy lives 2 s: longer than the 200 ms coved used to allow, well inside its bound
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "2"])
+    try:
+        poll(lambda: os.stat(f"/proc/{holder.pid}/ns/mnt").st_ino
+             != os.stat("/proc/self/ns/mnt").st_ino, what="the copy of the host's mounts")
+        rc = d.terminate(timeout=60)
+        assert rc == 0, f"coved exited with {rc} on SIGTERM; log:\n{d.log_tail()}"
+    finally:
+        holder.wait(timeout=30)
+    assert_host_clean(d, ids, ranges)
+    assert mounts_under(d.data) == [], (mounts_under(d.data), mount_holders(d.data))
 
 
 def test_kill9_twice_in_a_row(coved_factory):

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -89,6 +90,11 @@ static int run_criu(const struct cove_criu *c, struct run *r, int keep_fd, int t
         if (pid == 0) {
                 /* async-signal-safe only: coved is multi-threaded */
                 setpgid(0, 0);
+                /* criu dies with coved: one left running (a restore of a coved killed -9
+                 * runs on, or hangs, with nobody to bound it) keeps its copy of the host's
+                 * mounts, every sandbox layer mounted then among them, and so their loop
+                 * devices. A parent dead before this: no "g" on the pipe (EOF) */
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 char b;
                 close(go[1]);
                 if (read(go[0], &b, 1) != 1)
