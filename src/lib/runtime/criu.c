@@ -520,6 +520,23 @@ static int check_cgroup(struct rcheck *c, int dfd, int depth)
         return 0;
 }
 
+int cove_criu_images_safe(const char *dir, struct cove_err *err)
+{
+        cleanup_dir DIR *d = opendir(dir);
+        if (!d)
+                return cove_err_set(err, errno, "criu images %s", dir);
+        struct dirent *de;
+        while ((de = readdir(d)))
+                if (!strncmp(de->d_name, "ghost-file-", 11) ||
+                    !strcmp(de->d_name, "remap-fpath.img"))
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                             "the checkpoint holds a deleted file, which a "
+                                             "restore would re-create by a path the sandbox "
+                                             "can point outside it: not restored (an earlier "
+                                             "files snapshot still is)");
+        return 0;
+}
+
 uint64_t cove_criu_mounts(pid_t pid)
 {
         char p[64];

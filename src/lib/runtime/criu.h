@@ -67,6 +67,10 @@ int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *ro
  * re-creates every mount point by path). Paths of open files that are not deleted are their
  * real names in the same instant's file system, so they resolve the same way at restore. */
 int cove_criu_restorable(const char *cgroup_dir, pid_t init, uint64_t mounts, struct cove_err *err);
+/* Refuse to restore images in dir that re-create files by path: ghost files or link remaps
+ * (ghost-file-*.img, remap-fpath.img), which a dump refused since cove_criu_restorable but
+ * an older snapshot may hold. */
+int cove_criu_images_safe(const char *dir, struct cove_err *err);
 /* A digest of pid's mount table (/proc/<pid>/mountinfo); 0 when unreadable. */
 uint64_t cove_criu_mounts(pid_t pid);
 

@@ -1287,7 +1287,7 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         criu_mounts_release(spec->state_dir);
         uint64_t ino = 0;
         uint32_t old_base = 0;
-        if (read_meta(dir, &ino, &old_base, err) < 0 ||
+        if (read_meta(dir, &ino, &old_base, err) < 0 || cove_criu_images_safe(dir, err) < 0 ||
             cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
             own_tree(dir, spec->uid_base, err) < 0)
                 goto fail_early;

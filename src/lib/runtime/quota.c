@@ -30,6 +30,7 @@ extern char **environ;
 #define POOL_SIZES 8       /* distinct disk sizes kept warm; further sizes pay the full cost */
 #define LFS_MAX_GB 1024    /* the layer filesystem's (sparse) size is capped at 1 TiB */
 #define LFS_CLOSE_MS 30000 /* close(): longest wait for loop devices to let go */
+#define LFS_IDLE_MS 2000   /* close(): and for a busy one without loop devices */
 #define LFS_MIN_GB 4
 #ifndef EXT4_IOC_CHECKPOINT
 #define EXT4_IOC_CHECKPOINT _IOW('f', 43, uint32_t)
@@ -626,12 +627,15 @@ void cove_layers_close(struct cove_layers *l)
          * this used to allow, and the layer filesystem stayed mounted after a clean stop.
          * So: retry while a loop device still holds an image on it, bounded (LFS_CLOSE_MS). */
         if (l->reflink) {
-                int64_t deadline = cove_mono_ns() + (int64_t)LFS_CLOSE_MS * 1000000;
-                for (int i = 0;; i++) {
-                        if (umount2(l->lfs, 0) == 0 || errno != EBUSY)
-                                break;
-                        /* a few tries whatever: an image closed just now is not in sysfs yet */
-                        if (cove_mono_ns() > deadline || (i > 50 && !loops_under(l->lfs)))
+                /* a loop device leaves sysfs before its image file is closed (a kernel
+                 * worker's delayed fput): give up only after no loop was seen for a while */
+                int64_t now = cove_mono_ns(), deadline = now + (int64_t)LFS_CLOSE_MS * 1000000;
+                int64_t idle_until = now + (int64_t)LFS_IDLE_MS * 1000000;
+                while (umount2(l->lfs, 0) < 0 && errno == EBUSY) {
+                        now = cove_mono_ns();
+                        if (loops_under(l->lfs))
+                                idle_until = now + (int64_t)LFS_IDLE_MS * 1000000;
+                        if (now > deadline || now > idle_until)
                                 break;
                         struct timespec ts = {0, 5000000};
                         nanosleep(&ts, NULL);
