@@ -37,9 +37,14 @@ def test_full_snapshots_from_a_build_under_a_0700_directory(private_build, templ
     data = os.path.join(os.path.dirname(private_build), "data") if data_inside else None
     d = Coved(private_build, data_dir=data, templates_dir=templates_dir, log_dir=log_dir)
     try:
-        # the copy sandboxes run: under the data dir, or /run when the data dir is private
-        staged = [e.get("msg", "") for e in d.log_lines() if e.get("event") == "guest"]
-        assert staged and ("/run/cove/guest/" if data_inside else d.data) in staged[-1], staged
+        # the copy sandboxes run: every directory above it open to others, not the build's
+        staged = [e.get("msg", "").split()[2] for e in d.log_lines()
+                  if e.get("event") == "guest"]
+        assert staged and not staged[-1].startswith(os.path.dirname(private_build)), staged
+        p = os.path.dirname(staged[-1])
+        while p != "/":
+            assert os.stat(p).st_mode & 0o001, f"{p} is closed to the sandbox's uids"
+            p = os.path.dirname(p)
         kind = d.client.snapshot_kind()
         why = [e.get("msg") for e in d.log_lines() if e.get("event") == "snapshot.full"]
         assert kind == "full", why

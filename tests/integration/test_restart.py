@@ -30,8 +30,22 @@ def host_procs():
     return out
 
 
-def procs_in(ranges):
-    return [(p, u, c) for p, u, c in host_procs() if any(b <= u < b + UID_RANGE for b in ranges)]
+def procs_in(ranges, ids):
+    """Host processes in the uid ranges that are in one of the sandboxes' cgroups: other
+    coveds on this host (other test runs) hand out uid ranges of their own, the same ones
+    at times, so a uid alone does not say whose sandbox a process is."""
+    out = []
+    for p, u, c in host_procs():
+        if not any(b <= u < b + UID_RANGE for b in ranges):
+            continue
+        try:
+            with open(f"/proc/{p}/cgroup") as f:
+                cg = f.read()
+        except OSError:
+            continue
+        if any(f"/{i}" in cg for i in ids):
+            out.append((p, u, c))
+    return out
 
 
 def cgroup_dirs(ids):
@@ -71,7 +85,7 @@ def start_sleepers(c, n=3):
 
 
 def assert_host_clean(d, ids, ranges):
-    assert procs_in(ranges) == [], "processes left in the sandboxes' uid ranges"
+    assert procs_in(ranges, ids) == [], "processes left in the sandboxes' uid ranges"
     assert cgroup_dirs(ids) == [], "cgroup dirs left"
     # a lazily unmounted layer frees its loop device when the kernel drops the last
     # reference, which may lag a little: wait for it, with a deadline
@@ -108,10 +122,10 @@ def test_kill9_then_restart_reconciles(coved_factory):
     d = coved_factory()
     c = d.client
     ids, ranges = start_sleepers(c)
-    assert procs_in(ranges)
+    assert procs_in(ranges, ids)
     d.kill9()
     # no coved: the sandboxes must go away by themselves
-    poll(lambda: not procs_in(ranges), what="sandbox processes dying after coved's crash")
+    poll(lambda: not procs_in(ranges, ids), what="sandbox processes dying after coved's crash")
     c = d.start()
     for sid in ids:
         sb = c.sandbox(sid)
@@ -189,7 +203,7 @@ def test_kill9_twice_in_a_row(coved_factory):
     d.kill9()
     c = d.start()
     assert c.sandbox(ids[0])["state"] == "stopped"
-    poll(lambda: not procs_in(ranges), what="no process in the range")
+    poll(lambda: not procs_in(ranges, ids), what="no process in the range")
     assert_host_clean(d, ids, ranges)
 
 

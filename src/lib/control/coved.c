@@ -140,8 +140,11 @@ static int reachable_by_all(const char *path)
  * namespace, so it must be reachable by the sandbox's uids wherever the project was built
  * (under root's home or a `mktemp -d` directory, both 0700, it is not). The copy is named by
  * its content's digest (cove-guest-<sha256 prefix>: a running sandbox's binary never changes
- * under it), written atomically, mode 0755, in <data>/guest (0755) when every directory
- * above the data dir is open to others, else in /run/cove/guest. */
+ * under it, and a full snapshot finds the build it was taken with), written atomically, mode
+ * 0755, in /run/cove/guest: the path is in every sandbox's mountinfo, and that one names no
+ * data dir or home. Where /run is not usable, in <data>/guest when every directory above the
+ * data dir is open to others. Copies are never deleted here (a full snapshot of an older
+ * build needs its own); /run empties at boot. */
 static int stage_guest(struct coved *d, struct cove_err *err)
 {
         cleanup_free char *bin = NULL;
@@ -155,11 +158,10 @@ static int stage_guest(struct coved *d, struct cove_err *err)
         char hex[17], name[64], dir[PATH_MAX];
         cove_hex(md, 8, hex);
         snprintf(name, sizeof(name), "cove-guest-%s", hex);
-        int in_data = reachable_by_all(d->data_dir);
-        if (in_data)
-                snprintf(dir, sizeof(dir), "%s/guest", d->data_dir);
-        else
+        if (reachable_by_all("/run") || !reachable_by_all(d->data_dir))
                 snprintf(dir, sizeof(dir), "%s", GUEST_RUN_DIR);
+        else
+                snprintf(dir, sizeof(dir), "%s/guest", d->data_dir);
         struct stat st;
         if (cove_mkdir_p(dir, 0755, err) < 0)
                 return cove_err_wrap(err, "guest copy");
@@ -173,18 +175,25 @@ static int stage_guest(struct coved *d, struct cove_err *err)
         snprintf(path, sizeof(path), "%s/%s", dir, name);
         cleanup_free char *have = NULL;
         size_t hl = 0;
-        if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode) || (st.st_mode & 07777) != 0755 ||
+        int exists = lstat(path, &st) == 0;
+        if (!exists || !S_ISREG(st.st_mode) || (st.st_mode & 07777) != 0755 ||
             cove_read_file(path, GUEST_MAX, &have, &hl, NULL) < 0 || hl != len ||
             memcmp(have, bin, len)) {
-                if (cove_write_file_atomic(dir, name, bin, len, 0755, err) < 0)
+                /* written aside, then linked in: a copy another coved put there meanwhile is
+                 * kept (sandboxes may run it: replacing it would leave them a deleted file);
+                 * only a damaged one is replaced */
+                char tmp[96], tp[PATH_MAX + 100];
+                snprintf(tmp, sizeof(tmp), ".%s.%d", name, (int)getpid());
+                snprintf(tp, sizeof(tp), "%s/%s", dir, tmp);
+                if (cove_write_file_atomic(dir, tmp, bin, len, 0755, err) < 0)
                         return cove_err_wrap(err, "guest copy");
-        }
-        if (in_data) { /* copies of older builds: this data dir is this coved's alone */
-                cleanup_dir DIR *dd = opendir(dir);
-                struct dirent *de;
-                while (dd && (de = readdir(dd)))
-                        if (!strncmp(de->d_name, "cove-guest-", 11) && strcmp(de->d_name, name))
-                                unlinkat(dirfd(dd), de->d_name, 0);
+                int rc = exists ? rename(tp, path) : link(tp, path);
+                if (rc < 0 && !(errno == EEXIST && !exists)) {
+                        int e = errno;
+                        unlink(tp);
+                        return cove_err_set(err, e, "guest copy %s", path);
+                }
+                unlink(tp); /* after a rename: ENOENT, harmless */
         }
         cove_info(&d->log, "guest", "sandboxes run %s (a copy of %s)", path, d->guest_binary);
         snprintf(d->guest_binary, sizeof(d->guest_binary), "%s", path);

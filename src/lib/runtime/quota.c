@@ -401,7 +401,7 @@ static int pool_take(struct cove_layers *l, uint64_t mb, struct pool_entry *e)
         return got;
 }
 
-/* How many loop devices are bound to a file under dir. */
+/* How many loop devices are bound to the file path or to a file under it. */
 static int loops_under(const char *dir)
 {
         char real[PATH_MAX];
@@ -421,7 +421,8 @@ static int loops_under(const char *dir)
                 if (len <= 0)
                         continue;
                 back[len] = 0;
-                if (!strncmp(back, real, rl) && back[rl] == '/')
+                back[strcspn(back, "\n")] = 0;
+                if (!strncmp(back, real, rl) && (back[rl] == '/' || back[rl] == 0))
                         k++;
         }
         return k;
@@ -631,7 +632,8 @@ void cove_layers_close(struct cove_layers *l)
                  * worker's delayed fput): give up only after no loop was seen for a while */
                 int64_t now = cove_mono_ns(), deadline = now + (int64_t)LFS_CLOSE_MS * 1000000;
                 int64_t idle_until = now + (int64_t)LFS_IDLE_MS * 1000000;
-                while (umount2(l->lfs, 0) < 0 && errno == EBUSY) {
+                int gone = 0;
+                while (!(gone = umount2(l->lfs, 0) == 0) && errno == EBUSY) {
                         now = cove_mono_ns();
                         if (loops_under(l->lfs))
                                 idle_until = now + (int64_t)LFS_IDLE_MS * 1000000;
@@ -640,6 +642,17 @@ void cove_layers_close(struct cove_layers *l)
                         struct timespec ts = {0, 5000000};
                         nanosleep(&ts, NULL);
                 }
+                /* and its own (autoclear) loop device, which lets go after the unmount the
+                 * same way: a stopped coved leaves none behind */
+                char img[PATH_MAX];
+                size_t n = strlen(l->lfs);
+                if (gone && n > 4 &&
+                    (size_t)snprintf(img, sizeof(img), "%.*s/layerfs.img", (int)(n - 4), l->lfs) <
+                        sizeof(img))
+                        while (loops_under(img) && cove_mono_ns() < deadline) {
+                                struct timespec ts = {0, 5000000};
+                                nanosleep(&ts, NULL);
+                        }
         }
         pthread_cond_destroy(&l->pool_cond);
         pthread_mutex_destroy(&l->pool_lock);
