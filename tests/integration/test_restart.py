@@ -30,8 +30,22 @@ def host_procs():
     return out
 
 
-def procs_in(ranges):
-    return [(p, u, c) for p, u, c in host_procs() if any(b <= u < b + UID_RANGE for b in ranges)]
+def procs_in(ranges, ids):
+    """Host processes in the uid ranges that are in one of the sandboxes' cgroups: other
+    coveds on this host (other test runs) hand out uid ranges of their own, the same ones
+    at times, so a uid alone does not say whose sandbox a process is."""
+    out = []
+    for p, u, c in host_procs():
+        if not any(b <= u < b + UID_RANGE for b in ranges):
+            continue
+        try:
+            with open(f"/proc/{p}/cgroup") as f:
+                cg = f.read()
+        except OSError:
+            continue
+        if any(f"/{i}" in cg for i in ids):
+            out.append((p, u, c))
+    return out
 
 
 def cgroup_dirs(ids):
@@ -71,24 +85,47 @@ def start_sleepers(c, n=3):
 
 
 def assert_host_clean(d, ids, ranges):
-    assert procs_in(ranges) == [], "processes left in the sandboxes' uid ranges"
+    assert procs_in(ranges, ids) == [], "processes left in the sandboxes' uid ranges"
     assert cgroup_dirs(ids) == [], "cgroup dirs left"
     # a lazily unmounted layer frees its loop device when the kernel drops the last
     # reference, which may lag a little: wait for it, with a deadline
     try:
         poll(lambda: loops_under(d.data, ids) == [], timeout=30, what="loop devices detached")
     except AssertionError:
-        assert loops_under(d.data, ids) == [], "loop devices of the sandboxes still attached"
+        assert loops_under(d.data, ids) == [], \
+            f"loop devices of the sandboxes still attached; {mount_holders(d.data)}"
+
+
+def mount_holders(path):
+    """Which host processes have a mount under path in their mount namespace (a copy of a
+    mount in another namespace keeps its filesystem, and so its loop device, alive)."""
+    path = os.path.realpath(path)
+    mine = os.stat("/proc/self/ns/mnt").st_ino
+    out = {}
+    for mi in glob.glob("/proc/[0-9]*/mountinfo"):
+        pid = mi.split("/")[2]
+        try:
+            if os.stat(f"/proc/{pid}/ns/mnt").st_ino == mine:
+                continue
+            with open(mi) as f:
+                hits = [line.split()[4] for line in f if path in line]
+            if hits:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+                out[pid] = (cmd, hits[:4])
+        except OSError:
+            continue
+    return f"mounts under {path} held in other namespaces by: {out}"
 
 
 def test_kill9_then_restart_reconciles(coved_factory):
     d = coved_factory()
     c = d.client
     ids, ranges = start_sleepers(c)
-    assert procs_in(ranges)
+    assert procs_in(ranges, ids)
     d.kill9()
     # no coved: the sandboxes must go away by themselves
-    poll(lambda: not procs_in(ranges), what="sandbox processes dying after coved's crash")
+    poll(lambda: not procs_in(ranges, ids), what="sandbox processes dying after coved's crash")
     c = d.start()
     for sid in ids:
         sb = c.sandbox(sid)
@@ -122,8 +159,8 @@ def test_sigterm_stops_cleanly(coved_factory):
     rc = d.terminate(timeout=60)
     assert rc == 0, f"coved exited with {rc} on SIGTERM; log:\n{d.log_tail()}"
     assert_host_clean(d, ids, ranges)
-    assert mounts_under(d.data) == []
-    assert loops_under(d.data) == []
+    assert mounts_under(d.data) == [], (mounts_under(d.data), mount_holders(d.data))
+    assert loops_under(d.data) == [], (loops_under(d.data), mount_holders(d.data))
     assert not os.path.exists(os.path.join(d.data, "coved.sock")) or True
     # restart: nothing claims to run
     c = d.start()
@@ -132,6 +169,27 @@ def test_sigterm_stops_cleanly(coved_factory):
     sid = c.create(template="busybox")["id"]
     assert c.exec(sid, "echo ok")["stdout"] == "ok\n"
     c.remove(sid)
+
+
+def test_sigterm_stops_cleanly_while_a_copy_of_the_mounts_lingers(coved_factory):
+    """A process that copied the host's mounts (clone with a new mount namespace, as every
+    sandbox's child does until it pivots away) keeps the layers' filesystems, their loop
+    devices and so the layer filesystem busy for a while after coved unmounted them: a
+    SIGTERM stop waits for that to end rather than leaving the layer filesystem mounted."""
+    import subprocess
+    d = coved_factory()
+    ids, ranges = start_sleepers(d.client, n=2)
+    # the copy lives 2 s: longer than the 200 ms coved used to allow, well inside its bound
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "2"])
+    try:
+        poll(lambda: os.stat(f"/proc/{holder.pid}/ns/mnt").st_ino
+             != os.stat("/proc/self/ns/mnt").st_ino, what="the copy of the host's mounts")
+        rc = d.terminate(timeout=60)
+        assert rc == 0, f"coved exited with {rc} on SIGTERM; log:\n{d.log_tail()}"
+    finally:
+        holder.wait(timeout=30)
+    assert_host_clean(d, ids, ranges)
+    assert mounts_under(d.data) == [], (mounts_under(d.data), mount_holders(d.data))
 
 
 def test_kill9_twice_in_a_row(coved_factory):
@@ -145,7 +203,7 @@ def test_kill9_twice_in_a_row(coved_factory):
     d.kill9()
     c = d.start()
     assert c.sandbox(ids[0])["state"] == "stopped"
-    poll(lambda: not procs_in(ranges), what="no process in the range")
+    poll(lambda: not procs_in(ranges, ids), what="no process in the range")
     assert_host_clean(d, ids, ranges)
 
 

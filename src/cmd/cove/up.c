@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cove.h"
+#include "runtime/criu.h"
 
 #define CLI_DEFAULT_E2B_API_LISTEN "127.0.0.1:3000"
 #define CLI_DEFAULT_E2B_SANDBOX_LISTEN "127.0.0.1:49983"
@@ -90,6 +91,20 @@ int cmd_up(struct cli *c, int argc, char **argv)
         args[10] = CLI_DEFAULT_E2B_SANDBOX_LISTEN;
         args[n + 10] = NULL;
 
+        /* say at once when pauses will keep no memory: coved logs the same (and the result of
+         * its own self-check, a few seconds later), but a JSON line is easy to miss */
+        struct cove_criu *criu = calloc(1, sizeof(*criu));
+        if (criu) {
+                cove_criu_detect(criu);
+                if (!criu->found)
+                        fprintf(stderr,
+                                "cove up: full snapshots unavailable: %s\n"
+                                "cove up: pause, snapshots, rewind and fork keep files only (no "
+                                "memory, no running processes); scripts/install-deps builds a "
+                                "criu that works\n",
+                                criu->why);
+                free(criu);
+        }
         char self[PATH_MAX];
         ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
         if (len > 0) {

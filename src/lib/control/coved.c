@@ -4,6 +4,7 @@
 #include "control/coved.h"
 #include "runtime/vm.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <libgen.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <openssl/evp.h>
 
 #include "api/e2b.h"
 #include "control/apikey.h"
@@ -111,6 +114,92 @@ static int start_pools(struct coved *d, const char *runtime, const char *list, i
         return 0;
 }
 
+#define GUEST_MAX (256u << 20)
+#define GUEST_RUN_DIR "/run/cove/guest"
+
+/* every directory from / down to path is open to others (o+x): a sandbox's uid can reach it */
+static int reachable_by_all(const char *path)
+{
+        char p[PATH_MAX];
+        snprintf(p, sizeof(p), "%s", path);
+        for (;;) {
+                struct stat st;
+                if (stat(p, &st) < 0 || !S_ISDIR(st.st_mode) || !(st.st_mode & S_IXOTH))
+                        return 0;
+                char *slash = strrchr(p, '/');
+                if (!slash || slash == p)
+                        break;
+                *slash = 0;
+        }
+        struct stat st;
+        return stat("/", &st) == 0 && (st.st_mode & S_IXOTH);
+}
+
+/* Sandboxes run a copy of cove-guest that coved owns, not the build's file: a restore (CRIU)
+ * opens the guest's bind mount source by its host path from inside the sandbox's user
+ * namespace, so it must be reachable by the sandbox's uids wherever the project was built
+ * (under root's home or a `mktemp -d` directory, both 0700, it is not). The copy is named by
+ * its content's digest (cove-guest-<sha256 prefix>: a running sandbox's binary never changes
+ * under it, and a full snapshot finds the build it was taken with), written atomically, mode
+ * 0755, in /run/cove/guest: the path is in every sandbox's mountinfo, and that one names no
+ * data dir or home. Where /run is not usable, in <data>/guest when every directory above the
+ * data dir is open to others. Copies are never deleted here (a full snapshot of an older
+ * build needs its own); /run empties at boot. */
+static int stage_guest(struct coved *d, struct cove_err *err)
+{
+        cleanup_free char *bin = NULL;
+        size_t len = 0;
+        if (cove_read_file(d->guest_binary, GUEST_MAX, &bin, &len, err) < 0)
+                return cove_err_wrap(err, "guest binary %s", d->guest_binary);
+        uint8_t md[EVP_MAX_MD_SIZE];
+        unsigned ml = 0;
+        if (EVP_Digest(bin, len, md, &ml, EVP_sha256(), NULL) != 1 || ml < 8)
+                return cove_err_setk(err, COVE_E_INTERNAL, 0, "guest binary: digest");
+        char hex[17], name[64], dir[PATH_MAX];
+        cove_hex(md, 8, hex);
+        snprintf(name, sizeof(name), "cove-guest-%s", hex);
+        if (reachable_by_all("/run") || !reachable_by_all(d->data_dir))
+                snprintf(dir, sizeof(dir), "%s", GUEST_RUN_DIR);
+        else
+                snprintf(dir, sizeof(dir), "%s/guest", d->data_dir);
+        struct stat st;
+        if (cove_mkdir_p(dir, 0755, err) < 0)
+                return cove_err_wrap(err, "guest copy");
+        if (lstat(dir, &st) < 0)
+                return cove_err_set(err, errno, "guest copy: %s", dir);
+        if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid())
+                return cove_err_set(err, ENOTDIR, "guest copy: %s is not coved's directory", dir);
+        if (chmod(dir, 0755) < 0)
+                return cove_err_set(err, errno, "guest copy: %s", dir);
+        char path[PATH_MAX + 80];
+        snprintf(path, sizeof(path), "%s/%s", dir, name);
+        cleanup_free char *have = NULL;
+        size_t hl = 0;
+        int exists = lstat(path, &st) == 0;
+        if (!exists || !S_ISREG(st.st_mode) || (st.st_mode & 07777) != 0755 ||
+            cove_read_file(path, GUEST_MAX, &have, &hl, NULL) < 0 || hl != len ||
+            memcmp(have, bin, len)) {
+                /* written aside, then linked in: a copy another coved put there meanwhile is
+                 * kept (sandboxes may run it: replacing it would leave them a deleted file);
+                 * only a damaged one is replaced */
+                char tmp[96], tp[PATH_MAX + 100];
+                snprintf(tmp, sizeof(tmp), ".%s.%d", name, (int)getpid());
+                snprintf(tp, sizeof(tp), "%s/%s", dir, tmp);
+                if (cove_write_file_atomic(dir, tmp, bin, len, 0755, err) < 0)
+                        return cove_err_wrap(err, "guest copy");
+                int rc = exists ? rename(tp, path) : link(tp, path);
+                if (rc < 0 && !(errno == EEXIST && !exists)) {
+                        int e = errno;
+                        unlink(tp);
+                        return cove_err_set(err, e, "guest copy %s", path);
+                }
+                unlink(tp); /* after a rename: ENOENT, harmless */
+        }
+        cove_info(&d->log, "guest", "sandboxes run %s (a copy of %s)", path, d->guest_binary);
+        snprintf(d->guest_binary, sizeof(d->guest_binary), "%s", path);
+        return 0;
+}
+
 int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *err)
 {
         memset(d, 0, sizeof(*d));
@@ -152,6 +241,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                     "guest binary %s (build it with `make`, or pass "
                                     "--guest-binary)",
                                     d->guest_binary);
+        if (stage_guest(d, err) < 0)
+                return -1;
 
         char db[PATH_MAX], shown[512];
         if (o->db)

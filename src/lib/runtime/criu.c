@@ -10,11 +10,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <linux/close_range.h>
+#include <linux/kcmp.h>
+#include <linux/openat2.h>
 
 #include "util/cleanup.h"
 #include "util/util.h"
@@ -83,6 +90,11 @@ static int run_criu(const struct cove_criu *c, struct run *r, int keep_fd, int t
         if (pid == 0) {
                 /* async-signal-safe only: coved is multi-threaded */
                 setpgid(0, 0);
+                /* criu dies with coved: one left running (a restore of a coved killed -9
+                 * runs on, or hangs, with nobody to bound it) keeps its copy of the host's
+                 * mounts, every sandbox layer mounted then among them, and so their loop
+                 * devices. A parent dead before this: no "g" on the pipe (EOF) */
+                prctl(PR_SET_PDEATHSIG, SIGKILL);
                 char b;
                 close(go[1]);
                 if (read(go[0], &b, 1) != 1)
@@ -308,6 +320,260 @@ int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *ro
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "criu restore: no pid file");
         *pid = (pid_t)v;
         return 0;
+}
+
+/* ---- what a restore could not re-create safely (cove_criu_restorable) ---- */
+
+#define DEL_SUFFIX " (deleted)"
+#define CG_DEPTH_MAX 16
+
+struct rcheck {
+        dev_t shm_dev;   /* the kernel's internal shmem mount: memfd, MAP_SHARED|ANON, SysV */
+        ino_t mnt_ns;    /* init's mount namespace */
+        uint64_t mounts; /* init's mount table at start */
+        struct cove_err *err;
+};
+
+static int deleted(const char *link)
+{
+        size_t n = strlen(link), k = sizeof(DEL_SUFFIX) - 1;
+        return n >= k && !strcmp(link + n - k, DEL_SUFFIX);
+}
+
+static int refuse(struct rcheck *c, pid_t pid, const char *what)
+{
+        /* no path in the message: the sandbox chose it */
+        return cove_err_setk(c->err, COVE_E_UNAVAILABLE, 0,
+                             "process %d %s, which a restore would re-create by a path the "
+                             "sandbox can point outside it",
+                             (int)pid, what);
+}
+
+/* a unix socket's bound name must lead to it, inside the process's root, through no symlink:
+ * criu binds that name again at restore */
+static int check_unix_name(struct rcheck *c, pid_t pid, int pidfd, int fd)
+{
+        int s = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+        if (s < 0)
+                return errno == EBADF ? 0 : refuse(c, pid, "has a socket coved cannot inspect");
+        struct sockaddr_un a;
+        socklen_t len = sizeof(a);
+        memset(&a, 0, sizeof(a));
+        int r = getsockname(s, (struct sockaddr *)&a, &len);
+        close(s);
+        if (r < 0 || a.sun_family != AF_UNIX || len <= offsetof(struct sockaddr_un, sun_path) ||
+            a.sun_path[0] == 0) /* not unix, unbound, or abstract: no path */
+                return 0;
+        size_t n = len - offsetof(struct sockaddr_un, sun_path);
+        char name[sizeof(a.sun_path) + 1];
+        memcpy(name, a.sun_path, n < sizeof(a.sun_path) ? n : sizeof(a.sun_path));
+        name[n < sizeof(a.sun_path) ? n : sizeof(a.sun_path)] = 0;
+        if (name[0] != '/')
+                return refuse(c, pid, "has a unix socket bound to a relative name");
+        char rp[64];
+        snprintf(rp, sizeof(rp), "/proc/%d/root", (int)pid);
+        cleanup_close int root = open(rp, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        struct open_how how = {.flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
+                               .resolve =
+                                   RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS};
+        const char *rel = name;
+        while (*rel == '/')
+                rel++;
+        cleanup_close int f =
+            root < 0 ? -1 : (int)syscall(SYS_openat2, root, *rel ? rel : ".", &how, sizeof(how));
+        struct stat st;
+        if (f < 0 || fstat(f, &st) < 0 || !S_ISSOCK(st.st_mode))
+                return refuse(c, pid,
+                              "has a unix socket whose name is gone or goes through a symlink");
+        return 0;
+}
+
+static int check_fds(struct rcheck *c, pid_t pid, pid_t tid, int pidfd)
+{
+        char p[96];
+        snprintf(p, sizeof(p), "/proc/%d/task/%d/fd", (int)pid, (int)tid);
+        cleanup_dir DIR *d = opendir(p);
+        if (!d)
+                return errno == ENOENT ? 0 : cove_err_set(c->err, errno, "criu check: %s", p);
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (de->d_name[0] == '.')
+                        continue;
+                char lp[PATH_MAX + 32];
+                ssize_t n = readlinkat(dirfd(d), de->d_name, lp, sizeof(lp) - 1);
+                if (n < 0)
+                        continue; /* closed meanwhile (not in a frozen tree, but harmless) */
+                lp[n] = 0;
+                if (!strncmp(lp, "socket:[", 8)) {
+                        if (check_unix_name(c, pid, pidfd, atoi(de->d_name)) < 0)
+                                return -1;
+                        continue;
+                }
+                if (!deleted(lp))
+                        continue;
+                struct stat st;
+                if (fstatat(dirfd(d), de->d_name, &st, 0) == 0 && st.st_dev == c->shm_dev)
+                        continue; /* a memfd */
+                return refuse(c, pid, "holds a deleted file open");
+        }
+        return 0;
+}
+
+static int check_maps(struct rcheck *c, pid_t pid)
+{
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/maps", (int)pid);
+        FILE *f = fopen(p, "re");
+        if (!f)
+                return errno == ENOENT ? 0 : cove_err_set(c->err, errno, "criu check: %s", p);
+        char *line = NULL;
+        size_t cap = 0;
+        int rc = 0;
+        while (rc == 0 && getline(&line, &cap, f) > 0) {
+                line[strcspn(line, "\n")] = 0;
+                unsigned maj = 0, min = 0;
+                if (!deleted(line))
+                        continue;
+                if (sscanf(line, "%*s %*s %*s %x:%x", &maj, &min) != 2 ||
+                    makedev(maj, min) != c->shm_dev)
+                        rc = refuse(c, pid, "maps a deleted file");
+        }
+        free(line);
+        fclose(f);
+        return rc;
+}
+
+static int check_proc(struct rcheck *c, pid_t pid)
+{
+        char p[96];
+        struct stat st;
+        snprintf(p, sizeof(p), "/proc/%d/ns/mnt", (int)pid);
+        if (stat(p, &st) < 0)
+                return errno == ENOENT ? 0 : cove_err_set(c->err, errno, "criu check: %s", p);
+        if (st.st_ino != c->mnt_ns)
+                return refuse(c, pid, "runs in a mount namespace of its own");
+        if (check_maps(c, pid) < 0)
+                return -1;
+        cleanup_close int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+        if (pidfd < 0)
+                return errno == ESRCH ? 0 : cove_err_set(c->err, errno, "criu check: pidfd");
+        snprintf(p, sizeof(p), "/proc/%d/task", (int)pid);
+        cleanup_dir DIR *d = opendir(p);
+        if (!d)
+                return errno == ENOENT ? 0 : cove_err_set(c->err, errno, "criu check: %s", p);
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (de->d_name[0] == '.')
+                        continue;
+                pid_t tid = (pid_t)atoi(de->d_name);
+                if (tid != pid && syscall(SYS_kcmp, pid, tid, KCMP_FILES, 0, 0) != 0)
+                        return refuse(c, pid, "has a thread with a file table of its own");
+                if (tid == pid && check_fds(c, pid, tid, pidfd) < 0)
+                        return -1;
+                for (const char *const *w = (const char *const[]){"cwd", "root", NULL}; *w; w++) {
+                        char lp[PATH_MAX + 32], q[96];
+                        snprintf(q, sizeof(q), "/proc/%d/task/%d/%s", (int)pid, (int)tid, *w);
+                        ssize_t n = readlink(q, lp, sizeof(lp) - 1);
+                        if (n >= 0 && (lp[n] = 0, deleted(lp)))
+                                return refuse(c, pid,
+                                              !strcmp(*w, "cwd") ? "has a deleted working directory"
+                                                                 : "has a deleted root directory");
+                }
+        }
+        return 0;
+}
+
+static int check_cgroup(struct rcheck *c, int dfd, int depth)
+{
+        if (depth > CG_DEPTH_MAX)
+                return cove_err_setk(c->err, COVE_E_UNAVAILABLE, 0,
+                                     "criu check: cgroups nested too deep");
+        cleanup_close int pf = openat(dfd, "cgroup.procs", O_RDONLY | O_CLOEXEC);
+        FILE *f = pf < 0 ? NULL : fdopen(pf, "re");
+        if (!f)
+                return cove_err_set(c->err, errno, "criu check: cgroup.procs");
+        pf = -1;
+        long v;
+        int rc = 0;
+        while (rc == 0 && fscanf(f, "%ld", &v) == 1)
+                if (v > 0 && v <= INT_MAX)
+                        rc = check_proc(c, (pid_t)v);
+        fclose(f);
+        if (rc < 0)
+                return -1;
+        int d2 = dup(dfd);
+        cleanup_dir DIR *d = d2 < 0 ? NULL : fdopendir(d2);
+        if (!d) {
+                if (d2 >= 0)
+                        close(d2);
+                return cove_err_set(c->err, errno, "criu check: cgroup dir");
+        }
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (de->d_name[0] == '.' || de->d_type != DT_DIR)
+                        continue;
+                cleanup_close int sub =
+                    openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (sub >= 0 && check_cgroup(c, sub, depth + 1) < 0)
+                        return -1;
+        }
+        return 0;
+}
+
+int cove_criu_images_safe(const char *dir, struct cove_err *err)
+{
+        cleanup_dir DIR *d = opendir(dir);
+        if (!d)
+                return cove_err_set(err, errno, "criu images %s", dir);
+        struct dirent *de;
+        while ((de = readdir(d)))
+                if (!strncmp(de->d_name, "ghost-file-", 11) ||
+                    !strcmp(de->d_name, "remap-fpath.img"))
+                        return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                             "the checkpoint holds a deleted file, which a "
+                                             "restore would re-create by a path the sandbox "
+                                             "can point outside it: not restored (an earlier "
+                                             "files snapshot still is)");
+        return 0;
+}
+
+uint64_t cove_criu_mounts(pid_t pid)
+{
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/mountinfo", (int)pid);
+        cleanup_close int fd = open(p, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return 0;
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+        char buf[8192];
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof(buf))) > 0)
+                for (ssize_t i = 0; i < n; i++)
+                        h = (h ^ (uint8_t)buf[i]) * 1099511628211ULL;
+        return n < 0 ? 0 : h | 1;
+}
+
+int cove_criu_restorable(const char *cgroup_dir, pid_t init, uint64_t mounts, struct cove_err *err)
+{
+        struct rcheck c = {.mounts = mounts, .err = err};
+        struct stat st;
+        cleanup_close int m = (int)syscall(SYS_memfd_create, "cove-criu-check", MFD_CLOEXEC);
+        if (m < 0 || fstat(m, &st) < 0)
+                return cove_err_set(err, errno, "criu check: memfd");
+        c.shm_dev = st.st_dev;
+        char p[64];
+        snprintf(p, sizeof(p), "/proc/%d/ns/mnt", (int)init);
+        if (stat(p, &st) < 0)
+                return cove_err_set(err, errno, "criu check: %s", p);
+        c.mnt_ns = st.st_ino;
+        if (!mounts || cove_criu_mounts(init) != mounts)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "the sandbox changed its mounts, which a restore would "
+                                     "re-create by paths the sandbox can point outside it");
+        cleanup_close int dfd = open(cgroup_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd < 0)
+                return cove_err_set(err, errno, "criu check: %s", cgroup_dir);
+        return check_cgroup(&c, dfd, 0);
 }
 
 static int pwrite_all(int fd, const void *buf, size_t n, off_t off)

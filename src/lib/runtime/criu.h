@@ -55,6 +55,25 @@ int cove_criu_restore(const struct cove_criu *c, const char *dir, const char *ro
                       uint64_t chan_ino, cove_criu_prep_fn prep, void *prep_arg, pid_t *pid,
                       struct cove_err *err);
 
+/* What a restore would re-create by a path the sandbox can redirect. CRIU restores on the
+ * host: a path it resolves there (a deleted file re-created as a "ghost" at its old name, a
+ * link remap, a unix socket bound again by its name) that goes through a symlink the
+ * sandbox planted lands outside the sandbox. Before a dump of the frozen tree in cgroup
+ * cgroup_dir (root init), refuse (COVE_E_UNAVAILABLE, the reason in err) when a process:
+ * holds open or maps a deleted file (memfd, shared anonymous and SysV memory excepted: they
+ * have no path), has a deleted cwd or root, has a unix socket bound to a name that does not
+ * lead to it inside its root without a symlink, runs in a mount namespace other than init's,
+ * or when init's mount table is not the one of `mounts` (cove_criu_mounts at start: CRIU
+ * re-creates every mount point by path). Paths of open files that are not deleted are their
+ * real names in the same instant's file system, so they resolve the same way at restore. */
+int cove_criu_restorable(const char *cgroup_dir, pid_t init, uint64_t mounts, struct cove_err *err);
+/* Refuse to restore images in dir that re-create files by path: ghost files or link remaps
+ * (ghost-file-*.img, remap-fpath.img), which a dump refused since cove_criu_restorable but
+ * an older snapshot may hold. */
+int cove_criu_images_safe(const char *dir, struct cove_err *err);
+/* A digest of pid's mount table (/proc/<pid>/mountinfo); 0 when unreadable. */
+uint64_t cove_criu_mounts(pid_t pid);
+
 /* Rewrite the user namespace map of the dump in dir from host uid base `from` to `to` (a
  * restore into another uid range: fork). 0 when nothing had to change. */
 int cove_criu_userns_rebase(const char *dir, uint32_t from, uint32_t to, struct cove_err *err);

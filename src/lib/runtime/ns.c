@@ -103,6 +103,7 @@ struct cove_runtime {
 
 struct ns_inst {
         char id[NS_ID_MAX + 1]; /* sandbox id (cgroup and layer names) */
+        uint64_t mounts;        /* its mount table as set up (cove_criu_mounts) */
 };
 
 /* Everything the child needs, prepared before clone (the child must not allocate). */
@@ -617,6 +618,7 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         }
         close(sync[0]);
         close(a.guest_fd);
+        priv->mounts = cove_criu_mounts(pid);
         inst->pid = pid;
         inst->chan_fd = chan[0];
         inst->priv = priv;
@@ -960,6 +962,8 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
                 return cove_err_set(err, errno, "ns: full snapshot: mkdir %s", dir);
         int64_t t0 = cove_mono_ns();
         int rc = cove_cgroup_freeze(rt->cg, id, 1, err);
+        if (rc == 0) /* frozen: what it holds cannot change until the thaw */
+                rc = cove_criu_restorable(fz, inst->pid, priv->mounts, err);
         if (rc == 0)
                 rc = cove_criu_dump(&rt->criu, inst->pid, dir, fz, (uint64_t)cst.st_ino, err);
         uint64_t lpause = 0;
@@ -1283,7 +1287,7 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         criu_mounts_release(spec->state_dir);
         uint64_t ino = 0;
         uint32_t old_base = 0;
-        if (read_meta(dir, &ino, &old_base, err) < 0 ||
+        if (read_meta(dir, &ino, &old_base, err) < 0 || cove_criu_images_safe(dir, err) < 0 ||
             cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
             own_tree(dir, spec->uid_base, err) < 0)
                 goto fail_early;
@@ -1326,6 +1330,7 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         if (set_hostname(pid, id, err) < 0)
                 goto fail;
         cove_rm_rf(dir, &e2);
+        priv->mounts = cove_criu_mounts(pid);
         inst->pid = pid;
         inst->chan_fd = chan[0];
         inst->rechannel = 1;

@@ -27,8 +27,10 @@
 
 extern char **environ;
 
-#define POOL_SIZES 8    /* distinct disk sizes kept warm; further sizes pay the full cost */
-#define LFS_MAX_GB 1024 /* the layer filesystem's (sparse) size is capped at 1 TiB */
+#define POOL_SIZES 8       /* distinct disk sizes kept warm; further sizes pay the full cost */
+#define LFS_MAX_GB 1024    /* the layer filesystem's (sparse) size is capped at 1 TiB */
+#define LFS_CLOSE_MS 30000 /* close(): longest wait for loop devices to let go */
+#define LFS_IDLE_MS 2000   /* close(): and for a busy one without loop devices */
 #define LFS_MIN_GB 4
 #ifndef EXT4_IOC_CHECKPOINT
 #define EXT4_IOC_CHECKPOINT _IOW('f', 43, uint32_t)
@@ -444,6 +446,33 @@ static int pool_take(struct cove_layers *l, uint64_t mb, struct pool_entry *e)
         return got;
 }
 
+/* How many loop devices are bound to the file path or to a file under it. */
+static int loops_under(const char *dir)
+{
+        char real[PATH_MAX];
+        if (!realpath(dir, real))
+                return 0;
+        size_t rl = strlen(real);
+        int k = 0;
+        cleanup_dir DIR *d = opendir("/sys/block");
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+                if (strncmp(de->d_name, "loop", 4) != 0)
+                        continue;
+                char p[300], back[PATH_MAX];
+                snprintf(p, sizeof(p), "/sys/block/%s/loop/backing_file", de->d_name);
+                cleanup_close int bf = open(p, O_RDONLY | O_CLOEXEC);
+                ssize_t len = bf < 0 ? -1 : read(bf, back, sizeof(back) - 1);
+                if (len <= 0)
+                        continue;
+                back[len] = 0;
+                back[strcspn(back, "\n")] = 0;
+                if (!strncmp(back, real, rl) && (back[rl] == '/' || back[rl] == 0))
+                        k++;
+        }
+        return k;
+}
+
 /* Warm layers a crashed coved left: their mounts died with it, but an autoclear loop device may
  * still hold an image while its last user goes away; detach those and delete the images. */
 static int pool_reclaim(struct cove_layers *l, struct cove_err *err)
@@ -636,15 +665,39 @@ void cove_layers_close(struct cove_layers *l)
         if (l->pool_fd >= 0)
                 close(l->pool_fd);
         /* Unmount the layer filesystem unless a layer still uses it (a sandbox left running,
-         * an open image): then it stays for the next open(). The loop devices of the warm
-         * layers just closed let go asynchronously, hence the short bounded retry. */
+         * an open image): then it stays for the next open(). The loop devices of the layers
+         * just unmounted and of the warm layers just closed let go of their images (files on
+         * it, so it is busy until then) asynchronously: each after its ext4's last mount is
+         * gone, in every mount namespace (a sandbox's child copies the host's mounts until
+         * it pivots away), then from a kernel worker. Under load that took over the 200 ms
+         * this used to allow, and the layer filesystem stayed mounted after a clean stop.
+         * So: retry while a loop device still holds an image on it, bounded (LFS_CLOSE_MS). */
         if (l->reflink) {
-                for (int i = 0; i < 100; i++) {
-                        if (umount2(l->lfs, 0) == 0 || errno != EBUSY)
+                /* a loop device leaves sysfs before its image file is closed (a kernel
+                 * worker's delayed fput): give up only after no loop was seen for a while */
+                int64_t now = cove_mono_ns(), deadline = now + (int64_t)LFS_CLOSE_MS * 1000000;
+                int64_t idle_until = now + (int64_t)LFS_IDLE_MS * 1000000;
+                int gone = 0;
+                while (!(gone = umount2(l->lfs, 0) == 0) && errno == EBUSY) {
+                        now = cove_mono_ns();
+                        if (loops_under(l->lfs))
+                                idle_until = now + (int64_t)LFS_IDLE_MS * 1000000;
+                        if (now > deadline || now > idle_until)
                                 break;
-                        struct timespec ts = {0, 2000000};
+                        struct timespec ts = {0, 5000000};
                         nanosleep(&ts, NULL);
                 }
+                /* and its own (autoclear) loop device, which lets go after the unmount the
+                 * same way: a stopped coved leaves none behind */
+                char img[PATH_MAX];
+                size_t n = strlen(l->lfs);
+                if (gone && n > 4 &&
+                    (size_t)snprintf(img, sizeof(img), "%.*s/layerfs.img", (int)(n - 4), l->lfs) <
+                        sizeof(img))
+                        while (loops_under(img) && cove_mono_ns() < deadline) {
+                                struct timespec ts = {0, 5000000};
+                                nanosleep(&ts, NULL);
+                        }
         }
         pthread_cond_destroy(&l->pool_cond);
         pthread_mutex_destroy(&l->pool_lock);
