@@ -1,0 +1,111 @@
+"""What an ns sandbox must not reach or see of its host and its neighbours: socket families
+outside its network isolation (vsock above all), host paths and other sandboxes' ids in
+procfs and sysfs, the host's file locks, metadata writes to the host's device nodes, the
+guest's life under memory pressure, and the host's size instead of the sandbox's own.
+Each test attacks from inside (exec as the sandbox's root) and fails if the attack works.
+Sockets are only created and bound, never connected anywhere."""
+import json
+import os
+import socket
+import time
+
+import pytest
+
+from secutil import sh
+
+# address families a sandbox has no business with (name, number): the number is given so the
+# test does not depend on what the sandbox's python knows
+DENIED_FAMILIES = [
+    ("AF_VSOCK", 40), ("AF_PACKET", 17), ("AF_XDP", 44), ("AF_KEY", 15), ("AF_ALG", 38),
+    ("AF_TIPC", 30), ("AF_RDS", 21), ("AF_CAN", 29), ("AF_BLUETOOTH", 31),
+    ("AF_QIPCRTR", 42), ("AF_APPLETALK", 5), ("AF_X25", 9), ("AF_NFC", 39), ("AF_SMC", 43),
+    ("AF_MCTP", 45), ("AF_KCM", 41), ("AF_LLC", 26), ("AF_PPPOX", 24), ("AF_RXRPC", 33),
+    ("AF_IEEE802154", 36), ("AF_PHONET", 35), ("AF_CAIF", 37), ("AF_IUCV", 32),
+]
+
+SOCKET_PROBE = r"""
+import ctypes, errno, json, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+NR_SOCKET = 41  # x86_64
+fams = json.loads(sys.argv[1])
+out = {}
+def raw(domain, typ, proto):
+    r = libc.syscall(ctypes.c_long(NR_SOCKET), ctypes.c_long(domain), ctypes.c_long(typ),
+                     ctypes.c_long(proto))
+    if r >= 0:
+        import os; os.close(r); return "OK"
+    return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+for name, af in fams:
+    res = []
+    for typ in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_RAW):
+        try:
+            s = socket.socket(af, typ, 0)
+        except OSError as e:
+            res.append(errno.errorcode.get(e.errno, str(e.errno)))
+            continue
+        res.append("OK")
+        if name == "AF_VSOCK":
+            try:  # bind + listen on a port of the host's vsock space
+                s.bind((0xFFFFFFFF, 0x7C0E))  # VMADDR_CID_ANY, an unusual port
+                if typ == socket.SOCK_STREAM:
+                    s.listen(1)
+                res.append("BOUND")
+            except OSError as e:
+                res.append("bind:" + errno.errorcode.get(e.errno, str(e.errno)))
+        s.close()
+    out[name] = res
+    # high bits above the int: the kernel truncates them, the filter must not be fooled
+    out[name + "+hi"] = [raw((1 << 32) | af, socket.SOCK_DGRAM, 0)]
+for name, af in (("AF_UNIX", 1), ("AF_INET", 2), ("AF_INET6", 10)):
+    s = socket.socket(af, socket.SOCK_DGRAM, 0); s.close(); out[name] = ["OK"]
+for name, proto in (("NETLINK_ROUTE", 0), ("NETLINK_SOCK_DIAG", 4), ("NETLINK_NETFILTER", 12),
+                    ("NETLINK_XFRM", 6), ("NETLINK_GENERIC", 16), ("NETLINK_AUDIT", 9),
+                    ("NETLINK_KOBJECT_UEVENT", 15)):
+    try:
+        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, proto).close(); out[name] = ["OK"]
+    except OSError as e:
+        out[name] = [errno.errorcode.get(e.errno, str(e.errno))]
+print(json.dumps(out))
+"""
+
+
+def _python_sandbox(client, **kw):
+    sb = client.create(template="base", **kw)
+    r = sh(client, sb["id"], "command -v python3")
+    if r["exit_code"] != 0:
+        client.remove(sb["id"])
+        pytest.skip("the base template has no python3")
+    return sb
+
+
+@pytest.fixture
+def base_sandbox(client):
+    sb = _python_sandbox(client)
+    yield sb
+    client.remove(sb["id"])
+
+
+@pytest.mark.root
+def test_foreign_socket_families_refused(client, base_sandbox):
+    """socket() of vsock, packet, xdp, key, alg, tipc, rds, can, bluetooth... fails with
+    EAFNOSUPPORT (so nothing binds a port of the host's vsock space); unix, inet, inet6 and
+    netlink route still work, other netlink protocols fail with EPROTONOSUPPORT."""
+    sid = base_sandbox["id"]
+    client.put_file(sid, "/tmp/sockprobe.py", SOCKET_PROBE.encode())
+    r = sh(client, sid, "python3 /tmp/sockprobe.py '%s'" % json.dumps(DENIED_FAMILIES))
+    assert r["exit_code"] == 0, r
+    res = json.loads(r["stdout"])
+    bad = {k: v for k, v in res.items()
+           if any(x.split(":")[-1] != "EAFNOSUPPORT" for x in v)
+           and not k.startswith(("AF_UNIX", "AF_INET", "NETLINK_"))}
+    assert not bad, f"address families usable inside the sandbox: {bad}"
+    for ok in ("AF_UNIX", "AF_INET", "AF_INET6", "NETLINK_ROUTE", "NETLINK_SOCK_DIAG"):
+        assert res[ok] == ["OK"], f"{ok} broken inside the sandbox: {res[ok]}"
+    for no in ("NETLINK_NETFILTER", "NETLINK_XFRM", "NETLINK_GENERIC", "NETLINK_AUDIT",
+               "NETLINK_KOBJECT_UEVENT"):
+        assert res[no] == ["EPROTONOSUPPORT"], f"{no} inside the sandbox gave {res[no]}"
+    # name resolution still works (with AI_ADDRCONFIG glibc asks netlink route)
+    r = sh(client, sid, "python3 -c \"import socket; print(socket.getaddrinfo('127.0.0.1', 80, "
+                        "flags=socket.AI_ADDRCONFIG)[0][4][1])\"")
+    assert r["stdout"] == "80\n", r
