@@ -109,3 +109,100 @@ def test_foreign_socket_families_refused(client, base_sandbox):
     r = sh(client, sid, "python3 -c \"import socket; print(socket.getaddrinfo('127.0.0.1', 80, "
                         "flags=socket.AI_ADDRCONFIG)[0][4][1])\"")
     assert r["stdout"] == "80\n", r
+
+
+SCAN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "procsys_scan.py")
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_proc_and_sys_show_no_host_paths_or_other_sandboxes(client, coved):
+    """A scan of /proc and /sys inside a sandbox finds neither the node's data dir, nor the
+    host's hostname, nor the id of any other sandbox (a second one runs meanwhile; loop
+    devices' backing_file used to name them all)."""
+    a = _python_sandbox(client)
+    b = client.create(template="busybox")
+    try:
+        host = socket.gethostname()
+        # a short hostname ("vm") is a word of kernel files too: then only where a hostname
+        # would be shown
+        tokens = [host] if len(host) >= 5 else []
+        needles = [os.path.realpath(coved.data), b["id"]]
+        client.put_file(a["id"], "/tmp/scan.py", open(SCAN, "rb").read())
+        r = client.exec(a["id"], ["python3", "/tmp/scan.py", json.dumps(needles),
+                                  json.dumps(tokens), a["id"], "240"], timeout=400)
+        assert r["exit_code"] == 0, r
+        res = json.loads(r["stdout"])
+        assert res["files"] > 1000, f"the scan read only {res['files']} files"
+        assert not res["hits"], f"host facts inside the sandbox: {res['hits'][:20]}"
+        r = sh(client, a["id"], "cat /proc/sys/kernel/hostname; uname -n")
+        assert r["stdout"] == f"{a['id']}\n{a['id']}\n", r
+        # the block devices are gone from /sys and /proc, the rest of sysfs is still there
+        r = sh(client, a["id"], "ls -A /sys/block /sys/class/block /sys/devices/virtual/block "
+                                "/sys/dev/block | grep -v : | grep -c . ; "
+                                "cat /proc/diskstats /proc/partitions | wc -c; "
+                                "ls -A /sys/class/net /sys/kernel | grep -v : | grep -c .")
+        w = r["stdout"].split()
+        assert w[:2] == ["0", "0"] and int(w[2]) > 2 and not r["stderr"], r
+    finally:
+        client.remove(a["id"])
+        client.remove(b["id"])
+
+
+# an open file description lock (F_OFD_SETLKW) of the whole file: the kernel lists these in
+# every /proc/locks whatever the reader's pid namespace (they have no owner pid)
+OFD_LOCK = ("import fcntl, struct; fcntl.fcntl({fd}, 38, "  # F_OFD_SETLKW
+            "struct.pack('hhqqi4x', fcntl.F_WRLCK, 0, 0, 0, 0))")
+
+
+@pytest.mark.root
+def test_proc_locks_hide_host_and_other_sandboxes(client, coved, tmp_path):
+    """/proc/locks inside shows neither a lock the host holds nor one another sandbox
+    holds (device and inode of host files, and a covert channel between sandboxes)."""
+    a = _python_sandbox(client)
+    b = _python_sandbox(client)
+    lockf = tmp_path / "held"
+    lockf.write_text("x")
+    try:
+        with open(lockf, "r+") as f:
+            exec(OFD_LOCK.format(fd=f.fileno()))
+            ino = os.fstat(f.fileno()).st_ino
+            # b holds a lock of its own for as long as the test runs
+            prog = ("import time; f = open('/tmp/l', 'w'); " + OFD_LOCK.format(fd="f.fileno()")
+                    + "; open('/tmp/locked', 'w'); time.sleep(600)")
+            sh(client, b["id"], f"python3 -c \"{prog}\" >/dev/null 2>&1 &")
+            deadline = time.time() + 60
+            while sh(client, b["id"], "test -e /tmp/locked && echo y")["stdout"] != "y\n":
+                assert time.time() < deadline, "the lock in the other sandbox never came"
+                time.sleep(0.2)
+            bino = sh(client, b["id"], "stat -c %i /tmp/l")["stdout"].strip()
+            with open("/proc/locks") as hl:
+                host_view = hl.read()
+            assert f":{ino} " in host_view and f":{bino} " in host_view, \
+                "the host does not see the locks this test holds"
+            seen = sh(client, a["id"], "cat /proc/locks && echo end")
+            assert seen["stdout"] == "end\n", f"/proc/locks inside the sandbox: {seen}"
+    finally:
+        client.remove(a["id"])
+        client.remove(b["id"])
+
+
+@pytest.mark.root
+def test_device_nodes_take_no_metadata_writes(client, sandbox):
+    """touch, chmod and chown of /dev/null, zero, full, random, urandom and tty inside leave
+    the host's inodes as they were (the nodes are read-only binds); the devices still work."""
+    sid = sandbox["id"]
+    devs = ["null", "zero", "full", "random", "urandom", "tty"]
+    before = {d: os.stat(f"/dev/{d}") for d in devs}
+    r = sh(client, sid, " ; ".join(f"touch -c /dev/{d}; chmod 0600 /dev/{d}" for d in devs)
+           + "; echo done")
+    assert r["stdout"].endswith("done\n"), r
+    for d in devs:
+        st = os.stat(f"/dev/{d}")
+        assert (st.st_mtime_ns, st.st_ctime_ns, st.st_mode) == (
+            before[d].st_mtime_ns, before[d].st_ctime_ns, before[d].st_mode), \
+            f"/dev/{d} of the host changed from inside the sandbox"
+    r = sh(client, sid, "echo x > /dev/null && echo null-ok; head -c 5 /dev/zero | wc -c; "
+                        "head -c 7 /dev/urandom | wc -c; head -c 3 /dev/random | wc -c; "
+                        "echo x > /dev/full || echo full-refuses")
+    assert r["stdout"].split() == ["null-ok", "5", "7", "3", "full-refuses"], r

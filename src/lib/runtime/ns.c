@@ -176,7 +176,11 @@ static void setup_dev(int sfd, int gtree)
                 if (fd < 0)
                         child_fail(sfd, errno, "create /dev node");
                 close(fd);
-                if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+                /* read-only: the host's inode takes no metadata writes (touch, chmod,
+                 * chown); reads and writes of the device itself work on a read-only mount */
+                if (mount(src, dst, NULL, MS_BIND, NULL) < 0 ||
+                    mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
+                          NULL) < 0)
                         child_fail(sfd, errno, "bind /dev node");
         }
         /* cove-guest itself: a read-only bind of the host's binary, so that the sandbox's
@@ -204,6 +208,102 @@ static void setup_dev(int sfd, int gtree)
         if (mount(NULL, "dev", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
                   NULL) < 0)
                 child_fail(sfd, errno, "remount /dev read-only");
+}
+
+/* An empty read-only tmpfs over dir (a mask); errno when it fails. */
+static int mask_dir(const char *dir)
+{
+        return mount("tmpfs", dir, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                     "size=4k,nr_inodes=1,mode=555");
+}
+
+#define NS_MASK_MAX 16
+
+struct ns_dirent64 {
+        uint64_t ino;
+        int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[];
+};
+
+/* Hide the block devices in the sandbox's sysfs (at ./sys): a loop device's backing_file names
+ * the node's data dir and every sandbox id on the node, and each device's stat shows the disk
+ * activity of the host and of the other sandboxes. Every directory holding block devices gets
+ * an empty read-only tmpfs over it: the parents of what /sys/block links to (e.g.
+ * devices/virtual/block, devices/pci.../virtio1/block), then /sys/block, /sys/class/block and
+ * /sys/dev/block. Async-signal-safe (getdents64 into a stack buffer). Best effort when there
+ * is no sysfs. */
+static void mask_sys_block(int sfd)
+{
+        char masked[NS_MASK_MAX][256];
+        int nm = 0;
+        int d = open("sys/block", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (d < 0)
+                return; /* no sysfs in this sandbox */
+        char buf[4096];
+        long n;
+        while ((n = syscall(SYS_getdents64, d, buf, sizeof(buf))) > 0) {
+                for (long off = 0; off < n;) {
+                        struct ns_dirent64 *e = (struct ns_dirent64 *)(buf + off);
+                        off += e->reclen;
+                        char link[240];
+                        ssize_t l = readlinkat(d, e->name, link, sizeof(link) - 1);
+                        if (l <= 0)
+                                continue;
+                        link[l] = 0;
+                        /* "../devices/.../block/<dev>": the directory is <link> minus the
+                         * "../" and the last component, under sys/ */
+                        char *rel = link;
+                        while (!strncmp(rel, "../", 3))
+                                rel += 3;
+                        char *slash = strrchr(rel, '/');
+                        if (!slash || strstr(rel, "/../") || strncmp(rel, "devices/", 8))
+                                continue;
+                        *slash = 0;
+                        char dir[256] = "sys/";
+                        if (strlen(rel) >= sizeof(dir) - 5)
+                                continue;
+                        strcat(dir, rel);
+                        int seen = 0;
+                        for (int i = 0; i < nm; i++)
+                                if (!strcmp(masked[i], dir))
+                                        seen = 1;
+                        if (seen)
+                                continue;
+                        if (nm == NS_MASK_MAX)
+                                child_fail(sfd, E2BIG,
+                                           "mask block devices in /sys: too many "
+                                           "directories");
+                        if (mask_dir(dir) < 0)
+                                child_fail(sfd, errno, "mask block devices in /sys");
+                        strcpy(masked[nm++], dir);
+                }
+        }
+        close(d);
+        static const char *const always[] = {"sys/devices/virtual/block", "sys/block",
+                                             "sys/class/block", "sys/dev/block"};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(always); i++) {
+                int seen = 0;
+                for (int j = 0; j < nm; j++)
+                        if (!strcmp(masked[j], always[i]))
+                                seen = 1;
+                if (!seen && mask_dir(always[i]) < 0 && errno != ENOENT)
+                        child_fail(sfd, errno, "mask block devices in /sys");
+        }
+}
+
+/* /proc files that show the host and the other sandboxes: /dev/null over them (read-only).
+ * locks: device and inode of every lock on the node (host files; a covert channel between
+ * sandboxes); diskstats and partitions: the block devices again (see mask_sys_block). */
+static void mask_proc(int sfd)
+{
+        static const char *const files[] = {"proc/locks", "proc/diskstats", "proc/partitions"};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(files); i++)
+                if (mount("dev/null", files[i], NULL, MS_BIND, NULL) < 0 ||
+                    mount(NULL, files[i], NULL,
+                          MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, NULL) < 0)
+                        child_fail(sfd, errno, "mask /proc file");
 }
 
 /* Close every fd >= 3 but the three given (async-signal-safe). */
@@ -321,7 +421,10 @@ static _Noreturn void child_main(struct child_args *a)
                 child_fail(sfd, errno, "make /proc/sys read-only");
         setup_dev(sfd, gtree);
         /* best effort: with a net namespace of its own the kernel allows it; else no /sys */
-        mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+        if (mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) ==
+            0)
+                mask_sys_block(sfd);
+        mask_proc(sfd);
 
         if (syscall(SYS_pivot_root, ".", ".") < 0)
                 child_fail(sfd, errno, "pivot_root");
