@@ -206,3 +206,51 @@ def test_device_nodes_take_no_metadata_writes(client, sandbox):
                         "head -c 7 /dev/urandom | wc -c; head -c 3 /dev/random | wc -c; "
                         "echo x > /dev/full || echo full-refuses")
     assert r["stdout"].split() == ["null-ok", "5", "7", "3", "full-refuses"], r
+
+
+def _guest_alive(client, sid, started):
+    """the sandbox is running, execs, and its PID 1 is the guest it started with"""
+    assert client.sandbox(sid)["state"] == "running"
+    r = sh(client, sid, "cut -d' ' -f22 /proc/1/stat; tr '\\0' ' ' < /proc/1/cmdline; echo")
+    lines = r["stdout"].split("\n")
+    assert lines[0] == started and lines[1].startswith("/dev/.cove-guest"), r
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("full", [False, True], ids=["fresh", "after-full-pause"])
+def test_memory_bombs_end_the_bomb_not_the_guest(client, coved, helper, upload, full):
+    """Memory no OOM kill gives back to a process's size (a /dev/shm fill, a memfd written
+    with write()) no longer takes PID 1 (the guest) along: /dev/shm fills up to its size,
+    the workload's own cgroup OOMs inside, and the sandbox keeps running and answering exec
+    (also after a full pause/resume, where CRIU restored every process)."""
+    if full and client.snapshot_kind() != "full":
+        pytest.skip("this coved has no full snapshots (criu missing or its self-check failed)")
+    sb = _python_sandbox(client, memory_mb=64)
+    sid = sb["id"]
+    try:
+        if full:
+            client.post(f"/v1/sandboxes/{sid}/pause")
+            client.wait_state(sid, "paused", timeout=120)
+            client.post(f"/v1/sandboxes/{sid}/resume")
+            client.wait_state(sid, "running", timeout=120)
+        started = sh(client, sid, "cut -d' ' -f22 /proc/1/stat")["stdout"].strip()
+        # /dev/shm: files there are memory no OOM kill frees
+        r = sh(client, sid, "dd if=/dev/zero of=/dev/shm/fill bs=1M count=2000 2>&1; echo rc=$?",
+               timeout=300)
+        assert "rc=0" not in r["stdout"], f"a 2000 MiB /dev/shm file in a 64 MiB sandbox: {r}"
+        _guest_alive(client, sid, started)
+        # with /dev/shm full, a process bomb still ends with the bomb
+        r = sh(client, sid, "head -c 2000m /dev/zero | tail > /dev/null; echo rc=$?", timeout=300)
+        assert "rc=0" not in r["stdout"], r
+        _guest_alive(client, sid, started)
+        # a small process filling a memfd with write(): those pages count in no process's
+        # size, so the OOM killer, picking by size, used to take the bigger guest
+        upload(sid, helper("memfd_bomb"), "/tmp/memfd_bomb")
+        for _ in range(3):
+            r = sh(client, sid, "/tmp/memfd_bomb; echo rc=$?", timeout=300)
+            assert "rc=0" not in r["stdout"], f"64 GiB in a memfd of a 64 MiB sandbox: {r}"
+            _guest_alive(client, sid, started)
+        assert sh(client, sid, "rm /dev/shm/fill && echo gone")["stdout"] == "gone\n"
+    finally:
+        client.remove(sid)

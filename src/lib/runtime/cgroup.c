@@ -27,6 +27,8 @@ enum {
         CG_FREEZER = 1 << 4,
 };
 #define CG_MAX_HIER 5
+#define CG_WORK "work"   /* the workload's group under cove/<id> (limits.guest_reserve_mb) */
+#define CG_GUEST "guest" /* v2: PID 1's leaf beside it (no processes in inner groups) */
 
 struct cove_cgroups {
         int v2;                           /* unified hierarchy in use */
@@ -388,14 +390,37 @@ int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
                         goto fail;
                 }
         }
-        char v[64];
+        char v[64], wid[PATH_MAX];
+        int mh = hier_of(cg, CG_MEMORY);
+        int split = lim->guest_reserve_mb && mh >= 0;
+        unsigned long long total =
+            ((unsigned long long)lim->memory_mb + (split ? lim->guest_reserve_mb : 0)) << 20;
+        snprintf(wid, sizeof(wid), "%s/" CG_WORK, id);
+        if (split) {
+                grp_path(cg, mh, wid, NULL, p, sizeof(p));
+                if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+                        cove_err_set(err, errno, "cgroup: mkdir %s", p);
+                        goto fail;
+                }
+                if (cg->v2) {
+                        char g[PATH_MAX + 8];
+                        snprintf(g, sizeof(g), "%s/" CG_GUEST, id);
+                        grp_path(cg, mh, g, NULL, p, sizeof(p));
+                        if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+                                cove_err_set(err, errno, "cgroup: mkdir %s", p);
+                                goto fail;
+                        }
+                }
+        }
         if (cg->v2) {
                 if (lim->memory_mb) {
-                        snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                        snprintf(v, sizeof(v), "%llu", total);
                         if (set_knob(cg, CG_MEMORY, id, "memory.max", v, err) < 0)
                                 goto fail;
                         set_knob(cg, CG_MEMORY, id, "memory.swap.max", "0", NULL);
                 }
+                /* work's limits are set now and apply once cove_cgroup_work_split() turns
+                 * the memory controller on for cove/<id>'s children (the files appear then) */
                 if (lim->cpus) {
                         snprintf(v, sizeof(v), "%u 100000", lim->cpus * 100000);
                         if (set_knob(cg, CG_CPU, id, "cpu.max", v, err) < 0)
@@ -409,11 +434,17 @@ int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
                 return 0;
         }
         if (lim->memory_mb) {
-                snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                snprintf(v, sizeof(v), "%llu", total);
                 if (set_knob(cg, CG_MEMORY, id, "memory.limit_in_bytes", v, err) < 0)
                         goto fail;
                 /* no escape into swap; the knob exists only with swap accounting */
                 set_knob(cg, CG_MEMORY, id, "memory.memsw.limit_in_bytes", v, NULL);
+                if (split) {
+                        snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                        if (set_knob(cg, CG_MEMORY, wid, "memory.limit_in_bytes", v, err) < 0)
+                                goto fail;
+                        set_knob(cg, CG_MEMORY, wid, "memory.memsw.limit_in_bytes", v, NULL);
+                }
         }
         if (lim->cpus) {
                 if (set_knob(cg, CG_CPU, id, "cpu.cfs_period_us", "100000", err) < 0)
@@ -507,6 +538,25 @@ static int kill_listed(const char *procs)
         return n;
 }
 
+/* kill_listed() of the work and guest groups in the memory hierarchy (the tasks there are
+ * listed by the other hierarchies' cove/<id> on v1, by nothing else on v2) */
+static int kill_children(const struct cove_cgroups *cg, const char *id)
+{
+        int mh = hier_of(cg, CG_MEMORY), n = 0;
+        if (mh < 0)
+                return 0;
+        static const char *const subs[] = {CG_WORK, CG_GUEST};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(subs); i++) {
+                char sub[PATH_MAX], p[PATH_MAX + 256];
+                snprintf(sub, sizeof(sub), "%s/%s", id, subs[i]);
+                grp_path(cg, mh, sub, "cgroup.procs", p, sizeof(p));
+                int k = kill_listed(p);
+                if (k > 0)
+                        n += k;
+        }
+        return n;
+}
+
 int cove_cgroup_kill(const struct cove_cgroups *cg, const char *id, struct cove_err *err)
 {
         if (check_id(id, err) < 0)
@@ -527,14 +577,15 @@ int cove_cgroup_kill(const struct cove_cgroups *cg, const char *id, struct cove_
         /* kill first, then thaw: frozen tasks die as soon as they run again, and they cannot
          * fork in between because SIGKILL is already pending */
         kill_listed(p);
+        kill_children(cg, id);
         if (fz >= 0) {
                 char fp[PATH_MAX + 256];
                 grp_path(cg, fz, id, cg->v2 ? "cgroup.freeze" : "freezer.state", fp, sizeof(fp));
                 write_str(fp, cg->v2 ? "0" : "THAWED");
         }
         for (int t = 0; t < 5000; t++) {
-                int n = kill_listed(p);
-                if (n <= 0)
+                int n = kill_listed(p), m = kill_children(cg, id);
+                if (n <= 0 && m <= 0)
                         return 0;
                 sleep_ms(1);
         }
@@ -548,6 +599,14 @@ int cove_cgroup_remove(const struct cove_cgroups *cg, const char *id, struct cov
         char p[PATH_MAX + 256];
         int rc = 0;
         for (int i = 0; i < cg->nhier; i++) {
+                static const char *const subs[] = {CG_WORK, CG_GUEST};
+                for (size_t k = 0; k < COVE_ARRAY_SIZE(subs); k++) {
+                        char sub[PATH_MAX];
+                        snprintf(sub, sizeof(sub), "%s/%s", id, subs[k]);
+                        grp_path(cg, i, sub, NULL, p, sizeof(p));
+                        for (int t = 0; t < 1000 && rmdir(p) < 0 && errno == EBUSY; t++)
+                                sleep_ms(1);
+                }
                 grp_path(cg, i, id, NULL, p, sizeof(p));
                 int t;
                 /* an exiting task may keep the group busy for a moment */
@@ -619,6 +678,90 @@ int cove_cgroup_exists(const struct cove_cgroups *cg, const char *id)
                         return 1;
         }
         return 0;
+}
+
+int cove_cgroup_work_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap)
+{
+        int mh = hier_of(cg, CG_MEMORY);
+        return mh < 0 ? -1 : grp_path(cg, mh, id, NULL, out, cap);
+}
+
+int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid_t uid,
+                              struct cove_err *err)
+{
+        int mh = hier_of(cg, CG_MEMORY);
+        if (mh < 0 || check_id(id, err) < 0)
+                return mh < 0 ? 0 : -1;
+        char p[PATH_MAX + 256], wid[PATH_MAX];
+        snprintf(wid, sizeof(wid), "%s/" CG_WORK, id);
+        grp_path(cg, mh, wid, "cgroup.procs", p, sizeof(p));
+        if (chown(p, uid, (gid_t)-1) < 0)
+                return cove_err_set(err, errno, "cgroup: delegate %s", p);
+        if (cg->v2) {
+                grp_path(cg, mh, id, "cgroup.procs", p, sizeof(p));
+                if (chown(p, uid, (gid_t)-1) < 0)
+                        return cove_err_set(err, errno, "cgroup: delegate %s", p);
+        }
+        return 0;
+}
+
+int cove_cgroup_work_split(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                           const struct cove_cgroup_limits *lim, struct cove_err *err)
+{
+        if (!cg->v2 || hier_of(cg, CG_MEMORY) < 0)
+                return 0;
+        char p[PATH_MAX + 256], sub[PATH_MAX], v[32];
+        snprintf(sub, sizeof(sub), "%s/" CG_GUEST, id);
+        snprintf(v, sizeof(v), "%d", (int)pid);
+        grp_path(cg, 0, sub, "cgroup.procs", p, sizeof(p));
+        if (write_str(p, v) < 0)
+                return cove_err_set(err, errno, "cgroup: move %d to %s", (int)pid, p);
+        grp_path(cg, 0, id, "cgroup.subtree_control", p, sizeof(p));
+        if (write_str(p, "+memory") < 0)
+                return cove_err_set(err, errno, "cgroup: write +memory to %s", p);
+        snprintf(sub, sizeof(sub), "%s/" CG_WORK, id);
+        if (lim->memory_mb) {
+                snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                if (set_knob(cg, CG_MEMORY, sub, "memory.max", v, err) < 0)
+                        return -1;
+                set_knob(cg, CG_MEMORY, sub, "memory.swap.max", "0", NULL);
+        }
+        return 0;
+}
+
+int cove_cgroup_work_settle(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                            const struct cove_cgroup_limits *lim, struct cove_err *err)
+{
+        int mh = hier_of(cg, CG_MEMORY);
+        if (mh < 0 || check_id(id, err) < 0)
+                return mh < 0 ? 0 : -1;
+        if (cove_cgroup_work_split(cg, id, pid, lim, err) < 0)
+                return -1;
+        char procs[PATH_MAX + 256], to[PATH_MAX + 256], wid[PATH_MAX];
+        snprintf(wid, sizeof(wid), "%s/" CG_WORK, id);
+        grp_path(cg, mh, id, "cgroup.procs", procs, sizeof(procs));
+        grp_path(cg, mh, wid, "cgroup.procs", to, sizeof(to));
+        /* a task forked meanwhile is born where its parent was: repeat until only PID 1 is
+         * left (bounded; the restored tasks are few and a restore runs nothing new yet) */
+        for (int round = 0; round < 100; round++) {
+                cleanup_fclose FILE *f = fopen(procs, "re");
+                if (!f)
+                        return cove_err_set(err, errno, "cgroup: read %s", procs);
+                long t;
+                int moved = 0;
+                while (fscanf(f, "%ld", &t) == 1) {
+                        if (t <= 0 || t == (long)pid)
+                                continue;
+                        char v[32];
+                        snprintf(v, sizeof(v), "%ld", t);
+                        if (write_str(to, v) < 0 && errno != ESRCH)
+                                return cove_err_set(err, errno, "cgroup: move %ld to %s", t, to);
+                        moved = 1;
+                }
+                if (!moved)
+                        return 0;
+        }
+        return cove_err_set(err, EAGAIN, "cgroup %s: tasks keep appearing beside PID 1", id);
 }
 
 int cove_cgroup_freezer_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap)

@@ -29,12 +29,16 @@
  *     (and detaches any loop device still bound to one). Nothing of the pool is visible in
  *     mountinfo or copied into the sandboxes' mount namespaces.
  * A taken layer is an ordinary layer from then on: stop() and cleanup_stale() as before.
- * PID 1 (cove-guest) is out of the OOM killer's reach: coved writes oom_score_adj 0 (which, as
- * host root, also sets the floor the sandbox may lower itself to, to 0) and then the legacy
- * oom_adj -17 (= -1000 without moving the floor) before the child execs; the guest resets its
- * own children to 0, so an OOM kills the hog and no sandbox process can regain -1000. This
- * needs CAP_SYS_RESOURCE; a coved without it (some containers) leaves the guest at its own
- * score, as before, and cannot reset the floor the guest inherits from it either.
+ * PID 1 (cove-guest) survives the sandbox's OOMs: the workload runs in a child group of the
+ * sandbox's (cove/<id>/work, limit memory_mb; cove/<id> has memory_mb + NS_GUEST_RESERVE_MB),
+ * so the OOM killer of work picks among the workload only. Every process the guest starts
+ * moves itself there before it execs, through the sandbox's memory cgroup bound at
+ * COVE_GUEST_CGROUP_DIR (cg_view(); work/cgroup.procs is chowned to the sandbox's root).
+ * oom_score_adj alone was not enough: lowering it below the floor (0) needs CAP_SYS_RESOURCE,
+ * which coved lacks in many containers (this project's CI host among them), and even at -1000
+ * memory no kill gives back (tmpfs, memfds written with write()) left the guest the only
+ * victim. coved still writes oom_score_adj 0 and oom_adj -17 where it can, and /dev/shm is
+ * sized at half of memory_mb, so a full /dev/shm leaves the processes room.
  * /tmp is the template's /tmp on the overlay (counts against disk_mb, survives a snapshot of
  * the upper layer like a VM's disk would). /sys is sysfs read-only (absent if the kernel
  * refuses it), /proc/sys is a read-only bind. Per-sandbox work forks nothing (no mkfs, ip,
@@ -69,6 +73,7 @@
 
 #include <pthread.h>
 
+#include "guest/guest.h"
 #include "proto/frame.h"
 #include "runtime/cgroup.h"
 #include "runtime/criu.h"
@@ -86,6 +91,9 @@
 #define COVE_NS_GUEST_PATH "/" NS_GUEST_REL
 #define NS_POOL_DEFAULT 4 /* warm layers per disk size */
 #define NS_POOL_MAX 64
+/* memory of the sandbox's group beyond memory_mb, for PID 1 (the workload gets memory_mb in
+ * its own child group: runtime/cgroup.h) */
+#define NS_GUEST_RESERVE_MB 32
 
 struct cove_runtime {
         char ns_dir[PATH_MAX];      /* <data_dir>/ns */
@@ -112,6 +120,9 @@ struct child_args {
         char layer[PATH_MAX]; /* <layers>/<id> */
         int sync_fd;          /* child end of the sync socketpair */
         int guest_fd;         /* O_PATH fd of the guest binary (host) */
+        int cg_view;          /* make COVE_GUEST_CGROUP_DIR (coved binds the group there) */
+        int cg_sync;          /* v2: report the cgroup namespace, wait for the split */
+        char shm_opts[64];    /* /dev/shm's mount options (its size: half of memory_mb) */
 };
 
 /* What the child reports when a step fails (EOF on the sync socket means exec succeeded). */
@@ -162,7 +173,7 @@ static int mount_at(const char *src, const char *dst, const char *type, unsigned
         return mount(src, dst, type, flags, data);
 }
 
-static void setup_dev(int sfd, int gtree)
+static void setup_dev(int sfd, int gtree, const struct child_args *a)
 {
         static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
         if (mount_at("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
@@ -197,9 +208,15 @@ static void setup_dev(int sfd, int gtree)
             mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
                   "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
                 child_fail(sfd, errno, "mount devpts");
+        /* a size: files there are memory no OOM kill gives back; half the limit leaves the
+         * rest to the processes when it is full */
         if (mkdir("dev/shm", 01777) < 0 ||
-            mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+            mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, a->shm_opts) < 0)
                 child_fail(sfd, errno, "mount /dev/shm");
+        /* where coved binds the sandbox's memory cgroup (cg_view()), for the guest's children
+         * to move into work/ */
+        if (a->cg_view && mkdir("dev/.cove-cgroup", 0555) < 0)
+                child_fail(sfd, errno, "cgroup mount point");
         if (symlink("pts/ptmx", "dev/ptmx") < 0 || symlink("/proc/self/fd", "dev/fd") < 0 ||
             symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
             symlink("/proc/self/fd/1", "dev/stdout") < 0 ||
@@ -373,6 +390,16 @@ static _Noreturn void child_main(struct child_args *a)
                 child_fail(sfd, errno, "PR_SET_PDEATHSIG");
         if (unshare(CLONE_NEWCGROUP) < 0)
                 child_fail(sfd, errno, "unshare cgroup namespace");
+        if (a->cg_sync) {
+                /* v2: the namespace is rooted at cove/<id> now; coved moves this process into
+                 * its leaf and turns the memory controller on below cove/<id> */
+                struct child_msg m;
+                memset(&m, 0, sizeof(m));
+                char go = 0;
+                if (write(sfd, &m, sizeof(m)) != (ssize_t)sizeof(m) || read(sfd, &go, 1) != 1 ||
+                    go != 'G')
+                        _exit(127);
+        }
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
                 child_fail(sfd, errno, "make mounts private");
         /* the layer as this sandbox sees it (idmapped when it is an image): over the host's */
@@ -419,7 +446,7 @@ static _Noreturn void child_main(struct child_args *a)
             mount(NULL, "proc/sys", NULL,
                   MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
                 child_fail(sfd, errno, "make /proc/sys read-only");
-        setup_dev(sfd, gtree);
+        setup_dev(sfd, gtree, a);
         /* best effort: with a net namespace of its own the kernel allows it; else no /sys */
         if (mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) ==
             0)
@@ -556,6 +583,60 @@ static int take_layer_mount(const struct cove_instance_spec *spec)
         return m;
 }
 
+/* Bind the host's cgroup directory dir (the sandbox's group of the memory hierarchy) at
+ * COVE_GUEST_CGROUP_DIR in the mount namespace of pid, or (dir NULL) take it away. coved binds
+ * it after each start and restore and takes it away for a checkpoint: a bind of a host path
+ * in the dump would be bound from that same path at restore, the source's group for a fork.
+ * From a forked helper (setns(CLONE_NEWNS) needs a process of its own). */
+static int cg_view(pid_t pid, const char *dir, struct cove_err *err)
+{
+        char nsp[64];
+        snprintf(nsp, sizeof(nsp), "/proc/%d/ns/mnt", (int)pid);
+        cleanup_close int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0)
+                return cove_err_set(err, errno, "ns: open %s", nsp);
+        cleanup_close int tree = -1;
+        if (dir) {
+                tree = open_tree(AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+                struct mount_attr attr;
+                memset(&attr, 0, sizeof(attr));
+                attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
+                if (tree < 0 || mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0)
+                        return cove_err_set(err, errno, "ns: bind %s", dir);
+        }
+        pid_t c = fork();
+        if (c < 0)
+                return cove_err_set(err, errno, "ns: fork");
+        if (c == 0) {
+                /* async-signal-safe only: coved is multi-threaded */
+                int rc = setns(nsfd, CLONE_NEWNS);
+                if (rc == 0 && tree >= 0)
+                        rc = move_mount(tree, "", AT_FDCWD, COVE_GUEST_CGROUP_DIR,
+                                        MOVE_MOUNT_F_EMPTY_PATH);
+                else if (rc == 0)
+                        while ((rc = umount2(COVE_GUEST_CGROUP_DIR,
+                                             MNT_DETACH | UMOUNT_NOFOLLOW)) == 0)
+                                ; /* until EINVAL: nothing (more) mounted there */
+                _exit(rc == 0 || (tree < 0 && errno == EINVAL) ? 0 : (errno & 0xff) ? errno : 1);
+        }
+        int st = 0;
+        while (waitpid(c, &st, 0) < 0 && errno == EINTR)
+                ;
+        if (!WIFEXITED(st) || WEXITSTATUS(st))
+                return cove_err_set(err, WIFEXITED(st) ? WEXITSTATUS(st) : EINTR,
+                                    "ns: %s the cgroup view of %d", dir ? "attach" : "detach",
+                                    (int)pid);
+        return 0;
+}
+
+static void shm_options(char *out, size_t cap, unsigned memory_mb)
+{
+        if (memory_mb)
+                snprintf(out, cap, "mode=1777,size=%um", memory_mb / 2 ? memory_mb / 2 : 1);
+        else
+                snprintf(out, cap, "mode=1777");
+}
+
 static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *spec,
                     struct cove_instance *inst, struct cove_err *err)
 {
@@ -590,10 +671,15 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
 
         struct cove_cgroup_primer *primer = NULL;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
-                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
+                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT,
+                                         NS_GUEST_RESERVE_MB};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        char cgdir[PATH_MAX];
+        a.cg_view = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;
+        a.cg_sync = a.cg_view && !strcmp(cove_cgroups_mode(rt->cg), "v2");
+        shm_options(a.shm_opts, sizeof(a.shm_opts), spec->memory_mb);
         /* the attach below waits for an RCU grace period unless one just passed: start that
          * wait now, alongside the layer and the clone (after the cgroup's mkdirs: the prime
          * holds cgroup_mutex while it waits, as any attach does) */
@@ -646,7 +732,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         int attached = cove_cgroup_attach(rt->cg, id, pid, err);
         cove_cgroup_prime_end(primer);
         primer = NULL;
-        if (attached < 0)
+        if (attached < 0 ||
+            (a.cg_view && cove_cgroup_work_delegate(rt->cg, id, spec->uid_base, err) < 0))
                 goto fail;
         if (protect_from_oom(pid, err) < 0)
                 goto fail;
@@ -709,6 +796,18 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         do
                 n = read(sync[0], &m, sizeof(m));
         while (n < 0 && errno == EINTR);
+        if (a.cg_sync && n == (ssize_t)sizeof(m) && m.errnum == 0) {
+                /* the child's cgroup namespace exists (v2): now its leaf and work's limit */
+                if (cove_cgroup_work_split(rt->cg, id, pid, &lim, err) < 0)
+                        goto fail;
+                if (write(sync[0], "G", 1) != 1) {
+                        cove_err_set(err, errno, "sandbox setup: sync");
+                        goto fail;
+                }
+                do
+                        n = read(sync[0], &m, sizeof(m));
+                while (n < 0 && errno == EINTR);
+        }
         if (n != 0) {
                 if (n == (ssize_t)sizeof(m)) {
                         m.what[sizeof(m.what) - 1] = 0;
@@ -718,6 +817,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 }
                 goto fail;
         }
+        if (a.cg_view && cg_view(pid, cgdir, err) < 0)
+                goto fail;
         close(sync[0]);
         close(a.guest_fd);
         inst->pid = pid;
@@ -1062,9 +1163,16 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         if (mkdir(dir, 0700) < 0)
                 return cove_err_set(err, errno, "ns: full snapshot: mkdir %s", dir);
         int64_t t0 = cove_mono_ns();
+        char cgdir[PATH_MAX];
+        int view = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;
         int rc = cove_cgroup_freeze(rt->cg, id, 1, err);
+        /* the cgroup view stays out of the dump (cg_view()); frozen, nothing misses it */
+        if (rc == 0 && view)
+                rc = cg_view(inst->pid, NULL, err);
         if (rc == 0)
                 rc = cove_criu_dump(&rt->criu, inst->pid, dir, fz, (uint64_t)cst.st_ino, err);
+        if (view && cg_view(inst->pid, cgdir, rc == 0 ? err : &e2) < 0 && rc == 0)
+                rc = -1;
         uint64_t lpause = 0;
         if (rc == 0)
                 rc = cove_layer_snapshot(rt->layers, id, dest_image, &lpause, err);
@@ -1391,10 +1499,13 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
             own_tree(dir, spec->uid_base, err) < 0)
                 goto fail_early;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
-                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
+                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT,
+                                         NS_GUEST_RESERVE_MB};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        if (cove_cgroup_work_delegate(rt->cg, id, spec->uid_base, err) < 0)
+                goto fail;
         /* as in ns_start: the attach (criu's, in prep_cgroup) finds the lock ready */
         prep.primer = cove_cgroup_prime(rt->cg);
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
@@ -1427,6 +1538,12 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         }
         /* a fork is another sandbox: its own hostname (the dump carries the source's) */
         if (set_hostname(pid, id, err) < 0)
+                goto fail;
+        /* criu put every restored task into cove/<id>: the workload goes back into work */
+        char cgdir[PATH_MAX];
+        if (cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0 &&
+            (cove_cgroup_work_settle(rt->cg, id, pid, &lim, err) < 0 ||
+             cg_view(pid, cgdir, err) < 0))
                 goto fail;
         cove_rm_rf(dir, &e2);
         inst->pid = pid;
