@@ -705,17 +705,25 @@ int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid
         return 0;
 }
 
-int cove_cgroup_work_split(const struct cove_cgroups *cg, const char *id, pid_t pid,
-                           const struct cove_cgroup_limits *lim, struct cove_err *err)
+/* v2: PID 1 into cove/<id>/guest */
+static int move_guest(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                      struct cove_err *err)
 {
-        if (!cg->v2 || hier_of(cg, CG_MEMORY) < 0)
-                return 0;
         char p[PATH_MAX + 256], sub[PATH_MAX], v[32];
         snprintf(sub, sizeof(sub), "%s/" CG_GUEST, id);
         snprintf(v, sizeof(v), "%d", (int)pid);
         grp_path(cg, 0, sub, "cgroup.procs", p, sizeof(p));
         if (write_str(p, v) < 0)
                 return cove_err_set(err, errno, "cgroup: move %d to %s", (int)pid, p);
+        return 0;
+}
+
+/* v2: the memory controller for cove/<id>'s children (cove/<id> holds no task now), and
+ * work's limit */
+static int enable_work(const struct cove_cgroups *cg, const char *id,
+                       const struct cove_cgroup_limits *lim, struct cove_err *err)
+{
+        char p[PATH_MAX + 256], sub[PATH_MAX], v[32];
         grp_path(cg, 0, id, "cgroup.subtree_control", p, sizeof(p));
         if (write_str(p, "+memory") < 0)
                 return cove_err_set(err, errno, "cgroup: write +memory to %s", p);
@@ -729,13 +737,23 @@ int cove_cgroup_work_split(const struct cove_cgroups *cg, const char *id, pid_t 
         return 0;
 }
 
+int cove_cgroup_work_split(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                           const struct cove_cgroup_limits *lim, struct cove_err *err)
+{
+        if (!cg->v2 || hier_of(cg, CG_MEMORY) < 0)
+                return 0;
+        if (move_guest(cg, id, pid, err) < 0)
+                return -1;
+        return enable_work(cg, id, lim, err);
+}
+
 int cove_cgroup_work_settle(const struct cove_cgroups *cg, const char *id, pid_t pid,
                             const struct cove_cgroup_limits *lim, struct cove_err *err)
 {
         int mh = hier_of(cg, CG_MEMORY);
         if (mh < 0 || check_id(id, err) < 0)
                 return mh < 0 ? 0 : -1;
-        if (cove_cgroup_work_split(cg, id, pid, lim, err) < 0)
+        if (cg->v2 && move_guest(cg, id, pid, err) < 0)
                 return -1;
         char procs[PATH_MAX + 256], to[PATH_MAX + 256], wid[PATH_MAX];
         snprintf(wid, sizeof(wid), "%s/" CG_WORK, id);
@@ -759,7 +777,7 @@ int cove_cgroup_work_settle(const struct cove_cgroups *cg, const char *id, pid_t
                         moved = 1;
                 }
                 if (!moved)
-                        return 0;
+                        return cg->v2 ? enable_work(cg, id, lim, err) : 0;
         }
         return cove_err_set(err, EAGAIN, "cgroup %s: tasks keep appearing beside PID 1", id);
 }
