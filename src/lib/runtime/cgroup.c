@@ -25,8 +25,9 @@ enum {
         CG_CPUACCT = 1 << 2,
         CG_PIDS = 1 << 3,
         CG_FREEZER = 1 << 4,
+        CG_CPUSET = 1 << 5,
 };
-#define CG_MAX_HIER 5
+#define CG_MAX_HIER 8
 #define CG_WORK "work"   /* the workload's group under cove/<id> (limits.guest_reserve_mb) */
 #define CG_GUEST "guest" /* v2: PID 1's leaf beside it (no processes in inner groups) */
 
@@ -45,7 +46,7 @@ static const struct {
         unsigned bit;
 } v1_ctrls[] = {
     {"memory", CG_MEMORY}, {"cpu", CG_CPU},         {"cpuacct", CG_CPUACCT},
-    {"pids", CG_PIDS},     {"freezer", CG_FREEZER},
+    {"pids", CG_PIDS},     {"freezer", CG_FREEZER}, {"cpuset", CG_CPUSET},
 };
 
 static int write_str(const char *path, const char *s)
@@ -260,6 +261,52 @@ void cove_cgroup_prime_end(struct cove_cgroup_primer *p)
         free(p);
 }
 
+/* v1 cpuset: a new group starts with no CPUs and no memory nodes (no task can join it) unless
+ * its parent has clone_children: cove/ gets the root's and passes them on */
+static int cpuset_prepare(const char *root)
+{
+        static const char *const f[] = {"cpuset.cpus", "cpuset.mems"};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(f); i++) {
+                char p[PATH_MAX + 64], v[4096];
+                snprintf(p, sizeof(p), "%s/cove/%s", root, f[i]);
+                if (read_str(p, v, sizeof(v)) < 0)
+                        return -1;
+                if (v[0] && v[0] != '\n')
+                        continue; /* set already (another coved, an earlier run) */
+                char rp[PATH_MAX + 64];
+                snprintf(rp, sizeof(rp), "%s/%s", root, f[i]);
+                if (read_str(rp, v, sizeof(v)) < 0 || write_str(p, v) < 0)
+                        return -1;
+        }
+        char p[PATH_MAX + 64];
+        snprintf(p, sizeof(p), "%s/cove/cgroup.clone_children", root);
+        return write_str(p, "1");
+}
+
+#define CG_CPUS_MAX 1024
+
+/* "0-3,8,10-11" -> the CPU numbers, ascending; their count */
+static int parse_cpulist(const char *s, unsigned *out, int cap)
+{
+        int n = 0;
+        while (*s && *s != '\n' && n < cap) {
+                char *e;
+                unsigned long a = strtoul(s, &e, 10), b = a;
+                if (e == s)
+                        return -1;
+                if (*e == '-') {
+                        s = e + 1;
+                        b = strtoul(s, &e, 10);
+                        if (e == s || b < a)
+                                return -1;
+                }
+                for (unsigned long c = a; c <= b && n < cap; c++)
+                        out[n++] = (unsigned)c;
+                s = *e == ',' ? e + 1 : e;
+        }
+        return n;
+}
+
 struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
 {
         struct cove_cgroups *cg = calloc(1, sizeof(*cg));
@@ -295,13 +342,14 @@ struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
                 if (!cg->root[0][0])
                         snprintf(cg->root[0], PATH_MAX, "/sys/fs/cgroup");
                 cg->nhier = 1;
-                cg->ctrls[0] = CG_MEMORY | CG_CPU | CG_CPUACCT | CG_PIDS | CG_FREEZER;
+                cg->ctrls[0] = CG_MEMORY | CG_CPU | CG_CPUACCT | CG_PIDS | CG_FREEZER | CG_CPUSET;
                 char p[PATH_MAX + 64];
                 snprintf(p, sizeof(p), "%s/cgroup.subtree_control", cg->root[0]);
                 /* best effort per controller: cpu may be missing on some hosts */
                 write_str(p, "+memory");
                 write_str(p, "+pids");
                 write_str(p, "+cpu");
+                write_str(p, "+cpuset");
                 snprintf(p, sizeof(p), "%s/cove", cg->root[0]);
                 if (mkdir(p, 0755) < 0 && errno != EEXIST) {
                         cove_err_set(err, errno, "cgroups: mkdir %s", p);
@@ -312,6 +360,7 @@ struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
                 write_str(p, "+memory");
                 write_str(p, "+pids");
                 write_str(p, "+cpu");
+                write_str(p, "+cpuset");
                 cg->prime_ok = mount_is_tree_root(cg->root[0]);
                 return cg;
         }
@@ -320,6 +369,11 @@ struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
                 snprintf(p, sizeof(p), "%s/cove", cg->root[i]);
                 if (mkdir(p, 0755) < 0 && errno != EEXIST) {
                         cove_err_set(err, errno, "cgroups: mkdir %s", p);
+                        free(cg);
+                        return NULL;
+                }
+                if ((cg->ctrls[i] & CG_CPUSET) && cpuset_prepare(cg->root[i]) < 0) {
+                        cove_err_set(err, errno, "cgroups: cpuset %s/cove", cg->root[i]);
                         free(cg);
                         return NULL;
                 }
@@ -369,11 +423,54 @@ static int set_knob(const struct cove_cgroups *cg, unsigned ctrl, const char *id
         return 0;
 }
 
+/* work's memory limit: memory_mb less the guest's reserve (at most half of it) */
+static unsigned long long work_bytes(const struct cove_cgroup_limits *lim)
+{
+        unsigned r = lim->guest_reserve_mb;
+        if (r > lim->memory_mb / 2)
+                r = lim->memory_mb / 2;
+        return (unsigned long long)(lim->memory_mb - r) << 20;
+}
+
 static int check_id(const char *id, struct cove_err *err)
 {
         if (!id || !*id || strchr(id, '/') || strcmp(id, ".") == 0 || strcmp(id, "..") == 0 ||
             strlen(id) > 128)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "cgroup: bad id");
+        return 0;
+}
+
+/* Pin cove/<id> to `cpus` of the CPUs cove/ has (then the sandbox counts that many: nproc,
+ * sysconf and, through lxcfs, /proc/cpuinfo), starting at a place given by the id so that
+ * sandboxes spread over the host. Nothing when cpus covers them all. */
+static int cpuset_pin(const struct cove_cgroups *cg, const char *id, unsigned cpus,
+                      struct cove_err *err)
+{
+        int h = hier_of(cg, CG_CPUSET);
+        if (h < 0 || !cpus)
+                return 0;
+        char p[PATH_MAX + 256], v[4096];
+        snprintf(p, sizeof(p), "%s/cove/%s", cg->root[h],
+                 cg->v2 ? "cpuset.cpus.effective" : "cpuset.cpus");
+        unsigned *l = calloc(CG_CPUS_MAX, sizeof(*l));
+        if (!l)
+                return cove_err_set(err, ENOMEM, "cgroup: cpuset");
+        int n = read_str(p, v, sizeof(v)) < 0 ? -1 : parse_cpulist(v, l, CG_CPUS_MAX);
+        if (n <= 0 || cpus >= (unsigned)n) {
+                free(l);
+                return 0; /* no cpuset (v2 without the controller) or all of them */
+        }
+        uint32_t hsh = 2166136261u;
+        for (const char *c = id; *c; c++)
+                hsh = (hsh ^ (uint8_t)*c) * 16777619u;
+        char out[4096];
+        size_t o = 0;
+        for (unsigned k = 0; k < cpus && o + 16 < sizeof(out); k++)
+                o += (size_t)snprintf(out + o, sizeof(out) - o, "%s%u", k ? "," : "",
+                                      l[(hsh + k) % (unsigned)n]);
+        free(l);
+        if (set_knob(cg, CG_CPUSET, id, "cpuset.cpus", out, err) < 0)
+                return -1;
         return 0;
 }
 
@@ -393,8 +490,7 @@ int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
         char v[64], wid[PATH_MAX];
         int mh = hier_of(cg, CG_MEMORY);
         int split = lim->guest_reserve_mb && mh >= 0;
-        unsigned long long total =
-            ((unsigned long long)lim->memory_mb + (split ? lim->guest_reserve_mb : 0)) << 20;
+        unsigned long long total = (unsigned long long)lim->memory_mb << 20;
         snprintf(wid, sizeof(wid), "%s/" CG_WORK, id);
         if (split) {
                 grp_path(cg, mh, wid, NULL, p, sizeof(p));
@@ -412,6 +508,8 @@ int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
                         }
                 }
         }
+        if (lim->cpu_view && cpuset_pin(cg, id, lim->cpus, err) < 0)
+                goto fail;
         if (cg->v2) {
                 if (lim->memory_mb) {
                         snprintf(v, sizeof(v), "%llu", total);
@@ -440,7 +538,7 @@ int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
                 /* no escape into swap; the knob exists only with swap accounting */
                 set_knob(cg, CG_MEMORY, id, "memory.memsw.limit_in_bytes", v, NULL);
                 if (split) {
-                        snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                        snprintf(v, sizeof(v), "%llu", work_bytes(lim));
                         if (set_knob(cg, CG_MEMORY, wid, "memory.limit_in_bytes", v, err) < 0)
                                 goto fail;
                         set_knob(cg, CG_MEMORY, wid, "memory.memsw.limit_in_bytes", v, NULL);
@@ -729,7 +827,7 @@ static int enable_work(const struct cove_cgroups *cg, const char *id,
                 return cove_err_set(err, errno, "cgroup: write +memory to %s", p);
         snprintf(sub, sizeof(sub), "%s/" CG_WORK, id);
         if (lim->memory_mb) {
-                snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                snprintf(v, sizeof(v), "%llu", work_bytes(lim));
                 if (set_knob(cg, CG_MEMORY, sub, "memory.max", v, err) < 0)
                         return -1;
                 set_knob(cg, CG_MEMORY, sub, "memory.swap.max", "0", NULL);

@@ -1,6 +1,7 @@
 /* Per-sandbox cgroups for the ns runtime: memory, CPU, pids and freezer limits under
- * `cove/<sandbox_id>`, on cgroup v1, v2 or hybrid hosts (hybrid: the v1 controllers are used
- * and the empty v2 mount is ignored). The layout is probed once by cove_cgroups_open(). */
+ * `cove/<sandbox_id>` (and a cpuset where the host has one), on cgroup v1, v2 or hybrid hosts
+ * (hybrid: the v1 controllers are used and the empty v2 mount is ignored). The layout is probed
+ * once by cove_cgroups_open(). */
 #ifndef COVE_RUNTIME_CGROUP_H
 #define COVE_RUNTIME_CGROUP_H
 
@@ -15,10 +16,15 @@ struct cove_cgroup_limits {
         unsigned cpus;      /* whole CPUs, 0 = no limit */
         unsigned memory_mb; /* 0 = no limit */
         unsigned pids_max;  /* 0 = no limit */
-        /* > 0: the workload gets a child group cove/<id>/work of its own with memory_mb, and
-         * cove/<id> (where the sandbox's PID 1 stays) memory_mb + this much: an OOM of the
-         * workload then ends inside work, never with PID 1 (see cove_cgroup_work_*) */
+        /* > 0: the workload gets a child group cove/<id>/work of its own with memory_mb less
+         * this much (at most half of memory_mb), while cove/<id> (where the sandbox's PID 1
+         * stays) has memory_mb: an OOM of the workload then ends inside work, never with PID
+         * 1 (see cove_cgroup_work_*) */
         unsigned guest_reserve_mb;
+        /* 1: pin the group to `cpus` of the host's CPUs (cpuset), so that what runs there
+         * counts that many (nproc, sysconf, /proc/cpuinfo through lxcfs); the CPUs are picked
+         * by the id, spreading sandboxes over the host */
+        int cpu_view;
 };
 
 /* Probe the host layout. Caller frees with cove_cgroups_free(). NULL + err when no usable

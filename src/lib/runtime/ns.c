@@ -30,7 +30,7 @@
  *     mountinfo or copied into the sandboxes' mount namespaces.
  * A taken layer is an ordinary layer from then on: stop() and cleanup_stale() as before.
  * PID 1 (cove-guest) survives the sandbox's OOMs: the workload runs in a child group of the
- * sandbox's (cove/<id>/work, limit memory_mb; cove/<id> has memory_mb + NS_GUEST_RESERVE_MB),
+ * sandbox's (cove/<id>/work: memory_mb less NS_GUEST_RESERVE_MB; cove/<id>: memory_mb),
  * so the OOM killer of work picks among the workload only. Every process the guest starts
  * moves itself there before it execs, through the sandbox's memory cgroup bound at
  * COVE_GUEST_CGROUP_DIR (cg_view(); work/cgroup.procs is chowned to the sandbox's root).
@@ -91,9 +91,9 @@
 #define COVE_NS_GUEST_PATH "/" NS_GUEST_REL
 #define NS_POOL_DEFAULT 4 /* warm layers per disk size */
 #define NS_POOL_MAX 64
-/* memory of the sandbox's group beyond memory_mb, for PID 1 (the workload gets memory_mb in
- * its own child group: runtime/cgroup.h) */
-#define NS_GUEST_RESERVE_MB 32
+/* the part of memory_mb kept for PID 1: the workload gets the rest, in a child group of its
+ * own (runtime/cgroup.h); an eighth, 8 to 32 MiB (the guest itself needs a few) */
+#define NS_GUEST_RESERVE_MB(mb) ((mb) / 8 < 8 ? 8 : (mb) / 8 > 32 ? 32 : (mb) / 8)
 
 struct cove_runtime {
         char ns_dir[PATH_MAX];      /* <data_dir>/ns */
@@ -672,7 +672,7 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         struct cove_cgroup_primer *primer = NULL;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
                                          spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT,
-                                         NS_GUEST_RESERVE_MB};
+                                         NS_GUEST_RESERVE_MB(spec->memory_mb), 1};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
@@ -1500,7 +1500,7 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
                 goto fail_early;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
                                          spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT,
-                                         NS_GUEST_RESERVE_MB};
+                                         NS_GUEST_RESERVE_MB(spec->memory_mb), 1};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
