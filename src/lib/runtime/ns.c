@@ -33,7 +33,7 @@
  * sandbox's (cove/<id>/work: memory_mb less NS_GUEST_RESERVE_MB; cove/<id>: memory_mb),
  * so the OOM killer of work picks among the workload only. Every process the guest starts
  * moves itself there before it execs, through the sandbox's memory cgroup bound at
- * COVE_GUEST_CGROUP_DIR (cg_view(); work/cgroup.procs is chowned to the sandbox's root).
+ * COVE_GUEST_CGROUP_DIR (views(); work/cgroup.procs is chowned to the sandbox's root).
  * oom_score_adj alone was not enough: lowering it below the floor (0) needs CAP_SYS_RESOURCE,
  * which coved lacks in many containers (this project's CI host among them), and even at -1000
  * memory no kill gives back (tmpfs, memfds written with write()) left the guest the only
@@ -64,6 +64,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -95,6 +96,30 @@
  * own (runtime/cgroup.h); an eighth, 8 to 32 MiB (the guest itself needs a few) */
 #define NS_GUEST_RESERVE_MB(mb) ((mb) / 8 < 8 ? 8 : (mb) / 8 > 32 ? 32 : (mb) / 8)
 
+/* lxcfs (a FUSE daemon serving /proc/meminfo, cpuinfo, stat, uptime, loadavg, swaps and
+ * /sys/devices/system/cpu as seen from the reader's cgroups): one instance per coved, mounted
+ * at <data>/ns/lxcfs, started at open, started again by a start that finds it gone (at most
+ * every NS_LXCFS_RETRY_S), stopped at close. Its files are bound over the sandbox's. Without
+ * it sandboxes work as before and see the host's figures (why says so). */
+#define NS_LXCFS_RETRY_S 10
+struct ns_lxcfs {
+        pthread_mutex_t mu;
+        char bin[PATH_MAX]; /* empty: not installed or turned off */
+        char dir[PATH_MAX]; /* mount point */
+        char pidfile[PATH_MAX];
+        pid_t pid;
+        int64_t tried_ns; /* last start attempt */
+        int up;
+        char why[256];
+};
+
+/* what the sandbox sees through lxcfs: its path under the lxcfs mount = the sandbox's path */
+static const char *const lxcfs_views[] = {
+    "proc/meminfo", "proc/cpuinfo",           "proc/stat", "proc/uptime", "proc/loadavg",
+    "proc/swaps",   "sys/devices/system/cpu",
+};
+#define NS_LXCFS_VIEWS 7
+
 struct cove_runtime {
         char ns_dir[PATH_MAX];      /* <data_dir>/ns */
         struct cove_layers *layers; /* per-sandbox layer images */
@@ -107,6 +132,7 @@ struct cove_runtime {
         /* the self-check's instance: one per data dir (cgroups are host-wide; two coveds
          * never share a data dir), so a restart after a crash mid-check cleans its leftovers */
         char check_id[48];
+        struct ns_lxcfs lx; /* the host's size as the sandbox's own: /proc/meminfo, ... */
 };
 
 struct ns_inst {
@@ -213,7 +239,7 @@ static void setup_dev(int sfd, int gtree, const struct child_args *a)
         if (mkdir("dev/shm", 01777) < 0 ||
             mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, a->shm_opts) < 0)
                 child_fail(sfd, errno, "mount /dev/shm");
-        /* where coved binds the sandbox's memory cgroup (cg_view()), for the guest's children
+        /* where coved binds the sandbox's memory cgroup (views()), for the guest's children
          * to move into work/ */
         if (a->cg_view && mkdir("dev/.cove-cgroup", 0555) < 0)
                 child_fail(sfd, errno, "cgroup mount point");
@@ -372,8 +398,6 @@ static _Noreturn void child_main(struct child_args *a)
         /* Opened as host root (owner of data_dir) before the uid changes; later lookups go
          * through /proc/self/fd so the sandbox uid needs no access to data_dir. */
         int lfd = open(a->layer, O_PATH | O_DIRECTORY | O_CLOEXEC);
-        if (lfd < 0)
-                child_fail(sfd, errno, "open layer dir");
         int tree = cove_recv_fd(sfd); /* also waits until the uid map and cgroups are in place */
         int ltree = tree < 0 ? -1 : cove_recv_fd(sfd);
         int gtree = ltree < 0 ? -1 : cove_recv_fd(sfd);
@@ -583,50 +607,268 @@ static int take_layer_mount(const struct cove_instance_spec *spec)
         return m;
 }
 
-/* Bind the host's cgroup directory dir (the sandbox's group of the memory hierarchy) at
- * COVE_GUEST_CGROUP_DIR in the mount namespace of pid, or (dir NULL) take it away. coved binds
- * it after each start and restore and takes it away for a checkpoint: a bind of a host path
- * in the dump would be bound from that same path at restore, the source's group for a fork.
- * From a forked helper (setns(CLONE_NEWNS) needs a process of its own). */
-static int cg_view(pid_t pid, const char *dir, struct cove_err *err)
+#define NS_FUSE_MAGIC 0x65735546
+
+static int lxcfs_mounted(const struct ns_lxcfs *lx)
 {
+        struct statfs sf;
+        char p[PATH_MAX + 16];
+        snprintf(p, sizeof(p), "%s/proc/meminfo", lx->dir);
+        return statfs(lx->dir, &sf) == 0 && sf.f_type == NS_FUSE_MAGIC && access(p, R_OK) == 0;
+}
+
+/* an lxcfs of an earlier coved on this data dir (killed -9: its daemon and mount stay) */
+static void lxcfs_reap_stale(struct ns_lxcfs *lx)
+{
+        char buf[32] = "";
+        cleanup_close int fd = open(lx->pidfile, O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof(buf) - 1);
+        if (n > 0) {
+                buf[n] = 0;
+                long pid = strtol(buf, NULL, 10);
+                char exe[PATH_MAX], lp[64];
+                snprintf(lp, sizeof(lp), "/proc/%ld/exe", pid);
+                ssize_t l = pid > 1 ? readlink(lp, exe, sizeof(exe) - 1) : -1;
+                if (l > 0) {
+                        exe[l] = 0;
+                        if (!strcmp(exe, lx->bin))
+                                kill((pid_t)pid, SIGKILL);
+                }
+        }
+        unlink(lx->pidfile);
+        while (umount2(lx->dir, MNT_DETACH) == 0)
+                ;
+}
+
+/* start lxcfs and wait (bounded) for its mount; lx->mu held */
+static void lxcfs_start(struct ns_lxcfs *lx)
+{
+        lx->tried_ns = cove_mono_ns();
+        if (lx->pid > 0) { /* a daemon that lost its mount */
+                kill(lx->pid, SIGKILL);
+                reap(lx->pid);
+                lx->pid = 0;
+        }
+        lxcfs_reap_stale(lx);
+        if (mkdir(lx->dir, 0755) < 0 && errno != EEXIST) {
+                snprintf(lx->why, sizeof(lx->why), "lxcfs: mkdir %s: %s", lx->dir, strerror(errno));
+                return;
+        }
+        char *const argv[] = {lx->bin,     "--foreground", "--enable-cfs", "--enable-loadavg",
+                              "--pidfile", lx->pidfile,    lx->dir,        NULL};
+        char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+        pid_t pid = devnull < 0 ? -1 : fork();
+        if (pid == 0) {
+                /* async-signal-safe only: coved is multi-threaded */
+                setsid();
+                if (dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
+                        _exit(126);
+                syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC);
+                execve(lx->bin, argv, envp);
+                _exit(127);
+        }
+        if (devnull >= 0)
+                close(devnull);
+        if (pid < 0) {
+                snprintf(lx->why, sizeof(lx->why), "lxcfs: fork: %s", strerror(errno));
+                return;
+        }
+        lx->pid = pid;
+        for (int t = 0; t < 500; t++) { /* up to 5 s */
+                if (lxcfs_mounted(lx)) {
+                        lx->up = 1;
+                        snprintf(lx->why, sizeof(lx->why),
+                                 "lxcfs at %s serves /proc/meminfo, cpuinfo, stat, uptime, "
+                                 "loadavg, swaps and /sys/devices/system/cpu per sandbox",
+                                 lx->bin);
+                        return;
+                }
+                int st;
+                if (waitpid(pid, &st, WNOHANG) == pid) {
+                        lx->pid = 0;
+                        snprintf(lx->why, sizeof(lx->why),
+                                 "lxcfs %s exited (%s %d) before its mount was up: sandboxes "
+                                 "see the host's memory and CPUs",
+                                 lx->bin, WIFEXITED(st) ? "status" : "signal",
+                                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+                        return;
+                }
+                struct timespec ts = {0, 10000000L};
+                nanosleep(&ts, NULL);
+        }
+        snprintf(lx->why, sizeof(lx->why),
+                 "lxcfs %s: no mount at %s after 5 s: sandboxes see the host's memory and CPUs",
+                 lx->bin, lx->dir);
+}
+
+static void lxcfs_init(struct ns_lxcfs *lx, const char *ns_dir)
+{
+        pthread_mutex_init(&lx->mu, NULL);
+        snprintf(lx->dir, sizeof(lx->dir), "%s/lxcfs", ns_dir);
+        snprintf(lx->pidfile, sizeof(lx->pidfile), "%s/lxcfs.pid", ns_dir);
+        const char *env = getenv("COVE_LXCFS");
+        if (env && (!*env || !strcmp(env, "off"))) {
+                snprintf(lx->why, sizeof(lx->why),
+                         "lxcfs turned off (COVE_LXCFS=off): sandboxes see the host's memory and "
+                         "CPUs");
+                return;
+        }
+        static const char *const cands[] = {"/usr/bin/lxcfs", "/usr/local/bin/lxcfs",
+                                            "/usr/sbin/lxcfs"};
+        if (env) {
+                if (env[0] == '/' && access(env, X_OK) == 0)
+                        snprintf(lx->bin, sizeof(lx->bin), "%s", env);
+        } else {
+                for (size_t i = 0; i < COVE_ARRAY_SIZE(cands) && !lx->bin[0]; i++)
+                        if (access(cands[i], X_OK) == 0)
+                                snprintf(lx->bin, sizeof(lx->bin), "%s", cands[i]);
+        }
+        if (!lx->bin[0]) {
+                snprintf(lx->why, sizeof(lx->why),
+                         "%s%s: sandboxes see the host's memory and CPUs (install lxcfs and "
+                         "fuse3)",
+                         env ? "COVE_LXCFS is not an executable path: " : "lxcfs not installed",
+                         env ? env : "");
+                return;
+        }
+        pthread_mutex_lock(&lx->mu);
+        lxcfs_start(lx);
+        pthread_mutex_unlock(&lx->mu);
+}
+
+/* Whether the views can be bound now; a daemon found gone is started again (rate-limited). */
+static int lxcfs_ready(struct ns_lxcfs *lx)
+{
+        if (!lx->bin[0])
+                return 0;
+        pthread_mutex_lock(&lx->mu);
+        int ok = lx->up && lxcfs_mounted(lx);
+        if (!ok && cove_mono_ns() - lx->tried_ns > (int64_t)NS_LXCFS_RETRY_S * 1000000000) {
+                lx->up = 0;
+                lxcfs_start(lx);
+                ok = lx->up;
+        }
+        pthread_mutex_unlock(&lx->mu);
+        return ok;
+}
+
+static void lxcfs_stop(struct ns_lxcfs *lx)
+{
+        if (lx->pid > 0) {
+                kill(lx->pid, SIGTERM);
+                int st;
+                for (int t = 0; t < 200 && waitpid(lx->pid, &st, WNOHANG) == 0; t++) {
+                        struct timespec ts = {0, 10000000L};
+                        nanosleep(&ts, NULL);
+                }
+                kill(lx->pid, SIGKILL);
+                reap(lx->pid);
+                lx->pid = 0;
+        }
+        if (lx->bin[0]) {
+                while (umount2(lx->dir, MNT_DETACH) == 0)
+                        ;
+                unlink(lx->pidfile);
+        }
+}
+
+static int ns_host_view(struct cove_runtime *rt, char *why, size_t cap)
+{
+        pthread_mutex_lock(&rt->lx.mu);
+        int up = rt->lx.up;
+        snprintf(why, cap, "%s", rt->lx.why);
+        pthread_mutex_unlock(&rt->lx.mu);
+        return up;
+}
+
+/* The host's views bound into the sandbox of pid: its memory cgroup directory (cgdir, or
+ * NULL) at COVE_GUEST_CGROUP_DIR and, when lxcfs is up, lxcfs's files over /proc/meminfo, ...
+ * (attach = 1); or all of them taken away (attach = 0). coved binds them after each start and
+ * restore and takes them away for a checkpoint: a bind of a host path in the dump would be
+ * bound from that same path at restore (the source's cgroup for a fork; lxcfs's files in a
+ * directory the restore cannot reach), and a sandbox must restore without lxcfs too. A
+ * process holding one of them open then keeps the checkpoint from being taken (the caller
+ * falls back to a files snapshot). From a forked helper (setns(CLONE_NEWNS) needs a process of
+ * its own). */
+static int views(struct cove_runtime *rt, pid_t pid, const char *cgdir, int attach,
+                 struct cove_err *err)
+{
+        const char *to[1 + NS_LXCFS_VIEWS];
+        int tree[1 + NS_LXCFS_VIEWS], n = 0, rc = -1;
         char nsp[64];
         snprintf(nsp, sizeof(nsp), "/proc/%d/ns/mnt", (int)pid);
-        cleanup_close int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
+        int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
         if (nsfd < 0)
                 return cove_err_set(err, errno, "ns: open %s", nsp);
-        cleanup_close int tree = -1;
-        if (dir) {
-                tree = open_tree(AT_FDCWD, dir, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
-                struct mount_attr attr;
-                memset(&attr, 0, sizeof(attr));
-                attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC;
-                if (tree < 0 || mount_setattr(tree, "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0)
-                        return cove_err_set(err, errno, "ns: bind %s", dir);
+        int lx = attach ? lxcfs_ready(&rt->lx) : rt->lx.bin[0] != 0;
+        for (int i = -1; i < NS_LXCFS_VIEWS; i++) {
+                char from[PATH_MAX + 64];
+                if (i < 0 && !cgdir)
+                        continue;
+                if (i >= 0 && !lx)
+                        break;
+                if (i < 0)
+                        snprintf(from, sizeof(from), "%s", cgdir);
+                else
+                        snprintf(from, sizeof(from), "%s/%s", rt->lx.dir, lxcfs_views[i]);
+                to[n] = i < 0 ? COVE_GUEST_CGROUP_DIR : lxcfs_views[i];
+                tree[n] = -1;
+                if (attach) {
+                        tree[n] = open_tree(AT_FDCWD, from, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+                        struct mount_attr attr;
+                        memset(&attr, 0, sizeof(attr));
+                        attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC |
+                                        (i < 0 ? 0 : MOUNT_ATTR_RDONLY);
+                        if (tree[n] < 0 ||
+                            mount_setattr(tree[n], "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+                                cove_err_set(err, errno, "ns: bind %s", from);
+                                n++;
+                                goto out;
+                        }
+                }
+                n++;
         }
         pid_t c = fork();
-        if (c < 0)
-                return cove_err_set(err, errno, "ns: fork");
+        if (c < 0) {
+                cove_err_set(err, errno, "ns: fork");
+                goto out;
+        }
         if (c == 0) {
-                /* async-signal-safe only: coved is multi-threaded */
-                int rc = setns(nsfd, CLONE_NEWNS);
-                if (rc == 0 && tree >= 0)
-                        rc = move_mount(tree, "", AT_FDCWD, COVE_GUEST_CGROUP_DIR,
-                                        MOVE_MOUNT_F_EMPTY_PATH);
-                else if (rc == 0)
-                        while ((rc = umount2(COVE_GUEST_CGROUP_DIR,
-                                             MNT_DETACH | UMOUNT_NOFOLLOW)) == 0)
-                                ; /* until EINVAL: nothing (more) mounted there */
-                _exit(rc == 0 || (tree < 0 && errno == EINVAL) ? 0 : (errno & 0xff) ? errno : 1);
+                /* async-signal-safe only: coved is multi-threaded. Paths relative to the
+                 * sandbox's root (setns moves there); a target the sandbox lacks (no /sys) is
+                 * skipped */
+                if (setns(nsfd, CLONE_NEWNS) < 0 || chdir("/") < 0)
+                        _exit(errno & 0xff ? errno & 0xff : 1);
+                for (int i = 0; i < n; i++) {
+                        const char *t = to[i][0] == '/' ? to[i] + 1 : to[i];
+                        if (tree[i] >= 0) {
+                                if (move_mount(tree[i], "", AT_FDCWD, t, MOVE_MOUNT_F_EMPTY_PATH) <
+                                        0 &&
+                                    errno != ENOENT)
+                                        _exit(errno & 0xff ? errno & 0xff : 1);
+                        } else {
+                                while (umount2(t, MNT_DETACH | UMOUNT_NOFOLLOW) == 0)
+                                        ; /* until EINVAL: nothing (more) mounted there */
+                        }
+                }
+                _exit(0);
         }
         int st = 0;
         while (waitpid(c, &st, 0) < 0 && errno == EINTR)
                 ;
         if (!WIFEXITED(st) || WEXITSTATUS(st))
-                return cove_err_set(err, WIFEXITED(st) ? WEXITSTATUS(st) : EINTR,
-                                    "ns: %s the cgroup view of %d", dir ? "attach" : "detach",
-                                    (int)pid);
-        return 0;
+                cove_err_set(err, WIFEXITED(st) ? WEXITSTATUS(st) : EINTR,
+                             "ns: %s the host's views in %d", attach ? "bind" : "take away",
+                             (int)pid);
+        else
+                rc = 0;
+out:
+        for (int i = 0; i < n; i++)
+                if (tree[i] >= 0)
+                        close(tree[i]);
+        close(nsfd);
+        return rc;
 }
 
 static void shm_options(char *out, size_t cap, unsigned memory_mb)
@@ -817,7 +1059,7 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 }
                 goto fail;
         }
-        if (a.cg_view && cg_view(pid, cgdir, err) < 0)
+        if (views(rt, pid, a.cg_view ? cgdir : NULL, 1, err) < 0)
                 goto fail;
         close(sync[0]);
         close(a.guest_fd);
@@ -1166,12 +1408,12 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         char cgdir[PATH_MAX];
         int view = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;
         int rc = cove_cgroup_freeze(rt->cg, id, 1, err);
-        /* the cgroup view stays out of the dump (cg_view()); frozen, nothing misses it */
-        if (rc == 0 && view)
-                rc = cg_view(inst->pid, NULL, err);
+        /* the cgroup view stays out of the dump (views()); frozen, nothing misses it */
+        if (rc == 0)
+                rc = views(rt, inst->pid, view ? cgdir : NULL, 0, err);
         if (rc == 0)
                 rc = cove_criu_dump(&rt->criu, inst->pid, dir, fz, (uint64_t)cst.st_ino, err);
-        if (view && cg_view(inst->pid, cgdir, rc == 0 ? err : &e2) < 0 && rc == 0)
+        if (views(rt, inst->pid, view ? cgdir : NULL, 1, rc == 0 ? err : &e2) < 0 && rc == 0)
                 rc = -1;
         uint64_t lpause = 0;
         if (rc == 0)
@@ -1541,9 +1783,9 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
                 goto fail;
         /* criu put every restored task into cove/<id>: the workload goes back into work */
         char cgdir[PATH_MAX];
-        if (cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0 &&
-            (cove_cgroup_work_settle(rt->cg, id, pid, &lim, err) < 0 ||
-             cg_view(pid, cgdir, err) < 0))
+        int has_work = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;
+        if ((has_work && cove_cgroup_work_settle(rt->cg, id, pid, &lim, err) < 0) ||
+            views(rt, pid, has_work ? cgdir : NULL, 1, err) < 0)
                 goto fail;
         cove_rm_rf(dir, &e2);
         inst->pid = pid;
@@ -1711,6 +1953,8 @@ static void ns_close(struct cove_runtime *rt)
         cove_cgroups_free(rt->cg);
         free(rt->filter.filter);
         pthread_mutex_destroy(&rt->full_mu);
+        lxcfs_stop(&rt->lx);
+        pthread_mutex_destroy(&rt->lx.mu);
         free(rt);
 }
 
@@ -1742,6 +1986,7 @@ static struct cove_runtime *ns_open(const char *data_dir, struct cove_err *err)
         if (cove_mkdir_p(rt->ns_dir, 0700, err) < 0)
                 goto fail;
         cove_criu_setup(&rt->criu, rt->ns_dir);
+        lxcfs_init(&rt->lx, rt->ns_dir);
         if (!(rt->cg = cove_cgroups_open(err)))
                 goto fail;
         if (cove_seccomp_build(&rt->filter, err) < 0)
@@ -1786,4 +2031,5 @@ const struct cove_runtime_ops cove_runtime_ns = {
     .full_status = ns_full_status,
     .full_selfcheck = ns_full_selfcheck,
     .full_dump = ns_full_dump,
+    .host_view = ns_host_view,
 };
