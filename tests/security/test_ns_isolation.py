@@ -254,3 +254,31 @@ def test_memory_bombs_end_the_bomb_not_the_guest(client, coved, helper, upload, 
         assert sh(client, sid, "rm /dev/shm/fill && echo gone")["stdout"] == "gone\n"
     finally:
         client.remove(sid)
+
+
+@pytest.mark.root
+def test_sandbox_sees_its_own_size(client, coved):
+    """A sandbox with memory_mb=256 and cpus=1 sees 256 MiB and 1 CPU wherever programs look
+    (/proc/meminfo, free, nproc, os.cpu_count(), /proc/cpuinfo, /sys/devices/system/cpu/online,
+    /proc/stat), not the host's size."""
+    view = [ln for ln in coved.log_lines() if ln.get("event") == "runtime.view"]
+    if view and view[-1].get("level") != "info":
+        pytest.skip(f"no per-sandbox views on this node: {view[-1].get('msg')}")
+    sb = _python_sandbox(client, memory_mb=256, cpus=1)
+    sid = sb["id"]
+    try:
+        r = sh(client, sid, "grep MemTotal /proc/meminfo; nproc; "
+                            "python3 -c 'import os; print(os.cpu_count())'; "
+                            "grep -c ^processor /proc/cpuinfo; cat /sys/devices/system/cpu/online; "
+                            "grep -c '^cpu[0-9]' /proc/stat; grep SwapTotal /proc/meminfo")
+        out = r["stdout"].split("\n")
+        mem_kb = int(out[0].split()[1])
+        assert abs(mem_kb - 256 * 1024) <= 1024, f"MemTotal inside: {out[0]}"
+        assert out[1:6] == ["1", "1", "1", "0", "1"], \
+            f"CPU count inside (nproc, cpu_count, cpuinfo, online, /proc/stat): {out[1:6]}"
+        with open("/proc/meminfo") as f:
+            host_kb = int(f.readline().split()[1])
+        assert host_kb > 2 * mem_kb, "this host is too small to tell the views apart"
+        assert int(out[6].split()[1]) == 0, f"swap inside: {out[6]}"
+    finally:
+        client.remove(sid)

@@ -660,8 +660,11 @@ static void lxcfs_start(struct ns_lxcfs *lx)
         int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
         pid_t pid = devnull < 0 ? -1 : fork();
         if (pid == 0) {
-                /* async-signal-safe only: coved is multi-threaded */
+                /* async-signal-safe only: coved is multi-threaded. It goes with coved (a
+                 * SIGTERM makes it unmount itself), or with the thread that started it, in
+                 * which case the next start finds it gone and starts it again */
                 setsid();
+                prctl(PR_SET_PDEATHSIG, SIGTERM);
                 if (dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
                         _exit(126);
                 syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC);
