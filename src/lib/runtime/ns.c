@@ -97,11 +97,13 @@
 #define NS_GUEST_RESERVE_MB(mb) ((mb) / 8 < 8 ? 8 : (mb) / 8 > 32 ? 32 : (mb) / 8)
 
 /* lxcfs (a FUSE daemon serving /proc/meminfo, cpuinfo, stat, uptime, loadavg, swaps and
- * /sys/devices/system/cpu as seen from the reader's cgroups): one instance per coved, mounted
- * at <data>/ns/lxcfs, started at open, started again by a start that finds it gone (at most
- * every NS_LXCFS_RETRY_S), stopped at close. Its files are bound over the sandbox's. Without
- * it sandboxes work as before and see the host's figures (why says so). */
+ * /sys/devices/system/cpu as seen from the reader's cgroups): one instance per coved (its pid
+ * file in <data>/ns), mounted at NS_LXCFS_ROOT/<hash of the data dir>, started at open, started
+ * again by a start that finds it gone (at most every NS_LXCFS_RETRY_S), stopped at close. Its files
+ * are bound over the sandbox's. Without it sandboxes work as before and see the host's figures (why
+ * says so). */
 #define NS_LXCFS_RETRY_S 10
+#define NS_LXCFS_ROOT "/run/cove-lxcfs" /* mount points: <root>/<hash of the data dir> */
 struct ns_lxcfs {
         pthread_mutex_t mu;
         char bin[PATH_MAX]; /* empty: not installed or turned off */
@@ -708,7 +710,13 @@ static void lxcfs_start(struct ns_lxcfs *lx)
 static void lxcfs_init(struct ns_lxcfs *lx, const char *ns_dir)
 {
         pthread_mutex_init(&lx->mu, NULL);
-        snprintf(lx->dir, sizeof(lx->dir), "%s/lxcfs", ns_dir);
+        /* the mount is not under the data dir: it shows the host's whole cgroup tree, which
+         * nothing that walks the data dir (backups, scans) should descend into */
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a of the ns dir: one per data dir */
+        for (const char *c = ns_dir; *c; c++)
+                h = (h ^ (uint8_t)*c) * 1099511628211ULL;
+        mkdir(NS_LXCFS_ROOT, 0755);
+        snprintf(lx->dir, sizeof(lx->dir), NS_LXCFS_ROOT "/%016llx", (unsigned long long)h);
         snprintf(lx->pidfile, sizeof(lx->pidfile), "%s/lxcfs.pid", ns_dir);
         const char *env = getenv("COVE_LXCFS");
         if (env && (!*env || !strcmp(env, "off"))) {
@@ -772,6 +780,7 @@ static void lxcfs_stop(struct ns_lxcfs *lx)
         if (lx->bin[0]) {
                 while (umount2(lx->dir, MNT_DETACH) == 0)
                         ;
+                rmdir(lx->dir);
                 unlink(lx->pidfile);
         }
 }
