@@ -83,8 +83,9 @@ def test_memory_bomb_oom_killed_inside(client, coved):
         # PID 1 (the guest) survived and the sandbox still execs
         r = sh(client, sid, "cat /proc/1/cmdline | tr '\\0' ' '; echo; echo alive")
         assert r["stdout"].startswith("/dev/.cove-guest") and r["stdout"].endswith("alive\n"), r
-        oc = cgroup_file(sid, "memory", "memory.events") or \
-            cgroup_file(sid, "memory", "memory.oom_control")
+        # the OOM happened in the workload's own group (cove/<id>/work), where it is counted
+        oc = cgroup_file(f"{sid}/work", "memory", "memory.events") or \
+            cgroup_file(f"{sid}/work", "memory", "memory.oom_control")
         if oc:
             assert read_kv(oc).get("oom_kill", 1) >= 1, f"{oc}: {open(oc).read()}"
         assert coved.alive()

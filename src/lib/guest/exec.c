@@ -7,6 +7,7 @@
  * that keeps the pipes (or the PTY) open does not hold the EXIT back. What is already in
  * the pipes at that moment is still sent; later output from the grandchild is dropped. */
 #include "guest/internal.h"
+#include "guest/guest.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -704,6 +705,16 @@ child_exec(struct exec_req *x, int efd, int in, int out, int errfd, int slave)
                 if (write(oom, "0\n", 2) != 2)
                         child_fail(efd, ST_SETUP);
                 close(oom);
+        }
+        /* into the workload's memory cgroup (ns runtime), so that an OOM there ends what runs
+         * and never the guest; no such directory: a vm, or a sandbox without memory cgroup */
+        int cg = open(COVE_GUEST_WORK_PROCS, O_WRONLY | O_CLOEXEC);
+        if (cg >= 0) {
+                if (write(cg, "0", 1) != 1)
+                        child_fail(efd, ST_SETUP);
+                close(cg);
+        } else if (errno != ENOENT) {
+                child_fail(efd, ST_SETUP);
         }
         if (slave >= 0) {
                 if (ioctl(slave, TIOCSCTTY, 0) < 0)

@@ -30,6 +30,12 @@ struct cove_guest_opts {
  * started are killed (SIGKILL to their process groups) and reaped before it returns. */
 int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err);
 
+/* ns sandboxes: the sandbox's memory cgroup (rooted at its own group) is mounted here; every
+ * process the guest starts moves itself into work/ before it execs, so that an OOM of the
+ * workload never picks the guest (runtime/cgroup.h). Absent in vm sandboxes. */
+#define COVE_GUEST_CGROUP_DIR "/dev/.cove-cgroup"
+#define COVE_GUEST_WORK_PROCS COVE_GUEST_CGROUP_DIR "/work/cgroup.procs"
+
 /* In-sandbox requests to the node (docs/guest-protocol.md, "Asks"). */
 #define COVE_ASK_SOCKET "cove-guest-ask" /* abstract unix socket name */
 #define COVE_ASK_MAX 4096                /* bytes of one request line */

@@ -531,6 +531,13 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 pthread_join(n->spawner, NULL);
                 goto fail;
         }
+        if (cfg->rt_ops->host_view) {
+                char why[256];
+                if (cfg->rt_ops->host_view(n->rt, why, sizeof(why)))
+                        cove_info(cfg->log, "runtime.view", "%s", why);
+                else
+                        cove_warn(cfg->log, "runtime.view", "%s", why);
+        }
         pthread_mutex_lock(&n->mu);
         struct cove_runtime *crt;
         const struct cove_runtime_ops *co = ckpt_ops(n, &crt);

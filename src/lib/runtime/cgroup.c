@@ -25,8 +25,11 @@ enum {
         CG_CPUACCT = 1 << 2,
         CG_PIDS = 1 << 3,
         CG_FREEZER = 1 << 4,
+        CG_CPUSET = 1 << 5,
 };
-#define CG_MAX_HIER 5
+#define CG_MAX_HIER 8
+#define CG_WORK "work"   /* the workload's group under cove/<id> (limits.guest_reserve_mb) */
+#define CG_GUEST "guest" /* v2: PID 1's leaf beside it (no processes in inner groups) */
 
 struct cove_cgroups {
         int v2;                           /* unified hierarchy in use */
@@ -43,7 +46,7 @@ static const struct {
         unsigned bit;
 } v1_ctrls[] = {
     {"memory", CG_MEMORY}, {"cpu", CG_CPU},         {"cpuacct", CG_CPUACCT},
-    {"pids", CG_PIDS},     {"freezer", CG_FREEZER},
+    {"pids", CG_PIDS},     {"freezer", CG_FREEZER}, {"cpuset", CG_CPUSET},
 };
 
 static int write_str(const char *path, const char *s)
@@ -258,6 +261,52 @@ void cove_cgroup_prime_end(struct cove_cgroup_primer *p)
         free(p);
 }
 
+/* v1 cpuset: a new group starts with no CPUs and no memory nodes (no task can join it) unless
+ * its parent has clone_children: cove/ gets the root's and passes them on */
+static int cpuset_prepare(const char *root)
+{
+        static const char *const f[] = {"cpuset.cpus", "cpuset.mems"};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(f); i++) {
+                char p[PATH_MAX + 64], v[4096];
+                snprintf(p, sizeof(p), "%s/cove/%s", root, f[i]);
+                if (read_str(p, v, sizeof(v)) < 0)
+                        return -1;
+                if (v[0] && v[0] != '\n')
+                        continue; /* set already (another coved, an earlier run) */
+                char rp[PATH_MAX + 64];
+                snprintf(rp, sizeof(rp), "%s/%s", root, f[i]);
+                if (read_str(rp, v, sizeof(v)) < 0 || write_str(p, v) < 0)
+                        return -1;
+        }
+        char p[PATH_MAX + 64];
+        snprintf(p, sizeof(p), "%s/cove/cgroup.clone_children", root);
+        return write_str(p, "1");
+}
+
+#define CG_CPUS_MAX 1024
+
+/* "0-3,8,10-11" -> the CPU numbers, ascending; their count */
+static int parse_cpulist(const char *s, unsigned *out, int cap)
+{
+        int n = 0;
+        while (*s && *s != '\n' && n < cap) {
+                char *e;
+                unsigned long a = strtoul(s, &e, 10), b = a;
+                if (e == s)
+                        return -1;
+                if (*e == '-') {
+                        s = e + 1;
+                        b = strtoul(s, &e, 10);
+                        if (e == s || b < a)
+                                return -1;
+                }
+                for (unsigned long c = a; c <= b && n < cap; c++)
+                        out[n++] = (unsigned)c;
+                s = *e == ',' ? e + 1 : e;
+        }
+        return n;
+}
+
 struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
 {
         struct cove_cgroups *cg = calloc(1, sizeof(*cg));
@@ -293,13 +342,14 @@ struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
                 if (!cg->root[0][0])
                         snprintf(cg->root[0], PATH_MAX, "/sys/fs/cgroup");
                 cg->nhier = 1;
-                cg->ctrls[0] = CG_MEMORY | CG_CPU | CG_CPUACCT | CG_PIDS | CG_FREEZER;
+                cg->ctrls[0] = CG_MEMORY | CG_CPU | CG_CPUACCT | CG_PIDS | CG_FREEZER | CG_CPUSET;
                 char p[PATH_MAX + 64];
                 snprintf(p, sizeof(p), "%s/cgroup.subtree_control", cg->root[0]);
                 /* best effort per controller: cpu may be missing on some hosts */
                 write_str(p, "+memory");
                 write_str(p, "+pids");
                 write_str(p, "+cpu");
+                write_str(p, "+cpuset");
                 snprintf(p, sizeof(p), "%s/cove", cg->root[0]);
                 if (mkdir(p, 0755) < 0 && errno != EEXIST) {
                         cove_err_set(err, errno, "cgroups: mkdir %s", p);
@@ -310,6 +360,7 @@ struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
                 write_str(p, "+memory");
                 write_str(p, "+pids");
                 write_str(p, "+cpu");
+                write_str(p, "+cpuset");
                 cg->prime_ok = mount_is_tree_root(cg->root[0]);
                 return cg;
         }
@@ -318,6 +369,11 @@ struct cove_cgroups *cove_cgroups_open(struct cove_err *err)
                 snprintf(p, sizeof(p), "%s/cove", cg->root[i]);
                 if (mkdir(p, 0755) < 0 && errno != EEXIST) {
                         cove_err_set(err, errno, "cgroups: mkdir %s", p);
+                        free(cg);
+                        return NULL;
+                }
+                if ((cg->ctrls[i] & CG_CPUSET) && cpuset_prepare(cg->root[i]) < 0) {
+                        cove_err_set(err, errno, "cgroups: cpuset %s/cove", cg->root[i]);
                         free(cg);
                         return NULL;
                 }
@@ -367,11 +423,54 @@ static int set_knob(const struct cove_cgroups *cg, unsigned ctrl, const char *id
         return 0;
 }
 
+/* work's memory limit: memory_mb less the guest's reserve (at most half of it) */
+static unsigned long long work_bytes(const struct cove_cgroup_limits *lim)
+{
+        unsigned r = lim->guest_reserve_mb;
+        if (r > lim->memory_mb / 2)
+                r = lim->memory_mb / 2;
+        return (unsigned long long)(lim->memory_mb - r) << 20;
+}
+
 static int check_id(const char *id, struct cove_err *err)
 {
         if (!id || !*id || strchr(id, '/') || strcmp(id, ".") == 0 || strcmp(id, "..") == 0 ||
             strlen(id) > 128)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "cgroup: bad id");
+        return 0;
+}
+
+/* Pin cove/<id> to `cpus` of the CPUs cove/ has (then the sandbox counts that many: nproc,
+ * sysconf and, through lxcfs, /proc/cpuinfo), starting at a place given by the id so that
+ * sandboxes spread over the host. Nothing when cpus covers them all. */
+static int cpuset_pin(const struct cove_cgroups *cg, const char *id, unsigned cpus,
+                      struct cove_err *err)
+{
+        int h = hier_of(cg, CG_CPUSET);
+        if (h < 0 || !cpus)
+                return 0;
+        char p[PATH_MAX + 256], v[4096];
+        snprintf(p, sizeof(p), "%s/cove/%s", cg->root[h],
+                 cg->v2 ? "cpuset.cpus.effective" : "cpuset.cpus");
+        unsigned *l = calloc(CG_CPUS_MAX, sizeof(*l));
+        if (!l)
+                return cove_err_set(err, ENOMEM, "cgroup: cpuset");
+        int n = read_str(p, v, sizeof(v)) < 0 ? -1 : parse_cpulist(v, l, CG_CPUS_MAX);
+        if (n <= 0 || cpus >= (unsigned)n) {
+                free(l);
+                return 0; /* no cpuset (v2 without the controller) or all of them */
+        }
+        uint32_t hsh = 2166136261u;
+        for (const char *c = id; *c; c++)
+                hsh = (hsh ^ (uint8_t)*c) * 16777619u;
+        char out[4096];
+        size_t o = 0;
+        for (unsigned k = 0; k < cpus && o + 16 < sizeof(out); k++)
+                o += (size_t)snprintf(out + o, sizeof(out) - o, "%s%u", k ? "," : "",
+                                      l[(hsh + k) % (unsigned)n]);
+        free(l);
+        if (set_knob(cg, CG_CPUSET, id, "cpuset.cpus", out, err) < 0)
+                return -1;
         return 0;
 }
 
@@ -388,14 +487,38 @@ int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
                         goto fail;
                 }
         }
-        char v[64];
+        char v[64], wid[PATH_MAX];
+        int mh = hier_of(cg, CG_MEMORY);
+        int split = lim->guest_reserve_mb && mh >= 0;
+        unsigned long long total = (unsigned long long)lim->memory_mb << 20;
+        snprintf(wid, sizeof(wid), "%s/" CG_WORK, id);
+        if (split) {
+                grp_path(cg, mh, wid, NULL, p, sizeof(p));
+                if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+                        cove_err_set(err, errno, "cgroup: mkdir %s", p);
+                        goto fail;
+                }
+                if (cg->v2) {
+                        char g[PATH_MAX + 8];
+                        snprintf(g, sizeof(g), "%s/" CG_GUEST, id);
+                        grp_path(cg, mh, g, NULL, p, sizeof(p));
+                        if (mkdir(p, 0755) < 0 && errno != EEXIST) {
+                                cove_err_set(err, errno, "cgroup: mkdir %s", p);
+                                goto fail;
+                        }
+                }
+        }
+        if (lim->cpu_view && cpuset_pin(cg, id, lim->cpus, err) < 0)
+                goto fail;
         if (cg->v2) {
                 if (lim->memory_mb) {
-                        snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                        snprintf(v, sizeof(v), "%llu", total);
                         if (set_knob(cg, CG_MEMORY, id, "memory.max", v, err) < 0)
                                 goto fail;
                         set_knob(cg, CG_MEMORY, id, "memory.swap.max", "0", NULL);
                 }
+                /* work's limits are set now and apply once cove_cgroup_work_split() turns
+                 * the memory controller on for cove/<id>'s children (the files appear then) */
                 if (lim->cpus) {
                         snprintf(v, sizeof(v), "%u 100000", lim->cpus * 100000);
                         if (set_knob(cg, CG_CPU, id, "cpu.max", v, err) < 0)
@@ -409,11 +532,17 @@ int cove_cgroup_create(const struct cove_cgroups *cg, const char *id,
                 return 0;
         }
         if (lim->memory_mb) {
-                snprintf(v, sizeof(v), "%llu", (unsigned long long)lim->memory_mb << 20);
+                snprintf(v, sizeof(v), "%llu", total);
                 if (set_knob(cg, CG_MEMORY, id, "memory.limit_in_bytes", v, err) < 0)
                         goto fail;
                 /* no escape into swap; the knob exists only with swap accounting */
                 set_knob(cg, CG_MEMORY, id, "memory.memsw.limit_in_bytes", v, NULL);
+                if (split) {
+                        snprintf(v, sizeof(v), "%llu", work_bytes(lim));
+                        if (set_knob(cg, CG_MEMORY, wid, "memory.limit_in_bytes", v, err) < 0)
+                                goto fail;
+                        set_knob(cg, CG_MEMORY, wid, "memory.memsw.limit_in_bytes", v, NULL);
+                }
         }
         if (lim->cpus) {
                 if (set_knob(cg, CG_CPU, id, "cpu.cfs_period_us", "100000", err) < 0)
@@ -507,6 +636,25 @@ static int kill_listed(const char *procs)
         return n;
 }
 
+/* kill_listed() of the work and guest groups in the memory hierarchy (the tasks there are
+ * listed by the other hierarchies' cove/<id> on v1, by nothing else on v2) */
+static int kill_children(const struct cove_cgroups *cg, const char *id)
+{
+        int mh = hier_of(cg, CG_MEMORY), n = 0;
+        if (mh < 0)
+                return 0;
+        static const char *const subs[] = {CG_WORK, CG_GUEST};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(subs); i++) {
+                char sub[PATH_MAX], p[PATH_MAX + 256];
+                snprintf(sub, sizeof(sub), "%s/%s", id, subs[i]);
+                grp_path(cg, mh, sub, "cgroup.procs", p, sizeof(p));
+                int k = kill_listed(p);
+                if (k > 0)
+                        n += k;
+        }
+        return n;
+}
+
 int cove_cgroup_kill(const struct cove_cgroups *cg, const char *id, struct cove_err *err)
 {
         if (check_id(id, err) < 0)
@@ -527,14 +675,15 @@ int cove_cgroup_kill(const struct cove_cgroups *cg, const char *id, struct cove_
         /* kill first, then thaw: frozen tasks die as soon as they run again, and they cannot
          * fork in between because SIGKILL is already pending */
         kill_listed(p);
+        kill_children(cg, id);
         if (fz >= 0) {
                 char fp[PATH_MAX + 256];
                 grp_path(cg, fz, id, cg->v2 ? "cgroup.freeze" : "freezer.state", fp, sizeof(fp));
                 write_str(fp, cg->v2 ? "0" : "THAWED");
         }
         for (int t = 0; t < 5000; t++) {
-                int n = kill_listed(p);
-                if (n <= 0)
+                int n = kill_listed(p), m = kill_children(cg, id);
+                if (n <= 0 && m <= 0)
                         return 0;
                 sleep_ms(1);
         }
@@ -548,6 +697,14 @@ int cove_cgroup_remove(const struct cove_cgroups *cg, const char *id, struct cov
         char p[PATH_MAX + 256];
         int rc = 0;
         for (int i = 0; i < cg->nhier; i++) {
+                static const char *const subs[] = {CG_WORK, CG_GUEST};
+                for (size_t k = 0; k < COVE_ARRAY_SIZE(subs); k++) {
+                        char sub[PATH_MAX];
+                        snprintf(sub, sizeof(sub), "%s/%s", id, subs[k]);
+                        grp_path(cg, i, sub, NULL, p, sizeof(p));
+                        for (int t = 0; t < 1000 && rmdir(p) < 0 && errno == EBUSY; t++)
+                                sleep_ms(1);
+                }
                 grp_path(cg, i, id, NULL, p, sizeof(p));
                 int t;
                 /* an exiting task may keep the group busy for a moment */
@@ -619,6 +776,109 @@ int cove_cgroup_exists(const struct cove_cgroups *cg, const char *id)
                         return 1;
         }
         return 0;
+}
+
+int cove_cgroup_work_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap)
+{
+        int mh = hier_of(cg, CG_MEMORY);
+        return mh < 0 ? -1 : grp_path(cg, mh, id, NULL, out, cap);
+}
+
+int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid_t uid,
+                              struct cove_err *err)
+{
+        int mh = hier_of(cg, CG_MEMORY);
+        if (mh < 0 || check_id(id, err) < 0)
+                return mh < 0 ? 0 : -1;
+        char p[PATH_MAX + 256], wid[PATH_MAX];
+        snprintf(wid, sizeof(wid), "%s/" CG_WORK, id);
+        grp_path(cg, mh, wid, "cgroup.procs", p, sizeof(p));
+        if (chown(p, uid, (gid_t)-1) < 0)
+                return cove_err_set(err, errno, "cgroup: delegate %s", p);
+        if (cg->v2) {
+                grp_path(cg, mh, id, "cgroup.procs", p, sizeof(p));
+                if (chown(p, uid, (gid_t)-1) < 0)
+                        return cove_err_set(err, errno, "cgroup: delegate %s", p);
+        }
+        return 0;
+}
+
+/* v2: PID 1 into cove/<id>/guest */
+static int move_guest(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                      struct cove_err *err)
+{
+        char p[PATH_MAX + 256], sub[PATH_MAX], v[32];
+        snprintf(sub, sizeof(sub), "%s/" CG_GUEST, id);
+        snprintf(v, sizeof(v), "%d", (int)pid);
+        grp_path(cg, 0, sub, "cgroup.procs", p, sizeof(p));
+        if (write_str(p, v) < 0)
+                return cove_err_set(err, errno, "cgroup: move %d to %s", (int)pid, p);
+        return 0;
+}
+
+/* v2: the memory controller for cove/<id>'s children (cove/<id> holds no task now), and
+ * work's limit */
+static int enable_work(const struct cove_cgroups *cg, const char *id,
+                       const struct cove_cgroup_limits *lim, struct cove_err *err)
+{
+        char p[PATH_MAX + 256], sub[PATH_MAX], v[32];
+        grp_path(cg, 0, id, "cgroup.subtree_control", p, sizeof(p));
+        if (write_str(p, "+memory") < 0)
+                return 0; /* no memory controller to hand down (not in cove/'s subtree_control):
+                           * the workload shares the sandbox's limit with PID 1, as before */
+        snprintf(sub, sizeof(sub), "%s/" CG_WORK, id);
+        if (lim->memory_mb) {
+                snprintf(v, sizeof(v), "%llu", work_bytes(lim));
+                if (set_knob(cg, CG_MEMORY, sub, "memory.max", v, err) < 0)
+                        return -1;
+                set_knob(cg, CG_MEMORY, sub, "memory.swap.max", "0", NULL);
+        }
+        return 0;
+}
+
+int cove_cgroup_work_split(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                           const struct cove_cgroup_limits *lim, struct cove_err *err)
+{
+        if (!cg->v2 || hier_of(cg, CG_MEMORY) < 0)
+                return 0;
+        if (move_guest(cg, id, pid, err) < 0)
+                return -1;
+        return enable_work(cg, id, lim, err);
+}
+
+int cove_cgroup_work_settle(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                            const struct cove_cgroup_limits *lim, struct cove_err *err)
+{
+        int mh = hier_of(cg, CG_MEMORY);
+        if (mh < 0 || check_id(id, err) < 0)
+                return mh < 0 ? 0 : -1;
+        if (cg->v2 && move_guest(cg, id, pid, err) < 0)
+                return -1;
+        char procs[PATH_MAX + 256], to[PATH_MAX + 256], wid[PATH_MAX];
+        snprintf(wid, sizeof(wid), "%s/" CG_WORK, id);
+        grp_path(cg, mh, id, "cgroup.procs", procs, sizeof(procs));
+        grp_path(cg, mh, wid, "cgroup.procs", to, sizeof(to));
+        /* a task forked meanwhile is born where its parent was: repeat until only PID 1 is
+         * left (bounded; the restored tasks are few and a restore runs nothing new yet) */
+        for (int round = 0; round < 100; round++) {
+                cleanup_fclose FILE *f = fopen(procs, "re");
+                if (!f)
+                        return cove_err_set(err, errno, "cgroup: read %s", procs);
+                long t;
+                int moved = 0;
+                while (fscanf(f, "%ld", &t) == 1) {
+                        if (t <= 0 || t == (long)pid)
+                                continue;
+                        char v[32];
+                        snprintf(v, sizeof(v), "%ld", t);
+                        if (write_str(to, v) < 0 && errno != ESRCH)
+                                return cove_err_set(err, errno, "cgroup: move %ld to %s", t, to);
+                        moved = 1;
+                }
+                if (!moved)
+                        return cg->v2 ? enable_work(cg, id, lim, err) : 0;
+        }
+        return cove_err_set(err, EAGAIN, "cgroup %s: tasks keep appearing beside PID 1", id);
 }
 
 int cove_cgroup_freezer_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap)

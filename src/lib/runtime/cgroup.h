@@ -1,6 +1,7 @@
 /* Per-sandbox cgroups for the ns runtime: memory, CPU, pids and freezer limits under
- * `cove/<sandbox_id>`, on cgroup v1, v2 or hybrid hosts (hybrid: the v1 controllers are used
- * and the empty v2 mount is ignored). The layout is probed once by cove_cgroups_open(). */
+ * `cove/<sandbox_id>` (and a cpuset where the host has one), on cgroup v1, v2 or hybrid hosts
+ * (hybrid: the v1 controllers are used and the empty v2 mount is ignored). The layout is probed
+ * once by cove_cgroups_open(). */
 #ifndef COVE_RUNTIME_CGROUP_H
 #define COVE_RUNTIME_CGROUP_H
 
@@ -15,6 +16,15 @@ struct cove_cgroup_limits {
         unsigned cpus;      /* whole CPUs, 0 = no limit */
         unsigned memory_mb; /* 0 = no limit */
         unsigned pids_max;  /* 0 = no limit */
+        /* > 0: the workload gets a child group cove/<id>/work of its own with memory_mb less
+         * this much (at most half of memory_mb), while cove/<id> (where the sandbox's PID 1
+         * stays) has memory_mb: an OOM of the workload then ends inside work, never with PID
+         * 1 (see cove_cgroup_work_*) */
+        unsigned guest_reserve_mb;
+        /* 1: pin the group to `cpus` of the host's CPUs (cpuset), so that what runs there
+         * counts that many (nproc, sysconf, /proc/cpuinfo through lxcfs); the CPUs are picked
+         * by the id, spreading sandboxes over the host */
+        int cpu_view;
 };
 
 /* Probe the host layout. Caller frees with cove_cgroups_free(). NULL + err when no usable
@@ -57,6 +67,26 @@ int cove_cgroup_usage(const struct cove_cgroups *cg, const char *id, uint64_t *m
                       uint64_t *cpu_usec, struct cove_err *err);
 /* Whether cove/<id> exists in any hierarchy (for tests and reconciliation). */
 int cove_cgroup_exists(const struct cove_cgroups *cg, const char *id);
+
+/* The workload's group (limits.guest_reserve_mb). The sandbox sees its group of the memory
+ * hierarchy (cove/<id>) as a bind mount at COVE_GUEST_CGROUP_DIR (guest/guest.h); each process
+ * PID 1 starts writes "0" to work/cgroup.procs there before it execs. cove_cgroup_work_dir():
+ * the host path of that group, -1 when there is no memory controller (no work group). */
+int cove_cgroup_work_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap);
+/* Let uid (the sandbox's root on the host) move its processes into work: chown of
+ * work/cgroup.procs (v2: also of cove/<id>/cgroup.procs, the common ancestor's, which the
+ * kernel checks; the no-internal-process rule keeps them out of cove/<id> itself). */
+int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid_t uid,
+                              struct cove_err *err);
+/* v2 only (a no-op on v1): move pid (the sandbox's PID 1, in cove/<id> while it set up its
+ * cgroup namespace) into cove/<id>/guest and turn the memory controller on for cove/<id>'s
+ * children, which applies work's limit. */
+int cove_cgroup_work_split(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                           const struct cove_cgroup_limits *lim, struct cove_err *err);
+/* After a restore (every restored task is in cove/<id>): move every task but pid (PID 1)
+ * into work (v2: pid into guest first, then the split). */
+int cove_cgroup_work_settle(const struct cove_cgroups *cg, const char *id, pid_t pid,
+                            const struct cove_cgroup_limits *lim, struct cove_err *err);
 
 /* The directory of cove/<id> in the freezer hierarchy (for CRIU's --freeze-cgroup). */
 int cove_cgroup_freezer_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap);

@@ -29,12 +29,16 @@
  *     (and detaches any loop device still bound to one). Nothing of the pool is visible in
  *     mountinfo or copied into the sandboxes' mount namespaces.
  * A taken layer is an ordinary layer from then on: stop() and cleanup_stale() as before.
- * PID 1 (cove-guest) is out of the OOM killer's reach: coved writes oom_score_adj 0 (which, as
- * host root, also sets the floor the sandbox may lower itself to, to 0) and then the legacy
- * oom_adj -17 (= -1000 without moving the floor) before the child execs; the guest resets its
- * own children to 0, so an OOM kills the hog and no sandbox process can regain -1000. This
- * needs CAP_SYS_RESOURCE; a coved without it (some containers) leaves the guest at its own
- * score, as before, and cannot reset the floor the guest inherits from it either.
+ * PID 1 (cove-guest) survives the sandbox's OOMs: the workload runs in a child group of the
+ * sandbox's (cove/<id>/work: memory_mb less NS_GUEST_RESERVE_MB; cove/<id>: memory_mb),
+ * so the OOM killer of work picks among the workload only. Every process the guest starts
+ * moves itself there before it execs, through the sandbox's memory cgroup bound at
+ * COVE_GUEST_CGROUP_DIR (views(); work/cgroup.procs is chowned to the sandbox's root).
+ * oom_score_adj alone was not enough: lowering it below the floor (0) needs CAP_SYS_RESOURCE,
+ * which coved lacks in many containers (this project's CI host among them), and even at -1000
+ * memory no kill gives back (tmpfs, memfds written with write()) left the guest the only
+ * victim. coved still writes oom_score_adj 0 and oom_adj -17 where it can, and /dev/shm is
+ * sized at half of memory_mb, so a full /dev/shm leaves the processes room.
  * /tmp is the template's /tmp on the overlay (counts against disk_mb, survives a snapshot of
  * the upper layer like a VM's disk would). /sys is sysfs read-only (absent if the kernel
  * refuses it), /proc/sys is a read-only bind. Per-sandbox work forks nothing (no mkfs, ip,
@@ -60,6 +64,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -69,6 +74,7 @@
 
 #include <pthread.h>
 
+#include "guest/guest.h"
 #include "proto/frame.h"
 #include "runtime/cgroup.h"
 #include "runtime/criu.h"
@@ -86,6 +92,35 @@
 #define COVE_NS_GUEST_PATH "/" NS_GUEST_REL
 #define NS_POOL_DEFAULT 4 /* warm layers per disk size */
 #define NS_POOL_MAX 64
+/* the part of memory_mb kept for PID 1: the workload gets the rest, in a child group of its
+ * own (runtime/cgroup.h); an eighth, 8 to 32 MiB (the guest itself needs a few) */
+#define NS_GUEST_RESERVE_MB(mb) ((mb) / 8 < 8 ? 8 : (mb) / 8 > 32 ? 32 : (mb) / 8)
+
+/* lxcfs (a FUSE daemon serving /proc/meminfo, cpuinfo, stat, uptime, loadavg, swaps and
+ * /sys/devices/system/cpu as seen from the reader's cgroups): one instance per coved (its pid
+ * file in <data>/ns), mounted at NS_LXCFS_ROOT/<hash of the data dir>, started at open, started
+ * again by a start that finds it gone (at most every NS_LXCFS_RETRY_S), stopped at close. Its files
+ * are bound over the sandbox's. Without it sandboxes work as before and see the host's figures (why
+ * says so). */
+#define NS_LXCFS_RETRY_S 10
+#define NS_LXCFS_ROOT "/run/cove-lxcfs" /* mount points: <root>/<hash of the data dir> */
+struct ns_lxcfs {
+        pthread_mutex_t mu;
+        char bin[PATH_MAX]; /* empty: not installed or turned off */
+        char dir[PATH_MAX]; /* mount point */
+        char pidfile[PATH_MAX];
+        pid_t pid;
+        int64_t tried_ns; /* last start attempt */
+        int up;
+        char why[256];
+};
+
+/* what the sandbox sees through lxcfs: its path under the lxcfs mount = the sandbox's path */
+static const char *const lxcfs_views[] = {
+    "proc/meminfo", "proc/cpuinfo",           "proc/stat", "proc/uptime", "proc/loadavg",
+    "proc/swaps",   "sys/devices/system/cpu",
+};
+#define NS_LXCFS_VIEWS 7
 
 struct cove_runtime {
         char ns_dir[PATH_MAX];      /* <data_dir>/ns */
@@ -99,6 +134,7 @@ struct cove_runtime {
         /* the self-check's instance: one per data dir (cgroups are host-wide; two coveds
          * never share a data dir), so a restart after a crash mid-check cleans its leftovers */
         char check_id[48];
+        struct ns_lxcfs lx; /* the host's size as the sandbox's own: /proc/meminfo, ... */
 };
 
 struct ns_inst {
@@ -113,6 +149,9 @@ struct child_args {
         char layer[PATH_MAX]; /* <layers>/<id> */
         int sync_fd;          /* child end of the sync socketpair */
         int guest_fd;         /* O_PATH fd of the guest binary (host) */
+        int cg_view;          /* make COVE_GUEST_CGROUP_DIR (coved binds the group there) */
+        int cg_sync;          /* v2: report the cgroup namespace, wait for the split */
+        char shm_opts[64];    /* /dev/shm's mount options (its size: half of memory_mb) */
 };
 
 /* What the child reports when a step fails (EOF on the sync socket means exec succeeded). */
@@ -163,7 +202,7 @@ static int mount_at(const char *src, const char *dst, const char *type, unsigned
         return mount(src, dst, type, flags, data);
 }
 
-static void setup_dev(int sfd, int gtree)
+static void setup_dev(int sfd, int gtree, const struct child_args *a)
 {
         static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
         if (mount_at("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC,
@@ -177,7 +216,11 @@ static void setup_dev(int sfd, int gtree)
                 if (fd < 0)
                         child_fail(sfd, errno, "create /dev node");
                 close(fd);
-                if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+                /* read-only: the host's inode takes no metadata writes (touch, chmod,
+                 * chown); reads and writes of the device itself work on a read-only mount */
+                if (mount(src, dst, NULL, MS_BIND, NULL) < 0 ||
+                    mount(NULL, dst, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
+                          NULL) < 0)
                         child_fail(sfd, errno, "bind /dev node");
         }
         /* cove-guest itself: a read-only bind of the host's binary, so that the sandbox's
@@ -194,9 +237,15 @@ static void setup_dev(int sfd, int gtree)
             mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
                   "newinstance,ptmxmode=0666,mode=0620,gid=5") < 0)
                 child_fail(sfd, errno, "mount devpts");
+        /* a size: files there are memory no OOM kill gives back; half the limit leaves the
+         * rest to the processes when it is full */
         if (mkdir("dev/shm", 01777) < 0 ||
-            mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+            mount("tmpfs", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, a->shm_opts) < 0)
                 child_fail(sfd, errno, "mount /dev/shm");
+        /* where coved binds the sandbox's memory cgroup (views()), for the guest's children
+         * to move into work/ */
+        if (a->cg_view && mkdir("dev/.cove-cgroup", 0555) < 0)
+                child_fail(sfd, errno, "cgroup mount point");
         if (symlink("pts/ptmx", "dev/ptmx") < 0 || symlink("/proc/self/fd", "dev/fd") < 0 ||
             symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
             symlink("/proc/self/fd/1", "dev/stdout") < 0 ||
@@ -205,6 +254,102 @@ static void setup_dev(int sfd, int gtree)
         if (mount(NULL, "dev", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC,
                   NULL) < 0)
                 child_fail(sfd, errno, "remount /dev read-only");
+}
+
+/* An empty read-only tmpfs over dir (a mask); errno when it fails. */
+static int mask_dir(const char *dir)
+{
+        return mount("tmpfs", dir, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                     "size=4k,nr_inodes=1,mode=555");
+}
+
+#define NS_MASK_MAX 16
+
+struct ns_dirent64 {
+        uint64_t ino;
+        int64_t off;
+        unsigned short reclen;
+        unsigned char type;
+        char name[];
+};
+
+/* Hide the block devices in the sandbox's sysfs (at ./sys): a loop device's backing_file names
+ * the node's data dir and every sandbox id on the node, and each device's stat shows the disk
+ * activity of the host and of the other sandboxes. Every directory holding block devices gets
+ * an empty read-only tmpfs over it: the parents of what /sys/block links to (e.g.
+ * devices/virtual/block, devices/pci.../virtio1/block), then /sys/block, /sys/class/block and
+ * /sys/dev/block. Async-signal-safe (getdents64 into a stack buffer). Best effort when there
+ * is no sysfs. */
+static void mask_sys_block(int sfd)
+{
+        char masked[NS_MASK_MAX][256];
+        int nm = 0;
+        int d = open("sys/block", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (d < 0)
+                return; /* no sysfs in this sandbox */
+        char buf[4096];
+        long n;
+        while ((n = syscall(SYS_getdents64, d, buf, sizeof(buf))) > 0) {
+                for (long off = 0; off < n;) {
+                        struct ns_dirent64 *e = (struct ns_dirent64 *)(buf + off);
+                        off += e->reclen;
+                        char link[240];
+                        ssize_t l = readlinkat(d, e->name, link, sizeof(link) - 1);
+                        if (l <= 0)
+                                continue;
+                        link[l] = 0;
+                        /* "../devices/.../block/<dev>": the directory is <link> minus the
+                         * "../" and the last component, under sys/ */
+                        char *rel = link;
+                        while (!strncmp(rel, "../", 3))
+                                rel += 3;
+                        char *slash = strrchr(rel, '/');
+                        if (!slash || strstr(rel, "/../") || strncmp(rel, "devices/", 8))
+                                continue;
+                        *slash = 0;
+                        char dir[256] = "sys/";
+                        if (strlen(rel) >= sizeof(dir) - 5)
+                                continue;
+                        strcat(dir, rel);
+                        int seen = 0;
+                        for (int i = 0; i < nm; i++)
+                                if (!strcmp(masked[i], dir))
+                                        seen = 1;
+                        if (seen)
+                                continue;
+                        if (nm == NS_MASK_MAX)
+                                child_fail(sfd, E2BIG,
+                                           "mask block devices in /sys: too many "
+                                           "directories");
+                        if (mask_dir(dir) < 0)
+                                child_fail(sfd, errno, "mask block devices in /sys");
+                        strcpy(masked[nm++], dir);
+                }
+        }
+        close(d);
+        static const char *const always[] = {"sys/devices/virtual/block", "sys/block",
+                                             "sys/class/block", "sys/dev/block"};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(always); i++) {
+                int seen = 0;
+                for (int j = 0; j < nm; j++)
+                        if (!strcmp(masked[j], always[i]))
+                                seen = 1;
+                if (!seen && mask_dir(always[i]) < 0 && errno != ENOENT)
+                        child_fail(sfd, errno, "mask block devices in /sys");
+        }
+}
+
+/* /proc files that show the host and the other sandboxes: /dev/null over them (read-only).
+ * locks: device and inode of every lock on the node (host files; a covert channel between
+ * sandboxes); diskstats and partitions: the block devices again (see mask_sys_block). */
+static void mask_proc(int sfd)
+{
+        static const char *const files[] = {"proc/locks", "proc/diskstats", "proc/partitions"};
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(files); i++)
+                if (mount("dev/null", files[i], NULL, MS_BIND, NULL) < 0 ||
+                    mount(NULL, files[i], NULL,
+                          MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, NULL) < 0)
+                        child_fail(sfd, errno, "mask /proc file");
 }
 
 /* Close every fd >= 3 but the three given (async-signal-safe). */
@@ -256,8 +401,6 @@ static _Noreturn void child_main(struct child_args *a)
         /* Opened as host root (owner of data_dir) before the uid changes; later lookups go
          * through /proc/self/fd so the sandbox uid needs no access to data_dir. */
         int lfd = open(a->layer, O_PATH | O_DIRECTORY | O_CLOEXEC);
-        if (lfd < 0)
-                child_fail(sfd, errno, "open layer dir");
         int tree = cove_recv_fd(sfd); /* also waits until the uid map and cgroups are in place */
         int ltree = tree < 0 ? -1 : cove_recv_fd(sfd);
         int gtree = ltree < 0 ? -1 : cove_recv_fd(sfd);
@@ -274,6 +417,16 @@ static _Noreturn void child_main(struct child_args *a)
                 child_fail(sfd, errno, "PR_SET_PDEATHSIG");
         if (unshare(CLONE_NEWCGROUP) < 0)
                 child_fail(sfd, errno, "unshare cgroup namespace");
+        if (a->cg_sync) {
+                /* v2: the namespace is rooted at cove/<id> now; coved moves this process into
+                 * its leaf and turns the memory controller on below cove/<id> */
+                struct child_msg m;
+                memset(&m, 0, sizeof(m));
+                char go = 0;
+                if (write(sfd, &m, sizeof(m)) != (ssize_t)sizeof(m) || read(sfd, &go, 1) != 1 ||
+                    go != 'G')
+                        _exit(127);
+        }
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
                 child_fail(sfd, errno, "make mounts private");
         /* the layer as this sandbox sees it (idmapped when it is an image): over the host's */
@@ -320,9 +473,12 @@ static _Noreturn void child_main(struct child_args *a)
             mount(NULL, "proc/sys", NULL,
                   MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
                 child_fail(sfd, errno, "make /proc/sys read-only");
-        setup_dev(sfd, gtree);
+        setup_dev(sfd, gtree, a);
         /* best effort: with a net namespace of its own the kernel allows it; else no /sys */
-        mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL);
+        if (mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) ==
+            0)
+                mask_sys_block(sfd);
+        mask_proc(sfd);
 
         if (syscall(SYS_pivot_root, ".", ".") < 0)
                 child_fail(sfd, errno, "pivot_root");
@@ -454,6 +610,288 @@ static int take_layer_mount(const struct cove_instance_spec *spec)
         return m;
 }
 
+#define NS_FUSE_MAGIC 0x65735546
+
+static int lxcfs_mounted(const struct ns_lxcfs *lx)
+{
+        struct statfs sf;
+        char p[PATH_MAX + 16];
+        snprintf(p, sizeof(p), "%s/proc/meminfo", lx->dir);
+        return statfs(lx->dir, &sf) == 0 && sf.f_type == NS_FUSE_MAGIC && access(p, R_OK) == 0;
+}
+
+/* an lxcfs of an earlier coved on this data dir (killed -9: its daemon and mount stay) */
+static void lxcfs_reap_stale(struct ns_lxcfs *lx)
+{
+        char buf[32] = "";
+        cleanup_close int fd = open(lx->pidfile, O_RDONLY | O_CLOEXEC);
+        ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof(buf) - 1);
+        if (n > 0) {
+                buf[n] = 0;
+                long pid = strtol(buf, NULL, 10);
+                char exe[PATH_MAX], lp[64];
+                snprintf(lp, sizeof(lp), "/proc/%ld/exe", pid);
+                ssize_t l = pid > 1 ? readlink(lp, exe, sizeof(exe) - 1) : -1;
+                if (l > 0) {
+                        exe[l] = 0;
+                        if (!strcmp(exe, lx->bin))
+                                kill((pid_t)pid, SIGKILL);
+                }
+        }
+        unlink(lx->pidfile);
+        while (umount2(lx->dir, MNT_DETACH) == 0)
+                ;
+}
+
+/* start lxcfs and wait (bounded) for its mount; lx->mu held */
+static void lxcfs_start(struct ns_lxcfs *lx)
+{
+        lx->tried_ns = cove_mono_ns();
+        if (lx->pid > 0) { /* a daemon that lost its mount */
+                kill(lx->pid, SIGKILL);
+                reap(lx->pid);
+                lx->pid = 0;
+        }
+        lxcfs_reap_stale(lx);
+        if (mkdir(lx->dir, 0755) < 0 && errno != EEXIST) {
+                snprintf(lx->why, sizeof(lx->why), "lxcfs: mkdir %s: %s", lx->dir, strerror(errno));
+                return;
+        }
+        char *const argv[] = {lx->bin,     "--foreground", "--enable-cfs", "--enable-loadavg",
+                              "--pidfile", lx->pidfile,    lx->dir,        NULL};
+        char *const envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL};
+        int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+        pid_t pid = devnull < 0 ? -1 : fork();
+        if (pid == 0) {
+                /* async-signal-safe only: coved is multi-threaded. It goes with coved (a
+                 * SIGTERM makes it unmount itself), or with the thread that started it, in
+                 * which case the next start finds it gone and starts it again */
+                setsid();
+                prctl(PR_SET_PDEATHSIG, SIGTERM);
+                if (dup2(devnull, 0) < 0 || dup2(devnull, 1) < 0 || dup2(devnull, 2) < 0)
+                        _exit(126);
+                syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC);
+                execve(lx->bin, argv, envp);
+                _exit(127);
+        }
+        if (devnull >= 0)
+                close(devnull);
+        if (pid < 0) {
+                snprintf(lx->why, sizeof(lx->why), "lxcfs: fork: %s", strerror(errno));
+                return;
+        }
+        lx->pid = pid;
+        for (int t = 0; t < 500; t++) { /* up to 5 s */
+                if (lxcfs_mounted(lx)) {
+                        lx->up = 1;
+                        snprintf(lx->why, sizeof(lx->why),
+                                 "lxcfs at %s serves /proc/meminfo, cpuinfo, stat, uptime, "
+                                 "loadavg, swaps and /sys/devices/system/cpu per sandbox",
+                                 lx->bin);
+                        return;
+                }
+                int st;
+                if (waitpid(pid, &st, WNOHANG) == pid) {
+                        lx->pid = 0;
+                        snprintf(lx->why, sizeof(lx->why),
+                                 "lxcfs %s exited (%s %d) before its mount was up: sandboxes "
+                                 "see the host's memory and CPUs",
+                                 lx->bin, WIFEXITED(st) ? "status" : "signal",
+                                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+                        return;
+                }
+                struct timespec ts = {0, 10000000L};
+                nanosleep(&ts, NULL);
+        }
+        snprintf(lx->why, sizeof(lx->why),
+                 "lxcfs %s: no mount at %s after 5 s: sandboxes see the host's memory and CPUs",
+                 lx->bin, lx->dir);
+}
+
+static void lxcfs_init(struct ns_lxcfs *lx, const char *ns_dir)
+{
+        pthread_mutex_init(&lx->mu, NULL);
+        /* the mount is not under the data dir: it shows the host's whole cgroup tree, which
+         * nothing that walks the data dir (backups, scans) should descend into */
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a of the ns dir: one per data dir */
+        for (const char *c = ns_dir; *c; c++)
+                h = (h ^ (uint8_t)*c) * 1099511628211ULL;
+        mkdir(NS_LXCFS_ROOT, 0755);
+        snprintf(lx->dir, sizeof(lx->dir), NS_LXCFS_ROOT "/%016llx", (unsigned long long)h);
+        snprintf(lx->pidfile, sizeof(lx->pidfile), "%s/lxcfs.pid", ns_dir);
+        const char *env = getenv("COVE_LXCFS");
+        if (env && (!*env || !strcmp(env, "off"))) {
+                snprintf(lx->why, sizeof(lx->why),
+                         "lxcfs turned off (COVE_LXCFS=off): sandboxes see the host's memory and "
+                         "CPUs");
+                return;
+        }
+        static const char *const cands[] = {"/usr/bin/lxcfs", "/usr/local/bin/lxcfs",
+                                            "/usr/sbin/lxcfs"};
+        if (env) {
+                if (env[0] == '/' && access(env, X_OK) == 0)
+                        snprintf(lx->bin, sizeof(lx->bin), "%s", env);
+        } else {
+                for (size_t i = 0; i < COVE_ARRAY_SIZE(cands) && !lx->bin[0]; i++)
+                        if (access(cands[i], X_OK) == 0)
+                                snprintf(lx->bin, sizeof(lx->bin), "%s", cands[i]);
+        }
+        if (!lx->bin[0]) {
+                snprintf(lx->why, sizeof(lx->why),
+                         "%s%s: sandboxes see the host's memory and CPUs (install lxcfs and "
+                         "fuse3)",
+                         env ? "COVE_LXCFS is not an executable path: " : "lxcfs not installed",
+                         env ? env : "");
+                return;
+        }
+        pthread_mutex_lock(&lx->mu);
+        lxcfs_start(lx);
+        pthread_mutex_unlock(&lx->mu);
+}
+
+/* Whether the views can be bound now; a daemon found gone is started again (rate-limited). */
+static int lxcfs_ready(struct ns_lxcfs *lx)
+{
+        if (!lx->bin[0])
+                return 0;
+        pthread_mutex_lock(&lx->mu);
+        int ok = lx->up && lxcfs_mounted(lx);
+        if (!ok && cove_mono_ns() - lx->tried_ns > (int64_t)NS_LXCFS_RETRY_S * 1000000000) {
+                lx->up = 0;
+                lxcfs_start(lx);
+                ok = lx->up;
+        }
+        pthread_mutex_unlock(&lx->mu);
+        return ok;
+}
+
+static void lxcfs_stop(struct ns_lxcfs *lx)
+{
+        if (lx->pid > 0) {
+                kill(lx->pid, SIGTERM);
+                int st;
+                for (int t = 0; t < 200 && waitpid(lx->pid, &st, WNOHANG) == 0; t++) {
+                        struct timespec ts = {0, 10000000L};
+                        nanosleep(&ts, NULL);
+                }
+                kill(lx->pid, SIGKILL);
+                reap(lx->pid);
+                lx->pid = 0;
+        }
+        if (lx->bin[0]) {
+                while (umount2(lx->dir, MNT_DETACH) == 0)
+                        ;
+                rmdir(lx->dir);
+                unlink(lx->pidfile);
+        }
+}
+
+static int ns_host_view(struct cove_runtime *rt, char *why, size_t cap)
+{
+        pthread_mutex_lock(&rt->lx.mu);
+        int up = rt->lx.up;
+        snprintf(why, cap, "%s", rt->lx.why);
+        pthread_mutex_unlock(&rt->lx.mu);
+        return up;
+}
+
+/* The host's views bound into the sandbox of pid: its memory cgroup directory (cgdir, or
+ * NULL) at COVE_GUEST_CGROUP_DIR and, when lxcfs is up, lxcfs's files over /proc/meminfo, ...
+ * (attach = 1); or all of them taken away (attach = 0). coved binds them after each start and
+ * restore and takes them away for a checkpoint: a bind of a host path in the dump would be
+ * bound from that same path at restore (the source's cgroup for a fork; lxcfs's files in a
+ * directory the restore cannot reach), and a sandbox must restore without lxcfs too. A
+ * process holding one of them open then keeps the checkpoint from being taken (the caller
+ * falls back to a files snapshot). From a forked helper (setns(CLONE_NEWNS) needs a process of
+ * its own). */
+static int views(struct cove_runtime *rt, pid_t pid, const char *cgdir, int attach,
+                 struct cove_err *err)
+{
+        const char *to[1 + NS_LXCFS_VIEWS];
+        int tree[1 + NS_LXCFS_VIEWS], n = 0, rc = -1;
+        char nsp[64];
+        snprintf(nsp, sizeof(nsp), "/proc/%d/ns/mnt", (int)pid);
+        int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0)
+                return cove_err_set(err, errno, "ns: open %s", nsp);
+        int lx = attach ? lxcfs_ready(&rt->lx) : rt->lx.bin[0] != 0;
+        for (int i = -1; i < NS_LXCFS_VIEWS; i++) {
+                char from[PATH_MAX + 64];
+                if (i < 0 && !cgdir)
+                        continue;
+                if (i >= 0 && !lx)
+                        break;
+                if (i < 0)
+                        snprintf(from, sizeof(from), "%s", cgdir);
+                else
+                        snprintf(from, sizeof(from), "%s/%s", rt->lx.dir, lxcfs_views[i]);
+                to[n] = i < 0 ? COVE_GUEST_CGROUP_DIR : lxcfs_views[i];
+                tree[n] = -1;
+                if (attach) {
+                        tree[n] = open_tree(AT_FDCWD, from, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+                        struct mount_attr attr;
+                        memset(&attr, 0, sizeof(attr));
+                        attr.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC |
+                                        (i < 0 ? 0 : MOUNT_ATTR_RDONLY);
+                        if (tree[n] < 0 ||
+                            mount_setattr(tree[n], "", AT_EMPTY_PATH, &attr, sizeof(attr)) < 0) {
+                                cove_err_set(err, errno, "ns: bind %s", from);
+                                n++;
+                                goto out;
+                        }
+                }
+                n++;
+        }
+        pid_t c = fork();
+        if (c < 0) {
+                cove_err_set(err, errno, "ns: fork");
+                goto out;
+        }
+        if (c == 0) {
+                /* async-signal-safe only: coved is multi-threaded. Paths relative to the
+                 * sandbox's root (setns moves there); a target the sandbox lacks (no /sys) is
+                 * skipped */
+                if (setns(nsfd, CLONE_NEWNS) < 0 || chdir("/") < 0)
+                        _exit(errno & 0xff ? errno & 0xff : 1);
+                for (int i = 0; i < n; i++) {
+                        const char *t = to[i][0] == '/' ? to[i] + 1 : to[i];
+                        if (tree[i] >= 0) {
+                                if (move_mount(tree[i], "", AT_FDCWD, t, MOVE_MOUNT_F_EMPTY_PATH) <
+                                        0 &&
+                                    errno != ENOENT)
+                                        _exit(errno & 0xff ? errno & 0xff : 1);
+                        } else {
+                                while (umount2(t, MNT_DETACH | UMOUNT_NOFOLLOW) == 0)
+                                        ; /* until EINVAL: nothing (more) mounted there */
+                        }
+                }
+                _exit(0);
+        }
+        int st = 0;
+        while (waitpid(c, &st, 0) < 0 && errno == EINTR)
+                ;
+        if (!WIFEXITED(st) || WEXITSTATUS(st))
+                cove_err_set(err, WIFEXITED(st) ? WEXITSTATUS(st) : EINTR,
+                             "ns: %s the host's views in %d", attach ? "bind" : "take away",
+                             (int)pid);
+        else
+                rc = 0;
+out:
+        for (int i = 0; i < n; i++)
+                if (tree[i] >= 0)
+                        close(tree[i]);
+        close(nsfd);
+        return rc;
+}
+
+static void shm_options(char *out, size_t cap, unsigned memory_mb)
+{
+        if (memory_mb)
+                snprintf(out, cap, "mode=1777,size=%um", memory_mb / 2 ? memory_mb / 2 : 1);
+        else
+                snprintf(out, cap, "mode=1777");
+}
+
 static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *spec,
                     struct cove_instance *inst, struct cove_err *err)
 {
@@ -488,10 +926,15 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
 
         struct cove_cgroup_primer *primer = NULL;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
-                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
+                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT,
+                                         NS_GUEST_RESERVE_MB(spec->memory_mb), 1};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        char cgdir[PATH_MAX];
+        a.cg_view = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;
+        a.cg_sync = a.cg_view && !strcmp(cove_cgroups_mode(rt->cg), "v2");
+        shm_options(a.shm_opts, sizeof(a.shm_opts), spec->memory_mb);
         /* the attach below waits for an RCU grace period unless one just passed: start that
          * wait now, alongside the layer and the clone (after the cgroup's mkdirs: the prime
          * holds cgroup_mutex while it waits, as any attach does) */
@@ -544,7 +987,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         int attached = cove_cgroup_attach(rt->cg, id, pid, err);
         cove_cgroup_prime_end(primer);
         primer = NULL;
-        if (attached < 0)
+        if (attached < 0 ||
+            (a.cg_view && cove_cgroup_work_delegate(rt->cg, id, spec->uid_base, err) < 0))
                 goto fail;
         if (protect_from_oom(pid, err) < 0)
                 goto fail;
@@ -607,6 +1051,18 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         do
                 n = read(sync[0], &m, sizeof(m));
         while (n < 0 && errno == EINTR);
+        if (a.cg_sync && n == (ssize_t)sizeof(m) && m.errnum == 0) {
+                /* the child's cgroup namespace exists (v2): now its leaf and work's limit */
+                if (cove_cgroup_work_split(rt->cg, id, pid, &lim, err) < 0)
+                        goto fail;
+                if (write(sync[0], "G", 1) != 1) {
+                        cove_err_set(err, errno, "sandbox setup: sync");
+                        goto fail;
+                }
+                do
+                        n = read(sync[0], &m, sizeof(m));
+                while (n < 0 && errno == EINTR);
+        }
         if (n != 0) {
                 if (n == (ssize_t)sizeof(m)) {
                         m.what[sizeof(m.what) - 1] = 0;
@@ -616,6 +1072,8 @@ static int ns_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
                 }
                 goto fail;
         }
+        if (views(rt, pid, a.cg_view ? cgdir : NULL, 1, err) < 0)
+                goto fail;
         close(sync[0]);
         close(a.guest_fd);
         priv->mounts = cove_criu_mounts(pid);
@@ -961,11 +1419,23 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         if (mkdir(dir, 0700) < 0)
                 return cove_err_set(err, errno, "ns: full snapshot: mkdir %s", dir);
         int64_t t0 = cove_mono_ns();
+        char cgdir[PATH_MAX];
+        int view = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;
         int rc = cove_cgroup_freeze(rt->cg, id, 1, err);
-        if (rc == 0) /* frozen: what it holds cannot change until the thaw */
+        if (rc == 0) /* frozen: what it holds cannot change until the thaw (the mount table
+                      * is checked as set up, views included) */
                 rc = cove_criu_restorable(fz, inst->pid, priv->mounts, err);
+        /* the cgroup view stays out of the dump (views()); frozen, nothing misses it */
+        if (rc == 0)
+                rc = views(rt, inst->pid, view ? cgdir : NULL, 0, err);
         if (rc == 0)
                 rc = cove_criu_dump(&rt->criu, inst->pid, dir, fz, (uint64_t)cst.st_ino, err);
+        if (views(rt, inst->pid, view ? cgdir : NULL, 1, rc == 0 ? err : &e2) < 0 && rc == 0)
+                rc = -1;
+        /* the views are bound again (new mount ids), still frozen: nothing of the
+         * sandbox's own changed since the check, so this is the table as set up */
+        if (rc == 0)
+                priv->mounts = cove_criu_mounts(inst->pid);
         uint64_t lpause = 0;
         if (rc == 0)
                 rc = cove_layer_snapshot(rt->layers, id, dest_image, &lpause, err);
@@ -1292,10 +1762,13 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
             own_tree(dir, spec->uid_base, err) < 0)
                 goto fail_early;
         struct cove_cgroup_limits lim = {spec->cpus, spec->memory_mb,
-                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT};
+                                         spec->pids_max ? spec->pids_max : NS_PIDS_DEFAULT,
+                                         NS_GUEST_RESERVE_MB(spec->memory_mb), 1};
         if (cove_cgroup_create(rt->cg, id, &lim, err) < 0)
                 goto fail;
         cg_created = 1;
+        if (cove_cgroup_work_delegate(rt->cg, id, spec->uid_base, err) < 0)
+                goto fail;
         /* as in ns_start: the attach (criu's, in prep_cgroup) finds the lock ready */
         prep.primer = cove_cgroup_prime(rt->cg);
         int lc = cove_layer_prepare(rt->layers, id, spec->disk_mb, spec->uid_base, spec->uid_base,
@@ -1328,6 +1801,12 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         }
         /* a fork is another sandbox: its own hostname (the dump carries the source's) */
         if (set_hostname(pid, id, err) < 0)
+                goto fail;
+        /* criu put every restored task into cove/<id>: the workload goes back into work */
+        char cgdir[PATH_MAX];
+        int has_work = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;
+        if ((has_work && cove_cgroup_work_settle(rt->cg, id, pid, &lim, err) < 0) ||
+            views(rt, pid, has_work ? cgdir : NULL, 1, err) < 0)
                 goto fail;
         cove_rm_rf(dir, &e2);
         priv->mounts = cove_criu_mounts(pid);
@@ -1496,6 +1975,8 @@ static void ns_close(struct cove_runtime *rt)
         cove_cgroups_free(rt->cg);
         free(rt->filter.filter);
         pthread_mutex_destroy(&rt->full_mu);
+        lxcfs_stop(&rt->lx);
+        pthread_mutex_destroy(&rt->lx.mu);
         free(rt);
 }
 
@@ -1527,6 +2008,7 @@ static struct cove_runtime *ns_open(const char *data_dir, struct cove_err *err)
         if (cove_mkdir_p(rt->ns_dir, 0700, err) < 0)
                 goto fail;
         cove_criu_setup(&rt->criu, rt->ns_dir);
+        lxcfs_init(&rt->lx, rt->ns_dir);
         if (!(rt->cg = cove_cgroups_open(err)))
                 goto fail;
         if (cove_seccomp_build(&rt->filter, err) < 0)
@@ -1571,4 +2053,5 @@ const struct cove_runtime_ops cove_runtime_ns = {
     .full_status = ns_full_status,
     .full_selfcheck = ns_full_selfcheck,
     .full_dump = ns_full_dump,
+    .host_view = ns_host_view,
 };

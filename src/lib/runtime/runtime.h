@@ -147,6 +147,9 @@ struct cove_runtime_ops {
         /* The start-up self-check (a real dump and restore of a sandbox-shaped instance);
          * the node runs it once, on a thread of its own, after open(). */
         void (*full_selfcheck)(struct cove_runtime *rt, const char *guest_binary);
+        /* Optional: whether sandboxes see their own size in /proc/meminfo, cpuinfo, ... (1)
+         * or the host's (0); why says how or why not (logged once at start). */
+        int (*host_view)(struct cove_runtime *rt, char *why, size_t cap);
         /* A consistent full snapshot: the instance is frozen, its processes dumped (a
          * checkpoint directory created at dest_mem: CRIU's images and the driver's metadata)
          * and its layer cloned (dest_image, as layer_snapshot), then thawed; *pause_ns is

@@ -8,9 +8,11 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <termios.h>
 #include <unistd.h>
+#include <linux/netlink.h>
 #include <linux/seccomp.h>
 
 #include "runtime/seccomp_filter.h"
@@ -75,6 +77,61 @@ static const char *const denied[] = {
     "stime",
 };
 
+/* Address families a sandbox may create sockets of; socket() and socketpair() of any other
+ * fail with EAFNOSUPPORT, as on a kernel built without them. AF_VSOCK above all: its port
+ * space is the host's (a sandbox could squat ports host agents use, or reach the hypervisor
+ * of a host that is a VM); AF_PACKET, AF_XDP, AF_KEY, AF_ALG, AF_TIPC, AF_RDS, AF_CAN,
+ * Bluetooth and the rest are kernel attack surface no sandboxed program needs. AF_INET6
+ * stays: IPv6 is off inside, but programs create such sockets and handle the failure of
+ * what follows. */
+static const unsigned allowed_af[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
+#define SECCOMP_AF_LIMIT 64 /* families below this are denied one by one, the rest at once */
+
+/* Netlink protocols allowed: route (ip, glibc's getaddrinfo) and sock_diag (ss). The others
+ * (netfilter, xfrm, generic netlink, audit, uevents, ...) fail with EPROTONOSUPPORT. */
+static const unsigned allowed_netlink[] = {NETLINK_ROUTE, NETLINK_SOCK_DIAG};
+#define SECCOMP_NETLINK_LIMIT 32 /* the kernel's MAX_LINKS */
+
+static int in_list(const unsigned *l, size_t n, unsigned v)
+{
+        for (size_t i = 0; i < n; i++)
+                if (l[i] == v)
+                        return 1;
+        return 0;
+}
+
+/* socket(2)/socketpair(2) rules (arguments are ints: the comparisons look at the low 32 bits,
+ * or at all 64 for "too large", so high garbage cannot slip a family past them) */
+static int add_socket_rules(scmp_filter_ctx ctx, const char **what)
+{
+        const uint32_t eaf = SCMP_ACT_ERRNO(EAFNOSUPPORT);
+        const int calls[] = {SCMP_SYS(socket), SCMP_SYS(socketpair)};
+        int rc;
+        for (size_t c = 0; c < COVE_ARRAY_SIZE(calls); c++) {
+                *what = c ? "socketpair" : "socket";
+                for (unsigned af = 0; af < SECCOMP_AF_LIMIT; af++)
+                        if (!in_list(allowed_af, COVE_ARRAY_SIZE(allowed_af), af) &&
+                            (rc = seccomp_rule_add(ctx, eaf, calls[c], 1,
+                                                   SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, af))) <
+                                0)
+                                return rc;
+                if ((rc = seccomp_rule_add(ctx, eaf, calls[c], 1,
+                                           SCMP_A0(SCMP_CMP_GE, SECCOMP_AF_LIMIT))) < 0)
+                        return rc;
+        }
+        *what = "socket(AF_NETLINK)";
+        const uint32_t eproto = SCMP_ACT_ERRNO(EPROTONOSUPPORT);
+        for (unsigned p = 0; p < SECCOMP_NETLINK_LIMIT; p++)
+                if (!in_list(allowed_netlink, COVE_ARRAY_SIZE(allowed_netlink), p) &&
+                    (rc = seccomp_rule_add(ctx, eproto, SCMP_SYS(socket), 2,
+                                           SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_NETLINK),
+                                           SCMP_A2(SCMP_CMP_MASKED_EQ, 0xffffffffUL, p))) < 0)
+                        return rc;
+        return seccomp_rule_add(ctx, eproto, SCMP_SYS(socket), 2,
+                                SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_NETLINK),
+                                SCMP_A2(SCMP_CMP_GE, SECCOMP_NETLINK_LIMIT));
+}
+
 static const unsigned long ns_flags[] = {
     CLONE_NEWNS,  CLONE_NEWUTS, CLONE_NEWIPC,    CLONE_NEWUSER,
     CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP,
@@ -131,6 +188,8 @@ int cove_seccomp_build(struct sock_fprog *prog, struct cove_err *err)
                                            SCMP_A2(SCMP_CMP_MASKED_EQ, S_IFMT, devtypes[i]))) < 0)
                         goto out;
         }
+        if ((rc = add_socket_rules(ctx, &what)) < 0)
+                goto out;
         /* terminal input injection into a terminal the sandbox shares */
         what = "ioctl";
         const unsigned long bad_ioctls[] = {TIOCSTI, TIOCLINUX};

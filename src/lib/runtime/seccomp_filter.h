@@ -1,7 +1,9 @@
 /* The ns runtime's seccomp-bpf policy: default allow, deny the kernel attack surface a
  * sandbox never needs with EPERM (clone3 with ENOSYS so libc falls back to clone, whose
- * flags can be checked). Compiled once with libseccomp into a raw BPF program, so the
- * sandbox child (a fork of a multi-threaded process) only has to call prctl(). */
+ * flags can be checked), and refuse sockets of address families other than unix, inet, inet6
+ * and netlink (route and sock_diag only) with EAFNOSUPPORT (EPROTONOSUPPORT for the other
+ * netlink protocols). Compiled once with libseccomp into a raw BPF program, so the sandbox
+ * child (a fork of a multi-threaded process) only has to call prctl(). */
 #ifndef COVE_RUNTIME_SECCOMP_FILTER_H
 #define COVE_RUNTIME_SECCOMP_FILTER_H
 
