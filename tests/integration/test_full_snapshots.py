@@ -104,6 +104,9 @@ def test_snapshot_kind_on_request(client):
         assert len(running_cmds(c, sid)) == 1  # untouched by the files snapshot
         full = c.post(f"/v1/sandboxes/{sid}/snapshots", {"kind": "full"}, expect=201)
         assert full["kind"] == "full" and full["parent_id"] == sf["id"]
+        # a second full snapshot of the same instance (no restore in between) is full too
+        full2 = c.post(f"/v1/sandboxes/{sid}/snapshots", {"kind": "full"}, expect=201)
+        assert full2["kind"] == "full" and full2["parent_id"] == full["id"]
         c.post(f"/v1/sandboxes/{sid}/rewind", {"snapshot_id": sf["id"]})
         assert count(c, sid) >= 5  # the counter's file is back, its process is not
         assert running_cmds(c, sid) == [] and sandbox_pids(c, sid) == []
