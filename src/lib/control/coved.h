@@ -75,6 +75,7 @@ struct coved {
         int64_t key_sweep_at;     /* mono ms of the last revoked-key sweep */
         int encrypt_layers;       /* default of storage_encrypted on create */
         int pool_size;            /* warm ns instances per template (owner pools: at most 2) */
+        struct coved_tbuilds *tb; /* tenant template builds (control/tbuild.h) */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),

@@ -580,8 +580,8 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                             struct cove_err *err)
 {
         char rootfs[PATH_MAX];
-        int r =
-            cove_template_lookup(d->templates_dir, row->template_name, rootfs, sizeof(rootfs), err);
+        int r = cove_template_lookup_for(d->templates_dir, row->tenant, row->template_name, rootfs,
+                                         sizeof(rootfs), err);
         if (r == 1)
                 r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                   "template %s is not built on this node", row->template_name);
