@@ -385,3 +385,36 @@ def test_kill9_mid_build_leaves_no_template_and_no_debris(build_dir, tdir, log_d
     finally:
         h.close()
         d.stop()
+
+
+def test_cli_template_build_ls_inspect_rm(node, registry, base_tar, build_dir):
+    """`cove template build NAME --image REF` waits for the build and prints the template;
+    ls, inspect and rm act on it; a failed build exits 1 with the layer's error."""
+    env = dict(os.environ, COVE_URL=f"http://127.0.0.1:{node.port}", COVE_API_KEY=node.client.key)
+    cove = os.path.join(build_dir, "cove")
+
+    def run(*a):
+        return subprocess.run([cove, *a], capture_output=True, text=True, env=env, timeout=300)
+
+    ref = push_image(registry, base_tar, "cli/app", workdir="/app")
+    r = run("template", "build", "cliapp", "--image", ref, "--insecure")
+    assert r.returncode == 0, r.stderr
+    t = json.loads(r.stdout)
+    assert t["name"] == "cliapp" and t["state"] == "ready" and t["config"]["workdir"] == "/app"
+    r = run("template", "ls")
+    assert r.returncode == 0 and "cliapp" in [x["name"] for x in json.loads(r.stdout)["templates"]]
+    r = run("template", "inspect", "cliapp")
+    assert r.returncode == 0 and json.loads(r.stdout)["digest"] == t["digest"]
+    r = run("template", "rm", "cliapp")
+    assert r.returncode == 0, r.stderr
+    r = run("template", "inspect", "cliapp")
+    assert r.returncode == 1 and "not_found" in r.stderr
+    bad = push_image(registry, base_tar, "cli/bad", layers=[base_tar, _hostile("device")])
+    r = run("template", "build", "clibad", "--image", bad, "--insecure")
+    assert r.returncode == 1 and "device node" in r.stderr and "layer 2" in r.stderr, r.stderr
+    run("template", "rm", "clibad")
+    r = run("template", "build", "x", "-f", "Dockerfile")
+    assert r.returncode == 2
+    # the built-ins build by name (what the create error tells users to run)
+    r = run("template", "build", "busybox")
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "ready", r.stderr

@@ -1,0 +1,275 @@
+/* cove template: build (from an image, an archive, or a built-in by name), ls, inspect, rm
+ * (docs/cli.md "Templates"): thin wrappers over /v1/templates; build waits for the outcome
+ * with a spinner on a terminal. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "client.h"
+#include "cove.h"
+#include "util/cleanup.h"
+#include "util/util.h"
+
+enum {
+        O_IMAGE = CLI_OPT_VERB_BASE,
+        O_OCI,
+        O_DOCKER,
+        O_DOCKERFILE,
+        O_FROM_SANDBOX,
+        O_FROM_SNAPSHOT,
+        O_INSECURE,
+        O_SECRET,
+        O_MAX_SIZE,
+        O_TIMEOUT,
+        O_NO_WAIT,
+};
+
+static void help(void)
+{
+        puts("Usage: cove template COMMAND [OPTIONS]\n"
+             "\n"
+             "  build NAME --image REF [--insecure] [--registry-secret S]\n"
+             "  build NAME --oci-archive FILE | --docker-archive FILE   (admin: a file on the "
+             "node)\n"
+             "  build busybox|base           build a built-in template (admin)\n"
+             "        [--max-size-mb N] [--timeout S] [--no-wait]\n"
+             "                               waits for the build (a spinner on a terminal),\n"
+             "                               prints the template (JSON with --json)\n"
+             "  ls                           the built-ins and your templates\n"
+             "  inspect NAME                 one template as JSON\n"
+             "  rm NAME...                   delete templates (refused while a sandbox uses one)\n"
+             "REF names its registry: registry.example.com/team/app:1.2 or …@sha256:….\n"
+             "--registry-secret S: a secret (value user:password, hosts listing the registry).");
+}
+
+static const char *s_or_dash(json_t *o, const char *k)
+{
+        const char *s = json_string_value(json_object_get(o, k));
+        return s && *s ? s : "-";
+}
+
+static void print_one(json_t *t)
+{
+        char size[32];
+        snprintf(size, sizeof size, "%.1f MB",
+                 (double)json_integer_value(json_object_get(t, "size_bytes")) / 1e6);
+        const char *dg = json_string_value(json_object_get(t, "digest"));
+        printf("%-24s %-9s %-10s %s\n", s_or_dash(t, "name"), s_or_dash(t, "state"), size,
+               dg ? dg : (json_is_true(json_object_get(t, "builtin")) ? "(built-in)" : "-"));
+}
+
+static int wait_built(struct cli *c, const char *name, json_t **t, struct cove_err *err)
+{
+        cleanup_free char *en = cli_urlenc(name);
+        cleanup_free char *path = cli_fmt("/v1/templates/%s", en);
+        cleanup_free char *label = cli_fmt("building template %s", name);
+        struct cli_progress prog;
+        cli_progress_start(&prog, c, label);
+        int ret = 0;
+        for (;;) {
+                json_t *j = NULL;
+                if (cli_call(c, "GET", path, NULL, &j, NULL, err) < 0) {
+                        ret = -1;
+                        break;
+                }
+                json_decref(*t);
+                *t = j;
+                if (strcmp(s_or_dash(j, "state"), "building"))
+                        break;
+                for (int i = 0; i < 5; i++) {
+                        struct timespec ts = {0, 100 * 1000000L};
+                        nanosleep(&ts, NULL);
+                        cli_progress_tick(&prog);
+                }
+        }
+        cli_progress_end(&prog);
+        if (ret == 0 && !strcmp(s_or_dash(*t, "state"), "failed")) {
+                json_t *e = json_object_get(*t, "error");
+                ret = cove_err_set(err, 0, "template %s: %s: %s", name, s_or_dash(e, "code"),
+                                   s_or_dash(e, "message"));
+        }
+        return ret;
+}
+
+static int build(struct cli *c, int argc, char **argv)
+{
+        static const struct option opts[] = {
+            {"image", required_argument, NULL, O_IMAGE},
+            {"oci-archive", required_argument, NULL, O_OCI},
+            {"docker-archive", required_argument, NULL, O_DOCKER},
+            {"file", required_argument, NULL, 'f'},
+            {"from-sandbox", required_argument, NULL, O_FROM_SANDBOX},
+            {"from-snapshot", required_argument, NULL, O_FROM_SNAPSHOT},
+            {"insecure", no_argument, NULL, O_INSECURE},
+            {"registry-secret", required_argument, NULL, O_SECRET},
+            {"max-size-mb", required_argument, NULL, O_MAX_SIZE},
+            {"timeout", required_argument, NULL, O_TIMEOUT},
+            {"no-wait", no_argument, NULL, O_NO_WAIT},
+            CLI_GLOBAL_OPTIONS,
+            {0},
+        };
+        json_t *body = json_object(), *from = json_object();
+        char *label = NULL;
+        int rc = CLI_OK, opt, nfrom = 0;
+        bool nowait = false;
+        long long v;
+        while ((opt = getopt_long(argc, argv, "hf:", opts, NULL)) != -1) {
+                if (cli_global_opt(c, opt, optarg))
+                        continue;
+                switch (opt) {
+                case 'h':
+                        help();
+                        goto out;
+                case O_IMAGE:
+                case O_OCI:
+                case O_DOCKER:
+                        json_object_set_new(from,
+                                            opt == O_IMAGE ? "image"
+                                            : opt == O_OCI ? "oci_archive"
+                                                           : "docker_archive",
+                                            json_string(optarg));
+                        nfrom++;
+                        break;
+                case 'f':
+                case O_FROM_SANDBOX:
+                case O_FROM_SNAPSHOT:
+                        rc = cli_usage_error("template",
+                                             "%s: this coved builds templates from images and "
+                                             "archives only (Dockerfiles, sandboxes and "
+                                             "snapshots are not supported yet)",
+                                             opt == 'f'              ? "-f"
+                                             : opt == O_FROM_SANDBOX ? "--from-sandbox"
+                                                                     : "--from-snapshot");
+                        goto out;
+                case O_INSECURE:
+                        json_object_set_new(body, "insecure", json_true());
+                        break;
+                case O_SECRET:
+                        json_object_set_new(body, "registry_auth",
+                                            json_pack("{s:s}", "secret", optarg));
+                        break;
+                case O_MAX_SIZE:
+                case O_TIMEOUT:
+                        if (!cli_parse_uint(optarg, 1 << 20, &v) || v < 1) {
+                                rc = cli_usage_error("template",
+                                                     "expected a positive number, "
+                                                     "got '%s'",
+                                                     optarg);
+                                goto out;
+                        }
+                        json_object_set_new(body, opt == O_MAX_SIZE ? "max_size_mb" : "timeout_s",
+                                            json_integer(v));
+                        break;
+                case O_NO_WAIT:
+                        nowait = true;
+                        break;
+                default:
+                        rc = cli_usage_error("template", "bad option");
+                        goto out;
+                }
+        }
+        if (optind + 1 != argc) {
+                rc = cli_usage_error("template", "build takes one NAME");
+                goto out;
+        }
+        if (nfrom > 1) {
+                rc = cli_usage_error("template", "give one of --image, --oci-archive, "
+                                                 "--docker-archive");
+                goto out;
+        }
+        const char *name = argv[optind];
+        json_object_set_new(body, "name", json_string(name));
+        if (nfrom)
+                json_object_set(body, "from", from);
+        struct cove_err err = {0};
+        json_t *t = NULL;
+        label = cli_fmt("building template %s", name);
+        if (cli_call(c, "POST", "/v1/templates", body, &t, nfrom ? NULL : label, &err) < 0 ||
+            (nfrom && !nowait && wait_built(c, name, &t, &err) < 0)) {
+                json_decref(t);
+                rc = cli_fail(&err);
+                goto out;
+        }
+        if (c->json || !c->out_tty)
+                rc = cli_print_json(c, t);
+        else
+                print_one(t);
+        json_decref(t);
+out:
+        free(label);
+        json_decref(body);
+        json_decref(from);
+        return rc;
+}
+
+static int ls(struct cli *c)
+{
+        struct cove_err err = {0};
+        json_t *ans = NULL;
+        if (cli_call(c, "GET", "/v1/templates", NULL, &ans, NULL, &err) < 0)
+                return cli_fail(&err);
+        int rc = CLI_OK;
+        json_t *list = json_object_get(ans, "templates");
+        if (c->json || !c->out_tty) {
+                rc = cli_print_json(c, ans);
+        } else {
+                printf("%-24s %-9s %-10s %s\n", "NAME", "STATE", "SIZE", "DIGEST");
+                for (size_t i = 0; i < json_array_size(list); i++)
+                        print_one(json_array_get(list, i));
+        }
+        json_decref(ans);
+        return rc;
+}
+
+int cmd_template(struct cli *c, int argc, char **argv)
+{
+        if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+                help();
+                return argc < 2 ? CLI_USAGE : CLI_OK;
+        }
+        const char *sub = argv[1];
+        if (!strcmp(sub, "build"))
+                return build(c, argc - 1, argv + 1);
+        /* ls, inspect, rm take global options (--json…) and names */
+        static const struct option opts[] = {CLI_GLOBAL_OPTIONS, {0}};
+        int opt;
+        while ((opt = getopt_long(argc - 1, argv + 1, "h", opts, NULL)) != -1) {
+                if (cli_global_opt(c, opt, optarg))
+                        continue;
+                if (opt == 'h') {
+                        help();
+                        return CLI_OK;
+                }
+                return cli_usage_error("template", "bad option");
+        }
+        int first = optind + 1, n = argc - first;
+        if (!strcmp(sub, "ls")) {
+                if (n)
+                        return cli_usage_error("template", "ls takes no argument");
+                return ls(c);
+        }
+        if (!strcmp(sub, "inspect") || !strcmp(sub, "rm")) {
+                if (n < 1 || (!strcmp(sub, "inspect") && n != 1))
+                        return cli_usage_error("template", "%s takes NAME", sub);
+                int rc = CLI_OK;
+                for (int i = first; i < argc; i++) {
+                        cleanup_free char *en = cli_urlenc(argv[i]);
+                        cleanup_free char *path = cli_fmt("/v1/templates/%s", en);
+                        struct cove_err err = {0};
+                        json_t *t = NULL;
+                        if (cli_call(c, !strcmp(sub, "rm") ? "DELETE" : "GET", path, NULL, &t, NULL,
+                                     &err) < 0) {
+                                rc = cli_fail(&err);
+                                continue;
+                        }
+                        if (t)
+                                cli_print_json(c, t);
+                        else if (c->out_tty && !c->json)
+                                printf("removed %s\n", argv[i]);
+                        json_decref(t);
+                }
+                return rc;
+        }
+        return cli_usage_error("template", "unknown command '%s' (build, ls, inspect, rm)", sub);
+}
