@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from lib.cove import Coved, CoveError, poll
-from lib import oci
+from cove import Coved, poll
+import oci
 
 BUSYBOX_FILES = None
 

@@ -18,7 +18,7 @@ import time
 import urllib.request
 import warnings
 
-from lib.cove import free_port
+from cove import free_port
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 
