@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-tm bench-full bench-vm asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-tm bench-full bench-vm bench-templates asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -36,6 +36,12 @@ bench-full: all
 # and the guest kernel from scripts/install-deps); BENCH_VM_ARGS e.g. --n 20
 bench-vm: all
 	/usr/bin/python3 bench/vm_bench.py --build $(BUILD) $(BENCH_VM_ARGS)
+
+# templates from images (bench/templates_bench.py; root, skopeo, umoci, docker-registry, a
+# built base template in COVE_TEMPLATES_DIR): pull+unpack vs skopeo+umoci, rebuild, create,
+# storage of shared layers
+bench-templates: all
+	/usr/bin/python3 bench/templates_bench.py --build $(BUILD) $(BENCH_TEMPLATES_ARGS)
 
 asan:
 	$(MAKE) BUILD=build-asan MESON_OPTS="-Db_sanitize=address,undefined -Db_lundef=false" test

@@ -46,10 +46,14 @@ def file_entry(t, name, data=b"", mode=0o644, uid=0, gid=0, kind=tarfile.REGTYPE
 
 
 def rootfs_layer(rootfs):
-    """A tar of a directory tree (ownership and modes kept, nothing followed)."""
+    """A tar of a directory tree (ownership and modes kept, nothing followed). Device nodes
+    are left out, as `docker export` and image builders leave them out."""
+    def nodev(ti):
+        return None if ti.ischr() or ti.isblk() else ti
+
     def add(t):
         for name in sorted(os.listdir(rootfs)):
-            t.add(os.path.join(rootfs, name), arcname=name, recursive=True)
+            t.add(os.path.join(rootfs, name), arcname=name, recursive=True, filter=nodev)
     return tar_bytes(add)
 
 
