@@ -418,3 +418,57 @@ def test_cli_template_build_ls_inspect_rm(node, registry, base_tar, build_dir):
     # the built-ins build by name (what the create error tells users to run)
     r = run("template", "build", "busybox")
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "ready", r.stderr
+
+
+def test_template_from_a_sandbox_and_from_a_snapshot(node, tdir):
+    """"Save this as a template": a running sandbox's changes (new files, removed ones)
+    become a template over its own; a snapshot's files likewise, without what came after."""
+    c = node.client
+    sb = c.create(template="busybox")
+    sid = sb["id"]
+    try:
+        r = c.exec(sid, "mkdir -p /opt/tool && echo v1 > /opt/tool/conf && rm /bin/vi && "
+                        "chmod 4755 /opt/tool/conf")
+        assert r["exit_code"] == 0, r
+        snap = c.post(f"/v1/sandboxes/{sid}/snapshots", {"kind": "files"})
+        assert c.exec(sid, "echo later > /opt/tool/later")["exit_code"] == 0
+        t = build(c, "saved", **{"from": {"sandbox": sid}})
+        assert t["state"] == "ready", t
+        assert t["source"] == {"sandbox": sid}
+        t2 = build(c, "saved-snap", **{"from": {"snapshot": snap["id"]}})
+        assert t2["state"] == "ready", t2
+        # the template is in use by no sandbox yet: sandboxes of each see their files
+        for name, later in (("saved", True), ("saved-snap", False)):
+            s2 = c.create(template=name)
+            try:
+                r = c.exec(s2["id"], "cat /opt/tool/conf; stat -c %a /opt/tool/conf; "
+                                     "test -e /bin/vi && echo vi; test -e /opt/tool/later && "
+                                     "echo later; test -e /bin/sh && echo sh")
+                want = "v1\n4755\n" + ("later\n" if later else "") + "sh\n"
+                assert r["stdout"] == want, (name, r)
+            finally:
+                c.remove(s2["id"])
+        # the builtin's files are hard links, not copies
+        a = os.stat(os.path.join(tdir, "busybox", "rootfs", "bin", "busybox"))
+        b = os.stat(os.path.join(tdir, "tenants", "default", "saved", "rootfs", "bin", "busybox"))
+        assert a.st_ino == b.st_ino
+        # a template from a sandbox of a saved template keeps both layers
+        s3 = c.create(template="saved")
+        try:
+            assert c.exec(s3["id"], "echo v2 > /opt/tool/conf")["exit_code"] == 0
+            t3 = build(c, "saved-2", **{"from": {"sandbox": s3["id"]}})
+            assert t3["state"] == "ready" and len(t3["layers"]) == 2, t3
+        finally:
+            c.remove(s3["id"])
+        s4 = c.create(template="saved-2")
+        try:
+            assert c.exec(s4["id"], "cat /opt/tool/conf")["stdout"] == "v2\n"
+        finally:
+            c.remove(s4["id"])
+        t = build(c, "nosuch", **{"from": {"sandbox": "sbx_doesnotexist"}})
+        assert t["state"] == "failed" and "not found" in t["error"]["message"], t
+    finally:
+        c.remove(sid)
+    for n in ("saved-2", "saved", "saved-snap", "nosuch"):
+        c.ok("DELETE", f"/v1/templates/{n}")
+    assert debris(tdir) == []

@@ -32,6 +32,9 @@ static void help(void)
              "  build NAME --image REF [--insecure] [--registry-secret S]\n"
              "  build NAME --oci-archive FILE | --docker-archive FILE   (admin: a file on the "
              "node)\n"
+             "  build NAME --from-sandbox ID | --from-snapshot ID\n"
+             "                               save a sandbox's files (or a snapshot's) as a "
+             "template\n"
              "  build busybox|base           build a built-in template (admin)\n"
              "        [--max-size-mb N] [--timeout S] [--no-wait]\n"
              "                               waits for the build (a spinner on a terminal),\n"
@@ -124,23 +127,20 @@ static int build(struct cli *c, int argc, char **argv)
                 case O_IMAGE:
                 case O_OCI:
                 case O_DOCKER:
+                case O_FROM_SANDBOX:
+                case O_FROM_SNAPSHOT:
                         json_object_set_new(from,
-                                            opt == O_IMAGE ? "image"
-                                            : opt == O_OCI ? "oci_archive"
-                                                           : "docker_archive",
+                                            opt == O_IMAGE          ? "image"
+                                            : opt == O_OCI          ? "oci_archive"
+                                            : opt == O_DOCKER       ? "docker_archive"
+                                            : opt == O_FROM_SANDBOX ? "sandbox"
+                                                                    : "snapshot",
                                             json_string(optarg));
                         nfrom++;
                         break;
                 case 'f':
-                case O_FROM_SANDBOX:
-                case O_FROM_SNAPSHOT:
-                        rc = cli_usage_error("template",
-                                             "%s: this coved builds templates from images and "
-                                             "archives only (Dockerfiles, sandboxes and "
-                                             "snapshots are not supported yet)",
-                                             opt == 'f'              ? "-f"
-                                             : opt == O_FROM_SANDBOX ? "--from-sandbox"
-                                                                     : "--from-snapshot");
+                        rc = cli_usage_error("template", "-f: Dockerfile builds are not supported "
+                                                         "yet");
                         goto out;
                 case O_INSECURE:
                         json_object_set_new(body, "insecure", json_true());
@@ -175,7 +175,8 @@ static int build(struct cli *c, int argc, char **argv)
         }
         if (nfrom > 1) {
                 rc = cli_usage_error("template", "give one of --image, --oci-archive, "
-                                                 "--docker-archive");
+                                                 "--docker-archive, --from-sandbox, "
+                                                 "--from-snapshot");
                 goto out;
         }
         const char *name = argv[optind];

@@ -11,6 +11,7 @@
 
 #include "control/coved.h"
 #include "control/secrets.h"
+#include "control/snapshot.h"
 #include "control/template.h"
 #include "node/node.h"
 #include "util/util.h"
@@ -22,6 +23,7 @@ enum { B_BUILDING, B_READY, B_FAILED };
 
 struct coved_tbuild {
         struct coved_tbuilds *owner;
+        struct coved *d;
         int refs; /* under owner->mu */
         char tenant[64], name[COVE_TEMPLATE_NAME_MAX];
         int state;
@@ -169,12 +171,43 @@ static const char *kind_code(enum cove_err_kind k)
         }
 }
 
+struct tree_ctx {
+        struct coved_tbuild *b;
+        const char *parent;
+};
+
+static int tree_cb(void *arg, int tree_fd, struct cove_err *err)
+{
+        struct tree_ctx *t = arg;
+        struct cove_tree_spec ts = {
+            .tenant = t->b->tenant,
+            .name = t->b->name,
+            .parent = t->parent,
+            .source_kind = t->b->kind,
+            .source_id = t->b->ref,
+            .tree_fd = tree_fd,
+            .max_bytes = t->b->spec.max_bytes,
+            .event = on_event,
+            .event_arg = t->b,
+        };
+        return cove_template_tree_build(t->b->owner->tdir, &ts, err);
+}
+
 static void *build_main(void *arg)
 {
         struct coved_tbuild *b = arg;
         struct cove_err err;
         memset(&err, 0, sizeof err);
-        int rc = cove_template_image_build(b->owner->tdir, &b->spec, &err);
+        int rc;
+        if (!strcmp(b->kind, "sandbox") || !strcmp(b->kind, "snapshot")) {
+                char parent[64] = "";
+                struct tree_ctx t = {.b = b, .parent = parent};
+                int is_sb = !strcmp(b->kind, "sandbox");
+                rc = coved_sandbox_files(b->d, b->tenant, is_sb ? b->ref : NULL,
+                                         is_sb ? NULL : b->ref, parent, tree_cb, &t, &err);
+        } else {
+                rc = cove_template_image_build(b->owner->tdir, &b->spec, &err);
+        }
         if (rc < 0) /* layers unpacked whole for nothing: not kept */
                 cove_template_gc(b->owner->tdir, NULL);
         /* the credential is not needed any more */
@@ -279,14 +312,20 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
                                      "docker_archive");
         const char *kind = json_object_iter_key(json_object_iter(from));
         const char *ref = json_string_value(json_object_get(from, kind));
-        if (strcmp(kind, "image") && strcmp(kind, "oci_archive") && strcmp(kind, "docker_archive"))
+        int from_files = !strcmp(kind, "sandbox") || !strcmp(kind, "snapshot");
+        if (strcmp(kind, "image") && strcmp(kind, "oci_archive") &&
+            strcmp(kind, "docker_archive") && !from_files)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "from.%.32s is not supported by this coved (image, "
-                                     "oci_archive, docker_archive)",
+                                     "oci_archive, docker_archive, sandbox, snapshot)",
                                      kind);
+        if (from_files && ref && strlen(ref) > 63)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "from.%s: no such id", kind);
+        if (from_files && strstr(name, ".."))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid template name");
         if (!ref)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "from.%s must be a string", kind);
-        if (strcmp(kind, "image") && !admin)
+        if (strcmp(kind, "image") && !from_files && !admin)
                 return cove_err_setk(err, COVE_E_UNAUTHORIZED, 0,
                                      "importing an archive from this node's filesystem is admin "
                                      "only");
@@ -343,6 +382,7 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
                 return cove_err_set(err, ENOMEM, "template build");
         }
         b->owner = t;
+        b->d = d;
         b->refs = 1;
         snprintf(b->tenant, sizeof b->tenant, "%s", tenant);
         snprintf(b->name, sizeof b->name, "%s", name);

@@ -111,6 +111,24 @@ struct cove_image_spec {
 int cove_template_image_build(const char *templates_dir, const struct cove_image_spec *s,
                               struct cove_err *err);
 
+/* A template from a sandbox's files: the parent template (a built-in or the tenant's) with
+ * one layer more, made from tree_fd, the overlay upper tree of the sandbox (its changes,
+ * overlay whiteouts included; hostile: copied below fds, never followed). The layer is
+ * named by a sha256 of a canonical form of its files. meta.json gets source
+ * {source_kind: source_id}, the parent's config, layers and base_builtin. */
+struct cove_tree_spec {
+        const char *tenant, *name;
+        const char *parent;      /* the sandbox's template */
+        const char *source_kind; /* "sandbox" or "snapshot" */
+        const char *source_id;
+        int tree_fd;
+        uint64_t max_bytes;
+        cove_template_event_fn event;
+        void *event_arg;
+};
+int cove_template_tree_build(const char *templates_dir, const struct cove_tree_spec *s,
+                             struct cove_err *err);
+
 /* cove_template_lookup for a tenant: built-in names resolve to the built-ins, others to the
  * tenant's own (tenant NULL: built-ins only). Same returns. */
 int cove_template_lookup_for(const char *templates_dir, const char *tenant, const char *name,

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -858,4 +859,381 @@ void cove_template_sweep(const char *tdir)
                 }
         }
         cove_template_gc(tdir, NULL);
+}
+
+/* ---- templates from a sandbox's files ---------------------------------------------- */
+
+static void emit_tree(const struct cove_tree_spec *s, const char *stage)
+{
+        if (s->event)
+                emit((const struct cove_image_spec *)&(
+                         struct cove_image_spec){.event = s->event, .event_arg = s->event_arg},
+                     json_pack("{s:s, s:s}", "type", "stage", "stage", stage));
+}
+
+/* Copy the overlay upper tree in src (a sandbox's changes: hostile) into a layer tree in
+ * dst, overlay whiteouts (0/0 char devices, opaque directories) turned into OCI ones,
+ * hashing a canonical form of every entry into md. */
+static int copy_upper(int src, int dst, int depth, struct cove_tarx_budget *b, EVP_MD_CTX *md,
+                      struct cove_err *err)
+{
+        if (depth > 256)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "the sandbox's tree is too deep");
+        /* a description of our own: a dup would share the caller's directory offset */
+        int dfd = openat(src, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+        if (!d) {
+                if (dfd >= 0)
+                        close(dfd);
+                return cove_err_set(err, errno, "read the sandbox's files");
+        }
+        /* sorted, so that the digest does not depend on the directory's order */
+        size_t n = 0, cap = 0;
+        char **names = NULL;
+        struct dirent *de;
+        int rc = 0;
+        while ((de = readdir(d))) {
+                if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+                        continue;
+                if (n == cap) {
+                        cap = cap ? cap * 2 : 64;
+                        char **nn = realloc(names, cap * sizeof *nn);
+                        if (!nn) {
+                                rc = cove_err_set(err, ENOMEM, "copy");
+                                break;
+                        }
+                        names = nn;
+                }
+                names[n] = strdup(de->d_name);
+                if (!names[n]) {
+                        rc = cove_err_set(err, ENOMEM, "copy");
+                        break;
+                }
+                n++;
+        }
+        closedir(d);
+        if (rc == 0 && n)
+                qsort(names, n, sizeof *names, (int (*)(const void *, const void *))strcmp);
+        for (size_t i = 0; rc == 0 && i < n; i++) {
+                const char *nm = names[i];
+                struct stat st;
+                if (b->entries_left == 0) {
+                        rc =
+                            cove_err_setk(err, COVE_E_LIMIT, 0, "more files than the limit allows");
+                        break;
+                }
+                b->entries_left--;
+                if (fstatat(src, nm, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+                        rc = cove_err_set(err, errno, "stat %s", nm);
+                        break;
+                }
+                char rec[600];
+                int rl = snprintf(rec, sizeof rec, "%o %u %u %s\n", (unsigned)st.st_mode,
+                                  (unsigned)st.st_uid, (unsigned)st.st_gid, nm);
+                EVP_DigestUpdate(md, rec, (size_t)rl);
+                if (!strncmp(nm, ".wh.", 4)) {
+                        rc = cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                           "a file named \"%.100s\" cannot be kept in a template",
+                                           nm);
+                } else if (S_ISCHR(st.st_mode) && st.st_rdev == 0) {
+                        char wh[300];
+                        if (snprintf(wh, sizeof wh, ".wh.%s", nm) >= 256)
+                                rc = cove_err_setk(err, COVE_E_BAD_REQUEST, ENAMETOOLONG,
+                                                   "a removed file's name is too long");
+                        else {
+                                int fd =
+                                    openat(dst, wh, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+                                rc = fd < 0 ? cove_err_set(err, errno, "whiteout %s", nm) : 0;
+                                if (fd >= 0)
+                                        close(fd);
+                        }
+                } else if (S_ISDIR(st.st_mode)) {
+                        int s2 = openat(src, nm, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        int d2 = -1;
+                        if (s2 < 0 || mkdirat(dst, nm, 0700) < 0 ||
+                            (d2 = openat(dst, nm,
+                                         O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) {
+                                rc = cove_err_set(err, errno, "directory %s", nm);
+                        } else {
+                                char v[4] = "";
+                                if ((fgetxattr(s2, "user.overlay.opaque", v, sizeof v) == 1 ||
+                                     fgetxattr(s2, "trusted.overlay.opaque", v, sizeof v) == 1) &&
+                                    v[0] == 'y') {
+                                        EVP_DigestUpdate(md, "opaque\n", 7);
+                                        int fd = openat(d2, ".wh..wh..opq",
+                                                        O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+                                        if (fd >= 0)
+                                                close(fd);
+                                        else
+                                                rc = cove_err_set(err, errno, "opaque %s", nm);
+                                }
+                                if (rc == 0)
+                                        rc = copy_upper(s2, d2, depth + 1, b, md, err);
+                                if (rc == 0 && (fchown(d2, st.st_uid, st.st_gid) < 0 ||
+                                                fchmod(d2, st.st_mode & 07777) < 0))
+                                        rc = cove_err_set(err, errno, "directory %s", nm);
+                        }
+                        if (s2 >= 0)
+                                close(s2);
+                        if (d2 >= 0)
+                                close(d2);
+                } else if (S_ISREG(st.st_mode)) {
+                        if ((uint64_t)st.st_size > b->bytes_left) {
+                                rc = cove_err_setk(err, COVE_E_LIMIT, EFBIG,
+                                                   "the sandbox's files are larger than the size "
+                                                   "limit");
+                                break;
+                        }
+                        int s2 = openat(src, nm, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+                        int d2 = openat(dst, nm,
+                                        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+                        char buf[65536];
+                        ssize_t r = 0;
+                        while (s2 >= 0 && d2 >= 0 && (r = read(s2, buf, sizeof buf)) > 0) {
+                                if ((uint64_t)r > b->bytes_left) {
+                                        r = -2;
+                                        break;
+                                }
+                                b->bytes_left -= (uint64_t)r;
+                                EVP_DigestUpdate(md, buf, (size_t)r);
+                                if (write(d2, buf, (size_t)r) != r) {
+                                        r = -1;
+                                        break;
+                                }
+                        }
+                        if (r == -2)
+                                rc = cove_err_setk(err, COVE_E_LIMIT, EFBIG,
+                                                   "the sandbox's files are larger than the size "
+                                                   "limit");
+                        else if (s2 < 0 || d2 < 0 || r < 0 ||
+                                 fchown(d2, st.st_uid, st.st_gid) < 0 ||
+                                 fchmod(d2, st.st_mode & 07777) < 0)
+                                rc = cove_err_set(err, errno, "copy %s", nm);
+                        else
+                                futimens(d2, (struct timespec[2]){st.st_atim, st.st_mtim});
+                        if (s2 >= 0)
+                                close(s2);
+                        if (d2 >= 0)
+                                close(d2);
+                } else if (S_ISLNK(st.st_mode)) {
+                        char t[4097];
+                        ssize_t l = readlinkat(src, nm, t, sizeof t - 1);
+                        if (l < 0 || l >= (ssize_t)sizeof t - 1)
+                                rc = cove_err_set(err, l < 0 ? errno : ENAMETOOLONG, "link %s", nm);
+                        else {
+                                t[l] = '\0';
+                                EVP_DigestUpdate(md, t, (size_t)l);
+                                if (symlinkat(t, dst, nm) < 0 ||
+                                    fchownat(dst, nm, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) <
+                                        0)
+                                        rc = cove_err_set(err, errno, "link %s", nm);
+                        }
+                } else if (S_ISFIFO(st.st_mode)) {
+                        if (mkfifoat(dst, nm, 0600) < 0 ||
+                            fchownat(dst, nm, st.st_uid, st.st_gid, AT_SYMLINK_NOFOLLOW) < 0 ||
+                            fchmodat(dst, nm, st.st_mode & 0777, 0) < 0)
+                                rc = cove_err_set(err, errno, "fifo %s", nm);
+                } else {
+                        rc = cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                           "\"%.100s\": sockets and device files are not kept in "
+                                           "a template",
+                                           nm);
+                }
+                if (rc < 0)
+                        cove_err_wrap(err, "%.100s", nm);
+        }
+        for (size_t i = 0; i < n; i++)
+                free(names[i]);
+        free(names);
+        return rc;
+}
+
+/* The tree as layers/sha256-<canonical digest>/; digest_out receives "sha256:<hex>". */
+static int layer_from_tree(const char *tdir, int tree_fd, uint64_t max_bytes, char digest_out[72],
+                           struct cove_err *err)
+{
+        char tmp[IMG_PATH_MAX], p[IMG_PATH_MAX + 16], final[IMG_PATH_MAX];
+        snprintf(tmp, sizeof tmp, "%s/layers/.tmp-sandbox-XXXXXX", tdir);
+        if (!mkdtemp(tmp))
+                return cove_err_set(err, errno, "create %s", tmp);
+        snprintf(p, sizeof p, "%s/tree", tmp);
+        EVP_MD_CTX *md = EVP_MD_CTX_new();
+        int rc = -1, dfd = -1;
+        struct cove_tarx_budget b = {.bytes_left = max_bytes, .entries_left = 4000000};
+        if (!md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL) || mkdir(p, 0755) < 0 ||
+            (dfd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+                cove_err_set(err, errno ? errno : ENOMEM, "create %s", p);
+                goto out;
+        }
+        EVP_DigestUpdate(md, "cove-tree-1\n", 12);
+        if (copy_upper(tree_fd, dfd, 0, &b, md, err) < 0)
+                goto out;
+        unsigned char h[32];
+        unsigned int hl = 0;
+        EVP_DigestFinal_ex(md, h, &hl);
+        char hex[65];
+        cove_hex(h, 32, hex);
+        snprintf(digest_out, 72, "sha256:%s", hex);
+        if (cove_write_file_atomic(tmp, "diff_id", digest_out, strlen(digest_out), 0644, err) < 0)
+                goto out;
+        if (syncfs(dfd) < 0) {
+                cove_err_set(err, errno, "sync");
+                goto out;
+        }
+        snprintf(final, sizeof final, "%s/layers/sha256-%s", tdir, hex);
+        if (chmod(tmp, 0755) < 0 || rename(tmp, final) < 0) {
+                if (errno != EEXIST && errno != ENOTEMPTY) {
+                        cove_err_set(err, errno, "rename %s", tmp);
+                        goto out;
+                }
+                cove_rm_rf(tmp, NULL); /* the same files were saved before */
+        }
+        rc = 0;
+out:
+        if (dfd >= 0)
+                close(dfd);
+        EVP_MD_CTX_free(md);
+        if (rc < 0)
+                cove_rm_rf(tmp, NULL);
+        return rc;
+}
+
+int cove_template_tree_build(const char *tdir, const struct cove_tree_spec *s, struct cove_err *err)
+{
+        char td[IMG_PATH_MAX], build[IMG_PATH_MAX], final[IMG_PATH_MAX], p[IMG_PATH_MAX + 80];
+        if (tenant_dir(tdir, s->tenant, td, sizeof td, err) < 0)
+                return -1;
+        if (!cove__tpl_valid_name(s->name) || cove_template_known(s->name) || strstr(s->name, ".."))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid template name");
+        /* the parent: a built-in's rootfs, or a tenant template's layers */
+        json_t *pmeta = NULL, *layers = json_array();
+        const char *builtin = NULL;
+        if (cove_template_known(s->parent)) {
+                builtin = s->parent;
+        } else if (cove_template_meta(tdir, s->tenant, s->parent, &pmeta, err) != 0) {
+                json_decref(layers);
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "the parent template %s is gone",
+                                     s->parent);
+        } else {
+                builtin = json_string_value(json_object_get(pmeta, "base_builtin"));
+                json_array_extend(layers, json_object_get(pmeta, "layers"));
+        }
+        int rc = -1;
+        int ll = -1, lock = -1;
+        char *built_from = NULL;
+        if (ensure_dirs(tdir, td, err) < 0 || (ll = layers_lock(tdir, LOCK_SH, err)) < 0 ||
+            (lock = cove__tpl_lock(td, s->name, err)) < 0)
+                goto out;
+        snprintf(final, sizeof final, "%s/%s", td, s->name);
+        snprintf(p, sizeof p, "%s/meta.json", final);
+        struct stat st;
+        if (stat(p, &st) == 0) {
+                cove_err_setk(err, COVE_E_CONFLICT, 0, "template %s exists", s->name);
+                goto out;
+        }
+        if (cove__tpl_remove_stale(td, s->name, err) < 0)
+                goto out;
+        emit_tree(s, "capture");
+        char digest[72];
+        if (layer_from_tree(tdir, s->tree_fd, s->max_bytes, digest, err) < 0) {
+                cove_err_wrap(err, "the sandbox's files");
+                goto out;
+        }
+        json_array_append_new(layers, json_string(digest));
+        snprintf(build, sizeof build, "%s/.build-%s-XXXXXX", td, s->name);
+        if (!mkdtemp(build)) {
+                cove_err_set(err, errno, "create %s", build);
+                goto out;
+        }
+        emit_tree(s, "rootfs");
+        snprintf(p, sizeof p, "%s/rootfs", build);
+        int rfd = -1;
+        if (mkdir(p, 0755) < 0 || (rfd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0) {
+                cove_err_set(err, errno, "create %s", p);
+                goto fail;
+        }
+        if (builtin) {
+                char bp[IMG_PATH_MAX + 16];
+                snprintf(bp, sizeof bp, "%s/%s/rootfs", tdir, builtin);
+                int bfd = open(bp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (bfd < 0 || cove_tarx_apply(bfd, rfd, err) < 0) {
+                        if (bfd < 0)
+                                cove_err_set(err, errno, "open %s", bp);
+                        if (bfd >= 0)
+                                close(bfd);
+                        close(rfd);
+                        cove_err_wrap(err, "the built-in %s", builtin);
+                        goto fail;
+                }
+                close(bfd);
+        }
+        size_t i;
+        json_t *v;
+        json_array_foreach(layers, i, v)
+        {
+                const char *dg = json_string_value(v);
+                char lp[IMG_PATH_MAX + 90];
+                if (!cove_oci_digest_valid(dg)) {
+                        cove_err_setk(err, COVE_E_INTERNAL, 0, "a layer of %s is malformed",
+                                      s->parent);
+                        close(rfd);
+                        goto fail;
+                }
+                snprintf(lp, sizeof lp, "%s/layers/sha256-%s/tree", tdir, dg + 7);
+                int lfd = open(lp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (lfd < 0 || cove_tarx_apply(lfd, rfd, err) < 0) {
+                        if (lfd < 0)
+                                cove_err_set(err, errno, "open %s", lp);
+                        else
+                                close(lfd);
+                        close(rfd);
+                        cove_err_wrap(err, "layer %zu (%s)", i + 1, dg);
+                        goto fail;
+                }
+                close(lfd);
+        }
+        if (fixups(rfd, err) < 0 || syncfs(rfd) < 0) {
+                if (!err->msg[0])
+                        cove_err_set(err, errno, "sync");
+                close(rfd);
+                goto fail;
+        }
+        uint64_t size = cove__tpl_tree_size(dup(rfd));
+        close(rfd);
+        char at[40];
+        cove_rfc3339(cove_now_ms(), at, sizeof at);
+        json_t *cfg = json_object_get(pmeta, "config");
+        json_t *meta =
+            json_pack("{s:s, s:s, s:s, s:s, s:I, s:{s:s}, s:s, s:O, s:O}", "name", s->name,
+                      "tenant", s->tenant, "built_at", at, "created_at", at, "size_bytes",
+                      (json_int_t)size, "source", s->source_kind, s->source_id, "digest", digest,
+                      "layers", layers, "config", cfg ? cfg : json_null());
+        if (meta && builtin)
+                json_object_set_new(meta, "base_builtin", json_string(builtin));
+        if (meta)
+                json_object_set_new(meta, "parent", json_string(s->parent));
+        if (!meta || write_meta(build, meta, err) < 0) {
+                json_decref(meta);
+                goto fail;
+        }
+        json_decref(meta);
+        if (chmod(build, 0755) < 0 || rename(build, final) < 0) {
+                cove_err_set(err, errno, "rename %s", build);
+                goto fail;
+        }
+        cove__tpl_fsync_dir(td, NULL);
+        emit_tree(s, "ready");
+        rc = 0;
+        goto out;
+fail:
+        cove_rm_rf(build, NULL);
+out:
+        free(built_from);
+        if (lock >= 0)
+                close(lock);
+        if (ll >= 0)
+                close(ll);
+        json_decref(pmeta);
+        json_decref(layers);
+        return rc;
 }
