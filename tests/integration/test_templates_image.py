@@ -472,3 +472,29 @@ def test_template_from_a_sandbox_and_from_a_snapshot(node, tdir):
     for n in ("saved-2", "saved", "saved-snap", "nosuch"):
         c.ok("DELETE", f"/v1/templates/{n}")
     assert debris(tdir) == []
+
+
+def test_image_template_runs_under_the_vm_runtime(build_dir, tdir, log_dir, registry, base_tar):
+    """The vm runtime starts a sandbox from an image template too (its template snapshot is
+    made from the same rootfs), with the image's files and WORKDIR."""
+    qemu = os.environ.get("COVE_QEMU", "/usr/bin/qemu-system-x86_64")
+    kdir = os.environ.get("COVE_VM_KERNEL_DIR", "/var/cache/cove/vm")
+    if not os.access(qemu, os.X_OK) or not os.access(os.path.join(kdir, "vmlinux"), os.R_OK):
+        pytest.skip(f"no QEMU ({qemu}) or guest kernel ({kdir}/vmlinux): the vm runtime is off")
+    d = Coved(build_dir, templates_dir=tdir, log_dir=log_dir,
+              extra_args=["--pool", "0", "--vm-pool", "0"])
+    try:
+        c = d.client
+        ref = push_image(registry, base_tar, "vm/app", workdir="/app")
+        t = build(c, "vmapp", **{"from": {"image": ref}, "insecure": True})
+        assert t["state"] == "ready", t
+        sb = c.create(template="vmapp", runtime="vm")
+        try:
+            c.wait_state(sb["id"], ("running",), timeout=600)
+            r = c.exec(sb["id"], "pwd; cat hello.txt", timeout=300)
+            assert r["stdout"] == "/app\nhello from the image\n", r
+        finally:
+            c.remove(sb["id"])
+        c.ok("DELETE", "/v1/templates/vmapp")
+    finally:
+        d.stop()
