@@ -498,3 +498,94 @@ def test_image_template_runs_under_the_vm_runtime(build_dir, tdir, log_dir, regi
         c.ok("DELETE", "/v1/templates/vmapp")
     finally:
         d.stop()
+
+
+def _context(files):
+    def add(t):
+        for name, data in files.items():
+            oci.file_entry(t, name, data)
+    import base64
+    return base64.b64encode(oci.tar_bytes(add)).decode()
+
+
+def test_dockerfile_build_runs_steps_in_sandboxes_and_caches_them(node, tdir):
+    """A Dockerfile FROM a cove template: RUN runs in a sandbox of the state so far, COPY
+    takes the uploaded context, ENV/WORKDIR/USER/CMD become the config; a rebuild of the
+    same steps runs nothing; a changed step runs from there on."""
+    c = node.client
+    df = ("FROM busybox\n"
+          "ARG GREETING=hi\n"
+          "ENV APP_MODE=prod\n"
+          "WORKDIR /srv/app\n"
+          "COPY conf.txt ./\n"
+          "RUN echo \"$GREETING $APP_MODE\" > made.txt && \\\n"
+          "    cat conf.txt >> made.txt && id -u >> made.txt\n"
+          "USER 1000\n"
+          "CMD [\"sh\"]\n")
+    ctx = _context({"conf.txt": b"from the context\n"})
+    t = build(c, "df1", **{"from": {"dockerfile": df, "context_b64": ctx}})
+    assert t["state"] == "ready", t.get("error")
+    assert t["config"]["workdir"] == "/srv/app" and t["config"]["user"] == "1000"
+    assert t["config"]["env"]["APP_MODE"] == "prod" and t["config"]["cmd"] == ["sh"]
+    ev = list(c.stream("/v1/templates/df1/build/events", max_events=10000))
+    steps = [e for e in ev if e.get("type") == "step"]
+    assert [e["state"] for e in steps if e["state"] != "running"] == ["done"] * 3, steps
+    sb = c.create(template="df1")
+    try:
+        r = c.exec(sb["id"], "pwd; cat made.txt; id -u")
+        assert r["stdout"] == "/srv/app\nhi prod\nfrom the context\n0\n1000\n", r
+    finally:
+        c.remove(sb["id"])
+    # the step caches are not listed as templates
+    assert not [x for x in c.get("/v1/templates")["templates"] if ".." in x["name"]]
+    # the same steps again: every file-changing step cached
+    t = build(c, "df2", **{"from": {"dockerfile": df, "context_b64": ctx}})
+    assert t["state"] == "ready", t
+    ev = list(c.stream("/v1/templates/df2/build/events", max_events=10000))
+    assert [e["state"] for e in ev if e.get("type") == "step"] == ["cached"] * 3, ev
+    # a changed RUN runs again, the steps before it stay cached
+    t = build(c, "df3", **{"from": {"dockerfile": df.replace("id -u >>", "echo x >>"),
+                                    "context_b64": ctx}})
+    assert t["state"] == "ready", t
+    ev = list(c.stream("/v1/templates/df3/build/events", max_events=10000))
+    assert [e["state"] for e in ev if e.get("type") == "step" and e["state"] != "running"] \
+        == ["cached", "cached", "done"], ev
+    for n in ("df1", "df2", "df3"):
+        c.ok("DELETE", f"/v1/templates/{n}")
+
+
+@pytest.mark.parametrize("df,why", [
+    ("RUN true\n", "line 1: the first instruction must be FROM"),
+    ("FROM busybox\nHEALTHCHECK CMD true\n", "line 2: HEALTHCHECK is not supported"),
+    ("FROM busybox\n\n# c\nVOLUME /data\n", "line 4: VOLUME is not supported"),
+    ("FROM busybox AS x\n", "line 1: FROM takes one"),
+    ("FROM busybox\nADD https://example.com/x /x\n", "line 2: ADD of a URL"),
+    ("FROM busybox\nCOPY --chown=1 a b\n", "line 2: COPY/ADD flags"),
+    ("FROM busybox\nFROM base\n", "line 2: a second FROM"),
+    ("FROM busybox\nBOGUS x\n", "line 2: unknown instruction BOGUS"),
+])
+def test_dockerfile_refused_with_its_line(node, df, why):
+    e = node.client.expect_error("POST", "/v1/templates", 400, "bad_request",
+                                 {"name": "dfbad", "from": {"dockerfile": df}})
+    assert why in e["message"], e
+
+
+def test_dockerfile_run_failure_names_the_line_and_leaves_nothing(node, tdir):
+    c = node.client
+    t = build(c, "dffail", **{"from": {"dockerfile": "FROM busybox\nRUN echo boom; exit 3\n"}})
+    assert t["state"] == "failed", t
+    assert "line 2: RUN exited with 3: boom" in t["error"]["message"], t
+    assert debris(tdir) == []
+    # the RUN sandbox is gone
+    assert not [s for s in c.get("/v1/sandboxes")["sandboxes"] if s["template"] == "busybox"
+                and s["state"] != "stopped"]
+    c.ok("DELETE", "/v1/templates/dffail")
+
+
+def test_dockerfile_run_has_no_network_by_default(node):
+    """RUN steps get the build's egress policy, deny by default: no name resolves."""
+    c = node.client
+    t = build(c, "dfnet", **{"from": {"dockerfile":
+                                      "FROM busybox\nRUN nslookup deb.debian.org\n"}})
+    assert t["state"] == "failed" and "line 2: RUN exited with" in t["error"]["message"], t
+    c.ok("DELETE", "/v1/templates/dfnet")

@@ -12,6 +12,10 @@
 #include "control/coved.h"
 #include "control/secrets.h"
 #include "control/snapshot.h"
+#include "control/dockerfile.h"
+#include "control/tbuild_df.h"
+#include <openssl/evp.h>
+#include "util/cleanup.h"
 #include "control/template.h"
 #include "node/node.h"
 #include "util/util.h"
@@ -41,6 +45,9 @@ struct coved_tbuild {
         char kind[32];
         char *ref, *auth;
         json_t *extra;
+        json_t *steps, *egress, *build_args; /* a Dockerfile build */
+        unsigned char *context;
+        size_t context_len;
         struct coved_tbuild *next;
 };
 
@@ -72,6 +79,10 @@ static void build_free(struct coved_tbuild *b)
         free(b->ref);
         free(b->ev);
         json_decref(b->extra);
+        json_decref(b->steps);
+        json_decref(b->egress);
+        json_decref(b->build_args);
+        free(b->context);
         free(b);
 }
 
@@ -199,7 +210,24 @@ static void *build_main(void *arg)
         struct cove_err err;
         memset(&err, 0, sizeof err);
         int rc;
-        if (!strcmp(b->kind, "sandbox") || !strcmp(b->kind, "snapshot")) {
+        if (!strcmp(b->kind, "dockerfile")) {
+                struct coved_df_build in = {
+                    .tdir = b->owner->tdir,
+                    .tenant = b->tenant,
+                    .name = b->name,
+                    .steps = b->steps,
+                    .digest = b->ref,
+                    .context = b->context,
+                    .context_len = b->context_len,
+                    .egress = b->egress,
+                    .build_args = b->build_args,
+                    .max_bytes = b->spec.max_bytes,
+                    .event = on_event,
+                    .event_arg = b,
+                    .cancel = &b->cancel,
+                };
+                rc = coved_dockerfile_build(b->d, &in, &err);
+        } else if (!strcmp(b->kind, "sandbox") || !strcmp(b->kind, "snapshot")) {
                 char parent[64] = "";
                 struct tree_ctx t = {.b = b, .parent = parent};
                 int is_sb = !strcmp(b->kind, "sandbox");
@@ -274,6 +302,11 @@ static void trim_finished_locked(struct coved_tbuilds *t)
                 drop_locked(t, oldest);
 }
 
+static void jdecp(json_t **j)
+{
+        json_decref(*j);
+}
+
 static int registry_host(const char *ref, char *out, size_t cap)
 {
         const char *s = strchr(ref, '/');
@@ -299,33 +332,81 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
                 if (i == sizeof keys / sizeof keys[0])
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                              "unknown or unsupported field \"%.64s\" (name, from, "
-                                             "insecure, registry_auth, max_size_mb, timeout_s)",
+                                             "insecure, registry_auth, max_size_mb, timeout_s, "
+                                             "egress, build_args)",
                                              k);
         }
         const char *name = json_string_value(json_object_get(body, "name"));
         json_t *from = json_object_get(body, "from");
         if (!name)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "name is required");
-        if (!json_is_object(from) || json_object_size(from) != 1)
+        json_t *dft = json_object_get(from, "dockerfile");
+        if (!json_is_object(from) ||
+            json_object_size(from) != (dft && json_object_get(from, "context_b64") ? 2u : 1u))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "from must be an object with one of image, oci_archive, "
-                                     "docker_archive");
-        const char *kind = json_object_iter_key(json_object_iter(from));
-        const char *ref = json_string_value(json_object_get(from, kind));
+                                     "docker_archive, sandbox, snapshot, dockerfile (with "
+                                     "context_b64)");
+        const char *kind = dft ? "dockerfile" : json_object_iter_key(json_object_iter(from));
+        __attribute__((cleanup(jdecp))) json_t *steps = NULL;
+        cleanup_free unsigned char *ctx = NULL;
+        size_t ctx_len = 0;
+        char df_digest[80] = "";
+        if (dft) {
+                if (!json_is_string(dft))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "from.dockerfile must be the Dockerfile's text");
+                if (cove_dockerfile_parse(json_string_value(dft), json_string_length(dft), &steps,
+                                          err) < 0)
+                        return -1;
+                unsigned char h[32];
+                unsigned int hl;
+                EVP_Digest(json_string_value(dft), json_string_length(dft), h, &hl, EVP_sha256(),
+                           NULL);
+                char hex[65];
+                cove_hex(h, 32, hex);
+                snprintf(df_digest, sizeof df_digest, "sha256:%s", hex);
+                json_t *cb = json_object_get(from, "context_b64");
+                if (cb) {
+                        const char *t = json_string_value(cb);
+                        size_t tl = t ? strlen(t) : 0;
+                        ctx = malloc(tl / 4 * 3 + 4);
+                        int n =
+                            ctx && t ? EVP_DecodeBlock(ctx, (const unsigned char *)t, (int)tl) : -1;
+                        if (n < 0 || tl % 4)
+                                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                                     "from.context_b64 must be base64 of a tar");
+                        while (tl && t[tl - 1] == '=') { /* EVP counts padding as bytes */
+                                tl--;
+                                n--;
+                        }
+                        ctx_len = (size_t)n;
+                }
+        }
+        json_t *egress = json_object_get(body, "egress");
+        json_t *bargs = json_object_get(body, "build_args");
+        if ((egress || bargs) && !dft)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "egress and build_args are for Dockerfile builds");
+        if (bargs && !json_is_object(bargs))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "build_args must be an object of strings");
+        const char *ref = dft ? df_digest : json_string_value(json_object_get(from, kind));
         int from_files = !strcmp(kind, "sandbox") || !strcmp(kind, "snapshot");
         if (strcmp(kind, "image") && strcmp(kind, "oci_archive") &&
-            strcmp(kind, "docker_archive") && !from_files)
+            strcmp(kind, "docker_archive") && !from_files && !dft)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "from.%.32s is not supported by this coved (image, "
                                      "oci_archive, docker_archive, sandbox, snapshot)",
                                      kind);
         if (from_files && ref && strlen(ref) > 63)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "from.%s: no such id", kind);
-        if (from_files && strstr(name, ".."))
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid template name");
+        if (strstr(name, ".."))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "template names hold no \"..\" (kept for build caches)");
         if (!ref)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "from.%s must be a string", kind);
-        if (strcmp(kind, "image") && !from_files && !admin)
+        if (strcmp(kind, "image") && !from_files && !dft && !admin)
                 return cove_err_setk(err, COVE_E_UNAUTHORIZED, 0,
                                      "importing an archive from this node's filesystem is admin "
                                      "only");
@@ -389,6 +470,13 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
         snprintf(b->kind, sizeof b->kind, "%s", kind);
         b->ref = strdup(ref);
         b->auth = auth;
+        b->steps = steps;
+        steps = NULL;
+        b->context = ctx;
+        ctx = NULL;
+        b->context_len = ctx_len;
+        b->egress = json_incref(egress);
+        b->build_args = json_incref(bargs);
         b->created_ms = cove_now_ms();
         b->spec = (struct cove_image_spec){
             .tenant = b->tenant,
@@ -516,6 +604,8 @@ static int add_builtin(void *arg, const struct cove_template_info *i)
 static int add_meta(void *arg, json_t *m)
 {
         struct list_ctx *c = arg;
+        if (strstr(json_string_value(json_object_get(m, "name")) ?: "", ".."))
+                return 0; /* a Dockerfile step's cache ("cache..<key>"): not listed */
         json_t *o = meta_json(m);
         json_object_del(o, "layers");
         json_array_append_new(c->arr, o);

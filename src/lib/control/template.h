@@ -123,11 +123,16 @@ struct cove_tree_spec {
         const char *source_id;
         int tree_fd;
         uint64_t max_bytes;
+        json_t *config; /* the template's config; NULL: the parent's (borrowed) */
         cove_template_event_fn event;
         void *event_arg;
 };
 int cove_template_tree_build(const char *templates_dir, const struct cove_tree_spec *s,
                              struct cove_err *err);
+
+/* Copy the tree below src_fd into dst_fd (empty) below fds, never following a link, at
+ * most max_bytes of file data (COVE_E_LIMIT). For Dockerfile COPY. */
+int cove_template_copy_tree(int src_fd, int dst_fd, uint64_t max_bytes, struct cove_err *err);
 
 /* cove_template_lookup for a tenant: built-in names resolve to the built-ins, others to the
  * tenant's own (tenant NULL: built-ins only). Same returns. */

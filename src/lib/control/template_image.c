@@ -805,6 +805,9 @@ int cove_template_remove(const char *tdir, const char *tenant, const char *name,
                                      "%s is a built-in template and cannot be deleted", name);
         if (!cove__tpl_valid_name(name) || tenant_dir(tdir, tenant, td, sizeof td, NULL) < 0)
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "no template %s", name);
+        struct stat tst;
+        if (stat(td, &tst) < 0)
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "no template %s", name);
         cleanup_close int lock = cove__tpl_lock(td, name, err);
         if (lock < 0)
                 return -1;
@@ -1103,7 +1106,7 @@ int cove_template_tree_build(const char *tdir, const struct cove_tree_spec *s, s
         char td[IMG_PATH_MAX], build[IMG_PATH_MAX], final[IMG_PATH_MAX], p[IMG_PATH_MAX + 80];
         if (tenant_dir(tdir, s->tenant, td, sizeof td, err) < 0)
                 return -1;
-        if (!cove__tpl_valid_name(s->name) || cove_template_known(s->name) || strstr(s->name, ".."))
+        if (!cove__tpl_valid_name(s->name) || cove_template_known(s->name))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid template name");
         /* the parent: a built-in's rootfs, or a tenant template's layers */
         json_t *pmeta = NULL, *layers = json_array();
@@ -1202,7 +1205,7 @@ int cove_template_tree_build(const char *tdir, const struct cove_tree_spec *s, s
         close(rfd);
         char at[40];
         cove_rfc3339(cove_now_ms(), at, sizeof at);
-        json_t *cfg = json_object_get(pmeta, "config");
+        json_t *cfg = s->config ? s->config : json_object_get(pmeta, "config");
         json_t *meta =
             json_pack("{s:s, s:s, s:s, s:s, s:I, s:{s:s}, s:s, s:O, s:O}", "name", s->name,
                       "tenant", s->tenant, "built_at", at, "created_at", at, "size_bytes",
@@ -1235,5 +1238,16 @@ out:
                 close(ll);
         json_decref(pmeta);
         json_decref(layers);
+        return rc;
+}
+
+int cove_template_copy_tree(int src_fd, int dst_fd, uint64_t max_bytes, struct cove_err *err)
+{
+        EVP_MD_CTX *md = EVP_MD_CTX_new();
+        struct cove_tarx_budget b = {.bytes_left = max_bytes, .entries_left = 4000000};
+        int rc = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL)
+                     ? copy_upper(src_fd, dst_fd, 0, &b, md, err)
+                     : cove_err_set(err, ENOMEM, "copy");
+        EVP_MD_CTX_free(md);
         return rc;
 }
