@@ -413,8 +413,26 @@ def test_cli_template_build_ls_inspect_rm(node, registry, base_tar, build_dir):
     r = run("template", "build", "clibad", "--image", bad, "--insecure")
     assert r.returncode == 1 and "device node" in r.stderr and "layer 2" in r.stderr, r.stderr
     run("template", "rm", "clibad")
-    r = run("template", "build", "x", "-f", "Dockerfile")
-    assert r.returncode == 2
+    # -f Dockerfile CONTEXT: the directory goes up as a tar
+    work = tempfile.mkdtemp(prefix="cove-cli-df-")
+    try:
+        with open(os.path.join(work, "Dockerfile"), "w") as f:
+            f.write("FROM busybox\nCOPY note.txt /opt/\nRUN cat /opt/note.txt > /opt/seen\n")
+        os.makedirs(os.path.join(work, "ctx"))
+        with open(os.path.join(work, "ctx", "note.txt"), "w") as f:
+            f.write("noted\n")
+        r = run("template", "build", "clidf", "-f", os.path.join(work, "Dockerfile"),
+                os.path.join(work, "ctx"))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["state"] == "ready"
+        sb = node.client.create(template="clidf")
+        try:
+            assert node.client.exec(sb["id"], "cat /opt/seen")["stdout"] == "noted\n"
+        finally:
+            node.client.remove(sb["id"])
+        assert run("template", "rm", "clidf").returncode == 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     # the built-ins build by name (what the create error tells users to run)
     r = run("template", "build", "busybox")
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "ready", r.stderr

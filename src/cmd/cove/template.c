@@ -1,10 +1,15 @@
 /* cove template: build (from an image, an archive, or a built-in by name), ls, inspect, rm
  * (docs/cli.md "Templates"): thin wrappers over /v1/templates; build waits for the outcome
  * with a spinner on a terminal. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "client.h"
 #include "cove.h"
@@ -23,6 +28,7 @@ enum {
         O_MAX_SIZE,
         O_TIMEOUT,
         O_NO_WAIT,
+        O_EGRESS_ALLOW,
 };
 
 static void help(void)
@@ -32,6 +38,9 @@ static void help(void)
              "  build NAME --image REF [--insecure] [--registry-secret S]\n"
              "  build NAME --oci-archive FILE | --docker-archive FILE   (admin: a file on the "
              "node)\n"
+             "  build NAME -f Dockerfile [CONTEXT] [--allow PATTERN]...\n"
+             "                               build from a Dockerfile without Docker: RUN in a\n"
+             "                               sandbox allowed to reach only the --allow hosts\n"
              "  build NAME --from-sandbox ID | --from-snapshot ID\n"
              "                               save a sandbox's files (or a snapshot's) as a "
              "template\n"
@@ -60,6 +69,71 @@ static void print_one(json_t *t)
         const char *dg = json_string_value(json_object_get(t, "digest"));
         printf("%-24s %-9s %-10s %s\n", s_or_dash(t, "name"), s_or_dash(t, "state"), size,
                dg ? dg : (json_is_true(json_object_get(t, "builtin")) ? "(built-in)" : "-"));
+}
+
+#define CONTEXT_MAX (700 * 1024) /* base64 of it fits the API's 1 MiB body */
+
+static char *b64(const unsigned char *in, size_t n)
+{
+        static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        char *out = malloc(4 * ((n + 2) / 3) + 1), *o = out;
+        if (!out)
+                return NULL;
+        for (size_t i = 0; i < n; i += 3) {
+                unsigned v = (unsigned)in[i] << 16 | (i + 1 < n ? (unsigned)in[i + 1] << 8 : 0) |
+                             (i + 2 < n ? in[i + 2] : 0);
+                *o++ = t[v >> 18 & 63];
+                *o++ = t[v >> 12 & 63];
+                *o++ = i + 1 < n ? t[v >> 6 & 63] : '=';
+                *o++ = i + 2 < n ? t[v & 63] : '=';
+        }
+        *o = '\0';
+        return out;
+}
+
+/* The context directory as a tar (by the host's tar, no shell), at most CONTEXT_MAX. */
+static unsigned char *tar_dir(const char *dir, size_t *len, struct cove_err *err)
+{
+        struct stat st;
+        if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+                cove_err_set(err, errno, "context %s: not a directory", dir);
+                return NULL;
+        }
+        int p[2];
+        if (pipe(p) < 0) {
+                cove_err_set(err, errno, "pipe");
+                return NULL;
+        }
+        pid_t pid = fork();
+        if (pid == 0) {
+                dup2(p[1], 1);
+                close(p[0]);
+                close(p[1]);
+                execlp("tar", "tar", "-C", dir, "--numeric-owner", "--owner=0", "--group=0", "-cf",
+                       "-", ".", (char *)NULL);
+                _exit(127);
+        }
+        close(p[1]);
+        unsigned char *buf = malloc(CONTEXT_MAX + 1);
+        size_t n = 0;
+        ssize_t r = 0;
+        while (buf && n <= CONTEXT_MAX && (r = read(p[0], buf + n, CONTEXT_MAX + 1 - n)) > 0)
+                n += (size_t)r;
+        close(p[0]);
+        int status = 0;
+        if (pid > 0) {
+                if (n > CONTEXT_MAX)
+                        kill(pid, SIGKILL);
+                waitpid(pid, &status, 0);
+        }
+        if (!buf || pid < 0 || n > CONTEXT_MAX || !WIFEXITED(status) || WEXITSTATUS(status)) {
+                cove_err_set(err, 0, "context %s: %s", dir,
+                             n > CONTEXT_MAX ? "larger than 700 KiB as a tar" : "tar failed");
+                free(buf);
+                return NULL;
+        }
+        *len = n;
+        return buf;
 }
 
 static int wait_built(struct cli *c, const char *name, json_t **t, struct cove_err *err)
@@ -109,13 +183,15 @@ static int build(struct cli *c, int argc, char **argv)
             {"max-size-mb", required_argument, NULL, O_MAX_SIZE},
             {"timeout", required_argument, NULL, O_TIMEOUT},
             {"no-wait", no_argument, NULL, O_NO_WAIT},
+            {"allow", required_argument, NULL, O_EGRESS_ALLOW},
             CLI_GLOBAL_OPTIONS,
             {0},
         };
         json_t *body = json_object(), *from = json_object();
         char *label = NULL;
+        json_t *egress = NULL;
         int rc = CLI_OK, opt, nfrom = 0;
-        bool nowait = false;
+        bool nowait = false, dockerfile = false;
         long long v;
         while ((opt = getopt_long(argc, argv, "hf:", opts, NULL)) != -1) {
                 if (cli_global_opt(c, opt, optarg))
@@ -138,10 +214,26 @@ static int build(struct cli *c, int argc, char **argv)
                                             json_string(optarg));
                         nfrom++;
                         break;
-                case 'f':
-                        rc = cli_usage_error("template", "-f: Dockerfile builds are not supported "
-                                                         "yet");
-                        goto out;
+                case 'f': {
+                        char *text = NULL;
+                        size_t tl = 0;
+                        struct cove_err e = {0};
+                        if (cove_read_file(optarg, 64 * 1024, &text, &tl, &e) < 0) {
+                                rc = cli_fail(&e);
+                                goto out;
+                        }
+                        json_object_set_new(from, "dockerfile", json_stringn(text, tl));
+                        free(text);
+                        dockerfile = true;
+                        nfrom++;
+                        break;
+                }
+                case O_EGRESS_ALLOW:
+                        if (!egress)
+                                egress = json_pack("{s:[]}", "allow");
+                        json_array_append_new(json_object_get(egress, "allow"),
+                                              json_string(optarg));
+                        break;
                 case O_INSECURE:
                         json_object_set_new(body, "insecure", json_true());
                         break;
@@ -169,10 +261,26 @@ static int build(struct cli *c, int argc, char **argv)
                         goto out;
                 }
         }
-        if (optind + 1 != argc) {
-                rc = cli_usage_error("template", "build takes one NAME");
+        if (optind + 1 != argc && !(dockerfile && optind + 2 == argc)) {
+                rc = cli_usage_error("template", "build takes one NAME (and, with -f, a CONTEXT "
+                                                 "directory)");
                 goto out;
         }
+        if (dockerfile && optind + 2 == argc) {
+                struct cove_err e = {0};
+                size_t cl = 0;
+                unsigned char *tar = tar_dir(argv[optind + 1], &cl, &e);
+                char *enc = tar ? b64(tar, cl) : NULL;
+                free(tar);
+                if (!enc) {
+                        rc = cli_fail(&e);
+                        goto out;
+                }
+                json_object_set_new(from, "context_b64", json_string(enc));
+                free(enc);
+        }
+        if (egress)
+                json_object_set(body, "egress", egress);
         if (nfrom > 1) {
                 rc = cli_usage_error("template", "give one of --image, --oci-archive, "
                                                  "--docker-archive, --from-sandbox, "
@@ -198,6 +306,7 @@ static int build(struct cli *c, int argc, char **argv)
                 print_one(t);
         json_decref(t);
 out:
+        json_decref(egress);
         free(label);
         json_decref(body);
         json_decref(from);
