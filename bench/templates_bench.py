@@ -134,12 +134,30 @@ def main():
         print(f"| rebuild, layers on the node | {warm:.2f} s | cold build {cold:.2f} s | s |")
         print(f"| second image sharing the base layer | {shared_build:.2f} s | cold build "
               f"{cold:.2f} s | s |")
+        stored = du_many([os.path.join(tdir, "tenants"), os.path.join(tdir, "layers")])
+        # a Dockerfile: cold, then the same steps again (every step cached)
+        df = ("FROM base\nENV MODE=bench\nWORKDIR /opt/app\n"
+              "RUN dd if=/dev/zero of=blob bs=1M count=20 2>/dev/null && echo $MODE > mode\n"
+              "RUN python3 -c 'print(1)' > py.txt\n")
+
+        def dfbuild(name):
+            t0 = time.monotonic()
+            c.post("/v1/templates", {"name": name, "from": {"dockerfile": df}}, expect=(202,))
+            t = poll(lambda: (x := c.get(f"/v1/templates/{name}"))["state"] != "building" and x,
+                     timeout=1800, every=0.02, what=name)
+            if t["state"] != "ready":
+                raise SystemExit(f"bench: Dockerfile build failed: {t.get('error')}")
+            return time.monotonic() - t0
+
+        dcold = dfbuild("df-cold")
+        dwarm = dfbuild("df-warm")
+        print(f"| Dockerfile (FROM base, WORKDIR, 2 RUN), rebuild with every step cached | "
+              f"{dwarm:.2f} s | cold build {dcold:.2f} s | s |")
         custom = create_ready(c, "one", a.rounds)
         base = create_ready(c, "base", a.rounds)
         print(f"| create → exec answers, custom template | {custom[0]:.0f} (min {custom[1]:.0f},"
               f" max {custom[2]:.0f}) | base: {base[0]:.0f} (min {base[1]:.0f}, max "
               f"{base[2]:.0f}) | ms, median of {a.rounds} |")
-        stored = du_many([os.path.join(tdir, "tenants"), os.path.join(tdir, "layers")])
         one = t1["size_bytes"]
         print(f"| storage of 3 templates (2 images sharing a layer) | {stored / 1e6:.0f} MB "
               f"(du) | 3 × one: {3 * one / 1e6:.0f} MB (logical size) | MB |")
