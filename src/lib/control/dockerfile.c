@@ -29,17 +29,16 @@ static int words(const char *s, json_t *out, int line, struct cove_err *err)
                         break;
                 char w[4096];
                 size_t o = 0;
-                if (*s == '"') {
+                int q = 0; /* inside "…": blanks belong to the word */
+                while (*s && (q || (*s != ' ' && *s != '\t')) && o < sizeof w - 1) {
+                        if (*s == '"')
+                                q = !q;
+                        else
+                                w[o++] = *s;
                         s++;
-                        while (*s && *s != '"' && o < sizeof w - 1)
-                                w[o++] = *s++;
-                        if (*s != '"')
-                                return bad(err, line, "unterminated quote%s", NULL);
-                        s++;
-                } else {
-                        while (*s && *s != ' ' && *s != '\t' && o < sizeof w - 1)
-                                w[o++] = *s++;
                 }
+                if (q)
+                        return bad(err, line, "unterminated quote%s", NULL);
                 if (o == sizeof w - 1)
                         return bad(err, line, "a word is too long%s", NULL);
                 w[o] = '\0';
