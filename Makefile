@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster bench-ports asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster bench-ports bench-templates asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -49,6 +49,12 @@ bench-vm: all
 # a throwaway PostgreSQL); BENCH_CLUSTER_ARGS e.g. --n 1000 --clients 8
 bench-cluster: all
 	/usr/bin/python3 bench/cluster_bench.py --build $(BUILD) $(BENCH_CLUSTER_ARGS)
+
+# templates from images (bench/templates_bench.py; root, skopeo, umoci, docker-registry, a
+# built base template in COVE_TEMPLATES_DIR): pull+unpack vs skopeo+umoci, rebuild, create,
+# storage of shared layers
+bench-templates: all
+	/usr/bin/python3 bench/templates_bench.py --build $(BUILD) $(BENCH_TEMPLATES_ARGS)
 
 asan:
 	$(MAKE) BUILD=build-asan MESON_OPTS="-Db_sanitize=address,undefined -Db_lundef=false" test

@@ -15,7 +15,7 @@ from cove import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "tests", "e2b")
-FILES = ("package.json", "package-lock.json", "e2b.test.mjs")
+FILES = ("package.json", "package-lock.json", "e2b.test.mjs", "e2b_template.test.mjs")
 
 
 def e2b_key(cove_key):
@@ -41,7 +41,7 @@ def sdk_dir(build_dir):
             new = a.read()
         old = open(dst, "rb").read() if os.path.exists(dst) else None
         if old != new:
-            if f != "e2b.test.mjs":
+            if not f.endswith(".test.mjs"):
                 stale = True
             with open(dst, "wb") as b:
                 b.write(new)
@@ -76,3 +76,45 @@ def test_e2b_sdk(sdk_dir, coved_factory):
     assert r.returncode == 0, f"E2B SDK tests failed ({', '.join(summary)}):\n{out[-12000:]}"
     assert summary and summary[0].startswith("# pass") and int(summary[0].split()[2]) > 0, out
     print("\n".join(summary))
+
+
+def test_e2b_sdk_custom_template(sdk_dir, build_dir, log_dir, tmp_path):
+    """Sandbox.create('NAME') works for a template the tenant built from an OCI image."""
+    import shutil as _sh
+    import tempfile
+    from cove import Coved, poll
+    import oci
+    if os.geteuid() != 0:
+        pytest.skip("coved's namespace runtime needs root")
+    tdir = str(tmp_path / "templates")
+    api, sbx = free_port(), free_port()
+    d = Coved(build_dir, templates_dir=tdir, log_dir=log_dir,
+              extra_args=["--e2b-api-listen", f"127.0.0.1:{api}",
+                          "--e2b-sandbox-listen", f"127.0.0.1:{sbx}"])
+    reg = oci.Registry()
+    try:
+        def app(t):
+            oci.file_entry(t, "app", kind=oci.tarfile.DIRTYPE, mode=0o755)
+            oci.file_entry(t, "app/hello.txt", b"hello from the image\n")
+        lay = tempfile.mkdtemp(prefix="cove-oci-")
+        oci.make_layout(lay, [oci.rootfs_layer(os.path.join(tdir, "busybox", "rootfs")),
+                              oci.tar_bytes(app)], workdir="/app")
+        ref = f"{reg.host}/e2b/custom:latest"
+        oci.push(lay, ref)
+        _sh.rmtree(lay)
+        c = d.client
+        c.post("/v1/templates", {"name": "my-template", "from": {"image": ref}, "insecure": True},
+               expect=(202,))
+        t = poll(lambda: (x := c.get("/v1/templates/my-template"))["state"] != "building" and x,
+                 timeout=300, what="template built")
+        assert t["state"] == "ready", t
+        env = dict(os.environ, E2B_API_URL=f"http://127.0.0.1:{api}",
+                   E2B_SANDBOX_URL=f"http://127.0.0.1:{sbx}", E2B_API_KEY=e2b_key(c.key),
+                   COVE_E2B_TEMPLATE="my-template")
+        env.pop("E2B_DEBUG", None)
+        r = subprocess.run(["node", "--test", "--test-reporter=tap", "e2b_template.test.mjs"],
+                           cwd=sdk_dir, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    finally:
+        reg.stop()
+        d.stop()

@@ -56,6 +56,7 @@ int cmd_audit(struct cli *c, int argc, char **argv); /* audit.c: audit log and l
 int cmd_leases(struct cli *c, int argc, char **argv);
 int cmd_keys(struct cli *c, int argc, char **argv); /* keys.c: keys and tenants */
 int cmd_tenants(struct cli *c, int argc, char **argv);
+int cmd_template(struct cli *c, int argc, char **argv); /* template.c: build, ls, inspect, rm */
 
 /* Options every verb accepts besides its own, for getopt_long tables:
  * `struct option opts[] = { {...verb options...}, CLI_GLOBAL_OPTIONS, {0} };` */

@@ -41,6 +41,7 @@ static const struct verb verbs[] = {
     {"leases", cmd_leases, "credential leases: list, grant, approve, deny, revoke"},
     {"keys", cmd_keys, "tenant data keys: status, list, add, rotate, revoke"},
     {"tenants", cmd_tenants, "tenants, their quotas and API keys (admin)"},
+    {"template", cmd_template, "build templates from images; ls, inspect, rm"},
 };
 
 static void usage(FILE *f)

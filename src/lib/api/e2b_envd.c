@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "api/e2b.h"
+#include "control/tbuild.h"
 #include "api/routes.h"
 #include "util/cleanup.h"
 #include "util/util.h"
@@ -177,8 +178,18 @@ struct ctx {
         struct cove_chan *c; /* referenced */
         char user[64];
         char home[128];
-        char *env_json; /* the sandbox's default env (owned) */
+        char *env_json;     /* the sandbox's default env (owned) */
+        char workdir[1024]; /* the template image's WORKDIR: the default cwd ("" none) */
 };
+
+/* The template image's WORKDIR of the sandbox in row, for commands that name no cwd. */
+static void ctx_workdir(struct ctx *x, const struct cove_sandbox_row *row)
+{
+        json_t *cfg = coved_template_config(x->e->d, row->tenant, row->template_name);
+        const char *w = json_string_value(json_object_get(cfg, "workdir"));
+        snprintf(x->workdir, sizeof(x->workdir), "%s", w && w[0] == '/' ? w : "");
+        json_decref(cfg);
+}
 
 static void ctx_clear(struct ctx *x)
 {
@@ -288,6 +299,7 @@ static int resolve(struct cove_e2b *e, struct cove_req *r, struct ctx *x, int ne
                 return reply_gone(r, x->id), -1;
         x->env_json = row.env_json;
         row.env_json = NULL;
+        ctx_workdir(x, &row);
         cove_sandbox_row_clear(&row);
         const char *tok = cove_req_header(r, "X-Access-Token");
         if (need_token) {
@@ -763,6 +775,8 @@ static int h_process_start(struct cove_e2b *e, struct cove_req *r, struct ctx *x
                         return stream_error(e, r, "invalid_argument", "cwd is too long");
                 }
                 json_object_set_new(body, "cwd", json_string(path));
+        } else if (x->workdir[0]) {
+                json_object_set_new(body, "cwd", json_string(x->workdir));
         }
         json_t *pty = json_object_get(json_object_get(b, "pty"), "size");
         if (pty)
@@ -1249,6 +1263,7 @@ static int files_access(struct cove_e2b *e, struct cove_req *r, struct ctx *x, c
                 return reply_gone(r, x->id), -1;
         x->env_json = row.env_json;
         row.env_json = NULL;
+        ctx_workdir(x, &row);
         cove_sandbox_row_clear(&row);
         set_user(x, NULL);
         return 0;

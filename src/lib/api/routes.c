@@ -225,62 +225,6 @@ static int h_timeout(void *app, struct cove_req *r)
         return rc < 0 ? cove_reply_err(r, &err) : cove_reply_json(r, 200, out);
 }
 
-static int add_template(void *arg, const struct cove_template_info *t)
-{
-        json_array_append_new(
-            arg, json_pack("{s:s, s:b, s:o, s:I}", "name", t->name, "built", t->built, "built_at",
-                           t->built_at[0] ? json_string(t->built_at) : json_null(), "size_bytes",
-                           (json_int_t)t->size_bytes));
-        return 0;
-}
-
-static int h_templates(void *app, struct cove_req *r)
-{
-        struct coved *d = app;
-        json_t *arr = json_array();
-        struct cove_err err;
-        if (cove_template_list(d->templates_dir, add_template, arr, &err) < 0) {
-                json_decref(arr);
-                return cove_reply_err(r, &err);
-        }
-        return cove_reply_json(r, 200, json_pack("{s:o}", "templates", arr));
-}
-
-static int h_template_build(void *app, struct cove_req *r)
-{
-        struct coved *d = app;
-        if (!r->admin)
-                return cove_reply_error(r, 403, "unauthorized", "building templates is admin only");
-        json_t *body = cove_req_json(r, 0);
-        if (!body)
-                return 0;
-        const char *name = json_string_value(json_object_get(body, "name"));
-        struct cove_err err;
-        int rc = -1;
-        if (!name)
-                rc = cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "name is required");
-        else if (json_object_get(body, "from"))
-                rc = cove_err_setk(&err, COVE_E_BAD_REQUEST, 0,
-                                   "building from another template is not supported yet; "
-                                   "known templates: busybox, base");
-        else
-                rc = cove_template_build(d->templates_dir, name, NULL, NULL, &err);
-        json_t *out = NULL;
-        if (rc == 0) {
-                struct cove_template_info t;
-                if (cove_template_info(d->templates_dir, name, &t, &err) == 0) {
-                        out = json_array();
-                        add_template(out, &t);
-                }
-        }
-        json_decref(body);
-        if (rc < 0 || !out)
-                return cove_reply_err(r, &err);
-        json_t *one = json_incref(json_array_get(out, 0));
-        json_decref(out);
-        return cove_reply_json(r, 201, one);
-}
-
 const struct cove_route cove_routes[] = {
     {"GET", "/healthz", h_health, NULL, COVE_ROUTE_PUBLIC},
     {"GET", "/metrics", h_metrics, NULL, COVE_ROUTE_PUBLIC},
@@ -327,8 +271,11 @@ const struct cove_route cove_routes[] = {
     {"DELETE", "/v1/sandboxes/{id}/ports/{port}", cove_h_port_delete, NULL, 0},
     {"GET", "/v1/audit", cove_h_audit, NULL, 0},
     {"GET", "/v1/audit/verify", cove_h_audit_verify, NULL, 0},
-    {"GET", "/v1/templates", h_templates, NULL, 0},
-    {"POST", "/v1/templates", h_template_build, NULL, 0},
+    {"GET", "/v1/templates", cove_h_templates_list, NULL, 0},
+    {"POST", "/v1/templates", cove_h_template_post, NULL, 0},
+    {"GET", "/v1/templates/{name}", cove_h_template_get, NULL, 0},
+    {"DELETE", "/v1/templates/{name}", cove_h_template_delete, NULL, 0},
+    {"GET", "/v1/templates/{name}/build/events", cove_h_template_events, NULL, 0},
     {"POST", "/v1/tenants", cove_h_tenant_create, NULL, 0},
     {"GET", "/v1/tenants", cove_h_tenant_list, NULL, 0},
     {"GET", "/v1/tenants/{tid}", cove_h_tenant_get, NULL, 0},

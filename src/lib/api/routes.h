@@ -45,6 +45,11 @@ int cove_h_resume(void *app, struct cove_req *r);
 int cove_h_rewind(void *app, struct cove_req *r);
 int cove_h_fork(void *app, struct cove_req *r);
 /* tenants, API keys, data keys (routes_tenants.c) */
+int cove_h_templates_list(void *app, struct cove_req *r);
+int cove_h_template_post(void *app, struct cove_req *r);
+int cove_h_template_get(void *app, struct cove_req *r);
+int cove_h_template_delete(void *app, struct cove_req *r);
+int cove_h_template_events(void *app, struct cove_req *r);
 int cove_h_tenant_create(void *app, struct cove_req *r);
 int cove_h_tenant_list(void *app, struct cove_req *r);
 int cove_h_tenant_get(void *app, struct cove_req *r);

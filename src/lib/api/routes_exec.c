@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "api/routes.h"
+#include "control/tbuild.h"
 #include "proto/frame.h"
 #include "util/cleanup.h"
 
@@ -467,6 +468,18 @@ int cove_h_exec(void *app, struct cove_req *r)
         json_t *cmd_desc = NULL, *req = NULL;
         char why[256];
         int bad = cove_exec_request_build(body, row.env_json, &req, &cmd_desc, why, sizeof(why));
+        if (!bad) {
+                /* the template image's USER and WORKDIR, where the call names none */
+                json_t *tcfg = coved_template_config(d, row.tenant, row.template_name);
+                const char *k[] = {"user", "cwd"}, *ck[] = {"user", "workdir"};
+                for (int i = 0; tcfg && i < 2; i++) {
+                        json_t *v = json_object_get(tcfg, ck[i]);
+                        json_t *have = json_object_get(req, k[i]);
+                        if (json_is_string(v) && (!have || json_is_null(have)))
+                                json_object_set(req, k[i], v);
+                }
+                json_decref(tcfg);
+        }
         cove_sandbox_row_clear(&row);
         if (bad) {
                 json_decref(body);

@@ -2,6 +2,7 @@
  * exist), then the node (runtime state on the host), then reconciliation of the two, and
  * only then the HTTP front end, so no request sees a half-reconciled node. */
 #include "control/coved.h"
+#include "control/tbuild.h"
 #include "runtime/vm.h"
 
 #include <dirent.h>
@@ -226,6 +227,9 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                         return cove_err_set(err, errno, "templates dir %s", o->templates_dir);
         } else
                 snprintf(d->templates_dir, sizeof(d->templates_dir), "%s/templates", d->data_dir);
+        d->tb = coved_tbuilds_new(d->templates_dir); /* sweeps what killed builds left */
+        if (!d->tb)
+                return cove_err_set(err, ENOMEM, "template builds");
         if (o->guest_binary) {
                 snprintf(d->guest_binary, sizeof(d->guest_binary), "%s", o->guest_binary);
         } else {
@@ -359,6 +363,8 @@ void coved_close(struct coved *d)
                 pthread_join(d->timer, NULL);
         d->timer_started = 0;
         coved_ports_close(d);
+        coved_tbuilds_free(d->tb); /* cancels and waits for template builds */
+        d->tb = NULL;
         cove_tm_close(d); /* before the node: its thread snapshots instances */
         if (d->node) {
                 /* the instances end with coved; say so in the catalog */

@@ -17,6 +17,7 @@
 #include "control/retention.h"
 #include "control/snapshot.h"
 #include "control/template.h"
+#include "control/tbuild.h"
 #include "control/tenant.h"
 #include "crypto/keys.h"
 #include "util/cleanup.h"
@@ -233,14 +234,24 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 json_decref(meta);
                 return -1;
         }
+        /* the template's image env (PATH…) as defaults under the body's */
+        json_t *tcfg = coved_template_config(d, tenant, s.template_name);
+        json_t *tenv = json_object_get(tcfg, "env");
+        if (json_is_object(tenv)) {
+                json_t *merged = json_deep_copy(tenv);
+                json_object_update(merged, env);
+                json_decref(env);
+                env = merged;
+        }
+        json_decref(tcfg);
         s.metadata_json = json_dumps(meta, JSON_COMPACT);
         s.env_json = json_dumps(env, JSON_COMPACT);
         json_decref(meta);
         json_decref(env);
 
         char rootfs[PATH_MAX];
-        int r =
-            cove_template_lookup(d->templates_dir, s.template_name, rootfs, sizeof(rootfs), err);
+        int r = cove_template_lookup_for(d->templates_dir, tenant, s.template_name, rootfs,
+                                         sizeof(rootfs), err);
         if (r == 1) {
                 r = cove_template_known(s.template_name)
                         ? cove_err_setk(

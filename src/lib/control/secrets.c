@@ -749,3 +749,36 @@ void coved_leases_forget(struct coved *d, const char *tenant, const char *sandbo
         struct cove_err e;
         d->cat_ops->doc_list(d->cat, "lease", tenant, sandbox, del_lease, d, &e);
 }
+
+int coved_secret_value_for_host(struct coved *d, const char *tenant, const char *name,
+                                const char *host, char **value, struct cove_err *err)
+{
+        *value = NULL;
+        if (!cove_secret_name_valid(name))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid secret name");
+        json_t *doc = NULL;
+        if (load_doc(d, "secret", tenant, name, &doc, err) < 0)
+                return -1;
+        /* a secret goes only where it is bound: a registry it does not name gets nothing */
+        char h[256];
+        snprintf(h, sizeof(h), "%s", host);
+        char *colon = strrchr(h, ':');
+        if (colon && !strchr(h, ']'))
+                *colon = '\0';
+        json_t *pol = json_pack("{s:O}", "allow", json_object_get(doc, "hosts"));
+        struct cove_policy *p = cove_policy_parse(pol, NULL);
+        json_decref(pol);
+        int ok = p && cove_policy_check_dns(p, h, NULL) == COVE_ALLOW;
+        if (p)
+                cove_policy_unref(p);
+        if (!ok) {
+                json_decref(doc);
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "secret %s is not bound to the registry host %.200s (its "
+                                     "hosts must list it)",
+                                     name, h);
+        }
+        *value = unseal(d, tenant, name, json_string_value(json_object_get(doc, "sealed")), err);
+        json_decref(doc);
+        return *value ? 0 : -1;
+}

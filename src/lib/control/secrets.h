@@ -37,6 +37,12 @@ int coved_secrets_injects(struct coved *d, const char *tenant, const char *sandb
                           struct cove_policy *p, json_t *placeholders, int *changed,
                           struct cove_err *err);
 
+/* The value of the tenant's secret name for a connection to host (a registry: "h[:port]"),
+ * for template pulls: -1 BAD_REQUEST unless the secret's hosts allow host. *value is
+ * malloc'd; the caller wipes (OPENSSL_cleanse) and frees it, and never stores or logs it. */
+int coved_secret_value_for_host(struct coved *d, const char *tenant, const char *name,
+                                const char *host, char **value, struct cove_err *err);
+
 /* Leases. body {secret, ttl_s}: active at once. */
 int coved_lease_create(struct coved *d, const char *tenant, const char *sandbox, json_t *body,
                        json_t **out, struct cove_err *err);

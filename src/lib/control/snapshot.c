@@ -607,8 +607,8 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
                             struct cove_err *err)
 {
         char rootfs[PATH_MAX];
-        int r =
-            cove_template_lookup(d->templates_dir, row->template_name, rootfs, sizeof(rootfs), err);
+        int r = cove_template_lookup_for(d->templates_dir, row->tenant, row->template_name, rootfs,
+                                         sizeof(rootfs), err);
         if (r == 1)
                 r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                   "template %s is not built on this node", row->template_name);
@@ -1670,4 +1670,82 @@ void cove_tm_close(struct coved *d)
         pthread_mutex_destroy(&tm->mu);
         free(tm);
         d->tm = NULL;
+}
+
+int coved_sandbox_files(struct coved *d, const char *tenant, const char *sandbox, const char *snap,
+                        char template_out[64], coved_tree_fn fn, void *arg, struct cove_err *err)
+{
+        struct cove_sandbox_row row;
+        struct cove_snapshot_row srow;
+        if (need_store(d, err) < 0)
+                return -1;
+        if (snap) {
+                int r = d->cat_ops->snapshot_get(d->cat, tenant, snap, &srow, err);
+                if (r != 0)
+                        return r < 0 ? -1
+                                     : cove_err_setk(err, COVE_E_NOT_FOUND, 0,
+                                                     "snapshot %.64s not found", snap);
+                sandbox = srow.sandbox_id;
+        }
+        if (cove_sandbox_load(d, tenant, sandbox, &row, err) < 0)
+                return cove_err_wrap(err, "the sandbox %s of the files", sandbox);
+        snprintf(template_out, 64, "%s", row.template_name);
+        int rc = -1;
+        if (strcmp(row.runtime, "ns")) {
+                cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                              "sandbox %s runs on the %s runtime: templates are made from the "
+                              "files of ns sandboxes",
+                              row.id, row.runtime);
+                goto out;
+        }
+        if (!snap && strcmp(row.state, "running")) {
+                cove_err_setk(err, COVE_E_CONFLICT, 0,
+                              "sandbox %s is %s: save a running sandbox, or one of its "
+                              "snapshots",
+                              row.id, row.state);
+                goto out;
+        }
+        struct cove_tm *tm = d->tm;
+        char rnd[32], img[PATH_MAX];
+        if (cove_id_new("", rnd, sizeof(rnd), err) < 0)
+                goto out;
+        /* IMG_RESTORE: swept at start if coved dies meanwhile */
+        snprintf(img, sizeof(img), "%s/" IMG_RESTORE "tpl-%s.img", tm->layer_dir, rnd);
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int enc = !snap && row.storage_encrypted;
+        int tree_fd = -1;
+        struct cove_layer_handle *h = NULL;
+        uint64_t pause_ns = 0;
+        pthread_mutex_lock(&tm->io_mu);
+        int r = 0;
+        if (snap) {
+                r = cove_node_layer_open(d->node, img, 1, (unsigned)row.disk_mb, NULL, &tree_fd, &h,
+                                         err);
+                if (r == 0) {
+                        struct cove_snapshot_stats st;
+                        r = cove_snapshot_restore_tree(tm->store, tenant, snap, tree_fd, &st, err);
+                        if (r < 0)
+                                store_err(err);
+                }
+        } else {
+                r = cove_node_layer_snapshot(d->node, row.id, img, &pause_ns, err);
+                if (r == 0 && enc)
+                        r = coved_layer_key(d, row.tenant, row.id, key, err);
+                if (r == 0)
+                        r = cove_node_layer_open(d->node, img, 0, 0, enc ? key : NULL, &tree_fd, &h,
+                                                 err);
+                OPENSSL_cleanse(key, sizeof(key));
+        }
+        if (r == 0)
+                r = fn(arg, tree_fd, err);
+        if (tree_fd >= 0)
+                close(tree_fd);
+        if (h)
+                cove_node_layer_close(d->node, h);
+        pthread_mutex_unlock(&tm->io_mu);
+        unlink(img);
+        rc = r;
+out:
+        cove_sandbox_row_clear(&row);
+        return rc;
 }

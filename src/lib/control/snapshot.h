@@ -74,4 +74,14 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
 int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_t *body,
                       json_t **out, struct cove_err *err);
 
+/* The files a sandbox changed over its template, as a read-only directory fd of its
+ * overlay upper tree (overlay whiteouts included), for fn: of the running ns sandbox
+ * `sandbox` now (a consistent clone, as a files snapshot takes), or of snapshot `snap`
+ * (restored into a temporary layer); one of the two is NULL. template_out receives the
+ * sandbox's template. The temporary image is removed before the return (and swept at start
+ * after a crash). 0 with fn's result, or -1 with err. */
+typedef int (*coved_tree_fn)(void *arg, int tree_fd, struct cove_err *err);
+int coved_sandbox_files(struct coved *d, const char *tenant, const char *sandbox, const char *snap,
+                        char template_out[64], coved_tree_fn fn, void *arg, struct cove_err *err);
+
 #endif

@@ -4,6 +4,7 @@
  * fork/exec with a fixed environment, a bounded wait and their output tail kept for errors.
  */
 #include "control/template.h"
+#include "control/template_internal.h"
 
 #include <ctype.h>
 #include <dirent.h>
@@ -163,7 +164,8 @@ static const char *tail_msg(char *tail)
  * into one pipe that is read line by line (fn may be NULL). The child gets its own process
  * group (killed whole on timeout) and SIGKILL when this thread dies. Returns 0 when it
  * exits 0; otherwise -1 with "<tool>: exited with N: <output tail>". */
-static int run_tool(char *const argv[], int timeout_s, line_fn fn, void *arg, struct cove_err *err)
+static int run_tool_env(char *const argv[], char *const envp[], int timeout_s, line_fn fn,
+                        void *arg, cove__tpl_tick_fn tick, void *tick_arg, struct cove_err *err)
 {
         int p[2];
         if (pipe2(p, O_CLOEXEC) < 0)
@@ -189,7 +191,7 @@ static int run_tool(char *const argv[], int timeout_s, line_fn fn, void *arg, st
                 sigemptyset(&none);
                 sigprocmask(SIG_SETMASK, &none, NULL);
                 signal(SIGPIPE, SIG_DFL);
-                execve(argv[0], argv, tool_env);
+                execve(argv[0], argv, envp);
                 _exit(127);
         }
         close(p[1]);
@@ -198,7 +200,11 @@ static int run_tool(char *const argv[], int timeout_s, line_fn fn, void *arg, st
         char line[4096];
         size_t ll = 0;
         int64_t deadline = cove_mono_ns() + (int64_t)timeout_s * 1000000000LL;
-        int timed_out = 0;
+        int timed_out = 0, stopped = 0;
+        int64_t next_tick = cove_mono_ns() + 1000000000LL;
+        struct cove_err tick_err_s;
+        struct cove_err *tick_err = &tick_err_s;
+        memset(tick_err, 0, sizeof *tick_err);
         for (;;) {
                 int64_t left_ms = (deadline - cove_mono_ns()) / 1000000;
                 if (left_ms <= 0) {
@@ -209,6 +215,13 @@ static int run_tool(char *const argv[], int timeout_s, line_fn fn, void *arg, st
                 int r = poll(&pfd, 1, left_ms > 1000 ? 1000 : (int)left_ms);
                 if (r < 0 && errno != EINTR)
                         break;
+                if (tick && cove_mono_ns() >= next_tick) {
+                        next_tick = cove_mono_ns() + 1000000000LL;
+                        if (tick(tick_arg, tick_err)) {
+                                stopped = 1;
+                                break;
+                        }
+                }
                 if (r <= 0)
                         continue;
                 char buf[4096];
@@ -235,7 +248,7 @@ static int run_tool(char *const argv[], int timeout_s, line_fn fn, void *arg, st
                 line[ll] = '\0';
                 fn(arg, line);
         }
-        if (timed_out)
+        if (timed_out || stopped)
                 kill(-pid, SIGKILL);
         int status = 0;
         /* The pipe closed, so the tool is exiting; a child that closed its output but
@@ -253,6 +266,10 @@ static int run_tool(char *const argv[], int timeout_s, line_fn fn, void *arg, st
                 struct timespec ts = {0, 10 * 1000 * 1000};
                 nanosleep(&ts, NULL);
         }
+        if (stopped) {
+                *err = *tick_err;
+                return -1;
+        }
         if (timed_out)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "%s: no result within %d s (killed): %s", argv[0], timeout_s,
@@ -264,6 +281,24 @@ static int run_tool(char *const argv[], int timeout_s, line_fn fn, void *arg, st
                                     tail_msg(tail));
         return cove_err_set(err, 0, "%s: killed by signal %d: %s", argv[0],
                             WIFSIGNALED(status) ? WTERMSIG(status) : 0, tail_msg(tail));
+}
+
+static int run_tool(char *const argv[], int timeout_s, line_fn fn, void *arg, struct cove_err *err)
+{
+        return run_tool_env(argv, tool_env, timeout_s, fn, arg, NULL, NULL, err);
+}
+
+int cove__tpl_run(char *const argv[], char *const envp[], int timeout_s,
+                  void (*line)(void *arg, char *line), void *arg, cove__tpl_tick_fn tick,
+                  void *tick_arg, struct cove_err *err)
+{
+        return run_tool_env(argv, envp ? envp : tool_env, timeout_s, line, arg, tick, tick_arg,
+                            err);
+}
+
+int cove__tpl_find_tool(const char *name, char *out, size_t cap)
+{
+        return find_tool(name, out, cap);
 }
 
 /* ---- filesystem helpers ------------------------------------------------------------- */
@@ -1004,4 +1039,31 @@ int cove_template_build(const char *templates_dir, const char *name, cove_progre
         if (build_locked(templates_dir, name, progress, arg, err) < 0)
                 return cove_err_wrap(err, "build template %s", name);
         return 0;
+}
+
+/* ---- shared with template_image.c ------------------------------------------------- */
+
+int cove__tpl_valid_name(const char *name)
+{
+        return valid_name(name);
+}
+
+int cove__tpl_lock(const char *dir, const char *name, struct cove_err *err)
+{
+        return lock_name(dir, name, err);
+}
+
+int cove__tpl_fsync_dir(const char *path, struct cove_err *err)
+{
+        return fsync_path(path, err);
+}
+
+uint64_t cove__tpl_tree_size(int dirfd)
+{
+        return tree_size(dirfd, 0);
+}
+
+int cove__tpl_remove_stale(const char *dir, const char *name, struct cove_err *err)
+{
+        return remove_stale_builds(dir, name, err);
 }
