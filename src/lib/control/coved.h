@@ -92,7 +92,7 @@ struct coved {
         int encrypt_layers;       /* default of storage_encrypted on create */
         int pool_size;            /* warm ns instances per template (owner pools: at most 2) */
         struct coved_store_options store; /* snapshot store (strings owned by the caller) */
-        struct coved_tbuilds *tb; /* tenant template builds (control/tbuild.h) */
+        struct coved_tbuilds *tb;         /* tenant template builds (control/tbuild.h) */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
