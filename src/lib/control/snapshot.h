@@ -66,4 +66,9 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
 int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_t *body,
                       json_t **out, struct cove_err *err);
 
+/* The chunk store snapshots live in (NULL when this node cannot snapshot), for readers of
+ * snapshots that do not restore them (control/snapdiff.h). Owned by d. */
+struct cove_store;
+struct cove_store *cove_tm_store(struct coved *d);
+
 #endif
