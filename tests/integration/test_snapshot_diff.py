@@ -2,6 +2,8 @@
 computed from their manifests: added, changed, removed, renamed, mode, symlink, a 1 GB
 sparse file, files of the template changed or deleted; one file's unified diff, binary
 files, the size bound; another tenant's snapshots are not found."""
+import json
+
 import pytest
 from cove import sh
 
@@ -124,3 +126,33 @@ def test_other_tenants_snapshots_are_not_found(client, two):
         client.expect_error("GET", f"/v1/snapshots/{a}/diff/{own}", 404, "not_found")
     finally:
         cb.remove(sb, purge=True)
+
+
+def test_cove_diff_prints_stat_and_patch(client, coved, build_dir, two):
+    import os
+    import subprocess
+    sid, a, b = two
+    env = dict(os.environ, COVE_URL=f"http://127.0.0.1:{coved.port}", COVE_API_KEY=client.key)
+
+    def cove(*args):
+        r = subprocess.run([os.path.join(build_dir, "cove"), *args], capture_output=True,
+                           timeout=120, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.decode()
+
+    stat = cove("diff", a, b)
+    lines = stat.splitlines()
+    assert lines[-1] == " 3 added, 6 changed, 3 removed"
+    tags = {l.split()[1]: l.split()[0] for l in lines[:-1]}
+    assert tags["/data/new"] == "A" and tags["/data/change"] == "M" and tags["/data/remove"] == "D"
+    assert [l.split()[1] for l in lines[:-1]] == sorted(tags)  # path order, as git prints
+    assert "(renamed from /data/old-name)" in stat and "mode 0644 -> 0755" in stat
+    assert cove("diff", a, b, "/data/change") == \
+        "--- a/data/change\n+++ b/data/change\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"
+    narrowed = cove("diff", a, b, "/etc").splitlines()
+    assert narrowed[-1] == " 0 added, 1 changed, 1 removed"
+    p = cove("diff", "-p", a, b, "/data")
+    assert "+TWO\n" in p and "Binary files a/data/bin and b/data/bin differ" in p
+    assert "diff /data/big: not shown (limit_exceeded" in p
+    assert "unique-content-123" in p  # the removed file's text, as a patch shows it
+    assert json.loads(cove("--json", "diff", a, b))["to"] == b

@@ -36,6 +36,7 @@ static const struct verb verbs[] = {
     {"resume", cmd_resume, "start a paused sandbox from a snapshot"},
     {"rewind", cmd_rewind, "put a sandbox back to a snapshot (undoable)"},
     {"fork", cmd_fork, "new sandboxes from a snapshot"},
+    {"diff", cmd_diff, "what changed between two snapshots"},
     {"audit", cmd_audit, "show (--follow) or verify the audit log"},
     {"leases", cmd_leases, "credential leases: list, grant, approve, deny, revoke"},
     {"keys", cmd_keys, "tenant data keys: status, list, add, rotate, revoke"},
