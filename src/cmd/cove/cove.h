@@ -56,6 +56,7 @@ int cmd_leases(struct cli *c, int argc, char **argv);
 int cmd_keys(struct cli *c, int argc, char **argv); /* keys.c: keys and tenants */
 int cmd_tenants(struct cli *c, int argc, char **argv);
 int cmd_diff(struct cli *c, int argc, char **argv); /* diff.c */
+int cmd_mcp(struct cli *c, int argc, char **argv);  /* mcp.c: MCP server on stdio */
 
 /* Options every verb accepts besides its own, for getopt_long tables:
  * `struct option opts[] = { {...verb options...}, CLI_GLOBAL_OPTIONS, {0} };` */

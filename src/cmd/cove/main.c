@@ -37,6 +37,7 @@ static const struct verb verbs[] = {
     {"rewind", cmd_rewind, "put a sandbox back to a snapshot (undoable)"},
     {"fork", cmd_fork, "new sandboxes from a snapshot"},
     {"diff", cmd_diff, "what changed between two snapshots"},
+    {"mcp", cmd_mcp, "serve the Model Context Protocol on stdio"},
     {"audit", cmd_audit, "show (--follow) or verify the audit log"},
     {"leases", cmd_leases, "credential leases: list, grant, approve, deny, revoke"},
     {"keys", cmd_keys, "tenant data keys: status, list, add, rotate, revoke"},
