@@ -459,10 +459,7 @@ int cove_snapshot_diff(struct coved *d, const char *tenant, const char *a, const
                        const char *prefix_in, size_t limit, json_t **out, struct cove_err *err)
 {
         *out = NULL;
-        char prefix[COVE_PATH_MAX + 1];
-        if (norm_path(prefix_in ? prefix_in : "", prefix, sizeof(prefix)) < 0)
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "path must be an absolute path without . or .. components");
+        char prefix[COVE_PATH_MAX + 1] = "";
         if (limit == 0)
                 limit = COVE_DIFF_ENTRIES_DEFAULT;
         struct side sa, sb;
@@ -473,6 +470,11 @@ int cove_snapshot_diff(struct coved *d, const char *tenant, const char *a, const
                 memset(&sb, 0, sizeof(sb)), sb.tfd = -1, cove_manifest_init(&sb.m);
         if (rc == 0 && strcmp(sa.row.tenant, sb.row.tenant))
                 rc = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "snapshot %.64s not found", b);
+        /* the path is checked once both snapshots are found: another tenant's ids are 404
+         * whatever else is wrong */
+        if (rc == 0 && norm_path(prefix_in ? prefix_in : "", prefix, sizeof(prefix)) < 0)
+                rc = cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                   "path must be an absolute path without . or .. components");
         if (rc < 0) {
                 side_clear(&sa);
                 side_clear(&sb);
@@ -551,11 +553,7 @@ int cove_snapshot_diff_file(struct coved *d, const char *tenant, const char *a, 
                             const char *path_in, json_t **out, struct cove_err *err)
 {
         *out = NULL;
-        char path[COVE_PATH_MAX + 1];
-        if (!path_in || norm_path(path_in, path, sizeof(path)) < 0 || !path[0])
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "path must name a file: an absolute path without . or .. "
-                                     "components");
+        char path[COVE_PATH_MAX + 1] = "";
         struct side sa, sb;
         int rc = side_open(d, tenant, a, &sa, err);
         if (rc == 0)
@@ -564,6 +562,10 @@ int cove_snapshot_diff_file(struct coved *d, const char *tenant, const char *a, 
                 memset(&sb, 0, sizeof(sb)), sb.tfd = -1, cove_manifest_init(&sb.m);
         if (rc == 0 && strcmp(sa.row.tenant, sb.row.tenant))
                 rc = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "snapshot %.64s not found", b);
+        if (rc == 0 && (!path_in || norm_path(path_in, path, sizeof(path)) < 0 || !path[0]))
+                rc = cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                   "path must name a file: an absolute path without . or .. "
+                                   "components");
         char *p = NULL, *q = NULL, *diff = NULL;
         size_t pl = 0, ql = 0, dl = 0;
         struct view vx = {0}, vy = {0};
