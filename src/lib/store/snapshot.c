@@ -2059,8 +2059,8 @@ int cove_snapshot_manifest(struct cove_store *st, const char *tenant, const char
 }
 
 int cove_snapshot_read_entry(struct cove_store *st, const char *tenant,
-                             const struct cove_manifest *m, const struct cove_mentry *e,
-                             size_t max, uint8_t **out, size_t *len, struct cove_err *err)
+                             const struct cove_manifest *m, const struct cove_mentry *e, size_t max,
+                             uint8_t **out, size_t *len, struct cove_err *err)
 {
         *out = NULL;
         *len = 0;

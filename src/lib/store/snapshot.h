@@ -130,7 +130,7 @@ int cove_snapshot_manifest(struct cove_store *st, const char *tenant, const char
  * names), every chunk verified, into *out (caller frees; *len = e->size). LIMIT when the
  * file is larger than max, nothing read. */
 int cove_snapshot_read_entry(struct cove_store *st, const char *tenant,
-                             const struct cove_manifest *m, const struct cove_mentry *e,
-                             size_t max, uint8_t **out, size_t *len, struct cove_err *err);
+                             const struct cove_manifest *m, const struct cove_mentry *e, size_t max,
+                             uint8_t **out, size_t *len, struct cove_err *err);
 
 #endif

@@ -223,7 +223,7 @@ int cove_linediff(const char *a, size_t alen, const char *b, size_t blen, const 
                         i++;
                         continue;
                 }
-                size_t start = i > p + context ? i - context : p, end = i + 1, j = i + 1;
+                size_t start = i > p + context ? i - context : p, end = i + 1, j = end;
                 while (j < nops) {
                         if (ops[j] != '=') {
                                 end = ++j;
