@@ -156,3 +156,28 @@ def test_cove_diff_prints_stat_and_patch(client, coved, build_dir, two):
     assert "diff /data/big: not shown (limit_exceeded" in p
     assert "unique-content-123" in p  # the removed file's text, as a patch shows it
     assert json.loads(cove("--json", "diff", a, b))["to"] == b
+
+
+def test_full_snapshots_add_their_processes(client):
+    if client.snapshot_kind() != "full":
+        pytest.skip("this node takes no full snapshots (no working CRIU): no process lists")
+    sid = client.create(template="busybox", snapshot_interval_s=0)["id"]
+    try:
+        r = client.request("POST", f"/v1/sandboxes/{sid}/snapshots", {"kind": "full"})
+        assert r.status == 201, r.body[:300]
+        a = r.json()["id"]
+        sh(client, sid, "sleep 1000 >/dev/null 2>&1 </dev/null & echo $! > /root/pid")
+        pid = int(sh(client, sid, "cat /root/pid"))
+        r = client.request("POST", f"/v1/sandboxes/{sid}/snapshots", {"kind": "full"})
+        assert r.status == 201, r.body[:300]
+        b = r.json()["id"]
+        d = client.get(f"/v1/snapshots/{a}/diff/{b}")
+        before = {p["pid"] for p in d["processes"]["before"]}
+        after = {p["pid"] for p in d["processes"]["after"]}
+        assert pid in after and pid not in before and 1 in before and 1 in after
+        assert "/root/pid" in [e["path"] for e in d["added"]]
+        # against a files snapshot: that side has no process list
+        f = snap(client, sid)
+        assert client.get(f"/v1/snapshots/{f}/diff/{b}")["processes"]["before"] is None
+    finally:
+        client.remove(sid, purge=True)
