@@ -6,6 +6,7 @@ import json
 
 import pytest
 from cove import sh
+from test_openapi import check, response_schema
 
 pytestmark = pytest.mark.root
 
@@ -48,6 +49,7 @@ def test_known_changes_reported_exactly(client, two):
     sid, a, b = two
     d = client.get(f"/v1/snapshots/{a}/diff/{b}")
     assert (d["from"], d["to"], d["truncated"]) == (a, b, False)
+    check(d, response_schema("/v1/snapshots/{sid}/diff/{to}", "get", 200))
     assert paths(d["added"]) == ["/data/new", "/data/new-name", "/data/sparse"]
     assert paths(d["changed"]) == ["/data/big", "/data/bin", "/data/change", "/data/link",
                                    "/data/mode", "/etc/group"]
@@ -85,6 +87,7 @@ def test_file_diff(client, two):
     sid, a, b = two
     base = f"/v1/snapshots/{a}/diff/{b}/file?path="
     f = client.get(base + "/data/change")
+    check(f, response_schema("/v1/snapshots/{sid}/diff/{to}/file", "get", 200))
     assert f["status"] == "changed" and f["binary"] is False
     assert f["diff"] == ("--- a/data/change\n+++ b/data/change\n@@ -1,3 +1,3 @@\n"
                          " one\n-two\n+TWO\n three\n")
