@@ -184,3 +184,22 @@ def test_full_snapshots_add_their_processes(client):
         assert client.get(f"/v1/snapshots/{f}/diff/{b}")["processes"]["before"] is None
     finally:
         client.remove(sid, purge=True)
+
+
+def test_names_and_texts_that_are_not_utf8(client):
+    import base64
+    sid = client.create(template="busybox", snapshot_interval_s=0)["id"]
+    try:
+        sh(client, sid, "mkdir /d && printf 'caf\\351\\n' > /d/latin1")
+        a = snap(client, sid)
+        sh(client, sid, "printf 'th\\351\\n' > /d/latin1 && echo x > \"/d/bad$(printf '\\377')name\"")
+        b = snap(client, sid)
+        d = client.get(f"/v1/snapshots/{a}/diff/{b}?path=/d")
+        (added,) = d["added"]
+        assert added["path"] == "/d/bad?name"
+        assert base64.b64decode(added["path_b64"]) == b"/d/bad\xffname"
+        f = client.get(f"/v1/snapshots/{a}/diff/{b}/file?path=/d/latin1")
+        assert f["status"] == "changed" and f["binary"] is False
+        assert b"-caf\xe9\n+th\xe9\n" in base64.b64decode(f["diff_b64"])
+    finally:
+        client.remove(sid, purge=True)

@@ -320,6 +320,38 @@ static int differs(struct coved *d, const struct side *a, const struct view *x,
         return r;
 }
 
+/* o[key] = prefix + the n bytes of s as a JSON string. Bytes that are not UTF-8 (a sandbox
+ * names its files as it likes) cannot be: then o[key] shows them as '?' and
+ * o[key + "_b64"] holds the exact bytes. */
+static void set_text(json_t *o, const char *key, const char *prefix, const char *s, size_t n)
+{
+        size_t pl = strlen(prefix);
+        char *buf = malloc(pl + n + 1);
+        if (!buf)
+                return;
+        memcpy(buf, prefix, pl);
+        memcpy(buf + pl, s, n);
+        buf[pl + n] = 0;
+        json_t *v = json_stringn(buf, pl + n);
+        if (!v) {
+                char k[64];
+                char *b64 = malloc(4 * ((pl + n + 2) / 3) + 1);
+                if (b64) {
+                        EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)buf,
+                                        (int)(pl + n));
+                        snprintf(k, sizeof(k), "%s_b64", key);
+                        json_object_set_new(o, k, json_string(b64));
+                        free(b64);
+                }
+                for (size_t i = 0; i < pl + n; i++)
+                        if ((unsigned char)buf[i] >= 0x80)
+                                buf[i] = '?';
+                v = json_stringn(buf, pl + n);
+        }
+        json_object_set_new(o, key, v);
+        free(buf);
+}
+
 static json_t *item(const struct side *s_b, const struct view *x, const struct view *y,
                     const struct side *s_a, const char *path)
 {
@@ -327,8 +359,10 @@ static json_t *item(const struct side *s_b, const struct view *x, const struct v
         const struct side *sn = y->present ? s_b : s_a;
         char mode[8], hash[72];
         snprintf(mode, sizeof(mode), "%04o", vmode(now));
-        json_t *o =
-            json_pack("{s:s+, s:s, s:s}", "path", "/", path, "type", vtype(now), "mode", mode);
+        json_t *o = json_object();
+        set_text(o, "path", "/", path, strlen(path));
+        json_object_set_new(o, "type", json_string(vtype(now)));
+        json_object_set_new(o, "mode", json_string(mode));
         json_object_set_new(o, "size_before",
                             x->present ? json_integer((json_int_t)vsize(x)) : json_null());
         json_object_set_new(o, "size_after",
@@ -344,7 +378,8 @@ static json_t *item(const struct side *s_b, const struct view *x, const struct v
                 json_object_set_new(o, "hash", json_null());
         }
         if (!now->lower && now->e->type == COVE_ENT_SYMLINK)
-                json_object_set_new(o, "target", json_string(now->e->target ? now->e->target : ""));
+                set_text(o, "target", "", now->e->target ? now->e->target : "",
+                         now->e->target ? strlen(now->e->target) : 0);
         if (x->present && y->present && !x->lower && x->e->type == COVE_ENT_FILE && y->e &&
             !y->lower && y->e->type == COVE_ENT_FILE) {
                 chunk_hash(&s_a->m, x->e, hash);
@@ -602,9 +637,12 @@ int cove_snapshot_diff_file(struct coved *d, const char *tenant, const char *a, 
                 rc = cove_linediff(p ? p : "", pl, q ? q : "", ql, na, nb, 3, COVE_DIFF_OUT_MAX,
                                    &diff, &dl, err);
         }
-        if (rc == 0)
-                *out = json_pack("{s:s+, s:s, s:b, s:s}", "path", "/", path, "status", status,
-                                 "binary", bin, "diff", diff ? diff : "");
+        if (rc == 0 && !(*out = json_pack("{s:s, s:b}", "status", status, "binary", bin)))
+                rc = cove_err_set(err, ENOMEM, "diff");
+        if (rc == 0) {
+                set_text(*out, "path", "/", path, strlen(path));
+                set_text(*out, "diff", "", diff ? diff : "", diff ? strlen(diff) : 0);
+        }
         free(diff);
         free(p);
         free(q);
