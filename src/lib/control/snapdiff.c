@@ -20,7 +20,8 @@
 #include "util/linediff.h"
 #include "util/util.h"
 
-#define CMP_LOWER_MAX (8u << 20) /* copied-up files of this size or less compare by content */
+#define CMP_LOWER_MAX (8u << 20)  /* copied-up files of this size or less compare by content */
+#define CMP_BUDGET (256ull << 20) /* bytes one diff reads for such comparisons, in all */
 
 struct side {
         struct cove_snapshot_row row;
@@ -286,7 +287,8 @@ static int content(struct coved *d, const struct side *s, const struct view *v, 
 /* 1 when the two views differ. A layer file against a template file (copied up) compares
  * by content when both are small, else counts as changed. */
 static int differs(struct coved *d, const struct side *a, const struct view *x,
-                   const struct side *b, const struct view *y, const char *path)
+                   const struct side *b, const struct view *y, const char *path, uint64_t *budget,
+                   int *inexact)
 {
         if (strcmp(vtype(x), vtype(y)) || vmode(x) != vmode(y))
                 return 1;
@@ -306,8 +308,11 @@ static int differs(struct coved *d, const struct side *a, const struct view *x,
         }
         if (strcmp(vtype(x), "file") && strcmp(vtype(x), "symlink"))
                 return 0;
-        if (vsize(x) > CMP_LOWER_MAX)
+        if (vsize(x) > CMP_LOWER_MAX || 2 * vsize(x) > *budget) {
+                *inexact = 1; /* not compared: reported as changed */
                 return 1;
+        }
+        *budget -= 2 * vsize(x);
         char *p = NULL, *q = NULL;
         size_t pl = 0, ql = 0;
         struct cove_err e;
@@ -517,7 +522,8 @@ int cove_snapshot_diff(struct coved *d, const char *tenant, const char *a, const
         }
         json_t *added = json_array(), *changed = json_array(), *removed = json_array();
         size_t i = 0, j = 0, count = 0;
-        int truncated = 0;
+        int truncated = 0, inexact = 0;
+        uint64_t budget = CMP_BUDGET;
         while (i < sa.n || j < sb.n) {
                 const struct cove_mentry *x = i < sa.n ? sa.sorted[i] : NULL,
                                          *y = j < sb.n ? sb.sorted[j] : NULL;
@@ -536,7 +542,7 @@ int cove_snapshot_diff(struct coved *d, const char *tenant, const char *a, const
                         list = added;
                 else if (vx.present && !vy.present)
                         list = removed;
-                else if (vx.present && differs(d, &sa, &vx, &sb, &vy, path))
+                else if (vx.present && differs(d, &sa, &vx, &sb, &vy, path, &budget, &inexact))
                         list = changed;
                 if (!list)
                         continue;
@@ -547,28 +553,31 @@ int cove_snapshot_diff(struct coved *d, const char *tenant, const char *a, const
                 count++;
                 json_array_append_new(list, item(&sb, &vx, &vy, &sa, path));
         }
-        /* renames: an added file with the content of a removed one */
-        size_t k, q;
-        json_t *ad, *rm;
+        /* renames: an added file with the content of a removed one (indexed by hash) */
+        json_t *by_hash = json_object(), *ad, *rm;
+        size_t k;
+        json_array_foreach(removed, k, rm)
+        {
+                const char *h = json_string_value(json_object_get(rm, "hash"));
+                if (h && !json_object_get(by_hash, h))
+                        json_object_set(by_hash, h, rm);
+        }
         json_array_foreach(added, k, ad)
         {
-                json_t *h = json_object_get(ad, "hash");
-                if (!json_is_string(h) ||
-                    json_integer_value(json_object_get(ad, "size_after")) == 0)
+                const char *h = json_string_value(json_object_get(ad, "hash"));
+                if (!h || json_integer_value(json_object_get(ad, "size_after")) == 0 ||
+                    !(rm = json_object_get(by_hash, h)))
                         continue;
-                json_array_foreach(removed, q, rm)
-                {
-                        if (json_object_get(rm, "renamed_to") ||
-                            !json_equal(json_object_get(rm, "hash"), h))
-                                continue;
-                        json_object_set(ad, "renamed_from", json_object_get(rm, "path"));
-                        json_object_set(rm, "renamed_to", json_object_get(ad, "path"));
-                        break;
-                }
+                json_object_set(ad, "renamed_from", json_object_get(rm, "path"));
+                json_object_set(rm, "renamed_to", json_object_get(ad, "path"));
+                json_object_del(by_hash, h); /* each removed file pairs once */
         }
+        json_decref(by_hash);
         json_t *o =
             json_pack("{s:s, s:s, s:o, s:o, s:o, s:b}", "from", sa.row.id, "to", sb.row.id, "added",
                       added, "changed", changed, "removed", removed, "truncated", truncated);
+        if (inexact)
+                json_object_set_new(o, "inexact", json_true());
         if (!strcmp(sa.row.kind, "full") || !strcmp(sb.row.kind, "full"))
                 json_object_set_new(
                     o, "processes",
