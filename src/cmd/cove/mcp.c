@@ -136,14 +136,25 @@ static int copy_fields(json_t *args, json_t *body, const char *const *names, con
         return 0;
 }
 
-static json_t *cap_output(json_t *r, const char *k)
+/* Cut r[k] (text) or r[k_b64] (bytes that are not UTF-8) to OUTPUT_MAX bytes. */
+static void cap_output(json_t *r, const char *k)
 {
-        json_t *v = json_object_get(r, k);
+        char kb[32];
+        snprintf(kb, sizeof(kb), "%s_b64", k);
+        json_t *v = json_object_get(r, k), *b = json_object_get(r, kb);
         if (json_is_string(v) && json_string_length(v) > OUTPUT_MAX) {
-                json_object_set_new(r, k, json_stringn(json_string_value(v), OUTPUT_MAX));
+                /* back to the start of a UTF-8 sequence, so the cut text stays valid */
+                size_t n = OUTPUT_MAX;
+                const unsigned char *t = (const unsigned char *)json_string_value(v);
+                while (n > 0 && (t[n] & 0xc0) == 0x80)
+                        n--;
+                json_object_set_new(r, k, json_stringn((const char *)t, n));
                 json_object_set_new(r, "truncated", json_true());
         }
-        return r;
+        if (json_is_string(b) && json_string_length(b) > OUTPUT_MAX / 3 * 4) {
+                json_object_set_new(r, kb, json_stringn(json_string_value(b), OUTPUT_MAX / 3 * 4));
+                json_object_set_new(r, "truncated", json_true());
+        }
 }
 
 static int read_file(struct ctx *x, const char *id, const char *path, json_t **out, char *msg,
