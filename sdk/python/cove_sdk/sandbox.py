@@ -2,12 +2,13 @@
 a dropped stream without losing or repeating a byte), files, terminals, and the time
 machine (snapshots, diffs, fork, rewind, pause, resume)."""
 import base64
+import http.client
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 from .client import Client, Json, q
-from .errors import CoveError
+from .errors import ConnectionFailed, CoveError
 
 Command = Union[str, Sequence[str]]
 OnBytes = Callable[[bytes], None]
@@ -82,7 +83,10 @@ class Files:
         """Events {seq, type: create|write|remove|rename, path} as they happen; the watch
         ends when the iterator is closed (break out of the loop, or .close() it)."""
         url = self._p("fs/watch", path) + ("&recursive=true" if recursive else "")
-        return self._sb.client._lines("GET", url, None)
+        try:
+            yield from self._sb.client._lines("GET", url, None)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            raise ConnectionFailed(f"watch of {path}: the stream broke: {e}")
 
 
 class PtySession:
