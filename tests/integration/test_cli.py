@@ -17,6 +17,7 @@ import threading
 import time
 
 import pytest
+from cove import poll
 
 ID_RE = re.compile(r"^sbx_[A-Za-z0-9_-]+$")
 
@@ -487,3 +488,10 @@ def test_logs_reattaches_to_a_process(cli, coved, sid):
     assert r.stdout == b"two\n" and r.stderr == b""
     r = cli.run("logs", sid, "99999")
     assert r.returncode == 1 and b"not_found" in r.stderr
+    # --no-follow: what is kept of a process still running, then back to the prompt
+    ev = list(coved.client.stream(f"/v1/sandboxes/{sid}/exec",
+                                  {"shell": "echo started; exec sleep 600"}, max_events=1))
+    pid = ev[0]["pid"]
+    poll(lambda: cli.ok("logs", "--no-follow", sid, str(pid)) == b"started\n", timeout=60,
+         what="logs --no-follow printing what the running process wrote")
+    cli.run("exec", sid, "--", "kill", str(pid))

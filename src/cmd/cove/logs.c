@@ -1,6 +1,7 @@
 /* cove logs ID PID: reattach to a process's output (GET …/processes/{pid}/events?after=SEQ):
  * what coved's replay buffer kept, then live until the process exits. A broken stream is
  * resumed after the last event written, so nothing is printed twice. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,8 @@ struct st {
         char *line;
         size_t len, cap;
         long long last;
-        int exited, failed, progress, no_follow;
+        int exited, failed, progress, no_follow, seen;
+        int64_t last_ms; /* --no-follow: when the last event came (or the call started) */
 };
 
 static void event(struct st *s, const char *p, size_t n)
@@ -105,7 +107,15 @@ static size_t on_data(char *ptr, size_t size, size_t nmemb, void *arg)
         return n;
 }
 
-/* --no-follow: stop once nothing new came for a moment (the kept part is sent at once). */
+static int64_t now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* --no-follow: stop once nothing new came for 500 ms (what is kept is sent at once; 3 s
+ * for the first event, as the answer may take that long on a busy node). */
 static int idle_check(void *arg, struct curl_waitfd *fds, unsigned nfds)
 {
         (void)fds;
@@ -113,11 +123,13 @@ static int idle_check(void *arg, struct curl_waitfd *fds, unsigned nfds)
         struct st *s = arg;
         if (!s->no_follow)
                 return 0;
+        int64_t t = now_ms();
         if (s->progress) {
                 s->progress = 0;
-                return 0;
+                s->seen = 1;
+                s->last_ms = t;
         }
-        return 1;
+        return t - s->last_ms > (s->seen ? 500 : 3000);
 }
 
 int cmd_logs(struct cli *c, int argc, char **argv)
@@ -165,6 +177,7 @@ int cmd_logs(struct cli *c, int argc, char **argv)
                         return CLI_FAIL;
                 s.len = 0;
                 s.progress = 0;
+                s.last_ms = now_ms();
                 curl_easy_setopt(s.r->h, CURLOPT_WRITEFUNCTION, on_data);
                 curl_easy_setopt(s.r->h, CURLOPT_WRITEDATA, &s);
                 struct cli_loop loop = {.on_ready = idle_check, .arg = &s};
