@@ -4,6 +4,7 @@ Runs against the session `coved` fixture (busybox template). To point these test
 server instead, set COVE_CLI_TEST_URL and COVE_CLI_TEST_KEY (the unix-socket test is then
 skipped, since it needs the server's data dir).
 """
+import base64
 import json
 import os
 import pty
@@ -16,6 +17,7 @@ import threading
 import time
 
 import pytest
+from cove import poll
 
 ID_RE = re.compile(r"^sbx_[A-Za-z0-9_-]+$")
 
@@ -129,12 +131,10 @@ def test_ls_json_and_metadata_filter(cli):
     try:
         ids = [s["id"] for s in json.loads(cli.ok("ls", "--json"))["sandboxes"]]
         assert a in ids and b in ids
-        # not a terminal: JSON without asking
-        ids = [s["id"] for s in json.loads(cli.ok("ls"))["sandboxes"]]
-        assert a in ids and b in ids
-        blue = [s["id"] for s in json.loads(cli.ok("ls", "--metadata", "team=blue"))["sandboxes"]]
+        blue = [s["id"] for s in
+                json.loads(cli.ok("ls", "--json", "--metadata", "team=blue"))["sandboxes"]]
         assert a in blue and b not in blue
-        running = json.loads(cli.ok("ls", "--state", "running"))["sandboxes"]
+        running = json.loads(cli.ok("ls", "--json", "--state", "running"))["sandboxes"]
         assert all(s["state"] == "running" for s in running) and a in [s["id"] for s in running]
     finally:
         cli.run("rm", a, b)
@@ -409,3 +409,89 @@ def test_local_socket_and_admin_key_by_default(cli):
     r = cli.run("ls", "--json", env=env)
     assert r.returncode == 0, r.stderr
     assert "sandboxes" in json.loads(r.stdout)
+
+
+# --- day-one gaps: ls on a pipe, secrets, egress, logs -----------------------------------
+
+def test_ls_prints_its_table_on_a_pipe_too(cli, sid):
+    out = cli.ok("ls").decode()  # stdout is a pipe here
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "STATE", "TEMPLATE", "RUNTIME", "CREATED", "EXPIRES"]
+    assert any(line.startswith(sid) and line.split()[1] == "running" for line in lines)
+    assert json.loads(cli.ok("ls", "--json"))["sandboxes"]  # scripts ask for JSON
+
+
+def test_secret_value_from_stdin_or_a_file_never_argv(cli, tmp_path):
+    value = "s3cr3t-" + os.urandom(8).hex()
+    name = "CLI_T_" + os.urandom(3).hex().upper()
+    try:
+        r = cli.run("secret", "set", name, "--host", "api.example.com", input=value.encode() + b"\n")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == name.encode() + b"\n" and value.encode() not in r.stdout + r.stderr
+        ls = cli.ok("secret", "ls").decode()
+        row = next(line for line in ls.splitlines() if line.startswith(name))
+        assert "api.example.com" in row and "Authorization: Bearer {value}" in row
+        assert value not in ls
+        js = json.loads(cli.ok("--json", "secret", "ls"))
+        assert name in [x["name"] for x in js["secrets"]] and value not in json.dumps(js)
+        # from a file, in placeholder mode
+        f = tmp_path / "v"
+        f.write_text(value + "-2")
+        cli.ok("secret", "set", name, "--host", "*.example.com", "--placeholder",
+               "--from-file", str(f))
+        one = [x for x in json.loads(cli.ok("--json", "secret", "ls"))["secrets"]
+               if x["name"] == name][0]
+        assert one["inject"] == {"placeholder": True} and one["hosts"] == ["*.example.com"]
+        # a value on the command line is refused before anything is sent
+        r = cli.run("secret", "set", name, value, "--host", "x.example.com")
+        assert r.returncode == 2 and b"never from the command line" in r.stderr
+        r = cli.run("secret", "set", name, "--host", "x.example.com", input=b"")
+        assert r.returncode == 1 and b"1 to 8192 bytes" in r.stderr
+    finally:
+        cli.run("secret", "rm", name)
+    assert name not in cli.ok("secret", "ls").decode()
+    r = cli.run("secret", "rm", name)
+    assert r.returncode == 1 and b"not_found" in r.stderr
+
+
+def test_egress_show_and_set(cli, sid):
+    out = cli.ok("egress", "show", sid).decode()
+    assert "allow:    -" in out and "address:  - (no link)" in out
+    r = cli.run("egress", "set", sid, "--allow", "example.com:443", "--deny", "bad.example.com")
+    if r.returncode == 1 and b"unavailable" in r.stderr:
+        pytest.skip("this coved runs no egress gateway: " + r.stderr.decode())
+    assert r.returncode == 0, r.stderr
+    assert "allow:    example.com:443" in r.stdout.decode()
+    j = json.loads(cli.ok("--json", "egress", "show", sid))
+    assert j["egress"]["allow"] == ["example.com:443"] and j["egress"]["deny"] == ["bad.example.com"]
+    r = cli.run("egress", "set", sid, "--allow", "not a pattern!")
+    assert r.returncode == 1 and b"bad_request" in r.stderr
+    r = cli.run("egress", "set", sid, "--file", "-", input=b'{"allow": []}')
+    assert r.returncode == 0, r.stderr
+    assert json.loads(cli.ok("--json", "egress", "show", sid))["egress"]["allow"] == []
+
+
+def test_logs_reattaches_to_a_process(cli, coved, sid):
+    ev = list(coved.client.stream(f"/v1/sandboxes/{sid}/exec",
+                                  {"shell": "echo one; echo err >&2; sleep 1; echo two"},
+                                  max_events=1))  # the start event, then the client goes away
+    pid = ev[0]["pid"]
+    r = cli.run("logs", sid, str(pid))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"one\ntwo\n" and r.stderr == b"err\n"
+    events = [json.loads(line) for line in cli.ok("--json", "logs", sid, str(pid)).splitlines()]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[-1]["type"] == "exit"
+    two = next(e["seq"] for e in events if e.get("type") == "stdout" and
+               base64.b64decode(e["data_b64"]) == b"two\n")
+    r = cli.run("logs", "--after", str(two - 1), sid, str(pid))
+    assert r.stdout == b"two\n" and r.stderr == b""
+    r = cli.run("logs", sid, "99999")
+    assert r.returncode == 1 and b"not_found" in r.stderr
+    # --no-follow: what is kept of a process still running, then back to the prompt
+    ev = list(coved.client.stream(f"/v1/sandboxes/{sid}/exec",
+                                  {"shell": "echo started; exec sleep 600"}, max_events=1))
+    pid = ev[0]["pid"]
+    poll(lambda: cli.ok("logs", "--no-follow", sid, str(pid)) == b"started\n", timeout=60,
+         what="logs --no-follow printing what the running process wrote")
+    cli.run("exec", sid, "--", "kill", str(pid))

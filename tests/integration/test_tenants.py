@@ -99,7 +99,7 @@ def test_isolation_every_route(client, coved):
     assert proc["stdout"] == "a-secret\n"
     snap = ca.post(f"/v1/sandboxes/{sb['id']}/snapshots", {}, expect=(200, 201))
     snap_id = (snap.get("snapshot") or snap)["id"]
-    ids = {"id": sb["id"], "sid": snap_id, "pid": str(proc.get("pid", 1)),
+    ids = {"id": sb["id"], "sid": snap_id, "to": snap_id, "pid": str(proc.get("pid", 1)),
            "tid": ta["id"], "kid": "key_aaaaaaaaaaaaaaaaaaaa"}
     checked = 0
     for method, path in routes():

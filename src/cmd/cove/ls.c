@@ -1,5 +1,6 @@
 /* cove ls: GET /v1/sandboxes with state and metadata filters; an aligned table with relative
- * times on a terminal, the server's JSON (`{"sandboxes":[…]}`) with --json or on a pipe. */
+ * times, on a terminal or not (as docker and kubectl do); the server's JSON
+ * (`{"sandboxes":[…]}`) with --json, for scripts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,8 @@ static void help(void)
 {
         puts("Usage: cove ls [OPTIONS]\n"
              "\n"
-             "List sandboxes: a table on a terminal, JSON ({\"sandboxes\":[...]}) with --json\n"
-             "or when stdout is not a terminal.\n"
+             "List sandboxes as a table (also on a pipe); JSON ({\"sandboxes\":[...]}) with\n"
+             "--json, for scripts.\n"
              "\n"
              "  --state S1,S2       only these states (starting, running, paused, ...)\n"
              "  -m, --metadata K=V  only sandboxes with this label (repeatable, all must match)\n"
@@ -144,7 +145,7 @@ int cmd_ls(struct cli *c, int argc, char **argv)
         } else if (quiet) {
                 for (size_t i = 0; i < json_array_size(list); i++)
                         printf("%s\n", str_or_dash(json_array_get(list, i), "id"));
-        } else if (c->json || !c->out_tty) {
+        } else if (c->json) {
                 rc = cli_print_json(c, ans);
         } else {
                 rc = print_table(list);

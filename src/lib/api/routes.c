@@ -254,6 +254,8 @@ const struct cove_route cove_routes[] = {
     {"POST", "/v1/sandboxes/{id}/fork", cove_h_fork, NULL, 0},
     {"GET", "/v1/snapshots/{sid}", cove_h_snapshot_get, NULL, 0},
     {"DELETE", "/v1/snapshots/{sid}", cove_h_snapshot_delete, NULL, 0},
+    {"GET", "/v1/snapshots/{sid}/diff/{to}", cove_h_snapshot_diff, NULL, 0},
+    {"GET", "/v1/snapshots/{sid}/diff/{to}/file", cove_h_snapshot_diff_file, NULL, 0},
     {"PUT", "/v1/sandboxes/{id}/egress", cove_h_egress_put, NULL, 0},
     {"GET", "/v1/sandboxes/{id}/egress", cove_h_egress_get, NULL, 0},
     {"PUT", "/v1/secrets/{name}", cove_h_secret_put, NULL, 0},

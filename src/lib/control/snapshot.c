@@ -151,6 +151,11 @@ static int store_err(struct cove_err *err)
         return -1;
 }
 
+struct cove_store *cove_tm_store(struct coved *d)
+{
+        return d->tm ? d->tm->store : NULL;
+}
+
 static int need_store(struct coved *d, struct cove_err *err)
 {
         if (!d->tm || !d->tm->store || !d->tm->layer_dir[0])

@@ -83,5 +83,9 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
 typedef int (*coved_tree_fn)(void *arg, int tree_fd, struct cove_err *err);
 int coved_sandbox_files(struct coved *d, const char *tenant, const char *sandbox, const char *snap,
                         char template_out[64], coved_tree_fn fn, void *arg, struct cove_err *err);
+/* The chunk store snapshots live in (NULL when this node cannot snapshot), for readers of
+ * snapshots that do not restore them (control/snapdiff.h). Owned by d. */
+struct cove_store;
+struct cove_store *cove_tm_store(struct coved *d);
 
 #endif

@@ -2052,3 +2052,69 @@ int cove_store_gc(struct cove_store *st, const char *tenant, const char *const *
                 return cove_err_wrap(err, "gc of tenant %s", tenant);
         return 0;
 }
+
+/* ---- reading a snapshot without restoring it (snapshot diffs) ---- */
+
+int cove_snapshot_manifest(struct cove_store *st, const char *tenant, const char *snap_id,
+                           struct cove_manifest *m, struct cove_err *err)
+{
+        cove_manifest_init(m);
+        if (check_ids(tenant, snap_id, NULL, err) < 0)
+                return -1;
+        struct tenant *t = tenant_get(st, tenant, err);
+        if (!t || load_manifest(st, t, snap_id, m, err) < 0)
+                return cove_err_wrap(err, "snapshot %s", snap_id);
+        return 0;
+}
+
+int cove_snapshot_read_entry(struct cove_store *st, const char *tenant,
+                             const struct cove_manifest *m, const struct cove_mentry *e, size_t max,
+                             uint8_t **out, size_t *len, struct cove_err *err)
+{
+        *out = NULL;
+        *len = 0;
+        if (e->type != COVE_ENT_FILE || e->link)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "%s is not a regular file",
+                                     e->path);
+        if (e->size > max)
+                return cove_err_setk(err, COVE_E_LIMIT, 0, "%s is %llu bytes, more than %zu",
+                                     e->path, (unsigned long long)e->size, max);
+        struct tenant *t = tenant_get(st, tenant, err);
+        if (!t)
+                return -1;
+        uint8_t *buf = calloc(1, e->size ? (size_t)e->size : 1);
+        struct worker w;
+        if (!buf || worker_init(&w) < 0) {
+                if (buf)
+                        worker_fini(&w);
+                free(buf);
+                return cove_err_set(err, ENOMEM, "read %s", e->path);
+        }
+        uint64_t off = 0;
+        int rc = 0;
+        for (size_t i = 0; i < e->nchunks && rc == 0; i++) {
+                const struct cove_mchunk *ch = &m->chunks[e->chunk_off + i];
+                if (ch->len > e->size - off) {
+                        rc = cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "%s: chunks overrun",
+                                           e->path);
+                        break;
+                }
+                if (!ch->hole) {
+                        uint8_t *plain = NULL;
+                        rc = chunk_read(st, &w, t, ch->id, (size_t)ch->len, &plain, err);
+                        if (rc == 0) {
+                                memcpy(buf + off, plain, (size_t)ch->len);
+                                free(plain);
+                        }
+                }
+                off += ch->len;
+        }
+        worker_fini(&w);
+        if (rc < 0) {
+                free(buf);
+                return cove_err_wrap(err, "read %s", e->path);
+        }
+        *out = buf;
+        *len = (size_t)e->size;
+        return 0;
+}

@@ -123,4 +123,17 @@ struct cove_gc_stats {
 int cove_store_gc(struct cove_store *st, const char *tenant, const char *const *keep_ids, size_t n,
                   struct cove_gc_stats *out, struct cove_err *err);
 
+/* Snapshot diffs read snapshots without restoring them. */
+struct cove_manifest;
+struct cove_mentry;
+/* The validated manifest of a snapshot (m initialised here; clear it in any case). */
+int cove_snapshot_manifest(struct cove_store *st, const char *tenant, const char *snap_id,
+                           struct cove_manifest *m, struct cove_err *err);
+/* The content of regular file entry e of manifest m (not a hard link: pass the entry it
+ * names), every chunk verified, into *out (caller frees; *len = e->size). LIMIT when the
+ * file is larger than max, nothing read. */
+int cove_snapshot_read_entry(struct cove_store *st, const char *tenant,
+                             const struct cove_manifest *m, const struct cove_mentry *e, size_t max,
+                             uint8_t **out, size_t *len, struct cove_err *err);
+
 #endif
