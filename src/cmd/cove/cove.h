@@ -57,9 +57,9 @@ int cmd_leases(struct cli *c, int argc, char **argv);
 int cmd_keys(struct cli *c, int argc, char **argv); /* keys.c: keys and tenants */
 int cmd_tenants(struct cli *c, int argc, char **argv);
 int cmd_template(struct cli *c, int argc, char **argv); /* template.c: build, ls, inspect, rm */
-int cmd_diff(struct cli *c, int argc, char **argv);   /* diff.c */
-int cmd_mcp(struct cli *c, int argc, char **argv);    /* mcp.c: MCP server on stdio */
-int cmd_secret(struct cli *c, int argc, char **argv); /* secret.c: secrets and egress */
+int cmd_diff(struct cli *c, int argc, char **argv);     /* diff.c */
+int cmd_mcp(struct cli *c, int argc, char **argv);      /* mcp.c: MCP server on stdio */
+int cmd_secret(struct cli *c, int argc, char **argv);   /* secret.c: secrets and egress */
 int cmd_egress(struct cli *c, int argc, char **argv);
 int cmd_logs(struct cli *c, int argc, char **argv); /* logs.c */
 
