@@ -329,11 +329,9 @@ static int expose(struct coved *d, const struct cove_sandbox_row *row, unsigned 
                                  auto_resume, target_addr(row->runtime), pub ? NULL : h, err);
 }
 
-int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *body, json_t **out,
-                   struct cove_err *err)
+/* The body of POST …/ports: 0 with port and flags, or -1 with BAD_REQUEST. */
+static int port_body(json_t *body, unsigned *port, int *pub, int *ar, struct cove_err *err)
 {
-        if (need_ports(d, err) < 0)
-                return -1;
         json_t *jp = json_object_get(body, "port");
         json_t *jpub = json_object_get(body, "public");
         json_t *jar = json_object_get(body, "auto_resume");
@@ -350,11 +348,26 @@ int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *
         if ((jpub && !json_is_boolean(jpub)) || (jar && !json_is_boolean(jar)))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "\"public\" and \"auto_resume\" must be booleans");
-        unsigned port = (unsigned)json_integer_value(jp);
-        int pub = json_is_true(jpub), ar = json_is_true(jar);
+        *port = (unsigned)json_integer_value(jp);
+        *pub = json_is_true(jpub);
+        *ar = json_is_true(jar);
+        return 0;
+}
+
+int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *body, json_t **out,
+                   struct cove_err *err)
+{
+        /* another tenant's id answers 404 before anything is said about the body or about
+         * what this node serves */
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
                 return -1;
+        unsigned port = 0;
+        int pub = 0, ar = 0;
+        if (port_body(body, &port, &pub, &ar, err) < 0 || need_ports(d, err) < 0) {
+                cove_sandbox_row_clear(&row);
+                return -1;
+        }
         char token[COVE_PORTS_TOKEN_HASH * 2 + 8] = "";
         int r = expose(d, &row, port, pub, ar, NULL, token, sizeof(token), err);
         if (r == 0) {
@@ -437,13 +450,17 @@ int coved_port_list(struct coved *d, const char *tenant, const char *id, json_t 
 int coved_port_delete(struct coved *d, const char *tenant, const char *id, unsigned port,
                       struct cove_err *err)
 {
-        if (need_ports(d, err) < 0)
-                return -1;
-        if (port < 1 || port > 65535)
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "port must be from 1 to 65535");
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
                 return -1;
+        if (port < 1 || port > 65535) {
+                cove_sandbox_row_clear(&row);
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "port must be from 1 to 65535");
+        }
+        if (need_ports(d, err) < 0) {
+                cove_sandbox_row_clear(&row);
+                return -1;
+        }
         char key[96];
         doc_key(key, sizeof(key), id, port);
         int r = d->cat_ops->doc_delete(d->cat, DOC_KIND, row.tenant, key, err);
