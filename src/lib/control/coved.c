@@ -20,6 +20,7 @@
 #include "control/template.h"
 #include "control/tenant.h"
 #include "crypto/keys.h"
+#include "node/tm.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -200,7 +201,17 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (!d->node)
                 goto fail;
         coved_reconcile(d);
-        if (cove_tm_open(d, err) < 0)
+        struct cove_node_tm_config tc = {
+            .log = &d->log,
+            .data_dir = d->data_dir,
+            .store_url = d->store.url,
+            .s3_endpoint = d->store.s3_endpoint,
+            .s3_timeout_s = d->store.s3_timeout_s,
+            .cache_mb = d->store.cache_mb,
+            .layer_key = coved_pool_layer_key,
+            .arg = d,
+        };
+        if (cove_node_tm_open(d->node, &tc, &d->ntm, err) < 0 || cove_tm_open(d, err) < 0)
                 goto fail;
         d->pool_size = o->pool_size < 0 ? 4 : o->pool_size;
         if (start_pools(d, "ns", o->templates ? o->templates : "busybox", d->pool_size, err) < 0)
@@ -260,6 +271,8 @@ void coved_close(struct coved *d)
                 pthread_join(d->timer, NULL);
         d->timer_started = 0;
         cove_tm_close(d); /* before the node: its thread snapshots instances */
+        cove_node_tm_close(d->ntm);
+        d->ntm = NULL;
         if (d->node) {
                 /* the instances end with coved; say so in the catalog */
                 json_t *ids = json_array();

@@ -55,6 +55,7 @@ struct cove_e2b;
 struct cove_gateway;
 struct cove_audit;
 struct cove_tm;
+struct cove_node_tm;
 
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
@@ -74,7 +75,8 @@ struct coved {
         struct cove_e2b *e2b;     /* E2B-compatible listeners (api/e2b.h), NULL when off */
         struct cove_gateway *gw;  /* egress gateway (net/gateway.h), NULL when unavailable */
         struct cove_audit *audit; /* audit log (control/audit.h) */
-        struct cove_tm *tm; /* snapshots: chunk store, rolling/retention thread (snapshot.h) */
+        struct cove_tm *tm;       /* snapshots: rolling/retention thread (control/snapshot.h) */
+        struct cove_node_tm *ntm; /* the node's captures, restores, chunk store (node/tm.h) */
         int quitting;
         pthread_mutex_t mu; /* metrics, timer wake-up */
         pthread_cond_t cv;
