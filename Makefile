@@ -66,6 +66,7 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
 
 lint:
+	scripts/check-seams.sh
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 	cppcheck --quiet --error-exitcode=1 --inline-suppr --enable=warning,portability \
 	  --suppress=missingIncludeSystem --include=/usr/include/jansson.h -I src/lib $$(git ls-files 'src/*.c')

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "control/coved.h"
+#include "daemon/daemon.h"
 #include "util/testhooks.h"
 
 static void usage(FILE *f)
@@ -296,13 +296,13 @@ int main(int argc, char **argv)
 
         struct coved d;
         struct cove_err err;
-        if (coved_open(&d, &o, &err) < 0) {
+        if (coved_daemon_open(&d, &o, &err) < 0) {
                 fprintf(stderr, "coved: %s\n", err.msg);
                 return 1;
         }
         int sig = 0;
         sigwait(&set, &sig);
         cove_info(&d.log, "coved.stop", "signal %d: shutting down", sig);
-        coved_close(&d);
+        coved_daemon_close(&d);
         return 0;
 }

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "api/http.h"
-#include "control/coved.h"
+#include "api/routes.h"
 
 int cove_exec_request_build(json_t *body, const char *env_json, json_t **req, json_t **cmd,
                             char *why, size_t cap);

@@ -5,6 +5,11 @@
 #include "api/http.h"
 #include "control/coved.h"
 
+/* HTTP routes (api/routes.c), served by daemon/daemon.c: app is the struct coved. */
+extern const struct cove_route cove_routes[];
+extern const size_t cove_nroutes;
+int cove_api_auth(void *app, struct cove_req *r, const char *authorization, struct cove_err *err);
+
 int cove_h_exec(void *app, struct cove_req *r);
 int cove_h_processes(void *app, struct cove_req *r);
 int cove_h_events(void *app, struct cove_req *r);

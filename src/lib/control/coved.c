@@ -1,9 +1,9 @@
 /* coved start-up and shutdown: the order matters. Catalog first (it says which sandboxes
- * exist), then the node (runtime state on the host), then reconciliation of the two, and
- * only then the HTTP front end, so no request sees a half-reconciled node. */
+ * exist), then the node (runtime state on the host), then reconciliation of the two; the
+ * HTTP front end starts only after all of it (daemon/daemon.h), so no request sees a
+ * half-reconciled node. */
 #include "control/coved.h"
 #include "control/tbuild.h"
-#include "runtime/vm.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -16,7 +16,6 @@
 
 #include <openssl/evp.h>
 
-#include "api/e2b.h"
 #include "control/apikey.h"
 #include "control/secrets.h"
 #include "control/audit.h"
@@ -24,6 +23,8 @@
 #include "control/template.h"
 #include "control/tenant.h"
 #include "crypto/keys.h"
+#include "node/drivers.h"
+#include "node/tm.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -269,31 +270,14 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .log = &d->log,
             .data_dir = d->data_dir,
             .guest_binary = d->guest_binary,
-            .rt_ops = &cove_runtime_ns,
-            .rt_alt_ops = cove_vm_driver(),
             .on_dead = coved_on_instance_dead,
             .on_stop = coved_egress_on_stop,
             .on_ask = coved_on_ask,
             .layer_key = coved_pool_layer_key,
             .arg = d,
         };
-        /* vm is the default where KVM gives it hardware isolation at full speed; under TCG
-         * (no /dev/kvm) it works but slower, so ns stays the default there */
-        const char *def = o->runtime ? o->runtime : cove_vm_kvm_usable() ? "vm" : "ns";
-        if (!strcmp(def, "vm")) {
-                char why[256];
-                if (cove_vm_driver_unavailable(why, sizeof(why))) {
-                        if (o->runtime) {
-                                cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "%s", why);
-                                goto fail;
-                        }
-                        cove_warn(&d->log, "coved.start", "KVM works but %s: default runtime ns",
-                                  why);
-                } else {
-                        nc.rt_ops = cove_vm_driver();
-                        nc.rt_alt_ops = &cove_runtime_ns;
-                }
-        }
+        if (cove_node_drivers(o->runtime, &d->log, &nc.rt_ops, &nc.rt_alt_ops, err) < 0)
+                goto fail;
         /* the gateway before the node: stopping an instance detaches its link */
         if (coved_egress_open(d, &o->egress, err) < 0)
                 goto fail;
@@ -301,7 +285,17 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (!d->node)
                 goto fail;
         coved_reconcile(d);
-        if (cove_tm_open(d, err) < 0)
+        struct cove_node_tm_config tc = {
+            .log = &d->log,
+            .data_dir = d->data_dir,
+            .store_url = d->store.url,
+            .s3_endpoint = d->store.s3_endpoint,
+            .s3_timeout_s = d->store.s3_timeout_s,
+            .cache_mb = d->store.cache_mb,
+            .layer_key = coved_pool_layer_key,
+            .arg = d,
+        };
+        if (cove_node_tm_open(d->node, &tc, &d->ntm, err) < 0 || cove_tm_open(d, err) < 0)
                 goto fail;
         d->pool_size = o->pool_size < 0 ? 4 : o->pool_size;
         if (start_pools(d, "ns", o->templates ? o->templates : "busybox", d->pool_size, err) < 0)
@@ -315,27 +309,6 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                 goto fail;
         }
         d->timer_started = 1;
-        char sock[PATH_MAX];
-        snprintf(sock, sizeof(sock), "%s/coved.sock", d->data_dir);
-        struct cove_http_config hc = {
-            .routes = cove_routes,
-            .nroutes = cove_nroutes,
-            .auth = cove_api_auth,
-            .app = d,
-            .log = &d->log,
-            .quitting = &d->quitting,
-        };
-        if (coved_ports_open(d, &o->ports, err) < 0)
-                goto fail;
-        d->http = cove_http_start(&hc, o->listen, sock, err);
-        if (!d->http)
-                goto fail;
-        if (cove_e2b_start(d, o->e2b_api_listen, o->e2b_sandbox_listen, &d->e2b, err) < 0)
-                goto fail;
-        cove_info(&d->log, "coved.start",
-                  "serving on %s and %s; data dir %s; runtime %s; templates %s",
-                  o->listen ? o->listen : "(no tcp)", sock, d->data_dir,
-                  cove_node_runtime_name(d->node), d->templates_dir);
         return 0;
 fail:
         coved_close(d);
@@ -354,11 +327,6 @@ void coved_close(struct coved *d)
         d->quitting = 1;
         pthread_cond_broadcast(&d->cv);
         pthread_mutex_unlock(&d->mu);
-        cove_e2b_stop(d->e2b);
-        d->e2b = NULL;
-        if (d->http)
-                cove_http_stop(d->http);
-        d->http = NULL;
         if (d->timer_started)
                 pthread_join(d->timer, NULL);
         d->timer_started = 0;
@@ -366,6 +334,8 @@ void coved_close(struct coved *d)
         coved_tbuilds_free(d->tb); /* cancels and waits for template builds */
         d->tb = NULL;
         cove_tm_close(d); /* before the node: its thread snapshots instances */
+        cove_node_tm_close(d->ntm);
+        d->ntm = NULL;
         if (d->node) {
                 /* the instances end with coved; say so in the catalog */
                 json_t *ids = json_array();

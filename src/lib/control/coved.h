@@ -9,7 +9,6 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "api/http.h"
 #include "control/egress.h"
 #include "control/ports.h"
 #include "node/node.h"
@@ -55,10 +54,12 @@ struct coved_options {
 #define COVE_DEFAULT_SNAPSHOT_INTERVAL_S 60 /* rolling snapshots while running; 0 = off */
 
 struct cove_e2b;
+struct cove_http;
 struct cove_gateway;
 struct cove_audit;
 struct cove_tm;
 struct coved_ports;
+struct cove_node_tm;
 
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
@@ -75,10 +76,11 @@ struct coved {
         struct cove_catalog *cat;
         struct cove_node *node;
         struct cove_http *http;
-        struct cove_e2b *e2b;     /* E2B-compatible listeners (api/e2b.h), NULL when off */
-        struct cove_gateway *gw;  /* egress gateway (net/gateway.h), NULL when unavailable */
-        struct cove_audit *audit; /* audit log (control/audit.h) */
-        struct cove_tm *tm; /* snapshots: chunk store, rolling/retention thread (snapshot.h) */
+        struct cove_e2b *e2b;      /* E2B-compatible listeners (api/e2b.h), NULL when off */
+        struct cove_gateway *gw;   /* egress gateway (node/egress.h), NULL when unavailable */
+        struct cove_audit *audit;  /* audit log (control/audit.h) */
+        struct cove_tm *tm;        /* snapshots: rolling/retention thread (control/snapshot.h) */
+        struct cove_node_tm *ntm;  /* the node's captures, restores, chunk store (node/tm.h) */
         struct coved_ports *ports; /* exposed ports (control/ports.h), NULL when off */
         int quitting;
         pthread_mutex_t mu; /* metrics, timer wake-up */
@@ -96,10 +98,11 @@ struct coved {
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
- * build missing templates, reconcile sandboxes left by a crash, start the node and the
- * HTTP front end. */
+ * build missing templates, start the node, reconcile sandboxes left by a crash. The HTTP
+ * front end is started on top of it by daemon/daemon.h (coved_daemon_open). */
 int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *err);
-/* Stop serving, stop every instance (marking the sandboxes stopped), close everything. */
+/* Stop every instance (marking the sandboxes stopped), close everything (the front end,
+ * if any, is stopped first: coved_daemon_close). */
 void coved_close(struct coved *d);
 
 /* Sandbox lifecycle (control/sandbox.c). Bodies are validated here; errors carry kinds
@@ -127,10 +130,5 @@ void cove_sandbox_settle(struct coved *d, const char *id, const char *why_paused
 /* Stop sandbox id's instance, remove its host state (working storage included) and mark
  * it stopped with why (the tenant's key was revoked). */
 void cove_sandbox_stop_purge(struct coved *d, const char *id, const char *why);
-
-/* HTTP routes (api/routes.c). */
-extern const struct cove_route cove_routes[];
-extern const size_t cove_nroutes;
-int cove_api_auth(void *app, struct cove_req *r, const char *authorization, struct cove_err *err);
 
 #endif

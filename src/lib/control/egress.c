@@ -4,7 +4,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +11,7 @@
 #include "control/audit.h"
 #include "control/coved.h"
 #include "control/secrets.h"
-#include "net/gateway.h"
+#include "node/egress.h"
 #include "util/util.h"
 
 static void audit_sink(void *arg, const char *tenant, const char *sandbox, const char *kind,
@@ -22,61 +21,25 @@ static void audit_sink(void *arg, const char *tenant, const char *sandbox, const
         cove_audit_log(d->audit, tenant, sandbox, kind, action, verdict, detail);
 }
 
-static int parse_pool(const char *s, uint32_t *net, int *bits)
-{
-        char buf[32];
-        snprintf(buf, sizeof(buf), "%s", s);
-        char *slash = strchr(buf, '/');
-        if (!slash)
-                return -1;
-        *slash = '\0';
-        *bits = atoi(slash + 1);
-        if (cove_gateway_parse_ip(buf, net) < 0 || *bits < 8 || *bits > 28)
-                return -1;
-        uint32_t m = 0xffffffffu << (32 - *bits);
-        return (*net & ~m) ? -1 : 0;
-}
-
 int coved_egress_open(struct coved *d, const struct coved_egress_options *o, struct cove_err *err)
 {
         d->audit = cove_audit_open(d->cat_ops, d->cat, &d->log, err);
         if (!d->audit)
                 return cove_err_wrap(err, "audit log");
-        char mitm_dir[PATH_MAX];
-        snprintf(mitm_dir, sizeof(mitm_dir), "%s/egress", d->data_dir);
-        struct cove_gateway_config gc = {.log = &d->log,
-                                         .audit = audit_sink,
-                                         .arg = d,
-                                         .mitm_dir = mitm_dir,
-                                         .upstream_ca_file = o ? o->ca_file : NULL};
-        if (o && o->pool && parse_pool(o->pool, &gc.pool_net, &gc.pool_bits) < 0)
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "--egress-pool %s: want an IPv4 CIDR from /8 to /28", o->pool);
-        for (int i = 0; o && i < o->nupstreams && gc.nupstreams < COVE_GW_MAX_UPSTREAMS; i++)
-                if (cove_gateway_parse_ip(o->upstreams[i], &gc.upstreams[gc.nupstreams++]) < 0)
-                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                             "--dns-upstream %s is not an IPv4 address",
-                                             o->upstreams[i]);
-        if (!gc.nupstreams)
-                gc.nupstreams = cove_gateway_resolv_conf("/etc/resolv.conf", gc.upstreams,
-                                                         COVE_GW_MAX_UPSTREAMS);
-        gc.upstream_port = o && o->upstream_port ? (uint16_t)o->upstream_port : 53;
-        struct cove_gateway_static st[COVE_GW_MAX_STATIC];
-        for (int i = 0; o && i < o->nstatics && gc.nstatics < COVE_GW_MAX_STATIC; i++)
-                if (cove_gateway_parse_static(o->statics[i], &st[gc.nstatics++]) < 0)
-                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                             "--dns-static %s: want NAME=IPv4", o->statics[i]);
-        gc.statics = st;
-        /* one table per data dir: a restart after a crash replaces the crashed one's */
-        unsigned char md[32];
-        unsigned mdl;
-        EVP_Digest(d->data_dir, strlen(d->data_dir), md, &mdl, EVP_sha256(), NULL);
-        char hex[65], table[32];
-        cove_hex(md, 32, hex);
-        snprintf(table, sizeof(table), "cove_%.12s", hex);
-        gc.table = table;
+        struct cove_node_egress_config gc = {
+            .log = &d->log, .data_dir = d->data_dir, .audit = audit_sink, .arg = d};
+        if (o) {
+                gc.pool = o->pool;
+                gc.upstreams = o->upstreams;
+                gc.nupstreams = o->nupstreams;
+                gc.statics = o->statics;
+                gc.nstatics = o->nstatics;
+                gc.upstream_port = o->upstream_port;
+                gc.ca_file = o->ca_file;
+        }
         struct cove_err e2;
-        d->gw = cove_gateway_new(&gc, &e2);
+        if (cove_node_egress_open(&gc, &d->gw, &e2, err) < 0)
+                return -1;
         if (!d->gw)
                 cove_warn(&d->log, "egress",
                           "egress gateway unavailable (sandboxes asking for "
@@ -87,7 +50,7 @@ int coved_egress_open(struct coved *d, const struct coved_egress_options *o, str
 
 void coved_egress_close(struct coved *d)
 {
-        cove_gateway_free(d->gw);
+        cove_node_egress_close(d->gw);
         d->gw = NULL;
         cove_audit_close(d->audit);
         d->audit = NULL;
@@ -132,20 +95,13 @@ static int write_resolv(struct coved *d, const char *id, uint32_t resolver, stru
 static int attach_policy(struct coved *d, const char *tenant, const char *id, struct cove_policy *p,
                          uint32_t *addr, struct cove_err *err)
 {
-        if (!d->gw)
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "egress is not available on this node (the gateway did not "
-                                     "start: see coved's log)");
-        if (cove_gateway_attached(d->gw, id, addr))
-                return cove_gateway_set_policy(d->gw, id, p, err);
-        pid_t pid = cove_node_pid(d->node, id);
-        if (pid <= 0)
-                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is not running", id);
+        if (cove_node_egress_attached(d->gw, id, addr))
+                return cove_node_egress_set_policy(d->gw, id, p, err);
         uint32_t resolver;
-        if (cove_gateway_attach(d->gw, id, tenant, pid, p, addr, &resolver, err) < 0)
+        if (cove_node_egress_attach(d->gw, d->node, id, tenant, p, addr, &resolver, err) < 0)
                 return -1;
         if (write_resolv(d, id, resolver, err) < 0) {
-                cove_gateway_detach(d->gw, id);
+                cove_node_egress_detach(d->gw, id);
                 return -1;
         }
         return 1;
@@ -174,7 +130,7 @@ static int put_file(struct cove_chan *c, const char *path, const void *data, siz
  * its own (NODE_EXTRA_CA_CERTS). */
 static int install_ca(struct coved *d, const char *id, struct cove_err *err)
 {
-        const char *pem = cove_gateway_ca_pem(d->gw);
+        const char *pem = cove_node_egress_ca_pem(d->gw);
         if (!pem)
                 return 0;
         struct cove_chan *c = cove_node_chan(d->node, id);
@@ -313,7 +269,7 @@ static int apply(struct coved *d, const char *tenant, const char *id, struct cov
         int fresh = attach_policy(d, tenant, id, p, addr, err);
         if (fresh < 0)
                 return -1;
-        if (p->ninj && (fresh || !*ca) && cove_gateway_ca_pem(d->gw)) {
+        if (p->ninj && (fresh || !*ca) && cove_node_egress_ca_pem(d->gw)) {
                 if (install_ca(d, id, err) < 0)
                         return -1;
                 changed |= !*ca;
@@ -432,7 +388,7 @@ int coved_egress_get(struct coved *d, const char *tenant, const char *id, json_t
                 return -1;
         }
         uint32_t addr = 0;
-        int att = d->gw && cove_gateway_attached(d->gw, id, &addr);
+        int att = cove_node_egress_attached(d->gw, id, &addr);
         *out = answer(p, att, addr, ph);
         json_decref(ph);
         cove_policy_unref(p);
@@ -500,8 +456,7 @@ void coved_audit_control(struct coved *d, const char *tenant, const char *sandbo
 void coved_egress_on_stop(void *arg, const char *id)
 {
         struct coved *d = arg;
-        if (d->gw)
-                cove_gateway_detach(d->gw, id);
+        cove_node_egress_detach(d->gw, id);
 }
 
 void coved_egress_forget(struct coved *d, const char *id)

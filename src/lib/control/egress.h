@@ -1,4 +1,4 @@
-/* Egress in the control plane: the node gateway (net/gateway.h) and the audit log
+/* Egress in the control plane: the node's gateway (node/egress.h) and the audit log
  * (control/audit.h) started with coved, policies validated at create, attached to the
  * sandbox's instance, stored in the catalog and replaced live.
  * Sandboxes created without `egress` get no link at all (only their loopback): deny by

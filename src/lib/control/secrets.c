@@ -14,7 +14,7 @@
 #include "control/coved.h"
 #include "control/egress.h"
 #include "crypto/keys.h"
-#include "net/gateway.h"
+#include "node/egress.h"
 #include "util/util.h"
 
 #define GCM_NONCE 12
@@ -204,7 +204,7 @@ struct refresh_ctx {
 static int refresh_one(const struct cove_sandbox_row *row, void *arg)
 {
         struct refresh_ctx *rc = arg;
-        if (rc->d->gw && cove_gateway_attached(rc->d->gw, row->id, NULL))
+        if (cove_node_egress_attached(rc->d->gw, row->id, NULL))
                 coved_egress_refresh(rc->d, row->tenant, row->id);
         return 0;
 }

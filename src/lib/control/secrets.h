@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "net/policy.h"
+#include "node/egress.h" /* struct cove_policy, cove_inject: what the node is handed */
 #include "util/err.h"
 
 struct coved;

@@ -1,27 +1,22 @@
-/* The time machine in the control plane (control/snapshot.h): capture and restore through
- * the node's layer images and the chunk store, the operations built on them, and the
+/* The time machine in the control plane (control/snapshot.h): the operations built on the
+ * node's captures and restores (node/tm.h), their catalog rows and locks, and the
  * background thread for rolling snapshots, retention thinning and GC. */
 #include "control/snapshot.h"
 
 #include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "control/egress.h"
 #include "control/retention.h"
 #include "control/template.h"
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-
 #include "control/tenant.h"
 #include "crypto/keys.h"
-#include "store/snapshot.h"
+#include "node/tm.h"
 #include "util/cleanup.h"
 #include "util/testhooks.h"
 #include "util/util.h"
@@ -29,21 +24,13 @@
 #define FORK_MAX 20
 #define LABEL_MAX 127
 #define THIN_EVERY_MS 30000
-#define IMG_SNAP "tm-snap-"
-#define IMG_RESTORE "tm-restore-"
-#define MEM_SUFFIX "-mem" /* store id of a full snapshot's checkpoint: <snapshot id>-mem */
 
 struct cove_tm {
-        struct cove_store *store;
-        char layer_dir[PATH_MAX]; /* "" when the runtime has no layer images */
-        /* CRIU checkpoints in flight (plaintext memory): on tmpfs, never on a disk where the
-         * blocks would outlive the delete (encrypted layers, revocation) */
-        char mem_dir[PATH_MAX];
-        pthread_mutex_t mu; /* busy, quit, kicked */
+        struct cove_node_tm *node; /* captures, restores and the chunk store (node/tm.h) */
+        pthread_mutex_t mu;        /* busy, quit, kicked */
         pthread_cond_t cv;
         char (*busy)[64]; /* sandboxes with an operation in progress */
         size_t nbusy, capbusy;
-        pthread_mutex_t io_mu; /* one capture (or GC) at a time: bounded background I/O */
         pthread_t thr;
         int thr_started, quit, kicked;
         int rolling_off; /* the runtime cannot snapshot: rolling snapshots stopped */
@@ -142,23 +129,14 @@ static void row_set_error(struct cove_sandbox_row *row, const char *msg)
         row->error = msg ? strdup(msg) : NULL;
 }
 
-/* A store failure (full, I/O error, missing or tampered chunk) is not the request's fault
- * and not a missing API object: the snapshot named in the message cannot be used now. */
-static int store_err(struct cove_err *err)
-{
-        if (err->kind != COVE_E_KEY_REVOKED)
-                err->kind = COVE_E_UNAVAILABLE;
-        return -1;
-}
-
 struct cove_store *cove_tm_store(struct coved *d)
 {
-        return d->tm ? d->tm->store : NULL;
+        return d->tm ? cove_node_tm_store(d->tm->node) : NULL;
 }
 
 static int need_store(struct coved *d, struct cove_err *err)
 {
-        if (!d->tm || !d->tm->store || !d->tm->layer_dir[0])
+        if (!d->tm || !cove_node_tm_ready(d->tm->node))
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "runtime %s cannot snapshot sandboxes on this node",
                                      cove_node_runtime_name(d->node));
@@ -180,80 +158,11 @@ static int op_begin(struct coved *d, const char *tenant, const char *id,
         return 0;
 }
 
-/* ---- full snapshots (vm: live memory, devices and disk as one image) ----
- * The runtime writes the image into an unnamed temp file (O_TMPFILE: nothing to clean up
- * after a crash); the store keeps it as one stream (2 MiB fixed chunks, zero chunks free).
- * The image holds guest RAM in clear: for a sandbox with encrypted storage it goes to the
- * checkpoint tmpfs, like an ns checkpoint, so no plaintext of it touches the data dir's
- * disk (at the cost of RAM for the image, disk overlay included); for a plain one (whose
- * disk overlay is plaintext there anyway) into the data dir. */
-
-static int tmpfile_fd(struct coved *d, int encrypted, struct cove_err *err)
-{
-        const char *dir = encrypted ? d->tm->mem_dir : d->data_dir;
-        int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-        return fd < 0 ? cove_err_set(err, errno, "temp file in %s", dir) : fd;
-}
-
-static int capture_full(struct coved *d, struct cove_snapshot_row *s, int encrypted,
-                        struct cove_snapshot_stats *st, struct cove_err *err)
-{
-        int fd = tmpfile_fd(d, encrypted, err);
-        if (fd < 0)
-                return -1;
-        uint64_t pause_ns = 0;
-        int r = cove_node_full_snapshot(d->node, s->sandbox_id, fd, &pause_ns, err);
-        s->pause_us = (int64_t)(pause_ns / 1000);
-        if (r == 0 && lseek(fd, 0, SEEK_SET) < 0)
-                r = cove_err_set(err, errno, "full snapshot");
-        if (r == 0) {
-                pthread_mutex_lock(&d->tm->io_mu);
-                r = cove_snapshot_capture_stream(d->tm->store, s->tenant, s->id,
-                                                 s->parent_id[0] ? s->parent_id : NULL, fd, st,
-                                                 err);
-                pthread_mutex_unlock(&d->tm->io_mu);
-                if (r < 0)
-                        store_err(err);
-        }
-        close(fd);
-        return r;
-}
-
-/* The image of full snapshot snap in a temp file (*fd), verified chunk by chunk. */
-static int restore_full(struct coved *d, const char *tenant, const char *snap, int encrypted,
-                        int *fd, struct cove_err *err)
-{
-        *fd = tmpfile_fd(d, encrypted, err);
-        if (*fd < 0)
-                return -1;
-        struct cove_snapshot_stats st;
-        if (cove_snapshot_restore_stream(d->tm->store, tenant, snap, *fd, &st, err) < 0) {
-                close(*fd);
-                *fd = -1;
-                store_err(err);
-                return cove_err_wrap(err, "restore of snapshot %s failed", snap);
-        }
-        return 0;
-}
-
 /* ---- capture ---- */
 
 static void mem_id(const char *snap_id, char *out, size_t cap)
 {
-        snprintf(out, cap, "%s" MEM_SUFFIX, snap_id);
-}
-
-/* How long an operation waits for coved's start-up CRIU self-check (1-3 s) before it takes
- * a files snapshot, or refuses to restore a full one. */
-#define FULL_WAIT_MS 60000
-
-/* Whether snapshots of running sandboxes are full ones on this node (runtime + self-check);
- * why (may be NULL) says why not. */
-static int full_ok(struct coved *d, char *why, size_t cap)
-{
-        char buf[320];
-        return cove_node_full_wait(d->node, FULL_WAIT_MS, why ? why : buf,
-                                   why ? cap : sizeof(buf)) == 1;
+        cove_node_tm_mem_id(snap_id, out, cap);
 }
 
 static void unhold(struct coved *d, const char *id)
@@ -291,123 +200,36 @@ static int capture_locked(struct coved *d, struct cove_sandbox_row *row, const c
         snprintf(s.label, sizeof(s.label), "%s", label ? label : "");
         s.rolling = rolling;
 
-        char img[PATH_MAX], mem[PATH_MAX];
-        snprintf(img, sizeof(img), "%s/" IMG_SNAP "%s.img", tm->layer_dir, s.id);
-        snprintf(mem, sizeof(mem), "%s/" IMG_SNAP "%s.criu", tm->mem_dir, s.id);
-        uint64_t pause_ns = 0;
         int64_t t0 = cove_mono_ns();
         s.created_at = tm_now();
-        struct cove_snapshot_stats st, mst;
-        memset(&st, 0, sizeof(st));
-        memset(&mst, 0, sizeof(mst));
         char mid[80];
         mem_id(s.id, mid, sizeof(mid));
-        int full = 0;                               /* an ns checkpoint (CRIU) was taken */
-        if (cove_node_has_full(d->node, row->id)) { /* vm: live memory too */
-                if (kind && !strcmp(kind, "files"))
-                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
-                                             "sandbox %s: a vm sandbox's snapshots are full "
-                                             "(memory and disk are one image); kind \"files\" "
-                                             "is for ns sandboxes",
-                                             row->id);
-                snprintf(s.kind, sizeof(s.kind), "full");
-                if (capture_full(d, &s, row->storage_encrypted, &st, err) < 0)
-                        return cove_err_wrap(err,
-                                             "snapshot of sandbox %s (previous snapshots "
-                                             "intact)",
-                                             row->id);
-                goto captured;
-        }
-        /* ns: full (files + memory + processes) with CRIU when the node can; rolling snapshots
-         * stay files: a checkpoint stops the sandbox for the whole dump (hundreds of ms for
-         * 100 MB), too long to do every minute without the agent noticing */
-        char why[320];
-        if (kind && !strcmp(kind, "full") && !full_ok(d, why, sizeof(why)))
-                return cove_err_setk(err, COVE_E_CONFLICT, 0,
-                                     "sandbox %s: this node cannot take full snapshots (%s); "
-                                     "kind \"files\" takes its files",
-                                     row->id, why);
-        full = kind ? !strcmp(kind, "full") : !rolling && full_ok(d, NULL, 0);
-        if (full) {
-                struct cove_err fe;
-                if (cove_node_full_dump(d->node, row->id, img, mem, hold, &pause_ns, &fe) < 0) {
-                        unlink(img);
-                        if (kind) /* asked for: no files snapshot instead */
-                                return cove_err_setk(err, COVE_E_CONFLICT, fe.errnum,
-                                                     "full snapshot of sandbox %s failed (no "
-                                                     "snapshot taken; kind \"files\" takes its "
-                                                     "files): %s",
-                                                     row->id, fe.msg);
-                        /* e.g. a TCP connection or an egress link CRIU cannot take along:
-                         * the files are still worth a snapshot */
-                        cove_warn(&d->log, "snapshot.full",
-                                  "sandbox %s: full snapshot failed, taking files only: %s",
-                                  row->id, fe.msg);
-                        full = 0;
-                } else {
-                        snprintf(s.kind, sizeof(s.kind), "full");
-                }
-        }
-        if (!full && cove_node_layer_snapshot(d->node, row->id, img, &pause_ns, err) < 0) {
-                unlink(img);
-                return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
-        }
-        s.pause_us = (int64_t)(pause_ns / 1000);
-
-        /* the sandbox runs on; the rest is background work, one capture at a time */
-        pthread_mutex_lock(&tm->io_mu);
-        int tree_fd = -1;
-        struct cove_layer_handle *h = NULL;
-        uint8_t key[COVE_FSCRYPT_KEY_LEN];
-        int r = row->storage_encrypted ? coved_layer_key(d, row->tenant, row->id, key, err) : 0;
-        if (r == 0)
-                r = cove_node_layer_open(d->node, img, 0, 0, row->storage_encrypted ? key : NULL,
-                                         &tree_fd, &h, err);
-        OPENSSL_cleanse(key, sizeof(key));
-        if (r == 0) {
-                r = cove_snapshot_capture_tree(tm->store, s.tenant, s.id,
-                                               s.parent_id[0] ? s.parent_id : NULL, tree_fd, &st,
-                                               err);
-                if (tree_fd >= 0)
-                        close(tree_fd);
-                cove_node_layer_close(d->node, h);
-        }
-        if (r == 0 && full) {
-                /* the checkpoint directory, as a tree: content-defined chunks dedup memory
-                 * pages far better than fixed 2 MiB ones (an idle sandbox's next checkpoint
-                 * differs in a few pages); encrypted like everything else */
-                int mfd = open(mem, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                r = mfd < 0 ? cove_err_set(err, errno, "open %s", mem)
-                            : cove_snapshot_capture_tree(tm->store, s.tenant, mid, NULL, mfd, &mst,
-                                                         err);
-                if (mfd >= 0)
-                        close(mfd);
-                if (r < 0) {
-                        struct cove_err e2;
-                        cove_snapshot_delete(tm->store, s.tenant, s.id, &e2);
-                }
-        }
-        pthread_mutex_unlock(&tm->io_mu);
-        unlink(img);
-        if (full) {
-                struct cove_err e2;
-                cove_rm_rf(mem, &e2);
-        }
-        if (r < 0) {
-                if (hold && full)
-                        unhold(d, row->id);
-                store_err(err);
-                return cove_err_wrap(err, "snapshot of sandbox %s (previous snapshots intact)",
-                                     row->id);
-        }
-captured:
-        s.size_bytes = st.size_bytes + mst.size_bytes;
-        s.new_bytes = st.new_bytes + mst.new_bytes;
+        struct cove_node_tm_capture c = {.sandbox_id = row->id,
+                                         .tenant = s.tenant,
+                                         .snap_id = s.id,
+                                         .parent_id = s.parent_id[0] ? s.parent_id : NULL,
+                                         .kind = kind,
+                                         .rolling = rolling,
+                                         .hold = hold,
+                                         .encrypted = row->storage_encrypted};
+        struct cove_node_tm_taken t;
+        int r = cove_node_tm_capture(tm->node, &c, &t, err);
+        if (t.fallback[0])
+                cove_warn(&d->log, "snapshot.full",
+                          "sandbox %s: full snapshot failed, taking files only: %s", row->id,
+                          t.fallback);
+        if (r < 0)
+                return -1;
+        int full = t.checkpoint; /* an ns checkpoint (CRIU) was taken */
+        snprintf(s.kind, sizeof(s.kind), "%s", t.kind);
+        s.pause_us = t.pause_us;
+        s.size_bytes = t.size_bytes;
+        s.new_bytes = t.new_bytes;
         if (d->cat_ops->snapshot_insert(d->cat, &s, err) < 0) {
                 struct cove_err e2;
-                cove_snapshot_delete(tm->store, s.tenant, s.id, &e2);
+                cove_node_tm_delete(tm->node, s.tenant, s.id, &e2);
                 if (full)
-                        cove_snapshot_delete(tm->store, s.tenant, mid, &e2);
+                        cove_node_tm_delete(tm->node, s.tenant, mid, &e2);
                 if (hold && full)
                         unhold(d, row->id);
                 return cove_err_wrap(err, "snapshot of sandbox %s", row->id);
@@ -484,115 +306,23 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
 
 /* ---- restore ---- */
 
-/* Fill a fresh layer image from snapshot snap (of tenant) into img, left mounted: *h is its
- * handle, for start_from_image() to run the sandbox on that mount, or to release with
- * cove_node_layer_close() before removing img. No sync: a crash before the catalog says
- * `running` discards the image (reconcile purges the layer), so nothing here must be
- * durable. On failure nothing is left; the error names the snapshot. */
-static int restore_files(struct coved *d, const char *tenant, const char *snap,
-                         const struct cove_sandbox_row *target, char *img, size_t cap,
-                         struct cove_layer_handle **h, struct cove_err *err)
-{
-        struct cove_tm *tm = d->tm;
-        char rnd[32];
-        if (need_store(d, err) < 0 || cove_id_new("", rnd, sizeof(rnd), err) < 0)
-                return -1;
-        snprintf(img, cap, "%s/" IMG_RESTORE "%s-%s.img", tm->layer_dir, snap, rnd);
-        int tree_fd = -1;
-        *h = NULL;
-        struct cove_snapshot_stats st;
-        /* an encrypted target's layer is encrypted from the first byte restored */
-        uint8_t key[COVE_FSCRYPT_KEY_LEN];
-        int enc = target->storage_encrypted;
-        int r = enc ? coved_layer_key(d, target->tenant, target->id, key, err) : 0;
-        if (r == 0)
-                r = cove_node_layer_open(d->node, img, 1, (unsigned)target->disk_mb,
-                                         enc ? key : NULL, &tree_fd, h, err);
-        OPENSSL_cleanse(key, sizeof(key));
-        if (r == 0) {
-                r = cove_snapshot_restore_tree(tm->store, tenant, snap, tree_fd, &st, err);
-                if (tree_fd >= 0)
-                        close(tree_fd);
-                if (r < 0) {
-                        cove_node_layer_close(d->node, *h);
-                        *h = NULL;
-                }
-        }
-        if (r < 0) {
-                unlink(img);
-                store_err(err);
-                return cove_err_wrap(err, "restore of snapshot %s failed", snap);
-        }
-        return 0;
-}
-
-/* A full snapshot's checkpoint into a temporary directory mem (the runtime takes it over at
- * start); mem is "" for a files snapshot. On failure nothing is left. */
-static int restore_mem(struct coved *d, const struct cove_snapshot_row *snap, char *mem, size_t cap,
-                       struct cove_err *err)
-{
-        mem[0] = 0;
-        if (strcmp(snap->kind, "full"))
-                return 0;
-        char rnd[32], mid[80];
-        if (cove_id_new("", rnd, sizeof(rnd), err) < 0)
-                return -1;
-        char why[320];
-        if (cove_node_full_wait(d->node, FULL_WAIT_MS, why, sizeof(why)) != 1)
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "snapshot %s is a full snapshot and this node cannot "
-                                     "restore processes (%s)",
-                                     snap->id, why);
-        snprintf(mem, cap, "%s/" IMG_RESTORE "%s-%s.criu", d->tm->mem_dir, snap->id, rnd);
-        mem_id(snap->id, mid, sizeof(mid));
-        int fd = mkdir(mem, 0700) < 0 ? -1 : open(mem, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        struct cove_snapshot_stats st;
-        int r = fd < 0 ? cove_err_set(err, errno, "create %s", mem)
-                       : cove_snapshot_restore_tree(d->tm->store, snap->tenant, mid, fd, &st, err);
-        if (fd >= 0)
-                close(fd);
-        if (r < 0) {
-                struct cove_err e2;
-                cove_rm_rf(mem, &e2);
-                mem[0] = 0;
-                store_err(err);
-                return cove_err_wrap(err, "restore of snapshot %s failed", snap->id);
-        }
-        return 0;
-}
-
-/* Release what restore_files() left (the mount, then the file). */
-static void drop_image(struct coved *d, const char *img, struct cove_layer_handle *h)
-{
-        cove_node_layer_close(d->node, h);
-        unlink(img);
-}
-
-/* Both parts of snapshot snap: the layer into img (mounted, *h), and for a full one the
- * checkpoint into mem (else ""). On failure nothing is left; the error names the snapshot. */
+/* Snapshot snap restored on the node for target into im: its layer (mounted) and, for a
+ * full one, the checkpoint, or a vm's full image. On failure nothing is left; the error
+ * names the snapshot. */
 static int restore_image(struct coved *d, const struct cove_snapshot_row *snap,
-                         const struct cove_sandbox_row *target, char *img, size_t cap,
-                         struct cove_layer_handle **h, char *mem, size_t mcap, struct cove_err *err)
+                         const struct cove_sandbox_row *target, struct cove_node_tm_image *im,
+                         struct cove_err *err)
 {
-        if (restore_files(d, snap->tenant, snap->id, target, img, cap, h, err) < 0)
+        struct cove_node_tm_restore q = {.tenant = snap->tenant,
+                                         .snap_id = snap->id,
+                                         .snap_kind = snap->kind,
+                                         .sandbox_id = target->id,
+                                         .sandbox_tenant = target->tenant,
+                                         .encrypted = target->storage_encrypted,
+                                         .disk_mb = (unsigned)target->disk_mb};
+        if (need_store(d, err) < 0)
                 return -1;
-        if (restore_mem(d, snap, mem, mcap, err) < 0) {
-                drop_image(d, img, *h);
-                *h = NULL;
-                return -1;
-        }
-        return 0;
-}
-
-/* A vm full snapshot is one memory image (capture_full); an ns one is a files tree plus its
- * checkpoint (<id>-mem). */
-static int is_vm_full(struct coved *d, const struct cove_snapshot_row *snap)
-{
-        struct cove_snapshot_info info;
-        struct cove_err e2;
-        return !strcmp(snap->kind, "full") &&
-               cove_snapshot_info(d->tm->store, snap->tenant, snap->id, &info, &e2) == 0 &&
-               !strcmp(info.kind, "memory");
+        return cove_node_tm_restore(d->tm->node, &q, im, err);
 }
 
 /* A tenant holding its own key gets its ns sandboxes' layers encrypted from the next
@@ -604,12 +334,10 @@ static void byok_upgrade(struct cove_sandbox_row *row, int byok)
                 row->storage_encrypted = 1;
 }
 
-/* Start row's sandbox on img, still mounted as h (and, for an ns full snapshot, the
- * checkpoint mem; all taken over by the runtime) with a new uid range; or, with img NULL, on
- * the vm full snapshot image in full_fd (closed here). */
-static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const char *img,
-                            struct cove_layer_handle *h, const char *mem, int full_fd,
-                            struct cove_err *err)
+/* Start row's sandbox on the restored im (taken over, also on failure) with a new uid
+ * range. */
+static int start_from_image(struct coved *d, struct cove_sandbox_row *row,
+                            struct cove_node_tm_image *im, struct cove_err *err)
 {
         char rootfs[PATH_MAX];
         int r = cove_template_lookup_for(d->templates_dir, row->tenant, row->template_name, rootfs,
@@ -617,58 +345,26 @@ static int start_from_image(struct coved *d, struct cove_sandbox_row *row, const
         if (r == 1)
                 r = cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                   "template %s is not built on this node", row->template_name);
-        uint32_t base = 0;
-        uint8_t key[COVE_FSCRYPT_KEY_LEN];
-        /* a vm's disk key: asked for by the driver, by the disk's lineage (runtime.h) */
-        int is_vm = !strcmp(row->runtime, "vm");
-        int layer_enc = row->storage_encrypted && !is_vm;
-        struct coved_disk_key_ctx kc = {.d = d, .tenant = row->tenant};
-        if (r == 0 && layer_enc)
-                r = coved_layer_key(d, row->tenant, row->id, key, err);
-        if (r < 0 || cove_node_uid_reserve(d->node, &base, err) < 0) {
-                struct cove_err e2;
-                OPENSSL_cleanse(key, sizeof(key));
-                if (img)
-                        drop_image(d, img, h);
-                if (mem && *mem)
-                        cove_rm_rf(mem, &e2);
-                if (full_fd >= 0)
-                        close(full_fd);
+        if (r < 0) {
+                cove_node_tm_image_drop(d->tm->node, im);
                 return -1;
         }
-        struct cove_instance_spec spec = {
+        struct coved_disk_key_ctx kc = {.d = d, .tenant = row->tenant};
+        struct cove_node_tm_start q = {
             .sandbox_id = row->id,
+            .tenant = row->tenant,
             .runtime = row->runtime,
             .rootfs = rootfs,
             .cpus = (unsigned)row->cpus,
             .memory_mb = (unsigned)row->memory_mb,
             .disk_mb = (unsigned)row->disk_mb,
-            .uid_base = base,
-            .uid_count = COVE_UID_RANGE,
-            .layer_image = img,
-            .layer_handle = img ? h : NULL,
-            .mem_image = mem && *mem ? mem : NULL,
-            .layer_key = layer_enc ? key : NULL,
-            .disk_encrypted = row->storage_encrypted && is_vm,
+            .encrypted = row->storage_encrypted,
             .disk_key = coved_disk_key_cb,
             .disk_key_ctx = &kc,
-            .full = !img,
-            .full_fd = full_fd,
         };
-        r = cove_node_start(d->node, &spec, err);
-        OPENSSL_cleanse(key, sizeof(key));
-        if (full_fd >= 0)
-                close(full_fd);
-        if (r < 0) {
-                struct cove_err e2;
-                cove_node_stop(d->node, row->id, 1, &e2);
-                cove_node_uid_release(d->node, base);
-                if (img)
-                        unlink(img);
-                if (err->kind == COVE_E_INTERNAL)
-                        err->kind = COVE_E_UNAVAILABLE;
+        uint32_t base = 0;
+        if (cove_node_tm_start(d->tm->node, &q, im, &base, err) < 0)
                 return -1;
-        }
         row->uid_base = base;
         return 0;
 }
@@ -801,18 +497,13 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         /* a stopped sandbox may have left state behind (a crash): start from a clean slate */
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2);
-        char img[PATH_MAX], mem[PATH_MAX] = "";
-        int full_fd = -1;
-        struct cove_layer_handle *lh = NULL;
+        struct cove_node_tm_image im;
         int64_t t1 = cove_mono_ns();
         byok_upgrade(&row, byok);
-        if (is_vm_full(d, &snap))
-                r = restore_full(d, row.tenant, snap.id, row.storage_encrypted, &full_fd, err);
-        else
-                r = restore_image(d, &snap, &row, img, sizeof(img), &lh, mem, sizeof(mem), err);
+        r = restore_image(d, &snap, &row, &im, err);
         int64_t t2 = cove_mono_ns();
         if (r == 0)
-                r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, lh, mem, full_fd, err);
+                r = start_from_image(d, &row, &im, err);
         int64_t t3 = cove_mono_ns();
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
@@ -888,14 +579,9 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         } else {
                 snprintf(undo.id, sizeof(undo.id), "%s", row.last_snapshot_id);
         }
-        char img[PATH_MAX], mem[PATH_MAX] = "";
-        int full_fd = -1;
-        struct cove_layer_handle *lh = NULL;
+        struct cove_node_tm_image im;
         byok_upgrade(&row, byok);
-        if (is_vm_full(d, &snap))
-                r = restore_full(d, row.tenant, snap.id, row.storage_encrypted, &full_fd, err);
-        else
-                r = restore_image(d, &snap, &row, img, sizeof(img), &lh, mem, sizeof(mem), err);
+        r = restore_image(d, &snap, &row, &im, err);
         if (r < 0) {
                 if (running)
                         unhold(d, id);
@@ -905,16 +591,11 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
         struct cove_err e2;
         cove_node_stop(d->node, id, 1, &e2); /* switch only now that the new layer is complete */
         if ((r = reload(d, id, &row, err)) < 0) {
-                if (full_fd >= 0)
-                        close(full_fd);
-                else
-                        drop_image(d, img, lh);
-                if (mem[0])
-                        cove_rm_rf(mem, &e2);
+                cove_node_tm_image_drop(d->tm->node, &im);
                 goto out;
         }
         byok_upgrade(&row, byok); /* the image restored above is keyed so */
-        if ((r = start_from_image(d, &row, full_fd >= 0 ? NULL : img, lh, mem, full_fd, err)) < 0) {
+        if ((r = start_from_image(d, &row, &im, err)) < 0) {
                 cove_err_wrap(err, "rewind of sandbox %s: start from snapshot %s (undo with %s)",
                               id, snap.id, undo.id[0] ? undo.id : "-");
                 snprintf(row.state, sizeof(row.state), "error");
@@ -1021,24 +702,16 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 snprintf(s.last_snapshot_id, sizeof(s.last_snapshot_id), "%s", snap.id);
                 s.created_at = tm_now();
                 snprintf(s.state, sizeof(s.state), "starting");
-                char img[PATH_MAX], mem[PATH_MAX] = "";
-                int full_fd = -1;
-                struct cove_layer_handle *lh = NULL;
+                struct cove_node_tm_image im;
                 r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
                 if (r == 0)
                         r = d->cat_ops->sandbox_insert(d->cat, &s, err);
                 if (r == 0) {
                         snprintf(made[nmade++], 64, "%s", s.id);
-                        if (is_vm_full(d, &snap))
-                                r = restore_full(d, snap.tenant, snap.id, s.storage_encrypted,
-                                                 &full_fd, err);
-                        else
-                                r = restore_image(d, &snap, &s, img, sizeof(img), &lh, mem,
-                                                  sizeof(mem), err);
+                        r = restore_image(d, &snap, &s, &im, err);
                 }
                 if (r == 0)
-                        r = start_from_image(d, &s, full_fd >= 0 ? NULL : img, lh, mem, full_fd,
-                                             err);
+                        r = start_from_image(d, &s, &im, err);
                 if (r == 0) {
                         set_running(d, &s, snap.id);
                         r = row_write(d, &s, err);
@@ -1138,14 +811,13 @@ int cove_snapshot_remove(struct coved *d, const char *tenant, const char *snap_i
                 return -1;
         /* the row is gone, so it is no longer listed; a manifest left by a failure here is
          * an orphan that the next start removes */
-        if (d->tm && d->tm->store && cove_snapshot_delete(d->tm->store, s.tenant, s.id, &e2) < 0 &&
+        if (d->tm && d->tm->node && cove_node_tm_delete(d->tm->node, s.tenant, s.id, &e2) < 0 &&
             e2.kind != COVE_E_NOT_FOUND)
                 cove_warn(&d->log, "snapshot.delete", "%s", e2.msg);
         char mid[80];
         mem_id(s.id, mid, sizeof(mid));
-        if (!strcmp(s.kind, "full") && d->tm && d->tm->store &&
-            cove_snapshot_delete(d->tm->store, s.tenant, mid, &e2) < 0 &&
-            e2.kind != COVE_E_NOT_FOUND)
+        if (!strcmp(s.kind, "full") && d->tm && d->tm->node &&
+            cove_node_tm_delete(d->tm->node, s.tenant, mid, &e2) < 0 && e2.kind != COVE_E_NOT_FOUND)
                 cove_warn(&d->log, "snapshot.delete", "%s", e2.msg);
         if (d->tm) {
                 pthread_mutex_lock(&d->tm->mu);
@@ -1441,7 +1113,7 @@ static void thin(struct coved *d, int64_t now)
         pthread_mutex_unlock(&tm->mu);
         if (!gc)
                 return;
-        /* GC per tenant from the snapshots the catalog keeps; captures wait (io_mu), and the
+        /* GC per tenant from the snapshots the catalog keeps; captures wait (node/tm.h), and the
          * store's grace period protects chunks of a capture whose row is not written yet */
         struct snaps all = {0};
         if (d->cat_ops->snapshot_list(d->cat, NULL, NULL, collect_snap, &all, &err) < 0) {
@@ -1452,33 +1124,17 @@ static void thin(struct coved *d, int64_t now)
         store_tenants(d, &tns);
         for (size_t ti = 0; ti < tns.n; ti++) {
                 const char *tname = tns.v[ti];
-                const char **keep_ids = calloc(all.n ? 2 * all.n : 1, sizeof(*keep_ids));
-                char(*mids)[80] = calloc(all.n ? all.n : 1, sizeof(*mids));
+                struct cove_node_tm_kept *kept = calloc(all.n ? all.n : 1, sizeof(*kept));
                 size_t n = 0;
-                for (size_t i = 0; keep_ids && mids && i < all.n; i++)
+                for (size_t i = 0; kept && i < all.n; i++)
                         if (!strcmp(all.v[i].tenant, tname)) {
-                                keep_ids[n++] = all.v[i].id;
-                                struct cove_snapshot_info mi;
-                                struct cove_err e2;
-                                /* an ns full snapshot's checkpoint (a vm one has none) */
-                                if (!strcmp(all.v[i].kind, "full")) {
-                                        mem_id(all.v[i].id, mids[i], sizeof(mids[i]));
-                                        if (cove_snapshot_info(tm->store, tname, mids[i], &mi,
-                                                               &e2) == 0)
-                                                keep_ids[n++] = mids[i];
-                                }
+                                kept[n].id = all.v[i].id;
+                                kept[n++].full = !strcmp(all.v[i].kind, "full");
                         }
-                if (!mids) {
-                        free(keep_ids);
-                        keep_ids = NULL;
-                }
-                struct cove_gc_stats gs;
+                struct cove_node_tm_gc_stats gs;
                 memset(&gs, 0, sizeof(gs));
-                pthread_mutex_lock(&tm->io_mu);
-                int r = keep_ids ? cove_store_gc(tm->store, tname, keep_ids, n, &gs, &err) : -1;
-                pthread_mutex_unlock(&tm->io_mu);
-                free(keep_ids);
-                free(mids);
+                int r = kept ? cove_node_tm_gc(tm->node, tname, kept, n, &gs, &err) : -1;
+                free(kept);
                 if (r < 0)
                         cove_warn(&d->log, "snapshot.gc", "tenant %s: %s", tname, err.msg);
                 else if (gs.swept)
@@ -1544,29 +1200,11 @@ void cove_tm_kick(struct coved *d)
 
 /* ---- start-up and shutdown ---- */
 
-/* What a crash may have left: temporary layer images (captures and restores in flight), and
- * manifests whose catalog row was never written (the snapshot was never reported). */
+/* What a crash may have left: manifests whose catalog row was never written (the snapshot
+ * was never reported). The node removed the temporary images at its open. */
 static void cleanup_crash(struct coved *d)
 {
         struct cove_tm *tm = d->tm;
-        const char *tmp_dirs[] = {tm->layer_dir, tm->mem_dir};
-        for (size_t i = 0; i < COVE_ARRAY_SIZE(tmp_dirs); i++) {
-                if (!tmp_dirs[i][0])
-                        continue;
-                cleanup_dir DIR *dh = opendir(tmp_dirs[i]);
-                struct dirent *de;
-                while (dh && (de = readdir(dh))) {
-                        if (strncmp(de->d_name, IMG_SNAP, strlen(IMG_SNAP)) &&
-                            strncmp(de->d_name, IMG_RESTORE, strlen(IMG_RESTORE)))
-                                continue;
-                        char p[PATH_MAX + 256];
-                        struct cove_err e2;
-                        snprintf(p, sizeof(p), "%s/%s", tmp_dirs[i], de->d_name);
-                        if (cove_rm_rf(p, &e2) == 0) /* a checkpoint's work dir too */
-                                cove_info(&d->log, "snapshot.recover", "removed temporary image %s",
-                                          de->d_name);
-                }
-        }
         struct tenant_names tns;
         store_tenants(d, &tns);
         for (size_t ti = 0; ti < tns.n; ti++) {
@@ -1574,7 +1212,7 @@ static void cleanup_crash(struct coved *d)
                 char **ids = NULL;
                 size_t n = 0;
                 struct cove_err err;
-                if (cove_snapshot_list(tm->store, tname, &ids, &n, &err) < 0) {
+                if (cove_node_tm_list(tm->node, tname, &ids, &n, &err) < 0) {
                         cove_warn(&d->log, "snapshot.recover", "tenant %s: %s", tname, err.msg);
                         continue;
                 }
@@ -1582,19 +1220,16 @@ static void cleanup_crash(struct coved *d)
                         struct cove_snapshot_row s;
                         /* a checkpoint (<id>-mem) lives as long as its snapshot's row */
                         char base[80];
-                        snprintf(base, sizeof(base), "%s", ids[i]);
-                        size_t bl = strlen(base), sl = strlen(MEM_SUFFIX);
-                        if (bl > sl && !strcmp(base + bl - sl, MEM_SUFFIX))
-                                base[bl - sl] = 0;
+                        cove_node_tm_base_id(ids[i], base, sizeof(base));
                         if (d->cat_ops->snapshot_get(d->cat, NULL, base, &s, &err) != 1)
                                 continue;
-                        if (cove_snapshot_delete(tm->store, tname, ids[i], &err) == 0)
+                        if (cove_node_tm_delete(tm->node, tname, ids[i], &err) == 0)
                                 cove_info(&d->log, "snapshot.recover",
                                           "removed incomplete snapshot %s (never reported)",
                                           ids[i]);
                         tm->gc_wanted = 1;
                 }
-                cove_snapshot_list_free(ids, n);
+                cove_node_tm_list_free(ids, n);
         }
         free(tns.v);
 }
@@ -1606,48 +1241,18 @@ int cove_tm_open(struct coved *d, struct cove_err *err)
                 return cove_err_set(err, ENOMEM, "time machine");
         pthread_mutex_init(&tm->mu, NULL);
         pthread_cond_init(&tm->cv, NULL);
-        pthread_mutex_init(&tm->io_mu, NULL);
         d->tm = tm;
-        const char *ld = cove_node_layer_dir(d->node);
-        snprintf(tm->layer_dir, sizeof(tm->layer_dir), "%s", ld ? ld : "");
-        { /* one tmpfs directory per data dir, root only */
-                unsigned char md[32];
-                unsigned mdl;
-                char hex[65];
-                EVP_Digest(d->data_dir, strlen(d->data_dir), md, &mdl, EVP_sha256(), NULL);
-                cove_hex(md, 32, hex);
-                snprintf(tm->mem_dir, sizeof(tm->mem_dir), "/dev/shm/cove-tm-%.16s", hex);
-                if (cove_mkdir_p(tm->mem_dir, 0700, err) < 0)
-                        return cove_err_wrap(err, "checkpoint dir %s", tm->mem_dir);
-        }
-        char root[PATH_MAX], keys[PATH_MAX];
-        snprintf(root, sizeof(root), "%s/store", d->data_dir);
-        snprintf(keys, sizeof(keys), "%s/keys", d->data_dir);
-        if (cove_mkdir_p(keys, 0700, err) < 0)
-                return cove_err_wrap(err, "snapshot keys %s", keys);
-        char cache[PATH_MAX];
-        snprintf(cache, sizeof(cache), "%s/chunk-cache", d->data_dir);
-        struct cove_chunkstore_cfg backend = {
-            .url = d->store.url,
-            .s3_endpoint = d->store.s3_endpoint,
-            .s3_timeout_ms = d->store.s3_timeout_s * 1000,
-            .cache_dir = cache,
-            .cache_bytes = (uint64_t)(d->store.cache_mb > 0 ? d->store.cache_mb : 1024) << 20};
-        struct cove_store_opts so = {.root = root,
-                                     .keys_dir = keys,
-                                     .io = cove_testhooks_io(),
-                                     .gc_grace_ms = cove_testhooks_gc_grace_ms(),
-                                     .backend = &backend};
-        if (cove_store_open(&so, &tm->store, err) < 0)
-                return cove_err_wrap(err, "snapshot store %s", d->store.url ? d->store.url : root);
+        tm->node = d->ntm;
+        if (!tm->node)
+                return cove_err_setk(err, COVE_E_INTERNAL, 0, "time machine: the node has none");
         cleanup_crash(d);
         tm->last_thin_ms = 0;
-        tm->rolling_off = !tm->layer_dir[0];
+        tm->rolling_off = !cove_node_tm_layers(tm->node);
         int e = pthread_create(&tm->thr, NULL, tm_main, d);
         if (e)
                 return cove_err_set(err, e, "snapshot thread");
         tm->thr_started = 1;
-        if (!tm->layer_dir[0])
+        if (!cove_node_tm_layers(tm->node))
                 cove_info(&d->log, "snapshot.start",
                           "runtime %s has no layer images: snapshots unavailable",
                           cove_node_runtime_name(d->node));
@@ -1666,11 +1271,7 @@ void cove_tm_close(struct coved *d)
                 pthread_mutex_unlock(&tm->mu);
                 pthread_join(tm->thr, NULL);
         }
-        cove_store_close(tm->store);
-        if (tm->mem_dir[0])
-                rmdir(tm->mem_dir); /* empty unless an operation is still in flight */
         free(tm->busy);
-        pthread_mutex_destroy(&tm->io_mu);
         pthread_cond_destroy(&tm->cv);
         pthread_mutex_destroy(&tm->mu);
         free(tm);
@@ -1710,46 +1311,14 @@ int coved_sandbox_files(struct coved *d, const char *tenant, const char *sandbox
                               row.id, row.state);
                 goto out;
         }
-        struct cove_tm *tm = d->tm;
-        char rnd[32], img[PATH_MAX];
-        if (cove_id_new("", rnd, sizeof(rnd), err) < 0)
-                goto out;
-        /* IMG_RESTORE: swept at start if coved dies meanwhile */
-        snprintf(img, sizeof(img), "%s/" IMG_RESTORE "tpl-%s.img", tm->layer_dir, rnd);
-        uint8_t key[COVE_FSCRYPT_KEY_LEN];
-        int enc = !snap && row.storage_encrypted;
-        int tree_fd = -1;
-        struct cove_layer_handle *h = NULL;
-        uint64_t pause_ns = 0;
-        pthread_mutex_lock(&tm->io_mu);
-        int r = 0;
-        if (snap) {
-                r = cove_node_layer_open(d->node, img, 1, (unsigned)row.disk_mb, NULL, &tree_fd, &h,
-                                         err);
-                if (r == 0) {
-                        struct cove_snapshot_stats st;
-                        r = cove_snapshot_restore_tree(tm->store, tenant, snap, tree_fd, &st, err);
-                        if (r < 0)
-                                store_err(err);
-                }
-        } else {
-                r = cove_node_layer_snapshot(d->node, row.id, img, &pause_ns, err);
-                if (r == 0 && enc)
-                        r = coved_layer_key(d, row.tenant, row.id, key, err);
-                if (r == 0)
-                        r = cove_node_layer_open(d->node, img, 0, 0, enc ? key : NULL, &tree_fd, &h,
-                                                 err);
-                OPENSSL_cleanse(key, sizeof(key));
-        }
-        if (r == 0)
-                r = fn(arg, tree_fd, err);
-        if (tree_fd >= 0)
-                close(tree_fd);
-        if (h)
-                cove_node_layer_close(d->node, h);
-        pthread_mutex_unlock(&tm->io_mu);
-        unlink(img);
-        rc = r;
+        struct cove_node_tm_files q = {
+            .tenant = snap ? tenant : row.tenant,
+            .sandbox_id = row.id,
+            .snap_id = snap,
+            .encrypted = row.storage_encrypted,
+            .disk_mb = (unsigned)row.disk_mb,
+        };
+        rc = cove_node_tm_files(d->tm->node, &q, fn, arg, err);
 out:
         cove_sandbox_row_clear(&row);
         return rc;

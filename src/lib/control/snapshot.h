@@ -23,11 +23,12 @@
 #include "control/coved.h"
 #include "store/catalog.h"
 
-/* Open the chunk store (data_dir/store, tenant keys in data_dir/keys), remove what a crash
- * left (temporary images, manifests without a catalog row), and start the background thread
- * (rolling snapshots, retention thinning, GC). Needs d->cat and d->node. */
+/* Remove what a crash left in the node's chunk store (manifests without a catalog row; the
+ * node removed its temporary images when it opened the store, node/tm.h), and start the
+ * background thread (rolling snapshots, retention thinning, GC). Needs d->cat, d->node and
+ * d->ntm. */
 int cove_tm_open(struct coved *d, struct cove_err *err);
-/* Stop the background thread and close the store. Safe on a never-opened d. */
+/* Stop the background thread (the node closes the store). Safe on a never-opened d. */
 void cove_tm_close(struct coved *d);
 /* Wake the background thread (a sandbox was created or resumed). */
 void cove_tm_kick(struct coved *d);

@@ -1,0 +1,57 @@
+/* The coved process composed (daemon/daemon.h): the front end starts only once the control
+ * plane and the node are open and reconciled, and stops before them. */
+#include "daemon/daemon.h"
+
+#include <limits.h>
+#include <stdio.h>
+
+#include "api/e2b.h"
+#include "api/http.h"
+#include "api/routes.h"
+#include "control/ports.h"
+
+int coved_daemon_open(struct coved *d, const struct coved_options *o, struct cove_err *err)
+{
+        if (coved_open(d, o, err) < 0)
+                return -1;
+        char sock[PATH_MAX];
+        snprintf(sock, sizeof(sock), "%s/coved.sock", d->data_dir);
+        struct cove_http_config hc = {
+            .routes = cove_routes,
+            .nroutes = cove_nroutes,
+            .auth = cove_api_auth,
+            .app = d,
+            .log = &d->log,
+            .quitting = &d->quitting,
+        };
+        /* the exposed ports' listener (control/ports.h) before the API listeners */
+        if (coved_ports_open(d, &o->ports, err) < 0)
+                goto fail;
+        d->http = cove_http_start(&hc, o->listen, sock, err);
+        if (!d->http)
+                goto fail;
+        if (cove_e2b_start(d, o->e2b_api_listen, o->e2b_sandbox_listen, &d->e2b, err) < 0)
+                goto fail;
+        cove_info(&d->log, "coved.start",
+                  "serving on %s and %s; data dir %s; runtime %s; templates %s",
+                  o->listen ? o->listen : "(no tcp)", sock, d->data_dir,
+                  cove_node_runtime_name(d->node), d->templates_dir);
+        return 0;
+fail:
+        coved_daemon_close(d);
+        return -1;
+}
+
+void coved_daemon_close(struct coved *d)
+{
+        pthread_mutex_lock(&d->mu);
+        d->quitting = 1;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        cove_e2b_stop(d->e2b);
+        d->e2b = NULL;
+        if (d->http)
+                cove_http_stop(d->http);
+        d->http = NULL;
+        coved_close(d);
+}
