@@ -74,6 +74,11 @@ enum { CLI_OPT_JSON = 0x1000, CLI_OPT_URL, CLI_OPT_API_KEY, CLI_OPT_VERB_BASE = 
         }
 /* Handle a global option returned by getopt_long; true if it was one. */
 bool cli_global_opt(struct cli *c, int opt, const char *arg);
+/* Parse argv (argv[0] the sub-verb) that takes only the global options: -1 with *first the
+ * index of the first operand, or the exit code to return (help printed: CLI_OK; a bad
+ * option: CLI_USAGE, with the usage error of verb). */
+int cli_global_args(struct cli *c, int argc, char **argv, const char *verb, void (*help)(void),
+                    int *first);
 /* getopt state is process-global: call before parsing a verb's argv. */
 void cli_getopt_reset(void);
 

@@ -30,6 +30,24 @@ bool cli_global_opt(struct cli *c, int opt, const char *arg)
         }
 }
 
+int cli_global_args(struct cli *c, int argc, char **argv, const char *verb, void (*help)(void),
+                    int *first)
+{
+        static const struct option opts[] = {CLI_GLOBAL_OPTIONS, {0}};
+        int opt;
+        while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+                if (cli_global_opt(c, opt, optarg))
+                        continue;
+                if (opt == 'h') {
+                        help();
+                        return CLI_OK;
+                }
+                return cli_usage_error(verb, "bad option");
+        }
+        *first = optind;
+        return -1;
+}
+
 void cli_getopt_reset(void)
 {
         optind = 0; /* glibc: full re-initialisation, including the optstring's '+' */

@@ -233,18 +233,11 @@ int cmd_secret(struct cli *c, int argc, char **argv)
         const char *sub = argv[1];
         if (!strcmp(sub, "set"))
                 return secret_set(c, argc - 1, argv + 1);
-        static const struct option opts[] = {CLI_GLOBAL_OPTIONS, {0}};
-        int opt;
-        while ((opt = getopt_long(argc - 1, argv + 1, "h", opts, NULL)) != -1) {
-                if (cli_global_opt(c, opt, optarg))
-                        continue;
-                if (opt == 'h') {
-                        secret_help();
-                        return CLI_OK;
-                }
-                return cli_usage_error("secret", "bad option");
-        }
-        int first = optind + 1, n = argc - first;
+        int first, done = cli_global_args(c, argc - 1, argv + 1, "secret", secret_help, &first);
+        if (done >= 0)
+                return done;
+        first++;
+        int n = argc - first;
         if (!strcmp(sub, "ls") && n == 0)
                 return secret_ls(c);
         if (!strcmp(sub, "rm") && n > 0) {

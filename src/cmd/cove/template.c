@@ -342,18 +342,11 @@ int cmd_template(struct cli *c, int argc, char **argv)
         if (!strcmp(sub, "build"))
                 return build(c, argc - 1, argv + 1);
         /* ls, inspect, rm take global options (--json…) and names */
-        static const struct option opts[] = {CLI_GLOBAL_OPTIONS, {0}};
-        int opt;
-        while ((opt = getopt_long(argc - 1, argv + 1, "h", opts, NULL)) != -1) {
-                if (cli_global_opt(c, opt, optarg))
-                        continue;
-                if (opt == 'h') {
-                        help();
-                        return CLI_OK;
-                }
-                return cli_usage_error("template", "bad option");
-        }
-        int first = optind + 1, n = argc - first;
+        int first, done = cli_global_args(c, argc - 1, argv + 1, "template", help, &first);
+        if (done >= 0)
+                return done;
+        first++;
+        int n = argc - first;
         if (!strcmp(sub, "ls")) {
                 if (n)
                         return cli_usage_error("template", "ls takes no argument");
