@@ -116,7 +116,7 @@ static int add_socket_rules(scmp_filter_ctx ctx, const char **what)
                                 0)
                                 return rc;
                 if ((rc = seccomp_rule_add(ctx, eaf, calls[c], 1,
-                                           SCMP_A0(SCMP_CMP_GE, SECCOMP_AF_LIMIT))) < 0)
+                                           SCMP_A0(SCMP_CMP_GE, SECCOMP_AF_LIMIT, 0))) < 0)
                         return rc;
         }
         *what = "socket(AF_NETLINK)";
@@ -129,7 +129,7 @@ static int add_socket_rules(scmp_filter_ctx ctx, const char **what)
                         return rc;
         return seccomp_rule_add(ctx, eproto, SCMP_SYS(socket), 2,
                                 SCMP_A0(SCMP_CMP_MASKED_EQ, 0xffffffffUL, AF_NETLINK),
-                                SCMP_A2(SCMP_CMP_GE, SECCOMP_NETLINK_LIMIT));
+                                SCMP_A2(SCMP_CMP_GE, SECCOMP_NETLINK_LIMIT, 0));
 }
 
 static const unsigned long ns_flags[] = {

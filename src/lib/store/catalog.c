@@ -84,9 +84,10 @@ void cove_catalog_dsn_redact(const char *dsn, char *out, size_t cap)
                 for (const char *q = (from); q < (to) && o + 1 < cap; q++)                         \
                         out[o++] = *q;                                                             \
         } while (0)
+        static const char stars[] = "***";
         if (colon) {
                 EMIT(p, colon + 1);
-                EMIT("***", "***" + 3);
+                EMIT(stars, stars + 3);
                 p = at;
         }
         /* the query part: password=VALUE → password=*** */
@@ -94,7 +95,7 @@ void cove_catalog_dsn_redact(const char *dsn, char *out, size_t cap)
         const char *pw;
         while ((pw = strstr(rest < end ? end : rest, "password=")) != NULL) {
                 EMIT(rest, pw + 9);
-                EMIT("***", "***" + 3);
+                EMIT(stars, stars + 3);
                 rest = pw + 9 + strcspn(pw + 9, "&#");
         }
         EMIT(rest, rest + strlen(rest));
