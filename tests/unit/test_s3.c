@@ -102,6 +102,9 @@ static void xml(void **state)
                 strcat(deep, "<a>");
         assert_int_equal(cove_xml_walk(deep, strlen(deep), NULL, NULL, NULL), -1);
         char *big = malloc(COVE_XML_MAX_TEXT + 64);
+        assert_non_null(big);
+        if (!big)
+                return;
         strcpy(big, "<R>");
         memset(big + 3, 'x', COVE_XML_MAX_TEXT + 1);
         strcpy(big + 3 + COVE_XML_MAX_TEXT + 1, "</R>");
