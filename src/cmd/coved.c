@@ -9,7 +9,11 @@
  *              [--store s3://BUCKET[/PREFIX] --s3-endpoint URL]
  *              [--s3-timeout S] [--chunk-cache-mb N]
  *              [--ports-listen HOST:PORT] [--ports-domain DOMAIN]
- *              [--ports-max-conns N] [--ports-idle-timeout S] */
+ *              [--ports-max-conns N] [--ports-idle-timeout S]
+ *              [--role all|control|node] [--cluster-key-file F] [--node-name NAME]
+ *              [--node-token-file F] [--control URL] [--advertise URL]
+ *              [--lease-ttl S] [--lease-renew S]
+ *        coved node-token --cluster-key-file F --node-name NAME  (prints the token) */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +21,9 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include <openssl/crypto.h>
+
+#include "cluster/nodeauth.h"
 #include "daemon/daemon.h"
 #include "util/testhooks.h"
 
@@ -58,11 +65,54 @@ static void usage(FILE *f)
                 "             [--ports-domain DOMAIN]  also route Host {port}-{id}.DOMAIN\n"
                 "                                (a wildcard name pointing at the listener)\n"
                 "             [--ports-max-conns N]  open connections per sandbox (default 2048)\n"
-                "             [--ports-idle-timeout S]  close connections idle that long (600)\n");
+                "             [--ports-idle-timeout S]  close connections idle that long (600)\n"
+                "             [--role all|control|node]  what this process is in a cluster\n"
+                "                                (default all: everything in one process)\n"
+                "             [--cluster-key-file F]  control: the key every replica holds\n"
+                "             [--node-name NAME] [--node-token-file F]  node: who it is\n"
+                "             [--control URL]  node: a control replica (http://HOST:PORT)\n"
+                "             [--advertise URL]  node: where controls reach its node API\n"
+                "                                (default http://<--listen>)\n"
+                "             [--lease-ttl S] [--lease-renew S]  node lease (default 10, 2)\n"
+                "       coved node-token --cluster-key-file F --node-name NAME\n"
+                "             print NAME's node token (for its --node-token-file)\n");
+}
+
+/* coved node-token --cluster-key-file F --node-name NAME: the token on stdout. */
+static int node_token_main(int argc, char **argv)
+{
+        const char *key_file = NULL, *name = NULL;
+        for (int i = 2; i + 1 < argc; i += 2) {
+                if (!strcmp(argv[i], "--cluster-key-file"))
+                        key_file = argv[i + 1];
+                else if (!strcmp(argv[i], "--node-name"))
+                        name = argv[i + 1];
+                else
+                        key_file = name = NULL, i = argc;
+        }
+        if (!key_file || !name || argc != 6) {
+                fprintf(stderr, "usage: coved node-token --cluster-key-file F --node-name NAME\n");
+                return 2;
+        }
+        uint8_t key[COVE_NODEAUTH_KEY_LEN];
+        char tok[COVE_NODEAUTH_TOKEN_HEX];
+        struct cove_err err = {0};
+        int r = cove_nodeauth_read_key(key_file, key, &err) < 0 ||
+                cove_nodeauth_token(key, name, tok, &err) < 0;
+        OPENSSL_cleanse(key, sizeof(key));
+        if (r) {
+                fprintf(stderr, "coved: %s\n", err.msg);
+                return 1;
+        }
+        printf("%s\n", tok);
+        OPENSSL_cleanse(tok, sizeof(tok));
+        return fflush(stdout) == 0 ? 0 : 1;
 }
 
 int main(int argc, char **argv)
 {
+        if (argc > 1 && !strcmp(argv[1], "node-token"))
+                return node_token_main(argc, argv);
         struct coved_options o = {.listen = "127.0.0.1:7677",
                                   .log_level = COVE_LOG_INFO,
                                   .default_timeout_s = 300,
@@ -97,6 +147,15 @@ int main(int argc, char **argv)
             {"ports-domain", required_argument, 0, 1102},
             {"ports-max-conns", required_argument, 0, 1103},
             {"ports-idle-timeout", required_argument, 0, 1104},
+            {"role", required_argument, 0, 1200},
+            {"cluster-key-file", required_argument, 0, 1201},
+            {"node-name", required_argument, 0, 1202},
+            {"node-token-file", required_argument, 0, 1203},
+            {"control", required_argument, 0, 1204},
+            {"advertise", required_argument, 0, 1205},
+            {"lease-ttl", required_argument, 0, 1206},
+            {"lease-renew", required_argument, 0, 1207},
+            /* 1210-1299: more cluster flags (node/control helpers) */
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -269,6 +328,45 @@ int main(int argc, char **argv)
                                 return 2;
                         }
                         break;
+                case 1200:
+                        if (!strcmp(optarg, "all"))
+                                o.cluster.role = COVED_ROLE_ALL;
+                        else if (!strcmp(optarg, "control"))
+                                o.cluster.role = COVED_ROLE_CONTROL;
+                        else if (!strcmp(optarg, "node"))
+                                o.cluster.role = COVED_ROLE_NODE;
+                        else {
+                                fprintf(stderr, "coved: --role takes all, control or node\n");
+                                return 2;
+                        }
+                        break;
+                case 1201:
+                        o.cluster.cluster_key_file = optarg;
+                        break;
+                case 1202:
+                        o.cluster.node_name = optarg;
+                        break;
+                case 1203:
+                        o.cluster.node_token_file = optarg;
+                        break;
+                case 1204:
+                        o.cluster.control_url = optarg;
+                        break;
+                case 1205:
+                        o.cluster.advertise = optarg;
+                        break;
+                case 1206:
+                case 1207: {
+                        double v = atof(optarg);
+                        if (v < 0.1 || v > 3600) {
+                                fprintf(stderr, "coved: --lease-ttl and --lease-renew take 0.1 "
+                                                "to 3600 seconds\n");
+                                return 2;
+                        }
+                        *(c == 1206 ? &o.cluster.lease_ttl_ms : &o.cluster.lease_renew_ms) =
+                            (int)(v * 1000);
+                        break;
+                }
                 case 'h':
                         usage(stdout);
                         return 0;

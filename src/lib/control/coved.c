@@ -22,6 +22,7 @@
 #include "control/snapshot.h"
 #include "control/template.h"
 #include "control/tenant.h"
+#include "cluster/nodeauth.h"
 #include "crypto/keys.h"
 #include "node/drivers.h"
 #include "node/tm.h"
@@ -202,6 +203,78 @@ static int stage_guest(struct coved *d, struct cove_err *err)
         return 0;
 }
 
+/* The role and the cluster identity of this process (docs/cluster.md "Roles"): checks that
+ * the flags fit the role and loads the key or token. Nothing of it in role all. */
+static int cluster_identity(struct coved *d, const struct coved_options *o, struct cove_err *err)
+{
+        const struct coved_cluster_options *c = &o->cluster;
+        d->role = c->role;
+        d->lease_ttl_ms = c->lease_ttl_ms > 0 ? c->lease_ttl_ms : 10000;
+        d->lease_renew_ms = c->lease_renew_ms > 0 ? c->lease_renew_ms : 2000;
+        snprintf(d->node_name, sizeof(d->node_name), "local");
+        if (d->lease_renew_ms * 2 > d->lease_ttl_ms)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "--lease-renew (%d ms) must be at most half of --lease-ttl "
+                                     "(%d ms)",
+                                     d->lease_renew_ms, d->lease_ttl_ms);
+        int pg = o->db && cove_catalog_for(o->db) == &cove_catalog_pg;
+        int s3 = o->store.url && !strncmp(o->store.url, "s3://", 5);
+        switch (c->role) {
+        case COVED_ROLE_ALL:
+                if (c->node_name || c->node_token_file || c->cluster_key_file || c->control_url ||
+                    c->advertise)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "--node-name, --node-token-file, --cluster-key-file, "
+                                             "--control and --advertise need --role control or "
+                                             "--role node");
+                return 0;
+        case COVED_ROLE_CONTROL:
+                if (!pg || !s3 || !c->cluster_key_file)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "--role control needs --db postgres://…, --store "
+                                             "s3://… with --s3-endpoint, and --cluster-key-file");
+                if (c->node_name || c->node_token_file || c->control_url || c->advertise)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "--node-name, --node-token-file, --control and "
+                                             "--advertise are flags of --role node");
+                if (cove_nodeauth_read_key(c->cluster_key_file, d->cluster_key, err) < 0)
+                        return -1;
+                d->has_cluster_key = 1;
+                snprintf(d->node_name, sizeof(d->node_name), "%s", "");
+                return 0;
+        case COVED_ROLE_NODE:
+                if (!c->node_name || !cove_node_name_valid(c->node_name))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "--role node needs --node-name NAME (1 to %d of a-z "
+                                             "0-9 -, not starting with -)",
+                                             COVE_NODE_NAME_MAX);
+                if (!c->node_token_file || !s3 || (!pg && !c->control_url))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "--role node needs --node-token-file, --store "
+                                             "s3://… with --s3-endpoint, and --control URL (or "
+                                             "--db postgres://…)");
+                if (c->cluster_key_file)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "a node does not hold the cluster key: give it "
+                                             "--node-token-file only");
+                if (cove_nodeauth_read_token(c->node_token_file, d->node_token, err) < 0)
+                        return -1;
+                snprintf(d->node_name, sizeof(d->node_name), "%s", c->node_name);
+                snprintf(d->control_url, sizeof(d->control_url), "%s",
+                         c->control_url ? c->control_url : "");
+                if (c->advertise)
+                        snprintf(d->advertise, sizeof(d->advertise), "%s", c->advertise);
+                else if (o->listen)
+                        snprintf(d->advertise, sizeof(d->advertise), "http://%s", o->listen);
+                else
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "--role node needs --listen (its node API) or "
+                                             "--advertise URL");
+                return 0;
+        }
+        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "unknown role");
+}
+
 int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *err)
 {
         memset(d, 0, sizeof(*d));
@@ -216,6 +289,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         pthread_cond_init(&d->cv, NULL);
         cove_keys_cache_ttl_set(o->key_cache_ttl_s < 0 ? 60000
                                                        : (int64_t)o->key_cache_ttl_s * 1000);
+        if (cluster_identity(d, o, err) < 0)
+                return -1;
+        if (d->role != COVED_ROLE_ALL) /* the cluster side lands next (docs/cluster.md) */
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "--role control and --role node are not built yet: run "
+                                     "coved without --role (all in one process)");
         if (!realpath(o->data_dir, d->data_dir)) {
                 if (cove_mkdir_p(o->data_dir, 0711, err) < 0 || !realpath(o->data_dir, d->data_dir))
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);
@@ -358,4 +437,6 @@ void coved_close(struct coved *d)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;
         cove_keys_cache_clear(); /* unwrapped data keys do not outlive coved */
+        OPENSSL_cleanse(d->cluster_key, sizeof(d->cluster_key));
+        OPENSSL_cleanse(d->node_token, sizeof(d->node_token));
 }

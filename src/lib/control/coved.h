@@ -26,6 +26,23 @@ struct coved_store_options {
         int cache_mb;            /* chunk cache budget (0: 1024 MiB) */
 };
 
+/* What this process is in a cluster (docs/cluster.md). COVED_ROLE_ALL (the default) is the
+ * single process of the embedded default: control plane and node in one, nothing of the
+ * cluster runs. */
+enum coved_role { COVED_ROLE_ALL = 0, COVED_ROLE_CONTROL, COVED_ROLE_NODE };
+
+struct coved_cluster_options {
+        enum coved_role role;
+        const char *node_name;        /* node: its name (cluster/nodeauth.h rules) */
+        const char *node_token_file;  /* node: its token (`coved node-token`) */
+        const char *cluster_key_file; /* control: the cluster key every replica holds */
+        const char *control_url;      /* node: a control replica, http://HOST:PORT */
+        const char *advertise;        /* node: URL of its node API for controls (default:
+                                       * http://<--listen>) */
+        int lease_ttl_ms;             /* node lease TTL (0: 10000) */
+        int lease_renew_ms;           /* node lease renewal interval (0: 2000) */
+};
+
 struct coved_options {
         const char *data_dir;      /* required */
         const char *listen;        /* "127.0.0.1:7677"; NULL for none */
@@ -44,7 +61,8 @@ struct coved_options {
         const char *runtime; /* default runtime "ns"/"vm"; NULL: vm where KVM works, else ns */
         struct coved_store_options store; /* snapshot store */
         const char *db; /* catalog: "postgres://…" or a SQLite path; NULL: <data>/catalog.db */
-        struct coved_ports_options ports; /* exposed ports listener (control/ports.h) */
+        struct coved_ports_options ports;     /* exposed ports listener (control/ports.h) */
+        struct coved_cluster_options cluster; /* role and cluster identity */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -95,6 +113,17 @@ struct coved {
         int pool_size;            /* warm ns instances per template (owner pools: at most 2) */
         struct coved_store_options store; /* snapshot store (strings owned by the caller) */
         struct coved_tbuilds *tb;         /* tenant template builds (control/tbuild.h) */
+        /* cluster (docs/cluster.md): role, this node's name ("local" in role all) and
+         * credentials; lease timing. Secrets are wiped by coved_close. */
+        enum coved_role role;
+        char node_name[64];
+        char node_token[65];     /* node role: its token (hex) */
+        uint8_t cluster_key[32]; /* control role: the cluster key */
+        int has_cluster_key;
+        char control_url[256]; /* node role */
+        char advertise[256];   /* node role: its node API URL */
+        int lease_ttl_ms, lease_renew_ms;
+        struct coved_cluster *cl; /* the cluster side (control/cluster.h); NULL in role all */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
