@@ -393,3 +393,34 @@ long cli_b64_decode(const char *in, size_t len, unsigned char *out)
         }
         return n;
 }
+
+int cli_poll_while(struct cli *c, const char *path, const char *field, const char *value,
+                   const char *label, int interval_ms, int deadline_s, const char *what,
+                   json_t **obj, struct cove_err *err)
+{
+        struct cli_progress prog;
+        cli_progress_start(&prog, c, label);
+        int64_t deadline = cove_mono_ns() + (int64_t)deadline_s * 1000000000LL;
+        int ret = 0;
+        while (strcmp(json_string_value(json_object_get(*obj, field)) ?: "", value) == 0) {
+                if (deadline_s && cove_mono_ns() > deadline) {
+                        ret =
+                            cove_err_set(err, 0, "%s still %s after %d s", what, value, deadline_s);
+                        break;
+                }
+                for (int waited = 0; waited < interval_ms; waited += 50) {
+                        struct timespec ts = {0, 50 * 1000000L};
+                        nanosleep(&ts, NULL);
+                        cli_progress_tick(&prog);
+                }
+                json_t *j = NULL;
+                if (cli_call(c, "GET", path, NULL, &j, NULL, err) < 0) {
+                        ret = -1;
+                        break;
+                }
+                json_decref(*obj);
+                *obj = j;
+        }
+        cli_progress_end(&prog);
+        return ret;
+}

@@ -80,4 +80,11 @@ char *cli_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * >= 3*len/4+3). Returns the decoded length, -1 on bad input. */
 long cli_b64_decode(const char *in, size_t len, unsigned char *out);
 
+/* GET path every interval_ms while its answer's string `field` equals `value`, with a
+ * spinner labelled label; *obj holds the last answer (an older one is released). Gives up
+ * after deadline_s (0: never) with an error naming what. 0, or -1 with err. */
+int cli_poll_while(struct cli *c, const char *path, const char *field, const char *value,
+                   const char *label, int interval_ms, int deadline_s, const char *what,
+                   json_t **obj, struct cove_err *err);
+
 #endif

@@ -46,27 +46,9 @@ static int wait_started(struct cli *c, json_t **sbx, struct cove_err *err)
 {
         cleanup_free char *id = cli_fmt("%s", json_string_value(json_object_get(*sbx, "id")));
         cleanup_free char *path = cli_fmt("/v1/sandboxes/%s", id);
-        struct cli_progress prog;
-        cli_progress_start(&prog, c, "starting sandbox");
-        int64_t deadline = cove_mono_ns() + 600 * 1000000000LL;
-        int ret = 0;
-        while (strcmp(json_string_value(json_object_get(*sbx, "state")) ?: "", "starting") == 0) {
-                if (cove_mono_ns() > deadline) {
-                        ret = cove_err_set(err, 0, "sandbox %s still starting after 600 s", id);
-                        break;
-                }
-                struct timespec ts = {0, 50 * 1000000L};
-                nanosleep(&ts, NULL);
-                cli_progress_tick(&prog);
-                json_t *j = NULL;
-                if (cli_call(c, "GET", path, NULL, &j, NULL, err) < 0) {
-                        ret = -1;
-                        break;
-                }
-                json_decref(*sbx);
-                *sbx = j;
-        }
-        cli_progress_end(&prog);
+        cleanup_free char *what = cli_fmt("sandbox %s", id);
+        int ret = cli_poll_while(c, path, "state", "starting", "starting sandbox", 50, 600, what,
+                                 sbx, err);
         if (ret == 0 &&
             strcmp(json_string_value(json_object_get(*sbx, "state")) ?: "", "error") == 0)
                 ret = cove_err_set(err, 0,

@@ -141,26 +141,13 @@ static int wait_built(struct cli *c, const char *name, json_t **t, struct cove_e
         cleanup_free char *en = cli_urlenc(name);
         cleanup_free char *path = cli_fmt("/v1/templates/%s", en);
         cleanup_free char *label = cli_fmt("building template %s", name);
-        struct cli_progress prog;
-        cli_progress_start(&prog, c, label);
-        int ret = 0;
-        for (;;) {
-                json_t *j = NULL;
-                if (cli_call(c, "GET", path, NULL, &j, NULL, err) < 0) {
-                        ret = -1;
-                        break;
-                }
-                json_decref(*t);
-                *t = j;
-                if (strcmp(s_or_dash(j, "state"), "building"))
-                        break;
-                for (int i = 0; i < 5; i++) {
-                        struct timespec ts = {0, 100 * 1000000L};
-                        nanosleep(&ts, NULL);
-                        cli_progress_tick(&prog);
-                }
-        }
-        cli_progress_end(&prog);
+        cleanup_free char *what = cli_fmt("template %s", name);
+        json_t *j = NULL;
+        if (cli_call(c, "GET", path, NULL, &j, NULL, err) < 0)
+                return -1;
+        json_decref(*t);
+        *t = j;
+        int ret = cli_poll_while(c, path, "state", "building", label, 500, 0, what, t, err);
         if (ret == 0 && !strcmp(s_or_dash(*t, "state"), "failed")) {
                 json_t *e = json_object_get(*t, "error");
                 ret = cove_err_set(err, 0, "template %s: %s: %s", name, s_or_dash(e, "code"),

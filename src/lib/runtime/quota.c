@@ -446,13 +446,10 @@ static int pool_take(struct cove_layers *l, uint64_t mb, struct pool_entry *e)
         return got;
 }
 
-/* How many loop devices are bound to the file path or to a file under it. */
-static int loops_under(const char *dir)
+/* Calls fn(backing_file, arg) for every bound loop device until fn returns non-zero;
+ * returns how many calls returned non-zero (0 or 1 when fn stops, else a count). */
+static int for_each_loop_backing(int (*fn)(const char *back, void *arg), void *arg, int stop)
 {
-        char real[PATH_MAX];
-        if (!realpath(dir, real))
-                return 0;
-        size_t rl = strlen(real);
         int k = 0;
         cleanup_dir DIR *d = opendir("/sys/block");
         struct dirent *de;
@@ -467,10 +464,29 @@ static int loops_under(const char *dir)
                         continue;
                 back[len] = 0;
                 back[strcspn(back, "\n")] = 0;
-                if (!strncmp(back, real, rl) && (back[rl] == '/' || back[rl] == 0))
+                if (fn(back, arg)) {
                         k++;
+                        if (stop)
+                                break;
+                }
         }
         return k;
+}
+
+static int backing_under(const char *back, void *arg)
+{
+        const char *real = arg;
+        size_t rl = strlen(real);
+        return !strncmp(back, real, rl) && (back[rl] == '/' || back[rl] == 0);
+}
+
+/* How many loop devices are bound to the file path or to a file under it. */
+static int loops_under(const char *dir)
+{
+        char real[PATH_MAX];
+        if (!realpath(dir, real))
+                return 0;
+        return for_each_loop_backing(backing_under, real, 0);
 }
 
 /* Warm layers a crashed coved left: their mounts died with it, but an autoclear loop device may
@@ -773,30 +789,20 @@ static int layer_create_mounted(struct cove_layers *l, const char *id, const cha
         return attach(m, l->fd, id, err);
 }
 
+static int backing_is(const char *back, void *arg)
+{
+        const struct stat *want = arg;
+        struct stat st;
+        return stat(back, &st) == 0 && st.st_dev == want->st_dev && st.st_ino == want->st_ino;
+}
+
 /* Is a loop device bound to the file open as fd (a mount of it still alive)? */
 static int image_in_use(int fd)
 {
         struct stat want;
         if (fstat(fd, &want) < 0)
                 return 0;
-        cleanup_dir DIR *d = opendir("/sys/block");
-        struct dirent *de;
-        while (d && (de = readdir(d))) {
-                if (strncmp(de->d_name, "loop", 4) != 0)
-                        continue;
-                char p[300], back[PATH_MAX];
-                snprintf(p, sizeof(p), "/sys/block/%s/loop/backing_file", de->d_name);
-                cleanup_close int bf = open(p, O_RDONLY | O_CLOEXEC);
-                ssize_t len = bf < 0 ? -1 : read(bf, back, sizeof(back) - 1);
-                if (len <= 0)
-                        continue;
-                back[len] = 0;
-                back[strcspn(back, "\n")] = 0;
-                struct stat st;
-                if (stat(back, &st) == 0 && st.st_dev == want.st_dev && st.st_ino == want.st_ino)
-                        return 1;
-        }
-        return 0;
+        return for_each_loop_backing(backing_is, &want, 1);
 }
 
 /* Make the caller's image file `from` layers/<img> (replacing an old one): a rename on the
