@@ -25,6 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "lib"))
 from cove import Coved  # noqa: E402  (stdlib client helpers shared with the tests)
+from benchlib import loadavg, pct  # noqa: E402
 
 UID_MIN = 0x10000000
 LONG_TIMEOUT_S = 3600  # sandboxes must outlive the bench (default timeout_s is 300)
@@ -34,15 +35,6 @@ def log(*a):
     print("[bench]", *a, file=sys.stderr, flush=True)
 
 
-def pct(xs, p):
-    """Percentile by linear interpolation between closest ranks (xs need not be sorted)."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * p / 100.0
-    i = int(k)
-    j = min(i + 1, len(s) - 1)
-    return s[i] + (s[j] - s[i]) * (k - i)
 
 
 def summary(xs_ms):
@@ -638,9 +630,6 @@ def machine():
     return f"{os.cpu_count()} cores {cpu}, {mem:.0f} GiB, kernel {platform.release()}"
 
 
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def main():

@@ -17,6 +17,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
+from benchlib import loadavg  # noqa: E402
 
 CLIENT = r'''
 import json, os, resource, socket, ssl, struct, sys, time
@@ -152,9 +153,6 @@ def nft_tables():
     return len(r.stdout.splitlines())
 
 
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 COLS = (("proxy", "proxy (sandbox)"), ("routed", "direct, routed netns"),

@@ -20,6 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lib"))
 from cove import Coved, free_port, poll  # noqa: E402
+from benchlib import loadavg  # noqa: E402
 
 APP = os.path.join(ROOT, "tests", "integration", "ports", "app.py")
 HTTP, WS, ASYNC = 8000, 8001, 8002
@@ -128,9 +129,6 @@ print(json.dumps(out))
 '''.replace("@HTTP@", str(HTTP)).replace("@WS@", str(WS)).replace("@ASYNC@", str(ASYNC))
 
 
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
 
 
 def sandbox_pid(sid):

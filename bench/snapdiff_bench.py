@@ -19,12 +19,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "lib"))
 from cove import Coved, sh  # noqa: E402
+from benchlib import timed  # noqa: E402
 
 
-def ms(fn):
-    t0 = time.monotonic()
-    r = fn()
-    return r, (time.monotonic() - t0) * 1000
 
 
 def main():
@@ -56,9 +53,9 @@ def main():
         s2 = c.post(f"/v1/sandboxes/{sid}/snapshots", {"kind": "files"})["id"]
         diffs, files = [], []
         for _ in range(a.rounds):
-            r, t = ms(lambda: c.get(f"/v1/snapshots/{s1}/diff/{s2}"))
+            r, t = timed(lambda: c.get(f"/v1/snapshots/{s1}/diff/{s2}"))
             diffs.append(t)
-            _, t = ms(lambda: c.get(f"/v1/snapshots/{s1}/diff/{s2}/file?path=/data/f0"))
+            _, t = timed(lambda: c.get(f"/v1/snapshots/{s1}/diff/{s2}/file?path=/data/f0"))
             files.append(t)
         n_changed = len(r["changed"])
         # the anchor: restore both (fork = restore into a new layer), diff -rq on the host

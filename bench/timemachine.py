@@ -21,14 +21,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "lib"))
 from cove import Coved  # noqa: E402
+from benchlib import pct, timed  # noqa: E402
 
 
-def pct(xs, p):
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100.0
-    i = int(k)
-    j = min(i + 1, len(s) - 1)
-    return s[i] + (s[j] - s[i]) * (k - i)
 
 
 def row(name, xs, unit="ms"):
@@ -38,10 +33,6 @@ def row(name, xs, unit="ms"):
             f"| {len(xs)} | {unit} |")
 
 
-def timed(fn):
-    t0 = time.monotonic()
-    r = fn()
-    return r, (time.monotonic() - t0) * 1000
 
 
 def main():
