@@ -186,21 +186,42 @@ def live_nodes(c):
                  " AND lease_expires_at > (extract(epoch from clock_timestamp()) * 1000)::bigint")
 
 
-def init_pid(member, sid):
-    """pid of the sandbox's init on that node, by its state dir under the node's data dir
-    (0 when no process of it runs there)."""
-    want = os.path.join(member.data, "sandboxes", sid)
+def sandbox_procs(sid):
+    """{pid: ppid} of every process on the host in the sandbox's cgroup"""
+    out = {}
     for p in os.listdir("/proc"):
         if not p.isdigit():
             continue
         try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read()
-            cwd = os.readlink(f"/proc/{p}/root")
-        except OSError:
+            with open(f"/proc/{p}/cgroup") as f:
+                if sid not in f.read():
+                    continue
+            with open(f"/proc/{p}/stat") as f:
+                out[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-        if want.encode() in cmd or cwd.startswith(want):
-            return int(p)
+    return out
+
+
+def descends(pid, ancestor):
+    for _ in range(64):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def init_pid(member, sid):
+    """a process of the sandbox that member's coved started (0 when none runs under it)"""
+    for pid in sorted(sandbox_procs(sid)):
+        if member.proc and descends(pid, member.proc.pid):
+            return pid
     return 0
 
 
