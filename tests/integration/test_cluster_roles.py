@@ -154,6 +154,13 @@ class Cluster:
         self.nodes[name] = m
         return m
 
+    def set_hooks(self, text):
+        """the test hooks file, replaced whole (the nodes re-read it when it changes)"""
+        tmp = self.hooks + ".new"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, self.hooks)
+
     def sql(self, q):
         return self.pg.psql(q, db=self.dbname).strip()
 
@@ -338,8 +345,7 @@ def test_node_killed_between_run_and_report_converges(cluster):
     a = c.start_node("na")
     poll(lambda: live_nodes(c) == "na", timeout=60, what="node na holds a lease")
     epoch1 = int(c.node_row("na").split("|")[1])
-    with open(c.hooks, "w") as f:
-        f.write("job_hold_ms 600000\n")
+    c.set_hooks("job_hold_ms 600000\n")
     res = {}
 
     def create():
@@ -355,8 +361,7 @@ def test_node_killed_between_run_and_report_converges(cluster):
     assert init_pid(a, sid) > 0  # started, not reported
     port, data = a.port, a.data
     a.kill9()
-    with open(c.hooks, "w") as f:
-        f.write("")
+    c.set_hooks("")
     # the instance dies with its node process (its channel closed)
     poll(lambda: not sandbox_procs(sid), timeout=60, what="no process of the old instance")
     a2 = c.start_node("na", data=data, port=port)
@@ -391,8 +396,7 @@ def test_stopped_node_finds_itself_fenced(cluster):
     assert cc.get(f"/v1/sandboxes/{sid}")["node"] == "na"
     assert init_pid(a, sid) > 0
     # a second sandbox whose start the node runs but has not reported when it is stopped
-    with open(c.hooks, "w") as f:
-        f.write("job_hold_ms 600000\n")
+    c.set_hooks("job_hold_ms 600000\n")
     res = {}
 
     def create():
@@ -412,8 +416,7 @@ def test_stopped_node_finds_itself_fenced(cluster):
         c.sql("UPDATE nodes SET state = 'ready' WHERE name = 'nb'")
         c.sql(f"UPDATE placements SET node = 'nb', generation = generation + 1"
               f" WHERE sandbox_id IN ('{sid}', '{sid2}')")
-        with open(c.hooks, "w") as f:
-            f.write("")
+        c.set_hooks("")
     finally:
         os.kill(a.proc.pid, signal.SIGCONT)
     poll(lambda: "fenced itself" in a.log_tail(20000), timeout=60, what="the fence")
