@@ -832,8 +832,7 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
         if (!in->chan || cove_random(tok, sizeof(tok), err) < 0)
                 goto fail;
         cove_hex(tok, sizeof(tok), token);
-        if (cove_chan_hello(in->chan, token, spec->sandbox_id, HELLO_TIMEOUT_MS, err) < 0 ||
-            fence_tell(n, in, err) < 0)
+        if (cove_chan_hello(in->chan, token, spec->sandbox_id, HELLO_TIMEOUT_MS, err) < 0)
                 goto fail;
         cove_chan_set_rx_notify(in->chan, rx_notify, n);
         pthread_mutex_lock(&n->mu);
@@ -846,6 +845,13 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = in->chan};
         if (epoll_ctl(n->epfd, EPOLL_CTL_ADD, cove_chan_fd(in->chan), &ev) < 0) {
                 cove_err_set(err, errno, "start sandbox %s: watch channel", spec->sandbox_id);
+                struct cove_err e2;
+                cove_node_stop(n, spec->sandbox_id, 0, &e2);
+                return -1;
+        }
+        /* the fence TTL before anything runs there (its answer comes through the I/O thread) */
+        if (fence_tell(n, in, err) < 0) {
+                cove_err_wrap(err, "start sandbox %s: fence", spec->sandbox_id);
                 struct cove_err e2;
                 cove_node_stop(n, spec->sandbox_id, 0, &e2);
                 return -1;
