@@ -214,8 +214,9 @@ def test_processes_cannot_escape_the_freeze_or_fake_a_heartbeat(coved_factory):
 
 
 def test_sandbox_without_fence_keeps_running_while_coved_is_stopped(coved_factory):
-    """The default (role all): no fence, nothing freezes (the test above fails without the
-    flag only because of it)."""
+    """The default (role all): no fence, nothing freezes (the tests above stop only because
+    of it), and a coved stopped longer than its hang bound (5 s) still finds the sandbox
+    running when it continues."""
     d = coved_factory()
     c = d.client
     sid = c.create(template="busybox")["id"]
@@ -223,11 +224,14 @@ def test_sandbox_without_fence_keeps_running_while_coved_is_stopped(coved_factor
     gpid = guest_pid(c, sid)
     stop_node(d)
     try:
-        time.sleep(3 * TTL_MS / 1000)
+        time.sleep(7)  # longer than the node's hang bound
         advancing(gpid, ["counter"], timeout=10)
         assert not all_stopped(gpid)[0]
     finally:
         cont_node(d)
+    time.sleep(2)  # the node's heartbeat rounds after its stop (the hang check runs there)
+    assert c.exec(sid, "echo alive", timeout=60)["stdout"] == "alive\n"
+    assert c.sandbox(sid)["state"] == "running", c.sandbox(sid)
     c.remove(sid)
 
 

@@ -396,6 +396,37 @@ static void fence_freezes_without_heartbeat_until_thaw(void **state)
         json_decref(r);
 }
 
+/* A node that is alive but does not read (it holds a busy channel on purpose) blocks the
+ * guest's writes; the heartbeats it keeps sending wait unread. The guest must count those
+ * arriving bytes as its node, not freeze. */
+static void fence_blocked_writes_with_live_node_do_not_freeze(void **state)
+{
+        struct node *n = *state;
+        json_t *r = call(n, json_pack("{s:s, s:i}", "op", "fence", "ttl_ms", 300));
+        assert_ok(r);
+        json_decref(r);
+        int pid = start(n, json_pack("{s:s, s:[s,s,s]}", "op", "exec", "cmd", "sh", "-c",
+                                     "head -c 200000000 /dev/zero"));
+        struct cove_err err;
+        for (int i = 0; i < 40; i++) { /* 2 s: several TTLs, nothing read meanwhile */
+                assert_int_equal(cove_frame_write(n->fd, COVE_F_HEARTBEAT, 0, 0, NULL, 0, &err), 0);
+                usleep(50000);
+        }
+        /* drain until the process ends (a frozen guest would stop it: no EXIT comes) */
+        for (;;) {
+                struct rx x;
+                assert_int_equal(recv_frame(n, &x, 20000), 1);
+                int done = x.type == COVE_F_EXIT && x.id == (uint32_t)pid;
+                rx_free(&x);
+                if (done)
+                        break;
+        }
+        r = call(n, json_pack("{s:s}", "op", "ping"));
+        assert_ok(r);
+        assert_false(json_is_true(json_object_get(r, "fenced")));
+        json_decref(r);
+}
+
 static void eof_exits_cleanly(void **state)
 {
         struct node *n = *state;
@@ -1058,6 +1089,8 @@ int main(void)
             cmocka_unit_test_setup_teardown(fence_thaw_garbage_drops_channel, setup, teardown),
             cmocka_unit_test_setup_teardown(fence_freezes_without_heartbeat_until_thaw, setup,
                                             teardown),
+            cmocka_unit_test_setup_teardown(fence_blocked_writes_with_live_node_do_not_freeze,
+                                            setup, teardown),
             cmocka_unit_test_setup_teardown(bad_requests, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_stdout_stderr_exit, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_argv_and_default_env, setup, teardown),

@@ -291,7 +291,7 @@ struct dead_inst {
 
 /* One heartbeat round over every instance (I/O thread, io_mu held). Hung guests get their
  * channel closed and are added to dead[] (at most cap). */
-static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, int cap, int stalled)
+static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, int cap)
 {
         int64_t now = cove_mono_ns() / 1000000;
         pthread_mutex_lock(&n->mu);
@@ -309,10 +309,7 @@ static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, i
         for (struct inst *in = n->insts; in && hb; in = in->next) {
                 if (in->stopping)
                         continue;
-                /* a snapshot or a freeze holds it still; or this thread itself did not run for
-                 * a while (coved stopped, the host suspended): the guests' silence meanwhile
-                 * says nothing about them, count it from now */
-                if (in->busy || in->frozen || stalled) {
+                if (in->busy || in->frozen) { /* a snapshot or a freeze holds it still */
                         cove_chan_touch(in->chan, now);
                         continue;
                 }
@@ -457,9 +454,8 @@ static void *io_main(void *arg)
                         beat_round(n);
                 }
                 if (now - last_hb >= HEARTBEAT_TICK_MS) {
-                        int stalled = last_hb && now - last_hb > 4 * HEARTBEAT_TICK_MS;
                         last_hb = now;
-                        heartbeat(n, dead, &ndead, 64, stalled);
+                        heartbeat(n, dead, &ndead, 64);
                         if (space_low(n)) {
                                 pthread_mutex_lock(&n->mu);
                                 n->space_tainted = 1;
