@@ -73,7 +73,7 @@ static void *watchdog(void *arg)
         int pin = -1, pout = -1;
         for (;;) {
                 int ttl = LOAD(f->ttl_ms);
-                int tick = ttl / 4;
+                int tick = ttl > 0 ? ttl / 4 : 250; /* off again: idle */
                 tick = tick < 10 ? 10 : tick > 250 ? 250 : tick;
                 struct pollfd pf = {.fd = f->wake, .events = POLLIN};
                 if (poll(&pf, 1, tick) > 0)

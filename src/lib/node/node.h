@@ -80,7 +80,8 @@ int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, st
  * off (the default, and role all: no heartbeats, no guest thread). Instances started after
  * the call and pooled ones taken after it are told (before they run anything). */
 void cove_node_fence_config(struct cove_node *n, int ttl_ms, int heartbeat_ms);
-/* paused: stop sending heartbeats (the cluster agent cannot confirm its lease); 0: resume. */
+/* paused: stop sending heartbeats (the cluster agent cannot confirm its lease); 0: resume.
+ * Heartbeats run (once the fence is on) until the first pause. */
 void cove_node_heartbeat_pause(struct cove_node *n, int paused);
 /* Lift the self-freeze of sandbox_id's guest (NULL: of every instance; tests) after the
  * node re-confirmed its lease and the sandbox is still its own. 0 once the guest says it
