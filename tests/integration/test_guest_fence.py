@@ -281,3 +281,31 @@ def test_vm_guest_freezes_inside_its_vm(coved_factory):
     print(f"\nvm fence: the workload stood still {gap:.1f} s of the {held:.1f} s coved was "
           f"stopped or waiting for the thaw (TTL {TTL_MS} ms)")
     c.remove(sid)
+
+
+def test_fence_survives_a_full_pause_and_resume(coved_factory):
+    """A guest restored from a checkpoint (its fence thread and state included) runs its
+    processes again after the resume and still freezes them when its node stops."""
+    d = coved_factory(extra_args=FENCE_ARGS)
+    c = d.client
+    if c.snapshot_kind() != "full":
+        pytest.skip(f"this coved has no full snapshots (/healthz: {c.snapshot_kind()})")
+    sid = c.create(template="busybox", snapshot_interval_s=0)["id"]
+    list(c.stream(f"/v1/sandboxes/{sid}/exec",
+                  {"shell": "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; "
+                            "sleep 0.05; done"}, max_events=1))
+    r = c.post(f"/v1/sandboxes/{sid}/pause")
+    assert r["snapshot"]["kind"] == "full", r
+    assert c.post(f"/v1/sandboxes/{sid}/resume")["state"] == "running"
+    gpid = guest_pid(c, sid)
+    advancing(gpid, ["counter"])
+    time.sleep(2 * TTL_MS / 1000)  # heartbeats reach the restored guest: still running
+    advancing(gpid, ["counter"], timeout=10)
+    stop_node(d)
+    try:
+        await_(lambda: all_stopped(gpid)[0], "every sandbox process stopped", FREEZE_BOUND_S)
+    finally:
+        cont_node(d)
+    os.kill(d.proc.pid, signal.SIGUSR2)
+    advancing(gpid, ["counter"])
+    c.remove(sid)
