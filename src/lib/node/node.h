@@ -47,7 +47,8 @@ struct cove_node_config {
                          struct cove_err *err);
         void *arg;
         /* Lock file of the host-wide uid slots; NULL: COVE_UID_LOCK_FILE, "": this process
-         * alone (tests that own the host). Opened (its directory made) by cove_node_new. */
+         * alone (tests that own the host). Opened (its directory made) by cove_node_new,
+         * which fails when root cannot open it; a coved that is not root runs without. */
         const char *uid_lock_file;
 };
 
