@@ -74,6 +74,10 @@ static void usage(FILE *f)
                 "             [--advertise URL]  node: where controls reach its node API\n"
                 "                                (default http://<--listen>)\n"
                 "             [--lease-ttl S] [--lease-renew S]  node lease (default 10, 2)\n"
+                "             [--guest-fence-ttl MS] [--guest-fence-heartbeat MS]  for the\n"
+                "                                cluster agent and tests: each guest freezes its\n"
+                "                                sandbox after MS without a heartbeat (SIGUSR2\n"
+                "                                to coved then thaws every sandbox; default off)\n"
                 "       coved node-token --cluster-key-file F --node-name NAME\n"
                 "             print NAME's node token (for its --node-token-file)\n");
 }
@@ -156,6 +160,8 @@ int main(int argc, char **argv)
             {"lease-ttl", required_argument, 0, 1206},
             {"lease-renew", required_argument, 0, 1207},
             /* 1210-1299: more cluster flags (node/control helpers) */
+            {"guest-fence-ttl", required_argument, 0, 1280},
+            {"guest-fence-heartbeat", required_argument, 0, 1281},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -367,6 +373,19 @@ int main(int argc, char **argv)
                             (int)(v * 1000);
                         break;
                 }
+                case 1280:
+                case 1281: {
+                        char *end;
+                        long v = strtol(optarg, &end, 10);
+                        if (*end || end == optarg || v < 10 || v > 3600000) {
+                                fprintf(stderr, "coved: --guest-fence-ttl and "
+                                                "--guest-fence-heartbeat take 10 to 3600000 ms\n");
+                                return 2;
+                        }
+                        *(c == 1280 ? &o.cluster.guest_fence_ttl_ms
+                                    : &o.cluster.guest_fence_beat_ms) = (int)v;
+                        break;
+                }
                 case 'h':
                         usage(stdout);
                         return 0;
@@ -389,6 +408,8 @@ int main(int argc, char **argv)
         sigaddset(&set, SIGTERM);
         sigaddset(&set, SIGINT);
         sigaddset(&set, SIGHUP);
+        if (o.cluster.guest_fence_ttl_ms > 0)
+                sigaddset(&set, SIGUSR2); /* tests: thaw every self-frozen sandbox */
         pthread_sigmask(SIG_BLOCK, &set, NULL);
         signal(SIGPIPE, SIG_IGN);
 
@@ -399,7 +420,13 @@ int main(int argc, char **argv)
                 return 1;
         }
         int sig = 0;
-        sigwait(&set, &sig);
+        while (sigwait(&set, &sig) == 0 && sig == SIGUSR2) {
+                struct cove_err e2;
+                if (d.node && cove_node_thaw_fenced(d.node, NULL, &e2) < 0)
+                        cove_warn(&d.log, "coved.fence", "thaw: %s", e2.msg);
+                else
+                        cove_info(&d.log, "coved.fence", "thawed every sandbox (SIGUSR2)");
+        }
         cove_info(&d.log, "coved.stop", "signal %d: shutting down", sig);
         coved_daemon_close(&d);
         return 0;

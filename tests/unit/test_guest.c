@@ -300,6 +300,133 @@ static void garbage_drops_channel(void **state)
         n->guest = -1;
 }
 
+/* A frame the protocol does not allow (a heartbeat with a 3-byte payload, a thaw with one)
+ * ends the channel as any other violation: the guest exits with an error, its processes
+ * killed. */
+static void fence_frame_garbage_drops_channel(void **state)
+{
+        struct node *n = *state;
+        struct cove_err err;
+        assert_int_equal(cove_frame_write(n->fd, COVE_F_HEARTBEAT, 0, 0, "abc", 3, &err), 0);
+        struct rx r;
+        assert_int_equal(recv_frame(n, &r, 10000), 0);
+        assert_int_equal(guest_wait(n), 1);
+        n->guest = -1;
+}
+
+static void fence_thaw_garbage_drops_channel(void **state)
+{
+        struct node *n = *state;
+        struct cove_err err;
+        assert_int_equal(cove_frame_write(n->fd, COVE_F_THAW, 0, 7, NULL, 0, &err), 0);
+        struct rx r;
+        assert_int_equal(recv_frame(n, &r, 10000), 0);
+        assert_int_equal(guest_wait(n), 1);
+        n->guest = -1;
+}
+
+static char proc_state(int pid)
+{
+        char path[64], buf[4096];
+        snprintf(path, sizeof(path), "/proc/%d/status", pid);
+        FILE *f = fopen(path, "r");
+        if (!f)
+                return '?';
+        char st = '?';
+        while (fgets(buf, sizeof(buf), f))
+                if (!strncmp(buf, "State:", 6))
+                        sscanf(buf + 6, " %c", &st);
+        fclose(f);
+        return st;
+}
+
+static void await_state(int pid, char want, bool eq)
+{
+        for (int i = 0; i < 600; i++) { /* 30 s */
+                char st = proc_state(pid);
+                if ((st == want) == eq)
+                        return;
+                usleep(50000);
+        }
+        fail_msg("process %d: state %c %s %c", pid, proc_state(pid), eq ? "is not" : "is", want);
+}
+
+/* With a fence TTL and no heartbeat, the guest stops what it runs and refuses new execs; a
+ * heartbeat alone does not undo that, a THAW does. */
+static void fence_freezes_without_heartbeat_until_thaw(void **state)
+{
+        struct node *n = *state;
+        int pid = start(n, json_pack("{s:s, s:[s,s]}", "op", "exec", "cmd", "sleep", "60"));
+        json_t *r = call(n, json_pack("{s:s, s:i}", "op", "fence", "ttl_ms", -1));
+        assert_err(r, "bad_request");
+        json_decref(r);
+        r = call(n, json_pack("{s:s, s:i}", "op", "fence", "ttl_ms", 300));
+        assert_ok(r);
+        assert_false(json_is_true(json_object_get(r, "fenced")));
+        json_decref(r);
+        await_state(pid, 'T', true);
+        r = call(n, json_pack("{s:s, s:[s]}", "op", "exec", "cmd", "true"));
+        assert_err(r, "conflict");
+        json_decref(r);
+        r = call(n, json_pack("{s:s, s:i, s:s}", "op", "signal", "pid", pid, "signal", "CONT"));
+        assert_err(r, "conflict");
+        json_decref(r);
+        struct cove_err err;
+        uint8_t seq[8] = {0, 0, 0, 0, 0, 0, 0, 1};
+        assert_int_equal(cove_frame_write(n->fd, COVE_F_HEARTBEAT, 0, 0, seq, 8, &err), 0);
+        r = call(n, json_pack("{s:s}", "op", "ping"));
+        assert_ok(r);
+        assert_true(json_is_true(json_object_get(r, "fenced")));
+        json_decref(r);
+        assert_int_equal(proc_state(pid), 'T');
+        assert_int_equal(cove_frame_write(n->fd, COVE_F_THAW, 0, 0, NULL, 0, &err), 0);
+        r = call(n, json_pack("{s:s}", "op", "ping"));
+        assert_ok(r);
+        assert_false(json_is_true(json_object_get(r, "fenced")));
+        json_decref(r);
+        await_state(pid, 'T', false);
+        /* heartbeats keep it running now */
+        for (int i = 0; i < 10; i++) {
+                assert_int_equal(cove_frame_write(n->fd, COVE_F_HEARTBEAT, 0, 0, NULL, 0, &err), 0);
+                usleep(100000);
+        }
+        assert_true(proc_state(pid) != 'T');
+        r = call(n, json_pack("{s:s, s:i, s:s}", "op", "signal", "pid", pid, "signal", "KILL"));
+        assert_ok(r);
+        json_decref(r);
+}
+
+/* A node that is alive but does not read (it holds a busy channel on purpose) blocks the
+ * guest's writes; the heartbeats it keeps sending wait unread. The guest must count those
+ * arriving bytes as its node, not freeze. */
+static void fence_blocked_writes_with_live_node_do_not_freeze(void **state)
+{
+        struct node *n = *state;
+        json_t *r = call(n, json_pack("{s:s, s:i}", "op", "fence", "ttl_ms", 300));
+        assert_ok(r);
+        json_decref(r);
+        int pid = start(n, json_pack("{s:s, s:[s,s,s]}", "op", "exec", "cmd", "sh", "-c",
+                                     "head -c 200000000 /dev/zero"));
+        struct cove_err err;
+        for (int i = 0; i < 40; i++) { /* 2 s: several TTLs, nothing read meanwhile */
+                assert_int_equal(cove_frame_write(n->fd, COVE_F_HEARTBEAT, 0, 0, NULL, 0, &err), 0);
+                usleep(50000);
+        }
+        /* drain until the process ends (a frozen guest would stop it: no EXIT comes) */
+        for (;;) {
+                struct rx x;
+                assert_int_equal(recv_frame(n, &x, 20000), 1);
+                int done = x.type == COVE_F_EXIT && x.id == (uint32_t)pid;
+                rx_free(&x);
+                if (done)
+                        break;
+        }
+        r = call(n, json_pack("{s:s}", "op", "ping"));
+        assert_ok(r);
+        assert_false(json_is_true(json_object_get(r, "fenced")));
+        json_decref(r);
+}
+
 static void eof_exits_cleanly(void **state)
 {
         struct node *n = *state;
@@ -958,6 +1085,12 @@ int main(void)
             cmocka_unit_test(vm_listener_reaccepts),
             cmocka_unit_test_setup_teardown(garbage_drops_channel, setup, teardown),
             cmocka_unit_test_setup_teardown(eof_exits_cleanly, setup, teardown),
+            cmocka_unit_test_setup_teardown(fence_frame_garbage_drops_channel, setup, teardown),
+            cmocka_unit_test_setup_teardown(fence_thaw_garbage_drops_channel, setup, teardown),
+            cmocka_unit_test_setup_teardown(fence_freezes_without_heartbeat_until_thaw, setup,
+                                            teardown),
+            cmocka_unit_test_setup_teardown(fence_blocked_writes_with_live_node_do_not_freeze,
+                                            setup, teardown),
             cmocka_unit_test_setup_teardown(bad_requests, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_stdout_stderr_exit, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_argv_and_default_env, setup, teardown),

@@ -396,6 +396,9 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         d->node = cove_node_new(&nc, err);
         if (!d->node)
                 goto fail;
+        if (o->cluster.guest_fence_ttl_ms > 0) /* before any instance starts (pools, restores) */
+                cove_node_fence_config(d->node, o->cluster.guest_fence_ttl_ms,
+                                       o->cluster.guest_fence_beat_ms);
         coved_reconcile(d);
         struct cove_node_tm_config tc = {
             .log = &d->log,

@@ -41,6 +41,10 @@ struct coved_cluster_options {
                                        * http://<--listen>) */
         int lease_ttl_ms;             /* node lease TTL (0: 10000) */
         int lease_renew_ms;           /* node lease renewal interval (0: 2000) */
+        /* Guest self-freeze for the cluster agent and tests (node/node.h
+         * cove_node_fence_config): TTL and heartbeat interval in ms; 0: off */
+        int guest_fence_ttl_ms;
+        int guest_fence_beat_ms;
 };
 
 struct coved_options {

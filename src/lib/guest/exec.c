@@ -877,6 +877,12 @@ int g_op_exec(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *e
                               G_MAX_PROCS);
                 goto fail;
         }
+        if (g_fenced(g)) {
+                cove_err_setk(&e, COVE_E_CONFLICT, 0,
+                              "exec: the sandbox is frozen until its node confirms it still "
+                              "holds it (fence)");
+                goto fail;
+        }
         if (parse_exec(g, req, &x, &e) < 0)
                 goto fail;
         p = calloc(1, sizeof(*p));
@@ -922,6 +928,12 @@ int g_op_signal(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err 
                 cove_err_setk(&e, COVE_E_BAD_REQUEST, 0,
                               "signal: \"signal\" must be a name (TERM, KILL, INT, ...) or a "
                               "number");
+                return g_reply_err(g, id, &e, err);
+        }
+        if (sig == SIGCONT && g_fenced(g)) {
+                cove_err_setk(&e, COVE_E_CONFLICT, 0,
+                              "signal: the sandbox is frozen until its node confirms it still "
+                              "holds it (fence)");
                 return g_reply_err(g, id, &e, err);
         }
         struct gproc *p = proc_find(g, (uint32_t)pid);

@@ -253,7 +253,8 @@ static int op_usage(struct cove_guest *g, uint32_t id, json_t *req, struct cove_
 static int op_ping(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err)
 {
         (void)req;
-        return g_reply_ok(g, id, NULL, err);
+        return g_reply_ok(g, id,
+                          g->fence.started ? json_pack("{s:b}", "fenced", g_fenced(g)) : NULL, err);
 }
 
 /* ---- dispatch ---- */
@@ -267,7 +268,7 @@ static const struct {
     {"read", g_op_read},     {"write", g_op_write},   {"stat", g_op_stat},
     {"list", g_op_list},     {"mkdir", g_op_mkdir},   {"move", g_op_move},
     {"remove", g_op_remove}, {"watch", g_op_watch},   {"unwatch", g_op_unwatch},
-    {"usage", op_usage},     {"ping", op_ping},
+    {"usage", op_usage},     {"ping", op_ping},       {"fence", g_op_fence},
 };
 
 static int handle_req(struct cove_guest *g, const struct cove_frame *f, struct cove_err *err)
@@ -481,6 +482,20 @@ static int handle_frame(struct cove_guest *g, struct loop_state *ls, const struc
         case COVE_F_ANSWER:
                 g_ask_answer(g, f->id, f->payload, f->len);
                 return 0;
+        case COVE_F_HEARTBEAT:
+                if (f->id != 0 || (f->len != 0 && f->len != 8))
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "channel: heartbeat with id %u and %u bytes", f->id,
+                                             f->len);
+                g_fence_beat(g);
+                return 0;
+        case COVE_F_THAW:
+                if (f->id != 0 || f->len != 0)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "channel: thaw with id %u and %u bytes", f->id,
+                                             f->len);
+                g_fence_thaw(g);
+                return 0;
         case COVE_F_WINDOW:
                 return g_read_window(g, f->id, f->payload, f->len, err);
         case COVE_F_CANCEL:
@@ -531,6 +546,7 @@ static int chan_reaccept(struct cove_guest *g, struct loop_state *ls, struct cov
         if (fd < 0)
                 return cove_err_set(err, errno, "channel: accept");
         g->chan = fd;
+        g_fence_set_chan(g, fd);
         g->chan_paused = false;
         cove_decoder_free(&g->dec);
         if (cove_decoder_init(&g->dec, COVE_FRAME_MAX, err) < 0)
@@ -581,6 +597,7 @@ static int sig_read(struct cove_guest *g, struct cove_err *err)
 
 static void guest_free(struct cove_guest *g)
 {
+        g_fence_close(g);
         g_procs_kill_all(g);
         g_writes_abort(g);
         g_reads_abort(g);
@@ -613,6 +630,7 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
         g->chan = opts->channel_fd;
         g->listen = opts->listen_fd > 2 ? opts->listen_fd : -1;
         g->epfd = g->sigfd = g->rootfd = g->askfd = -1;
+        g->fence.chan = g->fence.wake = -1;
         for (int i = 0; i < G_MAX_ASKS; i++)
                 g->asks[i].fd = -1;
         g->log = opts->log;
@@ -697,6 +715,10 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                         timeout = next <= now ? 0 : (int)(next - now < 60000 ? next - now : 60000);
                 if (pump)
                         timeout = 0;
+                /* not PID 1 (tests): the loop stops its own processes while frozen */
+                g_fence_turn(g);
+                if (g->fence.started && !g->fence.pid1 && (timeout < 0 || timeout > 100))
+                        timeout = 100;
                 int n = epoll_wait(g->epfd, evs, (int)COVE_ARRAY_SIZE(evs), timeout);
                 if (n < 0) {
                         if (errno == EINTR)

@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -59,6 +60,22 @@ struct gproc {
         struct gsrc s_out, s_err, s_in;
 };
 
+/* fence.c: the guest's self-freeze (docs/cluster.md, "Leases and fencing"). The watchdog
+ * thread runs only once the node set a TTL; it shares these fields with the event loop. */
+struct gfence {
+        int ttl_ms;      /* atomic; 0: off */
+        int64_t beat_ms; /* atomic; CLOCK_BOOTTIME ms of the last sign of the node */
+        int fenced;      /* atomic; 1: the sandbox's processes are frozen until a THAW */
+        int chan;        /* atomic; the channel fd, to see the node read or write */
+        bool pid1;       /* freeze with kill(-1, SIGSTOP) (else the event loop stops its own) */
+        bool started;    /* the watchdog thread runs */
+        bool applied;    /* event loop (not PID 1): its process groups got SIGSTOP */
+        int wake;        /* eventfd that ends the thread */
+        pthread_t th;
+        pthread_mutex_t mu; /* freeze and thaw actions */
+        uint64_t freezes;   /* atomic; times it froze */
+};
+
 struct gwrite; /* files.c: an upload in progress */
 struct gread;  /* files.c: a download in progress */
 struct gwatch; /* watch.c */
@@ -84,6 +101,7 @@ struct cove_guest {
         size_t watch_dirs; /* inotify watches over all watches */
         uint8_t iobuf[G_IO_BUF];
         uint8_t chunk[COVE_FRAME_CHUNK]; /* file reads */
+        struct gfence fence;
         int askfd; /* ask.c: listening socket of in-sandbox requests (-1: none) */
         struct gsrc s_ask;
         uint32_t ask_seq;
@@ -93,6 +111,19 @@ struct cove_guest {
                 int64_t deadline;
         } asks[G_MAX_ASKS];
 };
+
+/* fence.c. config: the node's TTL (0 off; starts the watchdog the first time); beat: a
+ * HEARTBEAT came; thaw: a THAW came (no-op when not frozen); turn: the event loop's part of a
+ * freeze when the guest is not PID 1; close: end the thread (the processes stay as they
+ * are: the guest then kills them all). */
+int g_fence_config(struct cove_guest *g, int ttl_ms, struct cove_err *err);
+void g_fence_beat(struct cove_guest *g);
+void g_fence_thaw(struct cove_guest *g);
+bool g_fenced(struct cove_guest *g);
+void g_fence_turn(struct cove_guest *g);
+void g_fence_set_chan(struct cove_guest *g, int fd);
+void g_fence_close(struct cove_guest *g);
+int g_op_fence(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);
 
 /* ask.c: in-sandbox requests to the node (ASK / ANSWER frames) */
 #define G_ASK_WAIT_MS 30000

@@ -22,6 +22,7 @@
 
 #define CALL_TIMEOUT_MS 30000
 #define WRITE_TIMEOUT_MS 10000
+#define FENCE_CALL_MS 10000 /* fence and thaw requests */
 #define MAX_PENDING 256
 #define MAX_PROCS_KEPT 64 /* finished processes kept for reconnects */
 #define MAX_PROCS 1100    /* running + kept */
@@ -875,6 +876,63 @@ int64_t cove_chan_heartbeat(struct cove_chan *c, int64_t now_ms)
                 pthread_mutex_unlock(&c->mu);
         }
         return silent;
+}
+
+int cove_chan_beat(struct cove_chan *c, uint64_t seq)
+{
+        if (cove_chan_is_closed(c))
+                return -1;
+        if (pthread_mutex_trylock(&c->wmu) != 0)
+                return 1; /* a writer is at it: the guest hears from us anyway soon */
+        struct pollfd pf = {.fd = c->fd, .events = POLLOUT};
+        int r = 1;
+        if (poll(&pf, 1, 0) == 1 && (pf.revents & POLLOUT)) {
+                uint8_t be[8];
+                for (int i = 0; i < 8; i++)
+                        be[i] = (uint8_t)(seq >> (56 - 8 * i));
+                struct cove_err e2;
+                r = cove_frame_write_timeout(c->fd, COVE_F_HEARTBEAT, 0, 0, be, sizeof(be), 200,
+                                             &e2) < 0
+                        ? -1
+                        : 0;
+        }
+        pthread_mutex_unlock(&c->wmu);
+        if (r < 0)
+                cove_chan_close(c, "guest does not read its channel");
+        return r;
+}
+
+int cove_chan_fence(struct cove_chan *c, int ttl_ms, int *fenced, struct cove_err *err)
+{
+        json_t *req = json_pack("{s:s, s:i}", "op", "fence", "ttl_ms", ttl_ms);
+        json_t *resp = NULL;
+        if (!req)
+                return cove_err_set(err, ENOMEM, "fence request");
+        int r = cove_chan_call(c, req, &resp, FENCE_CALL_MS, err);
+        json_decref(req);
+        if (r == 0 && fenced)
+                *fenced = json_is_true(json_object_get(resp, "fenced"));
+        json_decref(resp);
+        return r;
+}
+
+int cove_chan_thaw(struct cove_chan *c, struct cove_err *err)
+{
+        if (cove_chan_is_closed(c))
+                return closed_err(c, err);
+        if (send_frame(c, COVE_F_THAW, 0, 0, NULL, 0, err) < 0)
+                return -1;
+        /* frames are handled in order: the ping's answer comes after the thaw */
+        json_t *req = json_pack("{s:s}", "op", "ping");
+        json_t *resp = NULL;
+        int r = req ? cove_chan_call(c, req, &resp, FENCE_CALL_MS, err)
+                    : cove_err_set(err, ENOMEM, "ping");
+        json_decref(req);
+        if (r == 0 && json_is_true(json_object_get(resp, "fenced")))
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s: the guest is still frozen",
+                                  c->sandbox_id);
+        json_decref(resp);
+        return r;
 }
 
 void cove_chan_touch(struct cove_chan *c, int64_t now_ms)

@@ -56,6 +56,14 @@ int cove_chan_rx_paused(struct cove_chan *c);
  * touch: start counting from now (after a freeze or a snapshot). */
 int64_t cove_chan_heartbeat(struct cove_chan *c, int64_t now_ms);
 void cove_chan_touch(struct cove_chan *c, int64_t now_ms);
+/* Guest self-freeze (docs/cluster.md, "Leases and fencing"). beat: send a HEARTBEAT (seq) if
+ * it cannot block the caller (nobody else writing, room in the socket): 0 sent, 1 skipped,
+ * -1 the channel is closed. fence: tell the guest its fence TTL (0: off) with a request;
+ * *fenced (may be NULL) says whether it is self-frozen now. thaw: send THAW, then check
+ * with a ping that the guest is no longer frozen (0), -1 with err otherwise. */
+int cove_chan_beat(struct cove_chan *c, uint64_t seq);
+int cove_chan_fence(struct cove_chan *c, int ttl_ms, int *fenced, struct cove_err *err);
+int cove_chan_thaw(struct cove_chan *c, struct cove_err *err);
 /* Mark dead (guest gone, sandbox stopped): wakes and fails every waiter. */
 void cove_chan_close(struct cove_chan *c, const char *why);
 int cove_chan_is_closed(struct cove_chan *c);

@@ -43,6 +43,7 @@ struct inst {
         int busy;          /* layer snapshots in progress: stop waits for them */
         int warming;       /* pooled, but not ready to be taken yet (warm_up running) */
         int frozen;        /* cove_node_freeze() froze it (or a full dump left it frozen) */
+        int fence_ttl_ms;  /* the fence TTL its guest was told (0: none) */
 };
 
 /* A warm pool: instances started ahead of time for one template and shape, so a create
@@ -73,6 +74,7 @@ struct cove_node {
         struct inst *insts;
         int ninsts;
         uint8_t slots[COVE_UID_SLOTS];
+        int uid_lock_fd; /* host-wide slot locks: byte s of the lock file (OFD locks), or -1 */
         int epfd;
         int wake_fd;
         int quit;
@@ -99,6 +101,11 @@ struct cove_node {
          * may have hit write errors (quota.h), so none of them is handed out; the refill
          * thread replaces them once there is room again. With mu. */
         int space_tainted;
+        /* guest self-freeze (cove_node_fence_config), with mu */
+        int fence_ttl_ms;  /* 0: off (role all) */
+        int beat_ms;       /* heartbeat interval */
+        int beat_paused;   /* cove_node_heartbeat_pause(): the lease is not confirmed */
+        uint64_t beat_seq; /* I/O thread only */
 };
 
 struct spawn_job {
@@ -334,6 +341,42 @@ static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, i
         free(hb);
 }
 
+/* Send every guest a heartbeat (I/O thread, io_mu held), unless the fence is off or the
+ * lease is not confirmed. Never blocks: a channel with no room now gets the next one. */
+static void beat_round(struct cove_node *n)
+{
+        pthread_mutex_lock(&n->mu);
+        int k = 0;
+        for (struct inst *in = n->insts; in; in = in->next)
+                k++;
+        struct cove_chan **cs = NULL;
+        int m = 0;
+        if (n->fence_ttl_ms > 0 && !n->beat_paused && k > 0)
+                cs = calloc((size_t)k, sizeof(*cs));
+        for (struct inst *in = n->insts; in && cs; in = in->next) {
+                if (in->stopping)
+                        continue;
+                cove_chan_ref(in->chan);
+                cs[m++] = in->chan;
+        }
+        pthread_mutex_unlock(&n->mu);
+        n->beat_seq++;
+        for (int i = 0; i < m; i++) {
+                cove_chan_beat(cs[i], n->beat_seq);
+                cove_chan_unref(cs[i]);
+        }
+        free(cs);
+}
+
+/* The guest heartbeat interval in ms, 0 when the fence is off (read without mu: the I/O
+ * thread asks at every wake-up) */
+static int beat_every(struct cove_node *n)
+{
+        return __atomic_load_n(&n->fence_ttl_ms, __ATOMIC_RELAXED) > 0
+                   ? __atomic_load_n(&n->beat_ms, __ATOMIC_RELAXED)
+                   : 0;
+}
+
 static int space_low(struct cove_node *n)
 {
         struct statvfs vf;
@@ -345,9 +388,12 @@ static void *io_main(void *arg)
 {
         struct cove_node *n = arg;
         struct epoll_event evs[64];
-        int64_t last_hb = 0;
+        int64_t last_hb = 0, last_beat = 0;
         while (!n->quit) {
-                int k = epoll_wait(n->epfd, evs, 64, HEARTBEAT_TICK_MS);
+                int every = beat_every(n);
+                int k =
+                    epoll_wait(n->epfd, evs, 64,
+                               every > 0 && every < HEARTBEAT_TICK_MS ? every : HEARTBEAT_TICK_MS);
                 if (k < 0) {
                         if (errno == EINTR)
                                 continue;
@@ -403,6 +449,10 @@ static void *io_main(void *arg)
                         }
                 }
                 int64_t now = cove_mono_ns() / 1000000;
+                if (every > 0 && now - last_beat >= every) {
+                        last_beat = now;
+                        beat_round(n);
+                }
                 if (now - last_hb >= HEARTBEAT_TICK_MS) {
                         last_hb = now;
                         heartbeat(n, dead, &ndead, 64);
@@ -485,6 +535,30 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
         pthread_mutex_init(&n->io_mu, NULL);
         n->epfd = -1;
         n->wake_fd = -1;
+        n->uid_lock_fd = -1;
+        const char *lk = cfg->uid_lock_file ? cfg->uid_lock_file : COVE_UID_LOCK_FILE;
+        if (*lk) {
+                char ldir[PATH_MAX];
+                snprintf(ldir, sizeof(ldir), "%s", lk);
+                char *sl = strrchr(ldir, '/');
+                if (sl && sl != ldir) {
+                        *sl = 0;
+                        struct cove_err e2; /* a failure shows in the open below */
+                        cove_mkdir_p(ldir, 0700, &e2);
+                }
+                n->uid_lock_fd = open(lk, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+                if (n->uid_lock_fd < 0 && geteuid() == 0) {
+                        cove_err_set(err, errno, "uid range locks: open %s", lk);
+                        goto fail;
+                }
+                /* not root (a vm-only node, tests): it cannot reach the host's lock; its
+                 * ranges are its own alone, as before */
+                if (n->uid_lock_fd < 0)
+                        cove_warn(cfg->log, "node.uid",
+                                  "%s: %s: uid ranges are not reserved host-wide", lk,
+                                  strerror(errno));
+        }
+        n->cfg.uid_lock_file = NULL;
         char dir[PATH_MAX];
         snprintf(dir, sizeof(dir), "%s/sandboxes", n->data_dir);
         if (cove_mkdir_p(dir, 0711, err) < 0)
@@ -554,6 +628,8 @@ fail:
                 close(n->epfd);
         if (n->wake_fd >= 0)
                 close(n->wake_fd);
+        if (n->uid_lock_fd >= 0)
+                close(n->uid_lock_fd);
         free(n);
         return NULL;
 }
@@ -608,6 +684,26 @@ static int cleanup_any(struct cove_node *n, const char *id, const char *sd, int 
         return r;
 }
 
+/* Host-wide: slot s is ours while we hold an OFD write lock on byte s of the lock file, so
+ * two coveds of one host never hand out the same range; the kernel drops the locks of a
+ * process that dies, and a restart takes its own ranges again (or learns that another coved
+ * took one meanwhile). Within this process slots[] says which are ours (an OFD lock does not
+ * conflict with itself). With mu held. */
+static int slot_lock(struct cove_node *n, uint32_t s, int lock)
+{
+        if (n->uid_lock_fd < 0)
+                return 0;
+        struct flock fl = {.l_type = lock ? F_WRLCK : F_UNLCK,
+                           .l_whence = SEEK_SET,
+                           .l_start = (off_t)s,
+                           .l_len = 1};
+        int r;
+        do
+                r = fcntl(n->uid_lock_fd, F_OFD_SETLK, &fl);
+        while (r < 0 && errno == EINTR);
+        return r;
+}
+
 int cove_node_uid_reserve(struct cove_node *n, uint32_t *base, struct cove_err *err)
 {
         pthread_mutex_lock(&n->mu);
@@ -619,11 +715,15 @@ int cove_node_uid_reserve(struct cove_node *n, uint32_t *base, struct cove_err *
                         r = cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "uid base %u invalid", *base);
                 else if (n->slots[s])
                         r = cove_err_setk(err, COVE_E_CONFLICT, 0, "uid base %u in use", *base);
+                else if (slot_lock(n, s, 1) < 0)
+                        r = cove_err_setk(err, COVE_E_CONFLICT, errno,
+                                          "uid base %u is held by another coved on this host",
+                                          *base);
                 else
                         n->slots[s] = 1;
         } else {
                 r = cove_err_setk(err, COVE_E_LIMIT, 0,
-                                  "no free uid range: %u sandboxes are alive on this node",
+                                  "no free uid range: %u sandboxes are alive on this host",
                                   COVE_UID_SLOTS);
                 /* random start: a freed range is not handed out again at once */
                 uint32_t start;
@@ -631,7 +731,7 @@ int cove_node_uid_reserve(struct cove_node *n, uint32_t *base, struct cove_err *
                         start = 0;
                 for (uint32_t k = 0; k < COVE_UID_SLOTS; k++) {
                         uint32_t s = (start + k) % COVE_UID_SLOTS;
-                        if (!n->slots[s]) {
+                        if (!n->slots[s] && slot_lock(n, s, 1) == 0) {
                                 n->slots[s] = 1;
                                 *base = COVE_UID_FIRST + s * COVE_UID_RANGE;
                                 r = 0;
@@ -649,8 +749,10 @@ void cove_node_uid_release(struct cove_node *n, uint32_t base)
                 return;
         uint32_t s = (base - COVE_UID_FIRST) / COVE_UID_RANGE;
         pthread_mutex_lock(&n->mu);
-        if (s < COVE_UID_SLOTS)
+        if (s < COVE_UID_SLOTS && n->slots[s]) {
                 n->slots[s] = 0;
+                slot_lock(n, s, 0);
+        }
         pthread_mutex_unlock(&n->mu);
 }
 
@@ -670,6 +772,9 @@ static void drop_layer_handle(struct cove_node *n, struct cove_instance_spec *sp
                 spec->layer_handle = NULL;
         }
 }
+
+static int fence_tell(struct cove_node *n, struct inst *in, struct cove_err *err);
+static int fence_ttl(struct cove_node *n);
 
 static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, struct pool *pool,
                           struct cove_err *err)
@@ -744,6 +849,13 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
                 cove_node_stop(n, spec->sandbox_id, 0, &e2);
                 return -1;
         }
+        /* the fence TTL before anything runs there (its answer comes through the I/O thread) */
+        if (fence_tell(n, in, err) < 0) {
+                cove_err_wrap(err, "start sandbox %s: fence", spec->sandbox_id);
+                struct cove_err e2;
+                cove_node_stop(n, spec->sandbox_id, 0, &e2);
+                return -1;
+        }
         return 0;
 fail:
         cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
@@ -755,6 +867,82 @@ fail:
         }
         free(in);
         return -1;
+}
+
+void cove_node_fence_config(struct cove_node *n, int ttl_ms, int heartbeat_ms)
+{
+        if (ttl_ms < 0)
+                ttl_ms = 0;
+        if (heartbeat_ms <= 0 || (ttl_ms > 0 && heartbeat_ms > ttl_ms))
+                heartbeat_ms = ttl_ms > 0 ? (ttl_ms / 4 > 10 ? ttl_ms / 4 : 10) : 0;
+        if (heartbeat_ms > 0 && heartbeat_ms < 10)
+                heartbeat_ms = 10;
+        pthread_mutex_lock(&n->mu);
+        __atomic_store_n(&n->beat_ms, heartbeat_ms, __ATOMIC_RELAXED);
+        __atomic_store_n(&n->fence_ttl_ms, ttl_ms, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&n->mu);
+        uint64_t one = 1; /* the I/O thread picks up the new interval now */
+        ssize_t w = write(n->wake_fd, &one, sizeof(one));
+        (void)w;
+}
+
+void cove_node_heartbeat_pause(struct cove_node *n, int paused)
+{
+        pthread_mutex_lock(&n->mu);
+        n->beat_paused = paused != 0;
+        pthread_mutex_unlock(&n->mu);
+}
+
+static int fence_ttl(struct cove_node *n)
+{
+        return __atomic_load_n(&n->fence_ttl_ms, __ATOMIC_RELAXED);
+}
+
+/* Tell a new or just taken instance's guest the fence TTL, before anything runs in it. A
+ * pooled guest may have frozen (its node was stopped while it waited): it never ran anything
+ * for anyone, so it is thawed. */
+static int fence_tell(struct cove_node *n, struct inst *in, struct cove_err *err)
+{
+        int ttl = fence_ttl(n);
+        if (ttl == in->fence_ttl_ms && ttl == 0)
+                return 0;
+        int fenced = 0;
+        if (cove_chan_fence(in->chan, ttl, &fenced, err) < 0)
+                return -1;
+        in->fence_ttl_ms = ttl;
+        if (fenced && cove_chan_thaw(in->chan, err) < 0)
+                return -1;
+        return 0;
+}
+
+int cove_node_thaw_fenced(struct cove_node *n, const char *sandbox_id, struct cove_err *err)
+{
+        pthread_mutex_lock(&n->mu);
+        int k = 0, m = 0;
+        for (struct inst *in = n->insts; in; in = in->next)
+                k++;
+        struct cove_chan **cs = calloc((size_t)(k ? k : 1), sizeof(*cs));
+        for (struct inst *in = n->insts; in && cs; in = in->next) {
+                if (in->stopping || (sandbox_id && strcmp(in->id, sandbox_id)))
+                        continue;
+                cove_chan_ref(in->chan);
+                cs[m++] = in->chan;
+        }
+        pthread_mutex_unlock(&n->mu);
+        if (!cs)
+                return cove_err_set(err, ENOMEM, "thaw");
+        int r = 0;
+        if (sandbox_id && m == 0)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
+                                  sandbox_id);
+        for (int i = 0; i < m; i++) {
+                struct cove_err e2;
+                if (cove_chan_thaw(cs[i], r < 0 ? &e2 : err) < 0)
+                        r = -1;
+                cove_chan_unref(cs[i]);
+        }
+        free(cs);
+        return r;
 }
 
 int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct cove_err *err)
@@ -1035,6 +1223,7 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
                         size_t cap, uint32_t *uid_base)
 {
         int r = 1;
+        struct inst *taken = NULL;
         if (!runtime || !*runtime)
                 runtime = n->cfg.rt_ops->name;
         pthread_mutex_lock(&n->mu);
@@ -1055,6 +1244,8 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
                         in->pool = NULL;
                         snprintf(id, cap, "%s", in->id);
                         *uid_base = in->uid_base;
+                        taken = in;
+                        cove_chan_ref(in->chan);
                         r = 0;
                 }
                 if (r)
@@ -1064,6 +1255,18 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
                 pthread_cond_broadcast(&n->pool_cv);
         }
         pthread_mutex_unlock(&n->mu);
+        if (taken) {
+                /* the caller's now: nobody else touches it. A guest that cannot be told the
+                 * fence (or thawed) is not handed out: start one cold. */
+                struct cove_err e2;
+                int bad = fence_tell(n, taken, &e2) < 0;
+                cove_chan_unref(taken->chan);
+                if (bad) {
+                        cove_warn(n->cfg.log, "node.pool", "pooled %s: %s", id, e2.msg);
+                        cove_node_stop(n, id, 1, &e2); /* releases its uid range too */
+                        return 1;
+                }
+        }
         return r;
 }
 
@@ -1315,7 +1518,17 @@ int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, st
                 in->frozen = freeze;
                 cove_chan_touch(in->chan, cove_mono_ns() / 1000000);
         }
+        /* thawed: the guest hears from us at once (its own clock ran while it was frozen) */
+        struct cove_chan *beat = NULL;
+        if (in && r == 0 && !freeze && fence_ttl(n) > 0 && !n->beat_paused) {
+                beat = in->chan;
+                cove_chan_ref(beat);
+        }
         pthread_mutex_unlock(&n->mu);
+        if (beat) {
+                cove_chan_beat(beat, 0);
+                cove_chan_unref(beat);
+        }
         return r;
 }
 
@@ -1443,6 +1656,8 @@ void cove_node_free(struct cove_node *n)
         n->cfg.rt_ops->close(n->rt);
         close(n->epfd);
         close(n->wake_fd);
+        if (n->uid_lock_fd >= 0)
+                close(n->uid_lock_fd); /* drops every slot lock still held */
         while (n->pools) {
                 struct pool *p = n->pools->next;
                 free(n->pools);

@@ -15,6 +15,9 @@
 #define COVE_UID_RANGE 65536u
 #define COVE_UID_FIRST 0x10000000u /* first host uid handed to sandboxes */
 #define COVE_UID_SLOTS 4096u
+/* Slot s of the uid ranges is held host-wide by the coved holding an OFD write lock on
+ * byte s of this file (so several coveds of one host never share a range). */
+#define COVE_UID_LOCK_FILE "/run/cove/uid-slots.lock"
 
 struct cove_node;
 
@@ -43,6 +46,10 @@ struct cove_node_config {
         int (*layer_key)(void *arg, const char *owner, const char *sandbox_id, uint8_t *key,
                          struct cove_err *err);
         void *arg;
+        /* Lock file of the host-wide uid slots; NULL: COVE_UID_LOCK_FILE, "": this process
+         * alone (tests that own the host). Opened (its directory made) by cove_node_new,
+         * which fails when root cannot open it; a coved that is not root runs without. */
+        const char *uid_lock_file;
 };
 
 struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_err *err);
@@ -53,8 +60,10 @@ const char *cove_node_runtime_name(const struct cove_node *n); /* the default */
  * (UNAVAILABLE for a known driver that cannot run on this host, BAD_REQUEST otherwise). */
 int cove_node_runtime_check(const struct cove_node *n, const char *runtime, struct cove_err *err);
 
-/* Reserve a uid range: a free one (base 0) or, after a restart, a given one.
- * Returns 0 and *base, or -1 (LIMIT when none is free, CONFLICT when taken). */
+/* Reserve a uid range: a free one (base 0) or, after a restart, a given one. Ranges are
+ * exclusive across every coved of the host (COVE_UID_LOCK_FILE) and held until released or
+ * the process ends. Returns 0 and *base, or -1 (LIMIT when none is free, CONFLICT when
+ * taken, here or by another coved). */
 int cove_node_uid_reserve(struct cove_node *n, uint32_t *base, struct cove_err *err);
 void cove_node_uid_release(struct cove_node *n, uint32_t base);
 
@@ -65,6 +74,20 @@ int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct
 /* The channel of a running instance, referenced (cove_chan_unref when done), or NULL. */
 struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id);
 int cove_node_freeze(struct cove_node *n, const char *sandbox_id, int freeze, struct cove_err *err);
+
+/* Guest self-freeze (docs/cluster.md, "Leases and fencing"): every guest is told ttl_ms and
+ * the node sends each a heartbeat every heartbeat_ms (<= 0: ttl_ms / 4); a guest that heard
+ * none for ttl_ms freezes every process of its sandbox but itself until a thaw. ttl_ms 0:
+ * off (the default, and role all: no heartbeats, no guest thread). Instances started after
+ * the call and pooled ones taken after it are told (before they run anything). */
+void cove_node_fence_config(struct cove_node *n, int ttl_ms, int heartbeat_ms);
+/* paused: stop sending heartbeats (the cluster agent cannot confirm its lease); 0: resume.
+ * Heartbeats run (once the fence is on) until the first pause. */
+void cove_node_heartbeat_pause(struct cove_node *n, int paused);
+/* Lift the self-freeze of sandbox_id's guest (NULL: of every instance; tests) after the
+ * node re-confirmed its lease and the sandbox is still its own. 0 once the guest says it
+ * is no longer frozen (also when it was not), -1 with err (CONFLICT: no instance). */
+int cove_node_thaw_fenced(struct cove_node *n, const char *sandbox_id, struct cove_err *err);
 /* Stop the instance if any (wakes every stream of it); with purge remove its state dir.
  * Then, also without an instance, clear what a crashed coved may have left. */
 int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err);

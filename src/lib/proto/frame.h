@@ -16,22 +16,27 @@
 #define COVE_FRAME_CHUNK (256u * 1024u) /* payload size senders use for bulk data */
 
 enum cove_frame_type {
-        COVE_F_HELLO = 1,   /* handshake, JSON, both directions, id 0 */
-        COVE_F_REQ = 2,     /* node->guest request, JSON {"op":...}, id = request id (>0) */
-        COVE_F_RESP = 3,    /* guest->node reply, JSON, id = request id */
-        COVE_F_DATA = 4,    /* bulk bytes: file content (both ways, id = request id) or
-                               stdin (node->guest, id = pid) */
-        COVE_F_OUT = 5,     /* guest->node process output, id = pid, flags = stream */
-        COVE_F_EXIT = 6,    /* guest->node process ended, JSON, id = pid */
-        COVE_F_EVENT = 7,   /* guest->node watch event, JSON, id = watch request id */
-        COVE_F_ASK = 8,     /* guest->node request from a sandbox program, JSON, id = ask id */
-        COVE_F_ANSWER = 9,  /* node->guest answer to an ASK, JSON, id = ask id */
-        COVE_F_WINDOW = 10, /* node->guest, id = read request id: 4 bytes BE, more file bytes
-                               the node accepts for that read */
-        COVE_F_CANCEL = 11, /* node->guest, id = read request id, no payload: stop that read */
-        COVE_F_ALIVE = 12,  /* guest->node, id 0, no payload: keepalive while its channel is
-                               paused (it cannot read the node's ping then) */
-        COVE_F_MAX_TYPE = 12,
+        COVE_F_HELLO = 1,      /* handshake, JSON, both directions, id 0 */
+        COVE_F_REQ = 2,        /* node->guest request, JSON {"op":...}, id = request id (>0) */
+        COVE_F_RESP = 3,       /* guest->node reply, JSON, id = request id */
+        COVE_F_DATA = 4,       /* bulk bytes: file content (both ways, id = request id) or
+                                  stdin (node->guest, id = pid) */
+        COVE_F_OUT = 5,        /* guest->node process output, id = pid, flags = stream */
+        COVE_F_EXIT = 6,       /* guest->node process ended, JSON, id = pid */
+        COVE_F_EVENT = 7,      /* guest->node watch event, JSON, id = watch request id */
+        COVE_F_ASK = 8,        /* guest->node request from a sandbox program, JSON, id = ask id */
+        COVE_F_ANSWER = 9,     /* node->guest answer to an ASK, JSON, id = ask id */
+        COVE_F_WINDOW = 10,    /* node->guest, id = read request id: 4 bytes BE, more file bytes
+                                  the node accepts for that read */
+        COVE_F_CANCEL = 11,    /* node->guest, id = read request id, no payload: stop that read */
+        COVE_F_ALIVE = 12,     /* guest->node, id 0, no payload: keepalive while its channel is
+                                  paused (it cannot read the node's ping then) */
+        COVE_F_HEARTBEAT = 13, /* node->guest, id 0, no payload or 8 bytes BE (a sequence
+                                  number): the node holds its lease (docs/cluster.md, "Leases
+                                  and fencing"); a guest with a fence TTL freezes its processes
+                                  when none came for that long */
+        COVE_F_THAW = 14,      /* node->guest, id 0, no payload: lift the guest's self-freeze */
+        COVE_F_MAX_TYPE = 14,
 };
 
 /* flags */

@@ -799,6 +799,11 @@ int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid
                 grp_path(cg, mh, id, "cgroup.procs", p, sizeof(p));
                 if (chown(p, uid, (gid_t)-1) < 0)
                         return cove_err_set(err, errno, "cgroup: delegate %s", p);
+                /* the guest's self-freeze (guest/fence.c) freezes work with it; best effort:
+                 * without it (a kernel before 5.2) the guest stops the processes by signal */
+                grp_path(cg, mh, wid, "cgroup.freeze", p, sizeof(p));
+                if (chown(p, uid, (gid_t)-1) < 0 && errno != ENOENT)
+                        return cove_err_set(err, errno, "cgroup: delegate %s", p);
         }
         return 0;
 }

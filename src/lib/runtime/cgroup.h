@@ -75,7 +75,8 @@ int cove_cgroup_exists(const struct cove_cgroups *cg, const char *id);
 int cove_cgroup_work_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap);
 /* Let uid (the sandbox's root on the host) move its processes into work: chown of
  * work/cgroup.procs (v2: also of cove/<id>/cgroup.procs, the common ancestor's, which the
- * kernel checks; the no-internal-process rule keeps them out of cove/<id> itself). */
+ * kernel checks; the no-internal-process rule keeps them out of cove/<id> itself; and of
+ * work/cgroup.freeze, for the guest's self-freeze). */
 int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid_t uid,
                               struct cove_err *err);
 /* v2 only (a no-op on v1): move pid (the sandbox's PID 1, in cove/<id> while it set up its
