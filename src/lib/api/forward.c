@@ -5,6 +5,7 @@
 #include "api/forward.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -480,7 +481,12 @@ static int connect_node(const char *host, const char *port, int timeout_ms)
                 return -1;
         /* blocking from here on: writes block while the node is slower than the client
          * (back-pressure), bounded by SO_SNDTIMEO; reads poll first */
-        int fl = 1;
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+                close(fd);
+                return -1;
+        }
+        fl = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &fl, sizeof(fl));
         setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &fl, sizeof(fl));
         int idle = 10, intvl = 5, cnt = 3;
