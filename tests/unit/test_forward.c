@@ -28,6 +28,7 @@
 #include <cmocka.h>
 #include <openssl/evp.h>
 
+#include "api/e2b.h"
 #include "api/forward.h"
 #include "api/http.h"
 #include "cluster/nodeauth.h"
@@ -37,7 +38,8 @@
 
 static struct coved g_ctl, g_node;
 static struct cove_http *g_hctl, *g_hnode;
-static int g_pctl, g_pnode;
+static int g_pctl, g_pnode, g_penvd;
+static struct cove_e2b *g_e2b; /* the control's E2B envd listener */
 static const struct cove_catalog_ops *ops = &cove_catalog_sqlite;
 static char g_dir[256];
 
@@ -67,13 +69,21 @@ static int h_echo(void *app, struct cove_req *r)
         char target[COVE_FWD_TARGET_MAX];
         cove_req_target(r, target, sizeof(target));
         const char *a = cove_req_header(r, "Authorization");
-        json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:b, s:b, s:b, s:s?, s:s?, s:s%}", "tenant", r->tenant, "target",
-            target, "auth", a && !strncmp(a, "Cove-Node ", 10) ? "cove-node" : "other", "cookie",
-            cove_req_header(r, "Cookie") != NULL, "custom", cove_req_header(r, "X-Custom") != NULL,
-            "access_token", cove_req_header(r, "X-Access-Token") != NULL, "range",
-            cove_req_header(r, "Range"), "ctype", cove_req_header(r, "Content-Type"), "body",
-            r->body ? r->body : "", r->body_len);
+        json_t *o = json_pack("{s:s, s:s, s:s, s:s%, s:s}", "tenant", r->tenant, "target", target,
+                              "auth", a && !strncmp(a, "Cove-Node ", 10) ? "cove-node" : "other",
+                              "body", r->body ? r->body : "", r->body_len, "key_id", r->key_id);
+        const char *flags[] = {"cookie",   "Cookie",       "custom",
+                               "X-Custom", "access_token", "X-Access-Token"};
+        for (size_t i = 0; i < 6; i += 2)
+                json_object_set_new(o, flags[i],
+                                    json_boolean(cove_req_header(r, flags[i + 1]) != NULL));
+        const char *vals[] = {"range",   "Range",          "ctype",    "Content-Type",
+                              "sbx_hdr", "E2b-Sandbox-Id", "e2b_user", "X-Cove-E2b-User"};
+        for (size_t i = 0; i < 8; i += 2) {
+                const char *v = cove_req_header(r, vals[i + 1]);
+                if (v)
+                        json_object_set_new(o, vals[i], json_string(v));
+        }
         return cove_reply_json(r, 200, o);
 }
 
@@ -200,6 +210,11 @@ static const struct cove_route test_routes[] = {
     {"GET", "/v1/sandboxes/{id}/big", h_big, NULL, COVE_ROUTE_SANDBOX},
     {"GET", "/v1/sandboxes/{id}/stream", h_stream, NULL, COVE_ROUTE_SANDBOX},
     {"GET", "/v1/sandboxes/{id}/forged", h_forged, NULL, COVE_ROUTE_SANDBOX},
+};
+
+/* the node's envd routes, stand-ins under the real /e2b paths */
+static const struct cove_route test_node_e2b[] = {
+    {"POST", "/e2b/process.Process/{method}", h_echo, NULL, COVE_ROUTE_E2B},
 };
 
 /* stand-in for the control's API keys: "Bearer t1" is tenant t1 */
@@ -396,8 +411,9 @@ static int setup(void **st)
                                       .app = &g_node,
                                       .log = &g_node.log,
                                       .quitting = &g_node.quitting};
-        hn.routes = cove_fwd_routes(g_node.fwd, COVED_ROLE_NODE, test_routes,
-                                    COVE_ARRAY_SIZE(test_routes), &n);
+        hn.routes =
+            cove_fwd_routes(g_node.fwd, COVED_ROLE_NODE, test_routes, COVE_ARRAY_SIZE(test_routes),
+                            test_node_e2b, COVE_ARRAY_SIZE(test_node_e2b), &n);
         hn.nroutes = n;
         snprintf(addr, sizeof(addr), "127.0.0.1:%d", g_pnode);
         g_hnode = cove_http_start(&hn, addr, NULL, &err);
@@ -405,12 +421,15 @@ static int setup(void **st)
         struct cove_http_config hc = {
             .auth = ctl_auth, .app = &g_ctl, .log = &g_ctl.log, .quitting = &g_ctl.quitting};
         hc.routes = cove_fwd_routes(g_ctl.fwd, COVED_ROLE_CONTROL, test_routes,
-                                    COVE_ARRAY_SIZE(test_routes), &n);
+                                    COVE_ARRAY_SIZE(test_routes), NULL, 0, &n);
         hc.nroutes = n;
         snprintf(addr, sizeof(addr), "127.0.0.1:%d", g_pctl);
         g_hctl = cove_http_start(&hc, addr, NULL, &err);
         assert_non_null(g_hctl);
 
+        g_penvd = free_port();
+        snprintf(addr, sizeof(addr), "127.0.0.1:%d", g_penvd);
+        assert_int_equal(cove_e2b_start(&g_ctl, NULL, addr, &g_e2b, &err), 0);
         add_node("n1", g_pnode);
         add_node("n2", free_port()); /* nothing listens there */
         add_sandbox("sbx_a", "t1");
@@ -426,6 +445,7 @@ static int setup(void **st)
 
 static int teardown(void **st)
 {
+        cove_e2b_stop(g_e2b);
         cove_http_stop(g_hctl);
         cove_http_stop(g_hnode);
         ops->close(g_ctl.cat);
@@ -695,6 +715,55 @@ static void test_client_leaving_ends_node_stream(void **st)
         assert_int_equal(__atomic_load_n(&g_stream_ended, __ATOMIC_SEQ_CST), 1);
 }
 
+/* The E2B envd surface of a control: access checked there (the node cannot: it holds no
+ * secret), then forwarded under /e2b with the sandbox and the user in headers, as the
+ * sandbox's tenant. */
+static void test_envd_forwarded(void **st)
+{
+        char tok[COVE_E2B_TOKEN_HEX], hdrs[512];
+        cove_e2b_token(g_e2b, "sbx_b", tok);
+        struct resp r;
+        snprintf(hdrs, sizeof(hdrs),
+                 "E2b-Sandbox-Id: sbx_b\r\nX-Access-Token: %s\r\n"
+                 "Authorization: Basic cm9vdDo=\r\nContent-Type: application/json\r\n",
+                 tok);
+        req(g_penvd, "POST", "/process.Process/List", hdrs, "{}", &r);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(json_string_value(json_object_get(r.json, "tenant")), "t2");
+        assert_string_equal(json_string_value(json_object_get(r.json, "target")),
+                            "/e2b/process.Process/List");
+        assert_string_equal(json_string_value(json_object_get(r.json, "sbx_hdr")), "sbx_b");
+        assert_string_equal(json_string_value(json_object_get(r.json, "e2b_user")), "root");
+        assert_string_equal(json_string_value(json_object_get(r.json, "key_id")), "node:n1");
+        assert_false(json_is_true(json_object_get(r.json, "access_token")));
+        resp_free(&r);
+        /* the sandbox named by the Host form */
+        snprintf(hdrs, sizeof(hdrs), "X-Access-Token: %s\r\n", tok);
+        int fd = dial(g_penvd);
+        char m[1024];
+        int n = snprintf(m, sizeof(m),
+                         "POST /process.Process/List HTTP/1.1\r\nHost: 49983-sbx_b.cove.test\r\n"
+                         "Connection: close\r\n%sContent-Length: 2\r\n\r\n{}",
+                         hdrs);
+        send_str(fd, m, (size_t)n);
+        read_resp(fd, &r);
+        assert_int_equal(r.status, 200);
+        assert_string_equal(json_string_value(json_object_get(r.json, "sbx_hdr")), "sbx_b");
+        resp_free(&r);
+        /* a wrong token never reaches the node */
+        req(g_penvd, "POST", "/process.Process/List",
+            "E2b-Sandbox-Id: sbx_b\r\nX-Access-Token: nope\r\n", "{}", &r);
+        assert_int_equal(r.status, 401);
+        assert_null(json_object_get(r.json, "tenant"));
+        resp_free(&r);
+        /* another sandbox's token */
+        cove_e2b_token(g_e2b, "sbx_a", tok);
+        snprintf(hdrs, sizeof(hdrs), "E2b-Sandbox-Id: sbx_b\r\nX-Access-Token: %s\r\n", tok);
+        req(g_penvd, "POST", "/process.Process/List", hdrs, "{}", &r);
+        assert_int_equal(r.status, 401);
+        resp_free(&r);
+}
+
 /* ---- the node API itself ---- */
 
 static void signed_req(const char *token, const char *name, const char *method,
@@ -889,6 +958,7 @@ int main(void)
             cmocka_unit_test(test_tenants_and_placement),
             cmocka_unit_test(test_answer_not_authentic),
             cmocka_unit_test(test_node_api_auth),
+            cmocka_unit_test(test_envd_forwarded),
             cmocka_unit_test(test_chunked_upload),
             cmocka_unit_test(test_download_streams),
             cmocka_unit_test(test_upload_back_pressure),

@@ -135,10 +135,12 @@ static const struct cove_fwd_options *fwd_o(struct coved *d)
 }
 
 const struct cove_route *cove_fwd_routes(struct cove_fwd *f, enum coved_role role,
-                                         const struct cove_route *base, size_t n, size_t *out_n)
+                                         const struct cove_route *base, size_t n,
+                                         const struct cove_route *extra, size_t nextra,
+                                         size_t *out_n)
 {
         free(f->routes);
-        f->routes = calloc(n ? n : 1, sizeof(*f->routes));
+        f->routes = calloc(n + nextra + 1, sizeof(*f->routes));
         f->nroutes = 0;
         if (!f->routes)
                 return NULL;
@@ -158,6 +160,8 @@ const struct cove_route *cove_fwd_routes(struct cove_fwd *f, enum coved_role rol
                 }
                 f->routes[f->nroutes++] = rt;
         }
+        for (size_t i = 0; role == COVED_ROLE_NODE && i < nextra; i++)
+                f->routes[f->nroutes++] = extra[i];
         *out_n = f->nroutes;
         return f->routes;
 }
@@ -538,16 +542,18 @@ static int header_ok(const char *v)
 
 /* Resolve the node, connect, send the head (and a buffered body). body_len < 0: the body
  * follows chunked. */
-static int fwd_open(struct coved *d, struct cove_req *r, const char *id, struct fwd *c,
-                    int64_t body_len)
+static int fwd_open(struct coved *d, struct cove_req *r, const char *id,
+                    const struct cove_fwd_req *fq, struct fwd *c, int64_t body_len)
 {
         struct cove_err err;
         struct cove_sandbox_row row;
-        if (cove_sandbox_load(d, r->tenant, id, &row, &err) < 0) {
+        if (cove_sandbox_load(d, fq->any_tenant ? NULL : r->tenant, id, &row, &err) < 0) {
                 c->failed = 1;
                 c->err = err;
                 return -1;
         }
+        char tenant[64];
+        snprintf(tenant, sizeof(tenant), "%s", row.tenant);
         cove_sandbox_row_clear(&row);
         struct cove_placement_row pl;
         int rc = d->cat_ops->placement_get(d->cat, id, &pl, &err);
@@ -585,10 +591,12 @@ static int fwd_open(struct coved *d, struct cove_req *r, const char *id, struct 
                 return fail(c, COVE_E_UNAVAILABLE, "no token for node %s%s", c->node,
                             d->has_cluster_key ? "" : " (no cluster key)");
         char target[COVE_FWD_TARGET_MAX];
-        if (cove_req_target(r, target, sizeof(target)) < 0)
+        size_t pfx = fq->prefix ? strlen(fq->prefix) : 0;
+        if (pfx >= 64 || cove_req_target(r, target + pfx, sizeof(target) - pfx) < 0)
                 return fail(c, COVE_E_BAD_REQUEST, "request target longer than %s%s", "8 KiB", "");
-        struct cove_nodeauth_req q = {
-            .method = r->method, .path_query = target, .tenant = r->tenant};
+        if (pfx)
+                memcpy(target, fq->prefix, pfx);
+        struct cove_nodeauth_req q = {.method = r->method, .path_query = target, .tenant = tenant};
         char authz[COVE_NODEAUTH_HDR_MAX];
         if (cove_nodeauth_sign(c->token, c->node, &q, cove_now_ms(), authz, sizeof(authz), c->sig,
                                &err) < 0) {
@@ -611,7 +619,7 @@ static int fwd_open(struct coved *d, struct cove_req *r, const char *id, struct 
         int n = snprintf(head, cap,
                          "%s %s HTTP/1.1\r\nHost: %s:%s\r\nAuthorization: %s\r\n"
                          "X-Cove-Tenant: %s\r\nConnection: close\r\n",
-                         r->method, target, host, port, authz, r->tenant);
+                         r->method, target, host, port, authz, tenant);
         if (body_len < 0)
                 n += snprintf(head + n, cap - (size_t)n, "Transfer-Encoding: chunked\r\n");
         else
@@ -619,9 +627,17 @@ static int fwd_open(struct coved *d, struct cove_req *r, const char *id, struct 
                               (long long)body_len);
         for (size_t i = 0; i < COVE_ARRAY_SIZE(fwd_req_hdrs); i++) {
                 const char *v = cove_req_header(r, fwd_req_hdrs[i]);
-                if (!v || !header_ok(v) || strlen(v) > 1024)
+                int replaced = 0;
+                for (size_t k = 0; k < fq->nhdrs; k++)
+                        replaced |= !strcasecmp(fq->hdrs[2 * k], fwd_req_hdrs[i]);
+                if (!v || replaced || !header_ok(v) || strlen(v) > 1024)
                         continue;
                 n += snprintf(head + n, cap - (size_t)n, "%s: %s\r\n", fwd_req_hdrs[i], v);
+        }
+        for (size_t k = 0; k < fq->nhdrs && k < 8; k++) {
+                const char *v = fq->hdrs[2 * k + 1];
+                if (v && header_ok(v) && strlen(v) <= 1024)
+                        n += snprintf(head + n, cap - (size_t)n, "%s: %s\r\n", fq->hdrs[2 * k], v);
         }
         n += snprintf(head + n, cap - (size_t)n, "\r\n");
         if ((size_t)n >= cap || send_all(c->fd, head, (size_t)n) < 0)
@@ -631,11 +647,21 @@ static int fwd_open(struct coved *d, struct cove_req *r, const char *id, struct 
         return 0;
 }
 
+static const struct cove_fwd_req plain_req;
+
 int cove_forward_upload(struct coved *d, struct cove_req *r, const char *sandbox_id,
                         const char *data, size_t len)
 {
+        return cove_forward_upload_ex(d, r, sandbox_id, &plain_req, data, len);
+}
+
+int cove_forward_upload_ex(struct coved *d, struct cove_req *r, const char *sandbox_id,
+                           const struct cove_fwd_req *fq, const char *data, size_t len)
+{
         struct fwd *c = r->state;
         if (!c) {
+                if (!fq)
+                        return -1;
                 c = calloc(1, sizeof(*c));
                 if (!c)
                         return -1;
@@ -645,7 +671,7 @@ int cove_forward_upload(struct coved *d, struct cove_req *r, const char *sandbox
                 r->cleanup = fwd_cleanup;
                 const char *cl = cove_req_header(r, "Content-Length");
                 int64_t blen = cl ? (int64_t)strtoull(cl, NULL, 10) : -1;
-                if (fwd_open(d, r, sandbox_id, c, blen) < 0)
+                if (fwd_open(d, r, sandbox_id, fq, c, blen) < 0)
                         return -1;
         }
         if (c->failed || c->fd < 0)
@@ -809,6 +835,14 @@ static int read_head(struct fwd *c, struct cove_req *r, struct cove_fwd_head *h)
 
 int cove_forward(struct coved *d, struct cove_req *r, const char *sandbox_id)
 {
+        return cove_forward_ex(d, r, sandbox_id, &plain_req);
+}
+
+int cove_forward_ex(struct coved *d, struct cove_req *r, const char *sandbox_id,
+                    const struct cove_fwd_req *fq)
+{
+        int (*reply_err)(struct cove_req *, const struct cove_err *) =
+            fq->reply_err ? fq->reply_err : cove_reply_err;
         struct fwd *c = r->state;
         if (!c) {
                 c = calloc(1, sizeof(*c));
@@ -818,14 +852,14 @@ int cove_forward(struct coved *d, struct cove_req *r, const char *sandbox_id)
                 c->d = d;
                 r->state = c;
                 r->cleanup = fwd_cleanup;
-                if (fwd_open(d, r, sandbox_id, c, r->route->upload ? 0 : (int64_t)r->body_len) ==
-                        0 &&
+                if (fwd_open(d, r, sandbox_id, fq, c,
+                             r->route->upload ? 0 : (int64_t)r->body_len) == 0 &&
                     !r->route->upload && r->body_len && send_all(c->fd, r->body, r->body_len) < 0)
                         fail(c, COVE_E_UNAVAILABLE, "node %s: sending the request failed%s",
                              c->node, "");
         }
         if (c->failed && c->fd < 0)
-                return cove_reply_err(r, &c->err);
+                return reply_err(r, &c->err);
         if (c->chunked_up && !c->failed)
                 send_all(c->fd, "0\r\n\r\n", 5);
         int upload_broke = c->failed;
@@ -836,7 +870,7 @@ int cove_forward(struct coved *d, struct cove_req *r, const char *sandbox_id)
                 if (upload_broke)
                         cove_err_setk(&c->err, COVE_E_UNAVAILABLE, 0,
                                       "node %s: the connection broke during the upload", c->node);
-                return cove_reply_err(r, &c->err);
+                return reply_err(r, &c->err);
         }
         const char *hdrs[2 * COVE_FWD_HDRS_MAX];
         size_t nh = 0;
@@ -919,9 +953,18 @@ int cove_nodeapi_auth(void *app, struct cove_req *r, const char *authorization,
         snprintf(r->tenant, sizeof(r->tenant), "%s", tenant);
         snprintf(r->key_id, sizeof(r->key_id), "node:%s", d->node_name);
         r->admin = 0;
-        if ((r->route->flags & COVE_ROUTE_SANDBOX) && r->nparams >= 1) {
+        const char *sbx = NULL;
+        if ((r->route->flags & COVE_ROUTE_SANDBOX) && r->nparams >= 1)
+                sbx = r->params[0];
+        else if (r->route->flags & COVE_ROUTE_E2B) {
+                sbx = cove_req_header(r, "E2b-Sandbox-Id");
+                if (!sbx || !*sbx || strlen(sbx) > 63)
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "E2b-Sandbox-Id is required on the node API");
+        }
+        if (sbx) {
                 struct cove_placement_row pl;
-                int rc = d->cat_ops->placement_get(d->cat, r->params[0], &pl, err);
+                int rc = d->cat_ops->placement_get(d->cat, sbx, &pl, err);
                 if (rc < 0) {
                         err->kind = COVE_E_UNAVAILABLE;
                         return -1;

@@ -42,9 +42,12 @@ void cove_fwd_free(struct cove_fwd *f);
 /* The route table a role serves, built from base (owned by f, valid until the next call
  * or cove_fwd_free): role control forwards every COVE_ROUTE_SANDBOX route (cove_fwd_h /
  * cove_fwd_up) and keeps the others; role node serves only the COVE_ROUTE_SANDBOX routes,
- * /healthz (public) and /metrics (Cove-Node authenticated). NULL on ENOMEM. */
+ * /healthz (public), /metrics (Cove-Node authenticated) and extra (the node's own routes:
+ * the E2B envd surface). NULL on ENOMEM. */
 const struct cove_route *cove_fwd_routes(struct cove_fwd *f, enum coved_role role,
-                                         const struct cove_route *base, size_t n, size_t *out_n);
+                                         const struct cove_route *base, size_t n,
+                                         const struct cove_route *extra, size_t nextra,
+                                         size_t *out_n);
 
 /* Role control: forward r to the node that runs sandbox_id (placement_get → node row →
  * address) and answer r with the node's answer. Checks first that the sandbox is r's
@@ -59,6 +62,22 @@ int cove_forward(struct coved *d, struct cove_req *r, const char *sandbox_id);
 int cove_forward_upload(struct coved *d, struct cove_req *r, const char *sandbox_id,
                         const char *data, size_t len);
 
+/* What a caller forwarding on another surface (the E2B envd listener) changes. */
+struct cove_fwd_req {
+        const char *prefix;      /* put before the target on the node ("/e2b"); NULL: none */
+        int any_tenant;          /* the caller checked access itself: the sandbox may be any
+                                  * tenant's, and X-Cove-Tenant is the sandbox's own */
+        const char *const *hdrs; /* extra request headers (name, value pairs), replacing
+                                  * forwarded ones of the same name; at most 8 */
+        size_t nhdrs;
+        /* answers an error the forwarder itself found (NULL: cove_reply_err) */
+        int (*reply_err)(struct cove_req *r, const struct cove_err *err);
+};
+int cove_forward_ex(struct coved *d, struct cove_req *r, const char *sandbox_id,
+                    const struct cove_fwd_req *q);
+int cove_forward_upload_ex(struct coved *d, struct cove_req *r, const char *sandbox_id,
+                           const struct cove_fwd_req *q, const char *data, size_t len);
+
 /* Route handlers for role control over the route table's COVE_ROUTE_SANDBOX routes: they
  * forward with r->params[0] as the sandbox id. app is the struct coved. */
 int cove_fwd_h(void *app, struct cove_req *r);
@@ -67,9 +86,10 @@ int cove_fwd_up(void *app, struct cove_req *r, const char *data, size_t len);
 /* Role node: the node API's authentication hook (struct cove_http_config.auth, app = the
  * struct coved). Accepts only "Cove-Node" Authorization signed with d->node_token for
  * d->node_name within the time window and with a nonce not seen before; takes the tenant
- * from X-Cove-Tenant; a route whose first {param} is a sandbox (COVE_ROUTE_SANDBOX) is
- * answered only when the sandbox is placed on this node (404 otherwise). Sets the
- * request's Cove-Node-Answer. */
+ * from X-Cove-Tenant; a route whose first {param} is a sandbox (COVE_ROUTE_SANDBOX), or
+ * whose E2b-Sandbox-Id header names it (COVE_ROUTE_E2B), is answered only when the sandbox
+ * is placed on this node (404 otherwise). Sets the request's Cove-Node-Answer; key_id
+ * becomes "node:<name>" (how a handler knows a control replica vouches for the call). */
 int cove_nodeapi_auth(void *app, struct cove_req *r, const char *authorization,
                       struct cove_err *err);
 

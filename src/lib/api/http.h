@@ -32,6 +32,8 @@ enum {
          * the first {param}): served by the node that runs the sandbox; a control replica
          * forwards it there (api/forward.h) */
         COVE_ROUTE_SANDBOX = 2,
+        /* the E2B envd surface on a node's API: the sandbox is named by E2b-Sandbox-Id */
+        COVE_ROUTE_E2B = 4,
 };
 
 struct cove_route {

@@ -36,7 +36,8 @@ int coved_daemon_open(struct coved *d, const struct coved_options *o, struct cov
                 if (!d->fwd)
                         goto fail;
                 hc.routes =
-                    cove_fwd_routes(d->fwd, d->role, cove_routes, cove_nroutes, &hc.nroutes);
+                    cove_fwd_routes(d->fwd, d->role, cove_routes, cove_nroutes,
+                                    cove_e2b_node_routes, cove_e2b_node_nroutes, &hc.nroutes);
                 if (!hc.routes) {
                         cove_err_set(err, ENOMEM, "routes");
                         goto fail;
@@ -49,6 +50,10 @@ int coved_daemon_open(struct coved *d, const struct coved_options *o, struct cov
                                               "served by control replicas, not by a node");
                                 goto fail;
                         }
+                        /* the envd surface under /e2b on the node API (no listener) */
+                        d->e2b = cove_e2b_node_new(d, err);
+                        if (!d->e2b)
+                                goto fail;
                 }
         }
         /* the exposed ports' listener (control/ports.h) before the API listeners */
@@ -57,7 +62,8 @@ int coved_daemon_open(struct coved *d, const struct coved_options *o, struct cov
         d->http = cove_http_start(&hc, o->listen, sock, err);
         if (!d->http)
                 goto fail;
-        if (cove_e2b_start(d, o->e2b_api_listen, o->e2b_sandbox_listen, &d->e2b, err) < 0)
+        if (d->role != COVED_ROLE_NODE &&
+            cove_e2b_start(d, o->e2b_api_listen, o->e2b_sandbox_listen, &d->e2b, err) < 0)
                 goto fail;
         cove_info(&d->log, "coved.start",
                   "serving on %s and %s; data dir %s; runtime %s; templates %s",
