@@ -210,7 +210,7 @@ int main(int argc, char **argv)
         strcpy(s.on_timeout, "kill");
         s.created_at = cove_now_ms();
         ops->sandbox_insert(cat, &s, &err);
-        ops->placement_write(cat, "sbx_bench", "n1", "running", NULL, -1, &gen, &job, &err);
+        ops->placement_write(cat, "sbx_bench", "n1", "running", NULL, NULL, -1, &gen, &job, &err);
 
         double la[3] = {0};
         getloadavg(la, 3);

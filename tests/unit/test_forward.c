@@ -366,7 +366,8 @@ static void place(const char *id, const char *node)
         struct cove_err err = {0};
         int64_t gen, job;
         assert_int_equal(
-            ops->placement_write(g_ctl.cat, id, node, "running", NULL, -1, &gen, &job, &err), 0);
+            ops->placement_write(g_ctl.cat, id, node, "running", NULL, NULL, -1, &gen, &job, &err),
+            0);
 }
 
 static int setup(void **st)
