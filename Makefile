@@ -50,6 +50,7 @@ bench-vm: all
 bench-cluster: all
 	/usr/bin/python3 bench/cluster_bench.py --build $(BUILD) $(BENCH_CLUSTER_ARGS)
 	$(BUILD)/bench/forward_bench
+	/usr/bin/python3 bench/forward_bench.py --build $(BUILD)
 
 # templates from images (bench/templates_bench.py; root, skopeo, umoci, docker-registry, a
 # built base template in COVE_TEMPLATES_DIR): pull+unpack vs skopeo+umoci, rebuild, create,
