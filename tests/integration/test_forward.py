@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from cove import Client, poll
+from cove import Client, free_port, poll
 from test_cluster_roles import Cluster, Member, live_nodes, pg, rgw  # noqa: F401 (fixtures)
 
 import pgserver
@@ -243,4 +243,38 @@ def test_answer_without_valid_node_signature_is_503(two):
         c.sql(f"UPDATE nodes SET address = '{addr}' WHERE name = 'na'")
         srv.shutdown()
     assert cc.exec(sid, "echo back")["stdout"] == "back\n"
+    cc.remove(sid)
+
+
+def test_e2b_envd_surface_through_control(two):
+    """The E2B in-sandbox surface of a control replica: an upload and a download of /files
+    and a filesystem RPC reach the sandbox on its node; the access token is the replica's to
+    check (its secret derives from the cluster key), and a wrong one never reaches the node."""
+    c, _, _ = two
+    cc = c.control.client
+    sid = cc.create(template="busybox", snapshot_interval_s=0)["id"]
+    envd = free_port()
+    m3 = Member(c.build_dir, log_dir=c.log_dir,
+                extra_args=["--role", "control", "--cluster-key-file", c.key,
+                            "--e2b-sandbox-listen", f"127.0.0.1:{envd}", *c.store_args()],
+                env=c.env(), templates_dir=None)
+    c.members.append(m3)
+    with open(c.key, "rb") as f:
+        secret = hmac.new(f.read(), b"cove-e2b-secret", hashlib.sha256).digest()
+    token = hmac.new(secret, sid.encode(), hashlib.sha256).hexdigest()
+    e = Client(envd)
+    h = {"E2b-Sandbox-Id": sid, "X-Access-Token": token}
+    r = e.request("POST", "/files?path=/tmp/e2b.txt&username=root", b"via the control\n",
+                  headers=dict(h, **{"Content-Type": "application/octet-stream"}), auth=False)
+    assert r.status == 200, r.body[:300]
+    assert cc.exec(sid, "cat /tmp/e2b.txt")["stdout"] == "via the control\n"
+    r = e.request("GET", "/files?path=/tmp/e2b.txt&username=root", headers=h, auth=False)
+    assert r.status == 200 and r.body == b"via the control\n", (r.status, r.body[:300])
+    r = e.request("POST", "/filesystem.Filesystem/ListDir", {"path": "/tmp"},
+                  headers=dict(h, **{"Authorization": "Basic cm9vdDo="}), auth=False)
+    assert r.status == 200, r.body[:300]
+    assert any(x.get("name") == "e2b.txt" for x in r.json().get("entries", [])), r.body[:500]
+    bad = dict(h, **{"X-Access-Token": "0" * 64})
+    r = e.request("GET", "/files?path=/tmp/e2b.txt&username=root", headers=bad, auth=False)
+    assert r.status == 401
     cc.remove(sid)
