@@ -55,7 +55,9 @@ def rss_kb(pid):
 
 
 def node_conns(node_port):
-    """established TCP connections to node_port on this host (both directions' lines)"""
+    """TCP connections to or from node_port on this host that are still open on either
+    side: ESTABLISHED, or CLOSE_WAIT (the peer closed, this side not yet) on the node's
+    side. The node's listening socket is not counted."""
     n = 0
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -63,8 +65,11 @@ def node_conns(node_port):
                 next(f)
                 for line in f:
                     parts = line.split()
+                    lport = int(parts[1].rsplit(":", 1)[1], 16)
                     rport = int(parts[2].rsplit(":", 1)[1], 16)
-                    if rport == node_port and parts[3] == "01":
+                    st = parts[3]
+                    if (rport == node_port and st == "01") or \
+                            (lport == node_port and st in ("01", "08")):
                         n += 1
         except OSError:
             pass
@@ -149,7 +154,7 @@ def test_watch_ends_on_both_sides_when_the_client_leaves(two):
     assert b"/home/x" in r.read1(65536)  # the event came through the control
     conn.close()
     poll(lambda: node_conns(node.port) <= before, timeout=60,
-         what="the control's connection to the node closed")
+         what="the connection closed on the control's and on the node's side")
     cc.remove(sid)
 
 
