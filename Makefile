@@ -49,6 +49,8 @@ bench-vm: all
 # a throwaway PostgreSQL); BENCH_CLUSTER_ARGS e.g. --n 1000 --clients 8
 bench-cluster: all
 	/usr/bin/python3 bench/cluster_bench.py --build $(BUILD) $(BENCH_CLUSTER_ARGS)
+	$(BUILD)/bench/forward_bench
+	/usr/bin/python3 bench/forward_bench.py --build $(BUILD)
 
 # templates from images (bench/templates_bench.py; root, skopeo, umoci, docker-registry, a
 # built base template in COVE_TEMPLATES_DIR): pull+unpack vs skopeo+umoci, rebuild, create,

@@ -13,6 +13,7 @@
  *              [--role all|control|node] [--cluster-key-file F] [--node-name NAME]
  *              [--node-token-file F] [--control URL] [--advertise URL]
  *              [--lease-ttl S] [--lease-renew S]
+ *              [--forward-connect-timeout S] [--forward-head-timeout S]
  *        coved node-token --cluster-key-file F --node-name NAME  (prints the token) */
 #include <getopt.h>
 #include <signal.h>
@@ -78,6 +79,8 @@ static void usage(FILE *f)
                 "                                cluster agent and tests: each guest freezes its\n"
                 "                                sandbox after MS without a heartbeat (SIGUSR2\n"
                 "                                to coved then thaws every sandbox; default off)\n"
+                "             [--forward-connect-timeout S] [--forward-head-timeout S]  control: "
+                "reaching a node, its answer head (default 5, 60)\n"
                 "       coved node-token --cluster-key-file F --node-name NAME\n"
                 "             print NAME's node token (for its --node-token-file)\n");
 }
@@ -159,6 +162,8 @@ int main(int argc, char **argv)
             {"advertise", required_argument, 0, 1205},
             {"lease-ttl", required_argument, 0, 1206},
             {"lease-renew", required_argument, 0, 1207},
+            {"forward-connect-timeout", required_argument, 0, 1230},
+            {"forward-head-timeout", required_argument, 0, 1231},
             /* 1210-1299: more cluster flags (node/control helpers) */
             {"guest-fence-ttl", required_argument, 0, 1280},
             {"guest-fence-heartbeat", required_argument, 0, 1281},
@@ -384,6 +389,19 @@ int main(int argc, char **argv)
                         }
                         *(c == 1280 ? &o.cluster.guest_fence_ttl_ms
                                     : &o.cluster.guest_fence_beat_ms) = (int)v;
+                        break;
+                }
+                case 1230:
+                case 1231: {
+                        double v = atof(optarg);
+                        if (v < 0.1 || v > 86400) {
+                                fprintf(stderr, "coved: --forward-connect-timeout and "
+                                                "--forward-head-timeout take 0.1 to 86400 "
+                                                "seconds\n");
+                                return 2;
+                        }
+                        *(c == 1230 ? &o.forward.connect_timeout_ms : &o.forward.head_timeout_ms) =
+                            (int)(v * 1000);
                         break;
                 }
                 case 'h':

@@ -8,8 +8,8 @@ report is refused.
 
 Stand-in (until the key records live in the catalog): the nodes share one `keys` directory
 (a symlink in each data dir), so a snapshot one node encrypted can be restored by the other.
-Sandbox traffic (exec, files) goes straight to the node's own listener: the control does not
-forward it yet."""
+Sandbox traffic (exec, files) goes through the control, which forwards it to the sandbox's
+node (the node's own listener answers control replicas only)."""
 import json
 import os
 import re
@@ -233,8 +233,9 @@ def init_pid(member, sid):
 
 
 def exec_out(member, sid, cmd):
-    """stdout of cmd run in the sandbox through its node's own listener"""
-    return sh(member.client, sid, cmd)
+    """stdout of cmd run in the sandbox, through the control (which forwards it to the node
+    the sandbox is placed on: member's init_pid checks say which one that is)"""
+    return sh(member.key_from.client, sid, cmd)
 
 
 def test_role_flags_checked(build_dir, tmp_path):
@@ -299,9 +300,9 @@ def test_create_delete_through_control(cluster):
     assert init_pid(owner, sid) > 0, "no process of the sandbox on its node"
     assert init_pid(other, sid) == 0
     assert exec_out(owner, sid, "echo hi") == "hi\n"
-    # the control has no instance to talk to
-    r = cc.request("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
-    assert r.status == 503, r.status
+    # the node's own listener answers control replicas only, never an API key
+    r = owner.client.request("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]})
+    assert r.status == 401, r.status
     assert c.sql(f"SELECT node || ':' || observed_state FROM placements"
                  f" WHERE sandbox_id = '{sid}'") == f"{sb['node']}:running"
     cc.remove(sid)

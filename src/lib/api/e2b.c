@@ -84,6 +84,15 @@ int cove_e2b_key_decode(const char *k, char *out, size_t cap)
  * if none exists, so two starters can never end up with different secrets. */
 static int load_secret(struct cove_e2b *e, struct cove_err *err)
 {
+        if (e->d->role == COVED_ROLE_CONTROL && e->d->has_cluster_key) {
+                /* every replica must accept the tokens any replica issued: derived from the
+                 * cluster key they all hold, never stored */
+                unsigned int len = sizeof(e->secret);
+                static const char label[] = "cove-e2b-secret";
+                HMAC(EVP_sha256(), e->d->cluster_key, sizeof(e->d->cluster_key),
+                     (const unsigned char *)label, sizeof(label) - 1, e->secret, &len);
+                return 0;
+        }
         char path[PATH_MAX];
         snprintf(path, sizeof(path), "%s/e2b.secret", e->d->data_dir);
         for (int attempt = 0; attempt < 3; attempt++) {
@@ -880,9 +889,10 @@ int cove_e2b_start(struct coved *d, const char *api_listen, const char *sandbox_
                 }
         }
         if (sandbox_listen) {
+                int ctl = d->role == COVED_ROLE_CONTROL; /* forwards to the nodes */
                 struct cove_http_config hc = {
-                    .routes = cove_e2b_envd_routes,
-                    .nroutes = cove_e2b_envd_nroutes,
+                    .routes = ctl ? cove_e2b_envd_ctl_routes : cove_e2b_envd_routes,
+                    .nroutes = ctl ? cove_e2b_envd_ctl_nroutes : cove_e2b_envd_nroutes,
                     .auth = no_auth,
                     .app = e,
                     .log = &d->log,
@@ -902,6 +912,21 @@ int cove_e2b_start(struct coved *d, const char *api_listen, const char *sandbox_
 fail:
         cove_e2b_stop(e);
         return -1;
+}
+
+struct cove_e2b *cove_e2b_node_new(struct coved *d, struct cove_err *err)
+{
+        struct cove_e2b *e = calloc(1, sizeof(*e));
+        if (!e) {
+                cove_err_set(err, ENOMEM, "e2b");
+                return NULL;
+        }
+        e->d = d;
+        if (cove_random(e->secret, sizeof(e->secret), err) < 0) {
+                free(e);
+                return NULL;
+        }
+        return e;
 }
 
 void cove_e2b_stop(struct cove_e2b *e)

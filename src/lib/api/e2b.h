@@ -46,4 +46,15 @@ int cove_e2b_key_decode(const char *e2b_key, char *out, size_t cap);
 extern const struct cove_route cove_e2b_envd_routes[];
 extern const size_t cove_e2b_envd_nroutes;
 
+/* In a cluster (docs/cluster.md "Sandbox traffic"): a control replica's envd listener checks
+ * access (token, signed URL) and forwards to the sandbox's node (api/forward.h); the node
+ * serves the same handlers under /e2b on its node API, to control replicas only. */
+extern const struct cove_route cove_e2b_envd_ctl_routes[];
+extern const size_t cove_e2b_envd_ctl_nroutes;
+extern const struct cove_route cove_e2b_node_routes[]; /* app: the struct coved */
+extern const size_t cove_e2b_node_nroutes;
+/* Role node: the E2B context of the node API (no listener, a random secret that checks
+ * nothing: the control replicas check access). Freed by cove_e2b_stop(). */
+struct cove_e2b *cove_e2b_node_new(struct coved *d, struct cove_err *err);
+
 #endif

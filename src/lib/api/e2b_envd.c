@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "api/e2b.h"
+#include "api/forward.h"
 #include "control/tbuild.h"
 #include "api/routes.h"
 #include "util/cleanup.h"
@@ -220,9 +221,24 @@ static void set_user(struct ctx *x, const char *u)
                 snprintf(x->home, sizeof(x->home), "/home/%s", x->user);
 }
 
+/* A request a control replica forwarded to this node's API (api/forward.h): the replica
+ * checked the access token or signature (it holds the secret; a node does not) and sends
+ * the sandbox in E2b-Sandbox-Id and the RPC's user in X-Cove-E2b-User. */
+static int trusted(struct cove_req *r)
+{
+        return !strncmp(r->key_id, "node:", 5);
+}
+
 /* The user of an RPC: "Authorization: Basic base64(user:)" or the default. */
 static int user_from_auth(struct cove_req *r, struct ctx *x)
 {
+        if (trusted(r)) {
+                const char *u = cove_req_header(r, "X-Cove-E2b-User");
+                if (u && *u && !valid_user(u))
+                        return -1;
+                set_user(x, u);
+                return 0;
+        }
         const char *a = cove_req_header(r, "Authorization");
         if (!a || strncasecmp(a, "Basic ", 6) != 0) {
                 set_user(x, NULL);
@@ -302,7 +318,7 @@ static int resolve(struct cove_e2b *e, struct cove_req *r, struct ctx *x, int ne
         ctx_workdir(x, &row);
         cove_sandbox_row_clear(&row);
         const char *tok = cove_req_header(r, "X-Access-Token");
-        if (need_token) {
+        if (need_token && !trusted(r)) {
                 char want[COVE_E2B_TOKEN_HEX];
                 cove_e2b_token(e, x->id, want);
                 if (!tok || strlen(tok) != strlen(want) ||
@@ -1223,11 +1239,10 @@ static int sig_one(const struct cove_sandbox_row *row, void *arg)
 /* Access to /files: a matching X-Access-Token, or a signed URL. A signed URL without the
  * sandbox header (a plain download link) names its sandbox by the signature alone: the
  * running sandbox whose token reproduces it. Answers itself and returns -1 on failure. */
-static int files_access(struct cove_e2b *e, struct cove_req *r, struct ctx *x, const char *op)
+/* The sandbox a signed /files URL names (id filled), or -1 answered (401). */
+static int signed_id(struct cove_e2b *e, struct cove_req *r, const char *op, char id_out[64])
 {
         const char *sig = cove_req_query(r, "signature");
-        if (!sig)
-                return resolve(e, r, x, 1, 0);
         const char *exp = cove_req_query(r, "signature_expiration");
         if (exp) {
                 char *end;
@@ -1254,9 +1269,21 @@ static int files_access(struct cove_e2b *e, struct cove_req *r, struct ctx *x, c
         }
         if (!q.id[0])
                 return http_error(r, 401, "invalid signature"), -1;
+        snprintf(id_out, 64, "%s", q.id);
+        return 0;
+}
+
+/* Access to /files: a matching X-Access-Token, or a signed URL. A signed URL without the
+ * sandbox header (a plain download link) names its sandbox by the signature alone: the
+ * running sandbox whose token reproduces it. Answers itself and returns -1 on failure. */
+static int files_access(struct cove_e2b *e, struct cove_req *r, struct ctx *x, const char *op)
+{
+        if (!cove_req_query(r, "signature") || trusted(r))
+                return resolve(e, r, x, 1, 0);
         memset(x, 0, sizeof(*x));
         x->e = e;
-        snprintf(x->id, sizeof(x->id), "%s", q.id);
+        if (signed_id(e, r, op, x->id) < 0)
+                return -1;
         struct cove_sandbox_row row;
         struct cove_err err;
         if (cove_sandbox_chan(e->d, NULL, x->id, &x->c, &row, &err) < 0)
@@ -1564,3 +1591,171 @@ const struct cove_route cove_e2b_envd_routes[] = {
     {"POST", "/filesystem.Filesystem/{method}", h_filesystem, NULL, COVE_ROUTE_PUBLIC},
 };
 const size_t cove_e2b_envd_nroutes = sizeof(cove_e2b_envd_routes) / sizeof(cove_e2b_envd_routes[0]);
+
+/* ---- in a cluster (docs/cluster.md "Sandbox traffic") ------------------------------- */
+
+/* Role control: check access as the node would (the sandbox, its token or a signed URL, the
+ * RPC's user), then forward to the node that runs the sandbox. 0 with id and user, or -1
+ * answered. */
+static int ctl_access(struct cove_e2b *e, struct cove_req *r, const char *op, int rpc, char id[64],
+                      char user[64])
+{
+        user[0] = '\0';
+        if (op && cove_req_query(r, "signature"))
+                return signed_id(e, r, op, id); /* the node applies ?username= itself */
+        long port;
+        target(r, id, 64, &port);
+        if (!id[0])
+                return http_error(r, 400,
+                                  "which sandbox? send the E2b-Sandbox-Id header (set "
+                                  "E2B_SANDBOX_URL for the SDK)"),
+                       -1;
+        if (port != COVE_E2B_ENVD_PORT)
+                return cove_reply_json(r, 502,
+                                       json_pack("{s:s, s:s, s:i, s:i}", "sandboxId", id, "message",
+                                                 "cove serves only envd (port 49983) of a "
+                                                 "sandbox: forwarding other ports is not "
+                                                 "supported",
+                                                 "port", (int)port, "code", 502)),
+                       -1;
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        if (cove_sandbox_load(e->d, NULL, id, &row, &err) < 0)
+                return reply_gone(r, id), -1;
+        int running = !strcmp(row.state, "running");
+        cove_sandbox_row_clear(&row);
+        if (!running)
+                return reply_gone(r, id), -1;
+        const char *tok = cove_req_header(r, "X-Access-Token");
+        char want[COVE_E2B_TOKEN_HEX];
+        cove_e2b_token(e, id, want);
+        if (!tok || strlen(tok) != strlen(want) || CRYPTO_memcmp(tok, want, strlen(want)) != 0)
+                return (rpc ? rpc_error(r, "unauthenticated", "missing or wrong X-Access-Token")
+                            : http_error(r, 401, "missing or wrong X-Access-Token")),
+                       -1;
+        struct ctx x = {0};
+        if (user_from_auth(r, &x) < 0)
+                return (rpc ? rpc_error(r, "invalid_argument", "bad Authorization header")
+                            : http_error(r, 400, "bad Authorization header")),
+                       -1;
+        if (cove_req_header(r, "Authorization"))
+                snprintf(user, 64, "%s", x.user);
+        return 0;
+}
+
+static int fwd_err_http(struct cove_req *r, const struct cove_err *err)
+{
+        return http_error(r, http_status(err), "%s", err->msg);
+}
+
+static void fwd_req(struct cove_fwd_req *q, const char **h, const char *id, const char *user,
+                    int rpc)
+{
+        h[0] = "E2b-Sandbox-Id";
+        h[1] = id;
+        h[2] = "X-Cove-E2b-User";
+        h[3] = user;
+        *q = (struct cove_fwd_req){.prefix = "/e2b",
+                                   .any_tenant = 1,
+                                   .hdrs = h,
+                                   .nhdrs = user[0] ? 2 : 1,
+                                   .reply_err = rpc ? rpc_err : fwd_err_http};
+}
+
+static int ctl_rpc(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        char id[64], user[64];
+        if (ctl_access(e, r, NULL, 1, id, user) < 0)
+                return 0;
+        const char *h[4];
+        struct cove_fwd_req q;
+        fwd_req(&q, h, id, user, 1);
+        return cove_forward_ex(e->d, r, id, &q);
+}
+
+static int ctl_files_get(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        char id[64], user[64];
+        if (ctl_access(e, r, "read", 0, id, user) < 0)
+                return 0;
+        const char *h[4];
+        struct cove_fwd_req q;
+        fwd_req(&q, h, id, user, 0);
+        return cove_forward_ex(e->d, r, id, &q);
+}
+
+/* The upload's state is the forwarder's (r->state); the sandbox id for the node is kept
+ * with the request by the first piece's access check. */
+static int ctl_up_files(void *app, struct cove_req *r, const char *data, size_t len)
+{
+        struct cove_e2b *e = app;
+        char id[64], user[64];
+        if (!r->state) {
+                if (ctl_access(e, r, "write", 0, id, user) < 0)
+                        return 1; /* answered */
+                const char *h[4];
+                struct cove_fwd_req q;
+                fwd_req(&q, h, id, user, 0);
+                return cove_forward_upload_ex(e->d, r, id, &q, data, len);
+        }
+        return cove_forward_upload_ex(e->d, r, "", NULL, data, len);
+}
+
+static int ctl_files_post(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        char id[64] = "", user[64] = "";
+        if (!r->state && ctl_access(e, r, "write", 0, id, user) < 0)
+                return 0;
+        const char *h[4];
+        struct cove_fwd_req q;
+        fwd_req(&q, h, id, user, 0);
+        return cove_forward_ex(e->d, r, id, &q);
+}
+
+const struct cove_route cove_e2b_envd_ctl_routes[] = {
+    {"GET", "/health", h_health, NULL, COVE_ROUTE_PUBLIC},
+    {"GET", "/files", ctl_files_get, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/files", ctl_files_post, ctl_up_files, COVE_ROUTE_PUBLIC},
+    {"POST", "/process.Process/{method}", ctl_rpc, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/filesystem.Filesystem/{method}", ctl_rpc, NULL, COVE_ROUTE_PUBLIC},
+};
+const size_t cove_e2b_envd_ctl_nroutes =
+    sizeof(cove_e2b_envd_ctl_routes) / sizeof(cove_e2b_envd_ctl_routes[0]);
+
+/* Role node: the same handlers under /e2b on the node API (app: the struct coved; its e2b
+ * context holds no listener), for control replicas only. */
+static int node_process(void *app, struct cove_req *r)
+{
+        return h_process(((struct coved *)app)->e2b, r);
+}
+
+static int node_filesystem(void *app, struct cove_req *r)
+{
+        return h_filesystem(((struct coved *)app)->e2b, r);
+}
+
+static int node_files_get(void *app, struct cove_req *r)
+{
+        return h_files_get(((struct coved *)app)->e2b, r);
+}
+
+static int node_up_files(void *app, struct cove_req *r, const char *data, size_t len)
+{
+        return up_files(((struct coved *)app)->e2b, r, data, len);
+}
+
+static int node_files_post(void *app, struct cove_req *r)
+{
+        return h_files_post(((struct coved *)app)->e2b, r);
+}
+
+const struct cove_route cove_e2b_node_routes[] = {
+    {"GET", "/e2b/files", node_files_get, NULL, COVE_ROUTE_E2B},
+    {"POST", "/e2b/files", node_files_post, node_up_files, COVE_ROUTE_E2B},
+    {"POST", "/e2b/process.Process/{method}", node_process, NULL, COVE_ROUTE_E2B},
+    {"POST", "/e2b/filesystem.Filesystem/{method}", node_filesystem, NULL, COVE_ROUTE_E2B},
+};
+const size_t cove_e2b_node_nroutes = sizeof(cove_e2b_node_routes) / sizeof(cove_e2b_node_routes[0]);

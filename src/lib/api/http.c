@@ -104,6 +104,8 @@ static int queue(struct cove_req *r, unsigned status, struct MHD_Response *resp)
         if (!resp)
                 return -1;
         MHD_add_response_header(resp, "Cache-Control", "no-store");
+        if (r->answer_hdr_name)
+                MHD_add_response_header(resp, r->answer_hdr_name, r->answer_hdr_value);
         enum MHD_Result q = MHD_queue_response(r->conn, status, resp);
         MHD_destroy_response(resp);
         r->answered = 1;
@@ -215,6 +217,87 @@ int cove_reply_stream(struct cove_req *r, unsigned status, const char *ctype, in
         if (size < 0)
                 MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
         return queue(r, status, resp);
+}
+
+int cove_reply_stream_hdrs(struct cove_req *r, unsigned status, const char *const *hdrs,
+                           size_t nhdrs, int64_t size, cove_stream_read_fn read,
+                           cove_stream_free_fn free_fn, void *ctx)
+{
+        struct MHD_Response *resp = MHD_create_response_from_callback(
+            size < 0 ? MHD_SIZE_UNKNOWN : (uint64_t)size, 64 * 1024,
+            (MHD_ContentReaderCallback)read, ctx, (MHD_ContentReaderFreeCallback)free_fn);
+        if (!resp) {
+                if (free_fn)
+                        free_fn(ctx);
+                return -1;
+        }
+        for (size_t i = 0; i < nhdrs; i++)
+                MHD_add_response_header(resp, hdrs[2 * i], hdrs[2 * i + 1]);
+        return queue(r, status, resp);
+}
+
+struct target_buf {
+        char *out;
+        size_t cap, len;
+        int n, overflow;
+};
+
+static void target_put(struct target_buf *t, const char *s, int keep_slash)
+{
+        static const char hex[] = "0123456789ABCDEF";
+        for (; *s; s++) {
+                unsigned char c = (unsigned char)*s;
+                int plain = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+                            (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.' ||
+                            c == '~' || (keep_slash && c == '/');
+                if (t->len + 4 > t->cap) {
+                        t->overflow = 1;
+                        return;
+                }
+                if (plain) {
+                        t->out[t->len++] = (char)c;
+                } else {
+                        t->out[t->len++] = '%';
+                        t->out[t->len++] = hex[c >> 4];
+                        t->out[t->len++] = hex[c & 15];
+                }
+        }
+        t->out[t->len] = '\0';
+}
+
+static void target_raw(struct target_buf *t, char c)
+{
+        if (t->len + 2 > t->cap) {
+                t->overflow = 1;
+                return;
+        }
+        t->out[t->len++] = c;
+        t->out[t->len] = '\0';
+}
+
+static enum MHD_Result target_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  const char *value)
+{
+        struct target_buf *t = cls;
+        target_raw(t, t->n++ ? '&' : '?');
+        target_put(t, key, 0);
+        if (value) {
+                target_raw(t, '=');
+                target_put(t, value, 0);
+        }
+        return t->overflow ? MHD_NO : MHD_YES;
+}
+
+int cove_req_target(struct cove_req *r, char *out, size_t cap)
+{
+        struct target_buf t = {.out = out, .cap = cap};
+        if (cap == 0)
+                return -1;
+        out[0] = '\0';
+        target_put(&t, r->url ? r->url : "/", 1);
+        if (!t.overflow)
+                MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, target_arg, &t);
+        return t.overflow ? -1 : 0;
 }
 
 json_t *cove_req_json(struct cove_req *r, int allow_empty)

@@ -26,7 +26,15 @@ typedef int (*cove_upload_fn)(void *app, struct cove_req *r, const char *data, s
 /* Called once when the request is finished or the client went away. */
 typedef void (*cove_req_cleanup_fn)(void *app, struct cove_req *r);
 
-enum { COVE_ROUTE_PUBLIC = 1 }; /* no API key needed */
+enum {
+        COVE_ROUTE_PUBLIC = 1, /* no API key needed */
+        /* sandbox traffic (exec, processes, files, fs, egress, ports of one sandbox, named by
+         * the first {param}): served by the node that runs the sandbox; a control replica
+         * forwards it there (api/forward.h) */
+        COVE_ROUTE_SANDBOX = 2,
+        /* the E2B envd surface on a node's API: the sandbox is named by E2b-Sandbox-Id */
+        COVE_ROUTE_E2B = 4,
+};
 
 struct cove_route {
         const char *method;
@@ -61,6 +69,10 @@ struct cove_req {
         void *state;                 /* handler-owned */
         cove_req_cleanup_fn cleanup; /* called with state at the end */
         int64_t t0_ns;
+        /* a header every answer to this request carries (the node API's Cove-Node-Answer),
+         * set by the auth hook; NULL for none */
+        const char *answer_hdr_name;
+        char answer_hdr_value[80];
 };
 
 struct cove_http_config {
@@ -115,6 +127,18 @@ typedef ssize_t (*cove_stream_read_fn)(void *ctx, uint64_t pos, char *buf, size_
 typedef void (*cove_stream_free_fn)(void *ctx);
 int cove_reply_stream(struct cove_req *r, unsigned status, const char *ctype, int64_t size,
                       cove_stream_read_fn read, cove_stream_free_fn free_fn, void *ctx);
+/* The same with the answer's headers given as name/value pairs (hdrs[2i], hdrs[2i+1]),
+ * nhdrs pairs; Content-Type is one of them or absent. */
+int cove_reply_stream_hdrs(struct cove_req *r, unsigned status, const char *const *hdrs,
+                           size_t nhdrs, int64_t size, cove_stream_read_fn read,
+                           cove_stream_free_fn free_fn, void *ctx);
+
+/* The request's target in one canonical form: the path and the query parameters (in the
+ * order sent) percent-encoded again from their decoded values ("/v1/x?path=%2Ftmp&eof").
+ * A forwarder sends this and signs it, and the receiver rebuilds the same string from
+ * what it decoded, so both sign the same bytes whatever escaping the client used.
+ * -1 when it does not fit cap. */
+int cove_req_target(struct cove_req *r, char *out, size_t cap);
 
 /* For fuzzing and tests: match a path against a pattern, filling params (caller frees). */
 int cove_route_match(const char *pattern, const char *path, char **params, int *nparams);

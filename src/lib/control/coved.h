@@ -47,6 +47,12 @@ struct coved_cluster_options {
         int guest_fence_beat_ms;
 };
 
+/* Role control: forwarding sandbox traffic to nodes (api/forward.h); 0 = default. */
+struct coved_forward_options {
+        int connect_timeout_ms; /* reaching a node (5000) */
+        int head_timeout_ms;    /* a node's answer head, exec excepted (60000) */
+};
+
 struct coved_options {
         const char *data_dir;      /* required */
         const char *listen;        /* "127.0.0.1:7677"; NULL for none */
@@ -67,6 +73,7 @@ struct coved_options {
         const char *db; /* catalog: "postgres://…" or a SQLite path; NULL: <data>/catalog.db */
         struct coved_ports_options ports;     /* exposed ports listener (control/ports.h) */
         struct coved_cluster_options cluster; /* role and cluster identity */
+        struct coved_forward_options forward; /* role control */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -76,6 +83,7 @@ struct coved_options {
 #define COVE_DEFAULT_SNAPSHOT_INTERVAL_S 60 /* rolling snapshots while running; 0 = off */
 
 struct cove_e2b;
+struct cove_fwd;
 struct cove_http;
 struct cove_gateway;
 struct cove_audit;
@@ -128,6 +136,8 @@ struct coved {
         char advertise[256];   /* node role: its node API URL */
         int lease_ttl_ms, lease_renew_ms;
         struct coved_cluster *cl; /* the cluster side (control/cluster.h); NULL in role all */
+        struct cove_fwd *fwd;     /* control: forwarding options; node: the node API's replay
+                                   * cache (api/forward.h, owned by daemon/); NULL in role all */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
