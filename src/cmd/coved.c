@@ -74,6 +74,9 @@ static void usage(FILE *f)
                 "             [--advertise URL]  node: where controls reach its node API\n"
                 "                                (default http://<--listen>)\n"
                 "             [--lease-ttl S] [--lease-renew S]  node lease (default 10, 2)\n"
+                "             [--default-kek-file F]  with --db postgres://: the default key\n"
+                "                                of tenants' data keys, the same file on\n"
+                "                                every control and node\n"
                 "       coved node-token --cluster-key-file F --node-name NAME\n"
                 "             print NAME's node token (for its --node-token-file)\n");
 }
@@ -155,6 +158,7 @@ int main(int argc, char **argv)
             {"advertise", required_argument, 0, 1205},
             {"lease-ttl", required_argument, 0, 1206},
             {"lease-renew", required_argument, 0, 1207},
+            {"default-kek-file", required_argument, 0, 1270},
             /* 1210-1299: more cluster flags (node/control helpers) */
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
@@ -354,6 +358,9 @@ int main(int argc, char **argv)
                         break;
                 case 1205:
                         o.cluster.advertise = optarg;
+                        break;
+                case 1270:
+                        o.default_kek_file = optarg;
                         break;
                 case 1206:
                 case 1207: {

@@ -291,6 +291,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                                        : (int64_t)o->key_cache_ttl_s * 1000);
         if (cluster_identity(d, o, err) < 0)
                 return -1;
+        if (d->role != COVED_ROLE_ALL && !o->default_kek_file)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "--role control and --role node need --default-kek-file F: "
+                                     "the same 32-byte key file on every control and node (the "
+                                     "default key of tenants without their own; create it "
+                                     "once with `umask 077; head -c 32 /dev/urandom > F`)");
         if (d->role != COVED_ROLE_ALL) /* the cluster side lands next (docs/cluster.md) */
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "--role control and --role node are not built yet: run "
@@ -340,6 +346,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (!d->cat)
                 return cove_err_wrap(err, "catalog %s", shown);
         cove_info(&d->log, "coved.start", "catalog: %s %s", d->cat_ops->name, shown);
+        if (coved_keys_open(d, o->default_kek_file, err) < 0)
+                goto fail;
         if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 || ensure_admin_key(d, err) < 0)
                 goto fail;
         if (build_templates(d, o->templates ? o->templates : "busybox", err) < 0)
@@ -436,6 +444,7 @@ void coved_close(struct coved *d)
         if (d->cat)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;
+        coved_keys_close(d);
         cove_keys_cache_clear(); /* unwrapped data keys do not outlive coved */
         OPENSSL_cleanse(d->cluster_key, sizeof(d->cluster_key));
         OPENSSL_cleanse(d->node_token, sizeof(d->node_token));

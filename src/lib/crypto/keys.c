@@ -287,8 +287,8 @@ static json_t *rec_json(const struct cove_key_record *r)
 
 /* Into the record store: create = insert only, else a compare-and-set on rec->gen; either
  * refused with CONFLICT when another writer got there first. */
-static int store_record_write(const struct kstore *k, const struct cove_key_record *rec,
-                              int create, struct cove_err *err)
+static int store_record_write(const struct kstore *k, const struct cove_key_record *rec, int create,
+                              struct cove_err *err)
 {
         if (!cove_tenant_name_valid(rec->tenant))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid tenant name");
@@ -498,7 +498,8 @@ int cove_key_import(const char *from_dir, const char *to_dir, const char *tenant
                         snprintf(tmp.key_file, sizeof(tmp.key_file), "%s", cand[i]);
                         cove_err_clear(err);
                         rc = cove_key_provider_local.unwrap(from_dir, &tmp, tmp.wrapped, dek, err);
-                        if (rc == 0 && (check_value(dek, chk) < 0 || CRYPTO_memcmp(chk, rec.check, 32)))
+                        if (rc == 0 &&
+                            (check_value(dek, chk) < 0 || CRYPTO_memcmp(chk, rec.check, 32)))
                                 rc = cove_err_setk(err, COVE_E_KEY_REVOKED, 0,
                                                    "the default key of %s does not open it",
                                                    from_dir);
@@ -700,7 +701,8 @@ static int get_dek(const char *keys_dir, const char *tenant, int create, uint8_t
                         return cove_err_set(err, errno, "allocate key memory");
                 }
                 char chk[33];
-                int r = cove_key_provider(rec.provider)->unwrap(keys_dir, &rec, rec.wrapped, tmp, err);
+                int r =
+                    cove_key_provider(rec.provider)->unwrap(keys_dir, &rec, rec.wrapped, tmp, err);
                 if (r == 0 && (check_value(tmp, chk) < 0 || CRYPTO_memcmp(chk, rec.check, 32)))
                         r = cove_err_setk(err, COVE_E_KEY_REVOKED, 0,
                                           "data key of tenant %s: the provider returned a key "

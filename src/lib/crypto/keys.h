@@ -185,8 +185,7 @@ int cove_key_tenant_held(const char *keys_dir, const char *tenant, struct cove_e
  * default KEK when it was under node.kek). */
 struct cove_key_store_ops {
         /* 0 with *json (malloc'd record JSON, caller wipes and frees) and *gen; 1 none. */
-        int (*get)(void *ctx, const char *tenant, char **json, int64_t *gen,
-                   struct cove_err *err);
+        int (*get)(void *ctx, const char *tenant, char **json, int64_t *gen, struct cove_err *err);
         /* expect_gen 0: insert only; else replace the record at that generation. CONFLICT
          * when the record exists (insert) or moved on (replace). Fills *gen. */
         int (*put)(void *ctx, const char *tenant, const char *json, int64_t expect_gen,

@@ -192,6 +192,15 @@ const struct cove_migration cove_catalog_migrations[] = {
             "DROP TABLE egress_docs;"
             "ALTER TABLE egress_docs_7 RENAME TO egress_docs;"
             "CREATE INDEX egress_docs_owner ON egress_docs(kind, owner);"},
+    /* 8 (the cluster plan's step 10): tenants' key records shared by every process of a
+     * cluster (crypto/keys.h record store); gen is bumped by every write, which is a
+     * compare-and-set on it. No foreign key: a record outlives its tenant's deletion. */
+    {.sql = "CREATE TABLE key_records ("
+            "  tenant TEXT PRIMARY KEY,"
+            "  gen INTEGER NOT NULL CHECK (gen > 0),"
+            "  record_json TEXT NOT NULL CHECK (json_valid(record_json)),"
+            "  updated_at INTEGER NOT NULL"
+            ");"},
 };
 const int cove_catalog_schema_version = (int)COVE_ARRAY_SIZE(cove_catalog_migrations);
 
