@@ -19,6 +19,7 @@
 #include "control/apikey.h"
 #include "control/secrets.h"
 #include "control/audit.h"
+#include "control/migrate.h"
 #include "control/snapshot.h"
 #include "control/template.h"
 #include "control/tenant.h"
@@ -306,6 +307,10 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);
         }
         chmod(d->data_dir, 0711);
+        /* one process per data dir (a second coved, or `coved migrate` reading it) */
+        d->dir_lock = coved_data_dir_lock(d->data_dir, err);
+        if (d->dir_lock < 0)
+                return -1;
         if (o->templates_dir) {
                 /* absolute, so rootfs paths handed to the runtime are too */
                 if (cove_mkdir_p(o->templates_dir, 0755, err) < 0 ||
@@ -446,6 +451,9 @@ void coved_close(struct coved *d)
         d->cat = NULL;
         coved_keys_close(d);
         cove_keys_cache_clear(); /* unwrapped data keys do not outlive coved */
+        if (d->dir_lock > 0)
+                close(d->dir_lock);
+        d->dir_lock = -1;
         OPENSSL_cleanse(d->cluster_key, sizeof(d->cluster_key));
         OPENSSL_cleanse(d->node_token, sizeof(d->node_token));
 }
