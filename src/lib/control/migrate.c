@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@
 
 #define OBJECT_MAX ((size_t)1 << 30) /* the largest object the store writes is far smaller */
 #define AUDIT_BATCH 1000
+#define UPLOADERS 8
 
 int coved_data_dir_lock(const char *data_dir, struct cove_err *err)
 {
@@ -189,34 +191,85 @@ static void sha256(const void *p, size_t n, uint8_t out[32])
         EVP_Digest(p, n, out, &l, EVP_sha256(), NULL);
 }
 
-static int put_verified(struct mig *m, const char *name)
+struct upload {
+        struct mig *m;
+        char **names;
+        size_t n, next; /* next: taken with __atomic */
+        pthread_mutex_t mu;
+        int failed;
+        struct cove_err err; /* the first failure */
+};
+
+static int put_verified(struct mig *m, const char *name, struct cove_err *err);
+
+static void *upload_main(void *arg)
+{
+        struct upload *u = arg;
+        for (;;) {
+                size_t i = __atomic_fetch_add(&u->next, 1, __ATOMIC_RELAXED);
+                if (i >= u->n || __atomic_load_n(&u->failed, __ATOMIC_RELAXED))
+                        return NULL;
+                struct cove_err e = {0};
+                if (put_verified(u->m, u->names[i], &e) < 0) {
+                        pthread_mutex_lock(&u->mu);
+                        if (!u->failed)
+                                u->err = e;
+                        u->failed = 1;
+                        pthread_mutex_unlock(&u->mu);
+                }
+        }
+}
+
+/* Upload names[0..n) with a few requests in flight (an S3 request is mostly waiting). */
+static int upload_all(struct mig *m, char **names, size_t n)
+{
+        struct upload u = {.m = m, .names = names, .n = n};
+        pthread_mutex_init(&u.mu, NULL);
+        pthread_t th[UPLOADERS];
+        int started = 0;
+        for (; started < UPLOADERS && (size_t)started < n; started++)
+                if (pthread_create(&th[started], NULL, upload_main, &u) != 0)
+                        break;
+        if (started == 0 && n)
+                upload_main(&u);
+        for (int i = 0; i < started; i++)
+                pthread_join(th[i], NULL);
+        pthread_mutex_destroy(&u.mu);
+        if (u.failed) {
+                *m->err = u.err;
+                return -1;
+        }
+        return 0;
+}
+
+static int put_verified(struct mig *m, const char *name, struct cove_err *err)
 {
         void *data = NULL, *back = NULL;
         size_t len = 0, blen = 0;
         uint8_t h1[32], h2[32];
-        if (m->src_cs->ops->get(m->src_cs, name, OBJECT_MAX, &data, &len, m->err) < 0)
-                return cove_err_wrap(m->err, "read local object %s", name);
+        if (m->src_cs->ops->get(m->src_cs, name, OBJECT_MAX, &data, &len, err) < 0)
+                return cove_err_wrap(err, "read local object %s", name);
         sha256(data, len, h1);
-        int r = m->dst_cs->ops->put(m->dst_cs, NULL, name, data, len, m->err);
+        int r = m->dst_cs->ops->put(m->dst_cs, NULL, name, data, len, err);
         free(data);
         if (r < 0)
-                return cove_err_wrap(m->err, "upload %s", name);
+                return cove_err_wrap(err, "upload %s", name);
         /* read it back: what the store holds under the name must be these bytes */
-        if (m->dst_cs->ops->get(m->dst_cs, name, OBJECT_MAX, &back, &blen, m->err) < 0)
-                return cove_err_wrap(m->err, "read back %s", name);
+        if (m->dst_cs->ops->get(m->dst_cs, name, OBJECT_MAX, &back, &blen, err) < 0)
+                return cove_err_wrap(err, "read back %s", name);
         sha256(back, blen, h2);
         free(back);
         if (blen != len || CRYPTO_memcmp(h1, h2, 32))
-                return cove_err_setk(m->err, COVE_E_CONFLICT, 0,
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
                                      "object %s in the cluster's store differs from the local "
                                      "one (another data dir's, or damaged): nothing of it was "
                                      "replaced",
                                      name);
         if (r == 1) {
-                m->st->objects.already++;
+                __atomic_fetch_add(&m->st->objects.already, 1, __ATOMIC_RELAXED);
         } else {
-                m->st->objects.copied++;
-                m->st->bytes_uploaded += len;
+                __atomic_fetch_add(&m->st->objects.copied, 1, __ATOMIC_RELAXED);
+                __atomic_fetch_add(&m->st->bytes_uploaded, len, __ATOMIC_RELAXED);
         }
         return 0;
 }
@@ -239,9 +292,13 @@ static int mig_objects(struct mig *m, const char *store_dir)
                 }
                 if (l.n)
                         qsort(l.v, l.n, sizeof(*l.v), chunks_first);
-                int rc = 0;
-                for (size_t i = 0; rc == 0 && i < l.n; i++)
-                        rc = put_verified(m, l.v[i]);
+                /* every chunk has landed before the first manifest goes */
+                size_t nchunks = 0;
+                while (nchunks < l.n && strstr(l.v[nchunks], "/chunks/"))
+                        nchunks++;
+                int rc = upload_all(m, l.v, nchunks);
+                if (rc == 0)
+                        rc = upload_all(m, l.v + nchunks, l.n - nchunks);
                 names_free(&l);
                 if (rc < 0)
                         return -1;
