@@ -44,7 +44,9 @@ def kek_file(tmp_path):
 
 
 def tree_digest(root):
-    """path -> (mode, size, sha256) of every file under root (symlinks by target)."""
+    """path -> what identifies its content: (mode, size, inode, mtime_ns) of every file under
+    root, and the SHA-256 of those up to 16 MiB (the layer images are sparse and large: a
+    write to one changes its mtime)."""
     out = {}
     for d, dirs, files in os.walk(root):
         for name in files + [x for x in dirs if os.path.islink(os.path.join(d, x))]:
@@ -55,11 +57,11 @@ def tree_digest(root):
                 continue
             if not os.path.isfile(p):
                 continue
-            h = hashlib.sha256()
-            with open(p, "rb") as f:
-                for b in iter(lambda: f.read(1 << 20), b""):
-                    h.update(b)
-            out[os.path.relpath(p, root)] = (st.st_mode, st.st_size, h.hexdigest())
+            h = ""
+            if st.st_size <= 16 << 20:
+                with open(p, "rb") as f:
+                    h = hashlib.sha256(f.read()).hexdigest()
+            out[os.path.relpath(p, root)] = (st.st_mode, st.st_size, st.st_ino, st.st_mtime_ns, h)
     return out
 
 
