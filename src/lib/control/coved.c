@@ -308,7 +308,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         }
         chmod(d->data_dir, 0711);
         /* one process per data dir (a second coved, or `coved migrate` reading it) */
-        d->dir_lock = coved_data_dir_lock(d->data_dir, err);
+        d->dir_lock = coved_data_dir_lock(d->data_dir, 1, err);
         if (d->dir_lock < 0)
                 return -1;
         if (o->templates_dir) {

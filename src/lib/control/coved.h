@@ -136,7 +136,7 @@ struct coved {
         struct coved_cluster *cl;       /* the cluster side (control/cluster.h); NULL in role all */
         struct coved_keys_cat keys_cat; /* key records in the catalog (coved_keys_open) */
         int keys_attached;
-        int dir_lock; /* flock on the data dir (control/migrate.h), > 0 while open */
+        int dir_lock; /* <data>/coved.lock, locked (control/migrate.h); > 0 while open */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),

@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,21 +27,29 @@
 #define AUDIT_BATCH 1000
 #define UPLOADERS 8
 
-int coved_data_dir_lock(const char *data_dir, struct cove_err *err)
+/* A POSIX record lock on <data_dir>/coved.lock: held by the process (not by children it
+ * forks, which a crash may leave behind), released when it exits, even by SIGKILL. coved
+ * takes it for writing; a migration for reading (it creates nothing in the data dir). */
+int coved_data_dir_lock(const char *data_dir, int coved, struct cove_err *err)
 {
-        /* the directory itself: nothing is created in it */
-        int fd = open(data_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof(path), "%s/coved.lock", data_dir);
+        int fd = coved ? open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600)
+                       : open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 && !coved && errno == ENOENT)
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "%s: none", path);
         if (fd < 0)
-                return cove_err_set(err, errno, "data dir %s", data_dir);
-        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                return cove_err_set(err, errno, "lock %s", path);
+        struct flock fl = {.l_type = coved ? F_WRLCK : F_RDLCK, .l_whence = SEEK_SET};
+        if (fcntl(fd, F_SETLK, &fl) < 0) {
                 int e = errno;
                 close(fd);
-                if (e == EWOULDBLOCK)
+                if (e == EAGAIN || e == EACCES)
                         return cove_err_setk(err, COVE_E_CONFLICT, 0,
-                                             "data dir %s is in use by a running coved (or "
-                                             "another migration): stop it first",
-                                             data_dir);
-                return cove_err_set(err, e, "lock data dir %s", data_dir);
+                                             "data dir %s is in use by a running %s: stop it "
+                                             "first",
+                                             data_dir, coved ? "coved or migration" : "coved");
+                return cove_err_set(err, e, "lock %s", path);
         }
         return fd;
 }
@@ -656,9 +663,11 @@ int coved_migrate(const struct coved_migrate_options *o, struct coved_migrate_st
         snprintf(cat_path, sizeof(cat_path), "%s/catalog.db", dir);
         if (access(cat_path, R_OK) != 0)
                 return cove_err_set(err, errno, "%s (not a coved data dir?)", cat_path);
-        int lock = coved_data_dir_lock(dir, err);
-        if (lock < 0)
+        /* no lock file: no coved of this version ever ran there (an older one holds none) */
+        int lock = coved_data_dir_lock(dir, 0, err);
+        if (lock < 0 && err->kind != COVE_E_NOT_FOUND)
                 return -1;
+        cove_err_clear(err);
         int rc = 0, tmp_made = 0, attached = 0;
         if (!mkdtemp(tmp)) {
                 rc = cove_err_set(err, errno, "temp dir");
@@ -765,6 +774,7 @@ out:
                 }
                 rmdir(tmp);
         }
-        close(lock);
+        if (lock >= 0)
+                close(lock);
         return rc < 0 ? cove_err_wrap(err, "migrate %s", dir) : 0;
 }

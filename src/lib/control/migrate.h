@@ -48,8 +48,10 @@ struct coved_migrate_stats {
 int coved_migrate(const struct coved_migrate_options *o, struct coved_migrate_stats *st,
                   struct cove_err *err);
 
-/* Take <data_dir>/coved.lock (exclusive, not waiting): fd >= 0, or -1 with CONFLICT when
- * another process (a coved, a migration) holds it. The lock lasts until fd is closed. */
-int coved_data_dir_lock(const char *data_dir, struct cove_err *err);
+/* Lock <data_dir>/coved.lock (a POSIX record lock, not waiting): coved 1 takes it for
+ * writing, creating the file (coved holds it while it runs); coved 0 for reading (a
+ * migration: NOT_FOUND when there is no lock file). fd >= 0, or -1 with CONFLICT when the
+ * other kind holds it. The lock lasts until fd is closed or the process exits. */
+int coved_data_dir_lock(const char *data_dir, int coved, struct cove_err *err);
 
 #endif
