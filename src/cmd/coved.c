@@ -25,6 +25,7 @@
 #include <openssl/crypto.h>
 
 #include "cluster/nodeauth.h"
+#include "control/migrate.h"
 #include "daemon/daemon.h"
 #include "util/testhooks.h"
 
@@ -81,8 +82,14 @@ static void usage(FILE *f)
                 "                                to coved then thaws every sandbox; default off)\n"
                 "             [--forward-connect-timeout S] [--forward-head-timeout S]  control: "
                 "reaching a node, its answer head (default 5, 60)\n"
+                "             [--default-kek-file F]  with --db postgres://: the default key\n"
+                "                                of tenants' data keys, the same file on\n"
+                "                                every control and node\n"
                 "       coved node-token --cluster-key-file F --node-name NAME\n"
-                "             print NAME's node token (for its --node-token-file)\n");
+                "             print NAME's node token (for its --node-token-file)\n"
+                "       coved migrate --data-dir DIR --db postgres://… --store s3://B\n"
+                "             --s3-endpoint URL [--default-kek-file F]  copy a stopped\n"
+                "             single node's data dir into a cluster (docs/cluster.md)\n");
 }
 
 /* coved node-token --cluster-key-file F --node-name NAME: the token on stdout. */
@@ -116,10 +123,75 @@ static int node_token_main(int argc, char **argv)
         return fflush(stdout) == 0 ? 0 : 1;
 }
 
+static void migrate_say(void *arg, const char *line)
+{
+        (void)arg;
+        printf("%s\n", line);
+        fflush(stdout);
+}
+
+/* coved migrate --data-dir OLD --db postgres://… --store s3://B --s3-endpoint URL
+ * [--default-kek-file F] [--s3-timeout S]: a stopped single node into a cluster. */
+static int migrate_main(int argc, char **argv)
+{
+        struct coved_migrate_options mo = {.say = migrate_say};
+        for (int i = 2; i < argc; i += 2) {
+                const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+                if (!v)
+                        i = argc, mo.data_dir = NULL;
+                else if (!strcmp(argv[i], "--data-dir"))
+                        mo.data_dir = v;
+                else if (!strcmp(argv[i], "--db"))
+                        mo.db = v;
+                else if (!strcmp(argv[i], "--store"))
+                        mo.store_url = v;
+                else if (!strcmp(argv[i], "--s3-endpoint"))
+                        mo.s3_endpoint = v;
+                else if (!strcmp(argv[i], "--default-kek-file"))
+                        mo.default_kek_file = v;
+                else if (!strcmp(argv[i], "--s3-timeout"))
+                        mo.s3_timeout_s = atoi(v);
+                else
+                        i = argc, mo.data_dir = NULL;
+        }
+        if (!mo.data_dir || !mo.db || !mo.store_url || !mo.s3_endpoint) {
+                fprintf(stderr, "usage: coved migrate --data-dir DIR --db postgres://… --store "
+                                "s3://BUCKET[/PREFIX] --s3-endpoint URL [--default-kek-file F] "
+                                "[--s3-timeout S]\n");
+                return 2;
+        }
+        struct coved_migrate_stats st;
+        struct cove_err err = {0};
+        if (coved_migrate(&mo, &st, &err) < 0) {
+                fprintf(stderr, "coved migrate: %s\n", err.msg);
+                return 1;
+        }
+        const struct {
+                const char *what;
+                const struct coved_migrate_count *c;
+        } rows[] = {{"key records", &st.keys},    {"store objects", &st.objects},
+                    {"tenants", &st.tenants},     {"api keys", &st.api_keys},
+                    {"sandboxes", &st.sandboxes}, {"egress policies", &st.policies},
+                    {"snapshots", &st.snapshots}, {"egress documents", &st.docs},
+                    {"audit events", &st.audit}};
+        for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+                printf("%-17s %8llu copied %8llu already there\n", rows[i].what,
+                       (unsigned long long)rows[i].c->copied,
+                       (unsigned long long)rows[i].c->already);
+        printf("uploaded %llu bytes; %llu key records wrapped again under the default key; "
+               "%llu running sandboxes paused at their last snapshot, %llu stopped (no "
+               "snapshot)\nmigrate: done (the data dir was not changed)\n",
+               (unsigned long long)st.bytes_uploaded, (unsigned long long)st.keys_rewrapped,
+               (unsigned long long)st.paused, (unsigned long long)st.stopped);
+        return fflush(stdout) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
         if (argc > 1 && !strcmp(argv[1], "node-token"))
                 return node_token_main(argc, argv);
+        if (argc > 1 && !strcmp(argv[1], "migrate"))
+                return migrate_main(argc, argv);
         struct coved_options o = {.listen = "127.0.0.1:7677",
                                   .log_level = COVE_LOG_INFO,
                                   .default_timeout_s = 300,
@@ -164,6 +236,7 @@ int main(int argc, char **argv)
             {"lease-renew", required_argument, 0, 1207},
             {"forward-connect-timeout", required_argument, 0, 1230},
             {"forward-head-timeout", required_argument, 0, 1231},
+            {"default-kek-file", required_argument, 0, 1270},
             /* 1210-1299: more cluster flags (node/control helpers) */
             {"guest-fence-ttl", required_argument, 0, 1280},
             {"guest-fence-heartbeat", required_argument, 0, 1281},
@@ -365,6 +438,9 @@ int main(int argc, char **argv)
                         break;
                 case 1205:
                         o.cluster.advertise = optarg;
+                        break;
+                case 1270:
+                        o.default_kek_file = optarg;
                         break;
                 case 1206:
                 case 1207: {

@@ -24,6 +24,8 @@
 #include <unistd.h>
 
 #include "control/audit.h"
+#include "control/tenant.h"
+#include "crypto/keys.h"
 #include "store/catalog.h"
 #include "util/util.h"
 
@@ -1174,6 +1176,73 @@ static void audit_two_writers_one_chain(void **state)
         ops->close(c2);
 }
 
+/* Key records: an insert never replaces (two first writers: one wins), a replace is a
+ * compare-and-set on gen (a stale writer is refused), across two handles (processes). */
+static void keyrec_insert_once_and_cas(void **state)
+{
+        struct fx *f = *state;
+        f->c = open_ok(f);
+        struct cove_catalog *c2 = open_ok(f);
+        struct cove_err err = {0};
+        char *json = NULL;
+        int64_t gen = 0, g2 = 0;
+        assert_int_equal(ops->keyrec_get(f->c, "t1", &json, &gen, &err), 1);
+        assert_int_equal(ops->keyrec_put(f->c, "t1", "{\"v\":1}", 0, &gen, &err), 0);
+        assert_int_equal(gen, 1);
+        assert_int_equal(ops->keyrec_put(c2, "t1", "{\"v\":2}", 0, &g2, &err), -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        assert_int_equal(ops->keyrec_put(f->c, "t1", "{\"v\":3}", 1, &gen, &err), 0);
+        assert_int_equal(gen, 2);
+        assert_int_equal(ops->keyrec_put(c2, "t1", "{\"v\":4}", 1, &g2, &err), -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        assert_int_equal(ops->keyrec_put(c2, "absent", "{}", 5, &g2, &err), -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        assert_int_equal(ops->keyrec_get(c2, "t1", &json, &g2, &err), 0);
+        assert_int_equal(g2, 2);
+        assert_string_equal(json, "{\"v\":3}");
+        free(json);
+        assert_int_equal(ops->keyrec_put(f->c, "t1", "not json", 2, &gen, &err), -1);
+        ops->close(c2);
+}
+
+/* Two processes' key code over one catalog (two keys dirs, one default KEK file): the
+ * second opens the data key the first created; a revocation through the second is seen
+ * by the first at its next check although its cached key is within the TTL. */
+static void shared_key_records_revoke_reaches_cache(void **state)
+{
+        struct fx *f = *state;
+        f->c = open_ok(f);
+        struct cove_catalog *c2 = open_ok(f);
+        struct cove_err err = {0};
+        char kek[PATH_MAX + 8], d1[PATH_MAX + 8], d2[PATH_MAX + 8];
+        snprintf(kek, sizeof(kek), "%s/default.kek", f->dir);
+        snprintf(d1, sizeof(d1), "%s/n1", f->dir);
+        snprintf(d2, sizeof(d2), "%s/n2", f->dir);
+        uint8_t raw[32], k1[32], k2[32];
+        assert_int_equal(cove_random(raw, sizeof(raw), &err), 0);
+        assert_int_equal(
+            cove_write_file_atomic(f->dir, "default.kek", raw, sizeof(raw), 0600, &err), 0);
+        struct coved_keys_cat s1 = {ops, f->c}, s2 = {ops, c2};
+        assert_int_equal(cove_keys_attach(d1, &coved_keys_catalog_ops, &s1, kek, &err), 0);
+        assert_int_equal(cove_keys_attach(d2, &coved_keys_catalog_ops, &s2, kek, &err), 0);
+        cove_keys_cache_ttl_set(60000);
+        assert_int_equal(cove_dek_load(d1, "ten1", 1, k1, &err), 0);
+        assert_int_equal(cove_dek_load(d2, "ten1", 0, k2, &err), 0);
+        assert_memory_equal(k1, k2, 32);
+        assert_int_equal(access(d1, F_OK), -1); /* no file was written */
+        assert_int_equal(cove_key_revoke(d2, "ten1", NULL, &err), 0);
+        assert_int_equal(cove_key_check(d1, "ten1", 1, &err), -1);
+        assert_int_equal(err.kind, COVE_E_KEY_REVOKED);
+        /* a rotation racing from a stale read cannot undo it */
+        assert_int_equal(cove_key_rewrap(d1, "ten1", NULL, NULL, &err), -1);
+        assert_int_equal(cove_key_check(d2, "ten1", 1, &err), -1);
+        assert_int_equal(err.kind, COVE_E_KEY_REVOKED);
+        cove_keys_detach(d1);
+        cove_keys_detach(d2);
+        cove_keys_cache_clear();
+        ops->close(c2);
+}
+
 /* PostgreSQL stopped under a running catalog: calls fail fast with UNAVAILABLE and a
  * message naming the cause (never the password); once it is back the next calls work,
  * the waiter included. */
@@ -1278,6 +1347,9 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(placement_wakes_waiter, setup, teardown),
             cmocka_unit_test_setup_teardown(job_args_features_and_done_wakeup, setup, teardown),
             cmocka_unit_test_setup_teardown(audit_two_writers_one_chain, setup, teardown),
+            cmocka_unit_test_setup_teardown(keyrec_insert_once_and_cas, setup, teardown),
+            cmocka_unit_test_setup_teardown(shared_key_records_revoke_reaches_cache, setup,
+                                            teardown),
             cmocka_unit_test_setup_teardown(pg_restart_unavailable_then_recovers, setup, teardown),
             cmocka_unit_test_setup_teardown(pg_frozen_server_bounded, setup, teardown),
             cmocka_unit_test(dsn_redact_hides_passwords),

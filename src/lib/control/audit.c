@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "util/util.h"
 
@@ -134,6 +135,11 @@ static void write_batch(struct cove_audit *a, struct qev *batch, size_t n)
                 }
                 if (err.kind != COVE_E_CONFLICT || r < 0)
                         break;
+                /* many writers (nodes, replicas) racing for the head: back off with jitter
+                 * so one of them does not lose every round (at most ~0.5 s in all) */
+                uint8_t j = 0;
+                cove_random(&j, 1, NULL);
+                usleep((useconds_t)(attempt + 1) * (1000 + (useconds_t)j * 16));
         }
         cove_warn(a->log, "audit", "%zu audit events lost: %s", n, err.msg);
         __atomic_fetch_add(&a->dropped, n, __ATOMIC_RELAXED);

@@ -20,6 +20,7 @@
 #include "control/cluster.h"
 #include "control/secrets.h"
 #include "control/audit.h"
+#include "control/migrate.h"
 #include "control/snapshot.h"
 #include "control/template.h"
 #include "control/tenant.h"
@@ -294,7 +295,8 @@ static int control_open(struct coved *d, const struct coved_options *o, struct c
         d->tb = coved_tbuilds_new(d->templates_dir); /* lists; builds are refused here */
         if (!d->tb)
                 return cove_err_set(err, ENOMEM, "template builds");
-        if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 ||
+        if (coved_keys_open(d, o->default_kek_file, err) < 0 ||
+            cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 ||
             ensure_admin_key(d, err) < 0 || coved_cluster_open(d, err) < 0) {
                 coved_close(d);
                 return -1;
@@ -318,6 +320,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                                        : (int64_t)o->key_cache_ttl_s * 1000);
         if (cluster_identity(d, o, err) < 0)
                 return -1;
+        if (d->role != COVED_ROLE_ALL && !o->default_kek_file)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "--role control and --role node need --default-kek-file F: "
+                                     "the same 32-byte key file on every control and node (the "
+                                     "default key of tenants without their own; create it "
+                                     "once with `umask 077; head -c 32 /dev/urandom > F`)");
         /* TODO(cl-remote): a node reading the catalog through --control */
         if (d->role == COVED_ROLE_NODE && (!o->db || cove_catalog_for(o->db) != &cove_catalog_pg))
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
@@ -328,6 +336,10 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);
         }
         chmod(d->data_dir, 0711);
+        /* one process per data dir (a second coved, or `coved migrate` reading it) */
+        d->dir_lock = coved_data_dir_lock(d->data_dir, 1, err);
+        if (d->dir_lock < 0)
+                return -1;
         if (d->role == COVED_ROLE_CONTROL)
                 return control_open(d, o, err);
         if (o->templates_dir) {
@@ -370,6 +382,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (!d->cat)
                 return cove_err_wrap(err, "catalog %s", shown);
         cove_info(&d->log, "coved.start", "catalog: %s %s", d->cat_ops->name, shown);
+        if (coved_keys_open(d, o->default_kek_file, err) < 0)
+                goto fail;
         /* a node takes no API keys: it writes no admin key (its callers are control
          * replicas) */
         if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 ||
@@ -487,7 +501,11 @@ void coved_close(struct coved *d)
         if (d->cat)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;
+        coved_keys_close(d);
         cove_keys_cache_clear(); /* unwrapped data keys do not outlive coved */
+        if (d->dir_lock > 0)
+                close(d->dir_lock);
+        d->dir_lock = -1;
         OPENSSL_cleanse(d->cluster_key, sizeof(d->cluster_key));
         OPENSSL_cleanse(d->node_token, sizeof(d->node_token));
 }

@@ -74,6 +74,10 @@ struct coved_options {
         struct coved_ports_options ports;     /* exposed ports listener (control/ports.h) */
         struct coved_cluster_options cluster; /* role and cluster identity */
         struct coved_forward_options forward; /* role control */
+        /* The default KEK of tenants without their own key when key records are shared
+         * (catalog on PostgreSQL): the same 32-byte file on every control and node (needed
+         * in roles control and node; NULL in role all: <data>/keys/node.kek). */
+        const char *default_kek_file;
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -94,6 +98,12 @@ struct cove_node_tm;
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
         uint64_t create_ns_sum; /* total create latency, for the average */
+};
+
+/* A catalog as the key records' store (control/tenant.h coved_keys_catalog_ops). */
+struct coved_keys_cat {
+        const struct cove_catalog_ops *ops;
+        struct cove_catalog *cat;
 };
 
 struct coved {
@@ -135,9 +145,12 @@ struct coved {
         char control_url[256]; /* node role */
         char advertise[256];   /* node role: its node API URL */
         int lease_ttl_ms, lease_renew_ms;
-        struct coved_cluster *cl; /* the cluster side (control/cluster.h); NULL in role all */
-        struct cove_fwd *fwd;     /* control: forwarding options; node: the node API's replay
-                                   * cache (api/forward.h, owned by daemon/); NULL in role all */
+        struct coved_cluster *cl;       /* the cluster side (control/cluster.h); NULL in role all */
+        struct cove_fwd *fwd;           /* control: forwarding options; node: the node API's replay
+                                         * cache (api/forward.h, owned by daemon/); NULL in role all */
+        struct coved_keys_cat keys_cat; /* key records in the catalog (coved_keys_open) */
+        int keys_attached;
+        int dir_lock; /* <data>/coved.lock, locked (control/migrate.h); > 0 while open */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),

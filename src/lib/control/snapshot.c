@@ -1067,6 +1067,9 @@ static void store_tenants(struct coved *d, struct tenant_names *t)
                 tn_add(t, de->d_name);
 }
 
+static int catalog_shared(const struct coved *d);
+static void orphans_sweep(struct coved *d);
+
 static void thin(struct coved *d, int64_t now)
 {
         struct cove_tm *tm = d->tm;
@@ -1141,6 +1144,8 @@ static void thin(struct coved *d, int64_t now)
                 free(all.v);
                 return;
         }
+        if (catalog_shared(d))
+                orphans_sweep(d); /* settled orphans of any process, before the mark */
         struct tenant_names tns;
         store_tenants(d, &tns);
         for (size_t ti = 0; ti < tns.n; ti++) {
@@ -1221,9 +1226,19 @@ void cove_tm_kick(struct coved *d)
 
 /* ---- start-up and shutdown ---- */
 
+/* Several processes share the catalog (PostgreSQL) and so the store's manifests: another
+ * one may be between writing a manifest and committing its row. */
+static int catalog_shared(const struct coved *d)
+{
+        return d->cat_ops != &cove_catalog_sqlite;
+}
+
 /* What a crash may have left: manifests whose catalog row was never written (the snapshot
- * was never reported). The node removed the temporary images at its open. */
-static void cleanup_crash(struct coved *d)
+ * was never reported). The node removed the temporary images at its open. With a shared
+ * catalog only settled manifests (older than the store's grace period) are orphans: a
+ * younger one may be another process's capture about to commit its row; those are looked
+ * at again by every GC pass (orphans_sweep). */
+static void orphans_sweep(struct coved *d)
 {
         struct cove_tm *tm = d->tm;
         struct tenant_names tns;
@@ -1233,7 +1248,8 @@ static void cleanup_crash(struct coved *d)
                 char **ids = NULL;
                 size_t n = 0;
                 struct cove_err err;
-                if (cove_node_tm_list(tm->node, tname, &ids, &n, &err) < 0) {
+                if ((catalog_shared(d) ? cove_node_tm_list_settled(tm->node, tname, &ids, &n, &err)
+                                       : cove_node_tm_list(tm->node, tname, &ids, &n, &err)) < 0) {
                         cove_warn(&d->log, "snapshot.recover", "tenant %s: %s", tname, err.msg);
                         continue;
                 }
@@ -1266,10 +1282,7 @@ int cove_tm_open(struct coved *d, struct cove_err *err)
         tm->node = d->ntm;
         if (!tm->node)
                 return cove_err_setk(err, COVE_E_INTERNAL, 0, "time machine: the node has none");
-        /* a node of a cluster shares the store: a manifest without a row may be another
-         * node's snapshot in flight, so only a single coved sweeps them */
-        if (d->role == COVED_ROLE_ALL)
-                cleanup_crash(d);
+        orphans_sweep(d);
         tm->last_thin_ms = 0;
         tm->rolling_off = !cove_node_tm_layers(tm->node);
         int e = pthread_create(&tm->thr, NULL, tm_main, d);

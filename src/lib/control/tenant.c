@@ -25,6 +25,60 @@ void coved_keys_dir(const struct coved *d, char *out, size_t cap)
         snprintf(out, cap, "%s/keys", d->data_dir);
 }
 
+static int kc_get(void *ctx, const char *tenant, char **json, int64_t *gen, struct cove_err *err)
+{
+        struct coved_keys_cat *k = ctx;
+        if (!k->ops->keyrec_get)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "this catalog backend keeps no key records");
+        return k->ops->keyrec_get(k->cat, tenant, json, gen, err);
+}
+
+static int kc_put(void *ctx, const char *tenant, const char *json, int64_t expect_gen, int64_t *gen,
+                  struct cove_err *err)
+{
+        struct coved_keys_cat *k = ctx;
+        if (!k->ops->keyrec_put)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "this catalog backend keeps no key records");
+        return k->ops->keyrec_put(k->cat, tenant, json, expect_gen, gen, err);
+}
+
+const struct cove_key_store_ops coved_keys_catalog_ops = {.get = kc_get, .put = kc_put};
+
+int coved_keys_open(struct coved *d, const char *default_kek_file, struct cove_err *err)
+{
+        char dir[PATH_MAX];
+        coved_keys_dir(d, dir, sizeof(dir));
+        int shared = d->cat_ops != &cove_catalog_sqlite;
+        if (!shared && default_kek_file)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "--default-kek-file is the shared default key of a "
+                                     "cluster's key records (--db postgres://…); with the "
+                                     "SQLite catalog the node key %s/node.kek is used",
+                                     dir);
+        if (!shared)
+                return 0;
+        d->keys_cat.ops = d->cat_ops;
+        d->keys_cat.cat = d->cat;
+        if (cove_keys_attach(dir, &coved_keys_catalog_ops, &d->keys_cat, default_kek_file, err) < 0)
+                return -1;
+        d->keys_attached = 1;
+        cove_info(&d->log, "coved.start", "key records: in the catalog, default key %s",
+                  default_kek_file ? default_kek_file : "<data>/keys/node.kek (this node only)");
+        return 0;
+}
+
+void coved_keys_close(struct coved *d)
+{
+        if (!d->keys_attached)
+                return;
+        char dir[PATH_MAX];
+        coved_keys_dir(d, dir, sizeof(dir));
+        cove_keys_detach(dir);
+        d->keys_attached = 0;
+}
+
 static void audit(struct coved *d, const char *tenant, const char *kind, const char *action,
                   const char *verdict, const char *actor, json_t *detail)
 {

@@ -8,9 +8,20 @@
 #include <stddef.h>
 
 #include "control/coved.h"
+#include "crypto/keys.h"
 
 /* <data_dir>/keys: key records and the node default KEK (crypto/keys.h). */
 void coved_keys_dir(const struct coved *d, char *out, size_t cap);
+/* Where key records live, chosen once the catalog is open: with a PostgreSQL catalog (any
+ * role) in the catalog's key_records, shared by every process on it, under
+ * default_kek_file (required in roles control and node; in role all it defaults to
+ * <data>/keys/node.kek, which only that process holds); with SQLite the files in
+ * <data>/keys exactly as before (default_kek_file is refused there). */
+int coved_keys_open(struct coved *d, const char *default_kek_file, struct cove_err *err);
+void coved_keys_close(struct coved *d);
+/* The record store over a catalog (for coved_keys_open and `coved migrate`): ctx is a
+ * struct coved_keys_cat (control/coved.h). */
+extern const struct cove_key_store_ops coved_keys_catalog_ops;
 /* The key gate for a tenant: 0 when its data key unwraps (cached within the TTL), else -1
  * with KEY_REVOKED / UNAVAILABLE. Call before anything is changed. */
 int coved_key_gate(struct coved *d, const char *tenant, struct cove_err *err);

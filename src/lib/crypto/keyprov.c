@@ -130,13 +130,23 @@ static int kek_read(const char *path, uint8_t kek[COVE_KEY_LEN], struct cove_err
 }
 
 /* The node default KEK, created (0600, never replacing a concurrent creator's) if absent. */
+int cove_kek_file_check(const char *path, struct cove_err *err)
+{
+        uint8_t kek[COVE_KEY_LEN];
+        int r = kek_read(path, kek, err);
+        OPENSSL_cleanse(kek, sizeof(kek));
+        return r;
+}
+
+/* A default KEK given for keys_dir (cove_keys_attach: the same file on every process of a
+ * cluster) is only read, never created. */
 static int node_kek(const char *keys_dir, uint8_t kek[COVE_KEY_LEN], struct cove_err *err)
 {
         char path[PATH_MAX];
-        snprintf(path, sizeof(path), "%s/node.kek", keys_dir);
+        int fixed = cove_keys_default_kek(keys_dir, path, sizeof(path));
         if (kek_read(path, kek, err) == 0)
                 return 0;
-        if (err->kind != COVE_E_NOT_FOUND)
+        if (fixed || err->kind != COVE_E_NOT_FOUND)
                 return -1;
         if (cove_mkdir_p(keys_dir, 0700, err) < 0)
                 return -1;

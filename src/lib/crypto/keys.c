@@ -86,23 +86,92 @@ static int copy_str(json_t *o, const char *k, char *dst, size_t cap, int require
         return 0;
 }
 
-int cove_key_record_read(const char *keys_dir, const char *tenant, struct cove_key_record *rec,
-                         struct cove_err *err)
+/* ---- where records live: files (default) or a record store (cove_keys_attach) ---- */
+
+struct kstore {
+        struct kstore *next;
+        char dir[PATH_MAX];
+        const struct cove_key_store_ops *ops; /* NULL: files in dir */
+        void *ctx;
+        char default_kek[PATH_MAX]; /* "": <dir>/node.kek */
+};
+
+static pthread_mutex_t store_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct kstore *stores;
+
+/* The store attached to keys_dir (copied out: attach/detach may run meanwhile). */
+static int store_of(const char *keys_dir, struct kstore *out)
 {
-        char path[PATH_MAX];
-        if (rec_path(keys_dir, tenant, "key", path, sizeof(path), err) < 0)
-                return -1;
-        cleanup_close int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        if (fd < 0 && errno == ENOENT)
+        int found = 0;
+        pthread_mutex_lock(&store_mu);
+        for (struct kstore *k = stores; k; k = k->next)
+                if (!strcmp(k->dir, keys_dir)) {
+                        *out = *k;
+                        found = 1;
+                        break;
+                }
+        pthread_mutex_unlock(&store_mu);
+        return found;
+}
+
+int cove_keys_attach(const char *keys_dir, const struct cove_key_store_ops *ops, void *ctx,
+                     const char *default_kek_file, struct cove_err *err)
+{
+        if (!keys_dir || strlen(keys_dir) >= PATH_MAX ||
+            (default_kek_file && strlen(default_kek_file) >= PATH_MAX))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "key store: path too long");
+        if (default_kek_file && *default_kek_file && cove_kek_file_check(default_kek_file, err) < 0)
+                return cove_err_wrap(err, "default key-encryption key");
+        struct kstore *k = calloc(1, sizeof(*k));
+        if (!k)
+                return cove_err_set(err, ENOMEM, "key store");
+        snprintf(k->dir, sizeof(k->dir), "%s", keys_dir);
+        k->ops = ops;
+        k->ctx = ctx;
+        snprintf(k->default_kek, sizeof(k->default_kek), "%s",
+                 default_kek_file ? default_kek_file : "");
+        cove_keys_detach(keys_dir);
+        pthread_mutex_lock(&store_mu);
+        k->next = stores;
+        stores = k;
+        pthread_mutex_unlock(&store_mu);
+        return 0;
+}
+
+void cove_keys_detach(const char *keys_dir)
+{
+        pthread_mutex_lock(&store_mu);
+        for (struct kstore **pp = &stores; *pp; pp = &(*pp)->next)
+                if (!strcmp((*pp)->dir, keys_dir)) {
+                        struct kstore *k = *pp;
+                        *pp = k->next;
+                        free(k);
+                        break;
+                }
+        pthread_mutex_unlock(&store_mu);
+}
+
+int cove_keys_default_kek(const char *keys_dir, char *path, size_t cap)
+{
+        struct kstore k;
+        if (store_of(keys_dir, &k) && k.default_kek[0]) {
+                snprintf(path, cap, "%s", k.default_kek);
                 return 1;
-        struct stat st;
-        if (fd < 0 || fstat(fd, &st) < 0)
-                return cove_err_set(err, errno, "key record %s", path);
-        if (!S_ISREG(st.st_mode) || (st.st_mode & 077) || st.st_size > RECORD_MAX)
-                return cove_err_set(
-                    err, 0, "key record %s: want a regular file of mode 0600 under 64 KiB", path);
-        json_error_t je;
-        json_t *o = json_loadfd(fd, 0, &je);
+        }
+        snprintf(path, cap, "%s/node.kek", keys_dir);
+        return 0;
+}
+
+int cove_keys_shared(const char *keys_dir)
+{
+        struct kstore k;
+        return store_of(keys_dir, &k) && k.ops;
+}
+
+/* Fields of a record from its JSON; what names it in the error. */
+static int rec_parse(json_t *o, const char *tenant, struct cove_key_record *rec, const char *what,
+                     struct cove_err *err)
+{
         memset(rec, 0, sizeof(*rec));
         json_t *ver = json_object_get(o, "version"), *fmt = json_object_get(o, "format");
         int bad = !json_is_object(o) || !json_is_integer(fmt) || json_integer_value(fmt) != 1 ||
@@ -125,11 +194,68 @@ int cove_key_record_read(const char *keys_dir, const char *tenant, struct cove_k
                 rec->rotated_at = json_integer_value(json_object_get(o, "rotated_at"));
                 rec->revoked_at = json_integer_value(json_object_get(o, "revoked_at"));
         }
-        json_decref(o);
-        if (bad)
+        if (bad) {
+                OPENSSL_cleanse(rec->wrapped, sizeof(rec->wrapped));
                 return cove_err_set(err, 0, "key record %s is malformed or names another tenant",
-                                    path);
+                                    what);
+        }
         return 0;
+}
+
+static int file_record_read(const char *keys_dir, const char *tenant, struct cove_key_record *rec,
+                            struct cove_err *err)
+{
+        char path[PATH_MAX];
+        if (rec_path(keys_dir, tenant, "key", path, sizeof(path), err) < 0)
+                return -1;
+        cleanup_close int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 && errno == ENOENT)
+                return 1;
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) < 0)
+                return cove_err_set(err, errno, "key record %s", path);
+        if (!S_ISREG(st.st_mode) || (st.st_mode & 077) || st.st_size > RECORD_MAX)
+                return cove_err_set(
+                    err, 0, "key record %s: want a regular file of mode 0600 under 64 KiB", path);
+        json_error_t je;
+        json_t *o = json_loadfd(fd, 0, &je);
+        int rc = rec_parse(o, tenant, rec, path, err);
+        json_decref(o);
+        return rc;
+}
+
+/* From the attached record store: 0, 1 none, -1. */
+static int store_record_read(const struct kstore *k, const char *tenant,
+                             struct cove_key_record *rec, struct cove_err *err)
+{
+        if (!cove_tenant_name_valid(tenant))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid tenant name");
+        char *txt = NULL;
+        int64_t gen = 0;
+        int r = k->ops->get(k->ctx, tenant, &txt, &gen, err);
+        if (r != 0)
+                return r < 0 ? cove_err_wrap(err, "key record of tenant %s", tenant) : 1;
+        size_t len = strlen(txt);
+        json_error_t je;
+        json_t *o = len <= RECORD_MAX ? json_loads(txt, 0, &je) : NULL;
+        OPENSSL_cleanse(txt, len);
+        free(txt);
+        char what[COVE_TENANT_MAX + 32];
+        snprintf(what, sizeof(what), "of tenant %s (catalog)", tenant);
+        r = rec_parse(o, tenant, rec, what, err);
+        json_decref(o);
+        if (r == 0)
+                rec->gen = gen;
+        return r;
+}
+
+int cove_key_record_read(const char *keys_dir, const char *tenant, struct cove_key_record *rec,
+                         struct cove_err *err)
+{
+        struct kstore k;
+        if (store_of(keys_dir, &k) && k.ops)
+                return store_record_read(&k, tenant, rec, err);
+        return file_record_read(keys_dir, tenant, rec, err);
 }
 
 int cove_key_tenant_held(const char *keys_dir, const char *tenant, struct cove_err *err)
@@ -159,9 +285,33 @@ static json_t *rec_json(const struct cove_key_record *r)
         return o;
 }
 
+/* Into the record store: create = insert only, else a compare-and-set on rec->gen; either
+ * refused with CONFLICT when another writer got there first. */
+static int store_record_write(const struct kstore *k, const struct cove_key_record *rec, int create,
+                              struct cove_err *err)
+{
+        if (!cove_tenant_name_valid(rec->tenant))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid tenant name");
+        json_t *o = rec_json(rec);
+        char *txt = o ? json_dumps(o, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        json_decref(o);
+        if (!txt)
+                return cove_err_set(err, ENOMEM, "key record of %s", rec->tenant);
+        int64_t gen = 0;
+        int rc = k->ops->put(k->ctx, rec->tenant, txt, create ? 0 : rec->gen, &gen, err);
+        OPENSSL_cleanse(txt, strlen(txt));
+        free(txt);
+        if (rc < 0)
+                return cove_err_wrap(err, "key record of tenant %s", rec->tenant);
+        return 0;
+}
+
 int cove_key_record_write(const char *keys_dir, const struct cove_key_record *rec, int create,
                           struct cove_err *err)
 {
+        struct kstore k;
+        if (store_of(keys_dir, &k) && k.ops)
+                return store_record_write(&k, rec, create, err);
         char path[PATH_MAX], name[COVE_TENANT_MAX + 8];
         if (rec_path(keys_dir, rec->tenant, "key", path, sizeof(path), err) < 0)
                 return -1;
@@ -293,6 +443,13 @@ static int legacy_dek(const char *path, uint8_t dek[COVE_KEY_LEN], struct cove_e
  * there, 1 none and !create, -1 error. */
 static int rec_ensure(const char *keys_dir, const char *tenant, int create, struct cove_err *err)
 {
+        if (cove_keys_shared(keys_dir)) {
+                /* a record this node kept in files before its records were shared */
+                int how = 0;
+                int r = cove_key_import(keys_dir, keys_dir, tenant, &how, err);
+                if (r <= 0)
+                        return r;
+        }
         char legacy[PATH_MAX];
         if (rec_path(keys_dir, tenant, "dek", legacy, sizeof(legacy), err) < 0)
                 return -1;
@@ -317,6 +474,63 @@ static int rec_ensure(const char *keys_dir, const char *tenant, int create, stru
         return rc;
 }
 
+int cove_key_import(const char *from_dir, const char *to_dir, const char *tenant, int *how,
+                    struct cove_err *err)
+{
+        *how = 0;
+        struct cove_key_record rec, cur;
+        int r = file_record_read(from_dir, tenant, &rec, err);
+        if (r != 0)
+                return r;
+        int node_default = !strcmp(rec.provider, "local") && !rec.key_file[0];
+        uint8_t *dek = node_default ? locked_alloc(COVE_KEY_LEN, NULL) : NULL;
+        int rc = node_default && !dek ? cove_err_set(err, errno, "allocate key memory") : 0;
+        if (rc == 0 && node_default) {
+                /* under the default KEK of from_dir: its node.kek, or the one configured for
+                 * it; the record's check value says which opens it */
+                char cand[2][PATH_MAX];
+                snprintf(cand[0], sizeof(cand[0]), "%s/node.kek", from_dir);
+                int nc = 1 + cove_keys_default_kek(from_dir, cand[1], sizeof(cand[1]));
+                rc = -1;
+                for (int i = 0; i < nc && rc < 0; i++) {
+                        struct cove_key_record tmp = rec;
+                        char chk[33];
+                        snprintf(tmp.key_file, sizeof(tmp.key_file), "%s", cand[i]);
+                        cove_err_clear(err);
+                        rc = cove_key_provider_local.unwrap(from_dir, &tmp, tmp.wrapped, dek, err);
+                        if (rc == 0 &&
+                            (check_value(dek, chk) < 0 || CRYPTO_memcmp(chk, rec.check, 32)))
+                                rc = cove_err_setk(err, COVE_E_KEY_REVOKED, 0,
+                                                   "the default key of %s does not open it",
+                                                   from_dir);
+                        OPENSSL_cleanse(tmp.wrapped, sizeof(tmp.wrapped));
+                }
+                if (rc == 0) /* wrapped again under to_dir's default KEK */
+                        rc = rec_wrap(to_dir, &rec, dek, err);
+                if (rc == 0)
+                        *how = 1;
+        }
+        rec.gen = 0;
+        if (rc == 0)
+                rc = cove_key_record_write(to_dir, &rec, 1, err);
+        if (rc < 0 && err->kind == COVE_E_CONFLICT) {
+                /* there already: the same data key (a re-run, a concurrent import) is fine */
+                cove_err_clear(err);
+                rc = cove_key_record_read(to_dir, tenant, &cur, err) == 0 ? 0 : -1;
+                if (rc == 0 && strcmp(cur.check, rec.check))
+                        rc = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                           "tenant %s already has another data key there", tenant);
+                if (rc == 0)
+                        *how = 2;
+                OPENSSL_cleanse(cur.wrapped, sizeof(cur.wrapped));
+        }
+        OPENSSL_cleanse(rec.wrapped, sizeof(rec.wrapped));
+        locked_free(dek, COVE_KEY_LEN);
+        if (rc < 0)
+                return cove_err_wrap(err, "import key record of tenant %s", tenant);
+        return 0;
+}
+
 /* ---- the cache ---- */
 
 struct kent {
@@ -330,6 +544,7 @@ struct kent {
         ino_t ino;
         struct timespec mtime, ctime; /* ctime: a chmod/chown/link change counts too */
         off_t size;
+        int64_t gen; /* record store: the record's generation (files: 0) */
 };
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -382,11 +597,46 @@ void cove_keys_cache_clear(void)
         pthread_mutex_unlock(&cache_mu);
 }
 
-static int same_file(const struct kent *e, const struct stat *st)
+/* What identifies one version of a record: the file's identity (files) or the record
+ * store's generation, bumped by every write from any process (catalog). */
+struct stamp {
+        struct stat st;
+        int64_t gen;
+};
+
+static int same_stamp(const struct kent *e, const struct stamp *s)
 {
-        return e->dev == st->st_dev && e->ino == st->st_ino && e->size == st->st_size &&
-               e->mtime.tv_sec == st->st_mtim.tv_sec && e->mtime.tv_nsec == st->st_mtim.tv_nsec &&
-               e->ctime.tv_sec == st->st_ctim.tv_sec && e->ctime.tv_nsec == st->st_ctim.tv_nsec;
+        const struct stat *st = &s->st;
+        return e->gen == s->gen && e->dev == st->st_dev && e->ino == st->st_ino &&
+               e->size == st->st_size && e->mtime.tv_sec == st->st_mtim.tv_sec &&
+               e->mtime.tv_nsec == st->st_mtim.tv_nsec && e->ctime.tv_sec == st->st_ctim.tv_sec &&
+               e->ctime.tv_nsec == st->st_ctim.tv_nsec;
+}
+
+/* The record's current stamp: 0 there (rec filled when loaded is set: the record store
+ * answers the whole record at once), 1 none, -1 error. */
+static int rec_stamp(const char *keys_dir, const char *tenant, struct stamp *s,
+                     struct cove_key_record *rec, int *loaded, struct cove_err *err)
+{
+        memset(s, 0, sizeof(*s));
+        *loaded = 0;
+        struct kstore k;
+        if (store_of(keys_dir, &k) && k.ops) {
+                int r = store_record_read(&k, tenant, rec, err);
+                if (r == 0) {
+                        s->gen = rec->gen;
+                        *loaded = 1;
+                }
+                return r;
+        }
+        char path[PATH_MAX];
+        if (rec_path(keys_dir, tenant, "key", path, sizeof(path), err) < 0)
+                return -1;
+        if (stat(path, &s->st) == 0)
+                return 0;
+        if (errno != ENOENT)
+                return cove_err_set(err, errno, "key record %s", path);
+        return 1;
 }
 
 /* The core: the tenant's DEK into dek (may be NULL: only check), from the cache when its
@@ -394,23 +644,27 @@ static int same_file(const struct kent *e, const struct stat *st)
 static int get_dek(const char *keys_dir, const char *tenant, int create, uint8_t *dek,
                    struct cove_err *err)
 {
-        char path[PATH_MAX];
-        if (rec_path(keys_dir, tenant, "key", path, sizeof(path), err) < 0)
-                return -1;
+        if (!cove_tenant_name_valid(tenant))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid tenant name");
         for (int attempt = 0; attempt < 3; attempt++) {
-                struct stat st;
-                int have = stat(path, &st) == 0;
-                if (!have && errno != ENOENT)
-                        return cove_err_set(err, errno, "key record %s", path);
+                struct stamp sp;
+                struct cove_key_record rec;
+                int loaded = 0;
+                int hr = rec_stamp(keys_dir, tenant, &sp, &rec, &loaded, err);
+                if (hr < 0)
+                        return -1;
+                int have = hr == 0;
                 pthread_mutex_lock(&cache_mu);
                 int64_t ttl = cache_ttl_ms, now = cove_mono_ns() / 1000000;
                 for (struct kent *e = cache; e; e = e->next) {
                         if (strcmp(e->dir, keys_dir) || strcmp(e->tenant, tenant))
                                 continue;
-                        if (have && same_file(e, &st) && now - e->at_ms < ttl) {
+                        if (have && same_stamp(e, &sp) && now - e->at_ms < ttl) {
                                 if (dek)
                                         memcpy(dek, e->dek, COVE_KEY_LEN);
                                 pthread_mutex_unlock(&cache_mu);
+                                if (loaded)
+                                        OPENSSL_cleanse(rec.wrapped, sizeof(rec.wrapped));
                                 return 0;
                         }
                         cache_drop_locked(keys_dir, tenant); /* stale: re-unwrap below */
@@ -426,13 +680,15 @@ static int get_dek(const char *keys_dir, const char *tenant, int create, uint8_t
                                                      "tenant %s has no data key", tenant);
                         continue;
                 }
-                struct cove_key_record rec;
-                int r = cove_key_record_read(keys_dir, tenant, &rec, err);
-                if (r == 1)
-                        continue; /* removed meanwhile */
-                if (r < 0)
-                        return -1;
+                if (!loaded) {
+                        int r = cove_key_record_read(keys_dir, tenant, &rec, err);
+                        if (r == 1)
+                                continue; /* removed meanwhile */
+                        if (r < 0)
+                                return -1;
+                }
                 if (!strcmp(rec.state, "revoked")) {
+                        OPENSSL_cleanse(rec.wrapped, sizeof(rec.wrapped));
                         char when[40];
                         cove_rfc3339(rec.revoked_at, when, sizeof(when));
                         return cove_err_setk(err, COVE_E_KEY_REVOKED, 0,
@@ -440,10 +696,13 @@ static int get_dek(const char *keys_dir, const char *tenant, int create, uint8_t
                                              when);
                 }
                 uint8_t *tmp = locked_alloc(COVE_KEY_LEN, NULL);
-                if (!tmp)
+                if (!tmp) {
+                        OPENSSL_cleanse(rec.wrapped, sizeof(rec.wrapped));
                         return cove_err_set(err, errno, "allocate key memory");
+                }
                 char chk[33];
-                r = cove_key_provider(rec.provider)->unwrap(keys_dir, &rec, rec.wrapped, tmp, err);
+                int r =
+                    cove_key_provider(rec.provider)->unwrap(keys_dir, &rec, rec.wrapped, tmp, err);
                 if (r == 0 && (check_value(tmp, chk) < 0 || CRYPTO_memcmp(chk, rec.check, 32)))
                         r = cove_err_setk(err, COVE_E_KEY_REVOKED, 0,
                                           "data key of tenant %s: the provider returned a key "
@@ -467,11 +726,12 @@ static int get_dek(const char *keys_dir, const char *tenant, int create, uint8_t
                 e->dek = tmp;
                 e->at_ms = cove_mono_ns() / 1000000;
                 e->at_wall = cove_now_ms();
-                e->dev = st.st_dev;
-                e->ino = st.st_ino;
-                e->mtime = st.st_mtim;
-                e->ctime = st.st_ctim;
-                e->size = st.st_size;
+                e->dev = sp.st.st_dev;
+                e->ino = sp.st.st_ino;
+                e->mtime = sp.st.st_mtim;
+                e->ctime = sp.st.st_ctim;
+                e->size = sp.st.st_size;
+                e->gen = sp.gen;
                 pthread_mutex_lock(&cache_mu);
                 cache_drop_locked(keys_dir, tenant);
                 e->next = cache;
@@ -629,12 +889,21 @@ int cove_key_revoke(const char *keys_dir, const char *tenant, struct cove_key_st
                         r = cove_key_record_read(keys_dir, tenant, &rec, err);
         }
         int rc = r == 0 ? 0 : -1;
-        if (rc == 0 && !strcmp(rec.state, "revoked")) {
-                rc = 1;
-        } else if (rc == 0) {
+        /* another process may write the shared record meanwhile (CONFLICT): read it again;
+         * a revocation is never given up for a concurrent rotation */
+        for (int tries = 0; rc == 0; tries++) {
+                if (!strcmp(rec.state, "revoked")) {
+                        rc = 1;
+                        break;
+                }
                 snprintf(rec.state, sizeof(rec.state), "revoked");
                 rec.revoked_at = cove_now_ms();
                 rc = cove_key_record_write(keys_dir, &rec, 0, err);
+                if (rc == 0 || err->kind != COVE_E_CONFLICT || tries >= 8)
+                        break;
+                OPENSSL_cleanse(rec.wrapped, sizeof(rec.wrapped));
+                cove_err_clear(err);
+                rc = cove_key_record_read(keys_dir, tenant, &rec, err) == 0 ? 0 : -1;
         }
         pthread_mutex_lock(&cache_mu);
         cache_drop_locked(keys_dir, tenant); /* at once, whatever happened above */

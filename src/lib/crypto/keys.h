@@ -101,6 +101,7 @@ struct cove_key_record {
         char unwrap_cmd[COVE_KEY_CMD_MAX];
         int timeout_ms;                             /* command: bounded wait (0: default) */
         int64_t created_at, rotated_at, revoked_at; /* unix ms; 0 = never */
+        int64_t gen; /* record store: generation read (not part of the record); files: 0 */
 };
 
 /* A provider wraps and unwraps a DEK under the KEK the record names. wrapped is base64
@@ -170,6 +171,44 @@ void cove_keys_cache_clear(void);
  * or "local" with a key file), 0 under the node default KEK or without a record, -1 when
  * the record cannot be read. A revoked own key still answers 1. */
 int cove_key_tenant_held(const char *keys_dir, const char *tenant, struct cove_err *err);
+
+/* ---- where records live ----
+ * By default a record is the file <keys_dir>/<tenant>.key and the node default KEK is
+ * <keys_dir>/node.kek (created on first use). A cluster shares records through a record
+ * store (the catalog: control/tenant.c) attached to keys_dir: every process reads and
+ * writes the same records, a write is a compare-and-set on the record's generation (so a
+ * revocation is never lost to a concurrent rotation), and every use of a cached DEK
+ * compares the generation, so a revocation through any process is seen by all of them at
+ * their next use. default_kek_file (NULL/"": <keys_dir>/node.kek) is then the same 32-byte
+ * file on every process: it is read, never created. A record that still exists only as a
+ * file in keys_dir is imported into the store on first use (wrapped again under the
+ * default KEK when it was under node.kek). */
+struct cove_key_store_ops {
+        /* 0 with *json (malloc'd record JSON, caller wipes and frees) and *gen; 1 none. */
+        int (*get)(void *ctx, const char *tenant, char **json, int64_t *gen, struct cove_err *err);
+        /* expect_gen 0: insert only; else replace the record at that generation. CONFLICT
+         * when the record exists (insert) or moved on (replace). Fills *gen. */
+        int (*put)(void *ctx, const char *tenant, const char *json, int64_t expect_gen,
+                   int64_t *gen, struct cove_err *err);
+};
+/* ops NULL: files, with only the default KEK overridden. Replaces an earlier attach. */
+int cove_keys_attach(const char *keys_dir, const struct cove_key_store_ops *ops, void *ctx,
+                     const char *default_kek_file, struct cove_err *err);
+void cove_keys_detach(const char *keys_dir);
+/* The default KEK's path for keys_dir into path: 1 configured by attach, 0 node.kek. */
+int cove_keys_default_kek(const char *keys_dir, char *path, size_t cap);
+/* 1 when keys_dir's records are in a record store. */
+int cove_keys_shared(const char *keys_dir);
+/* 0 when path is a usable KEK file (0600, 32 raw bytes or 64 hex digits). */
+int cove_kek_file_check(const char *path, struct cove_err *err);
+/* Copy the file record of tenant from from_dir into to_dir's records (attach a store to
+ * to_dir first). A record under from_dir's default KEK is unwrapped with it (its
+ * node.kek, or the default configured for from_dir) and wrapped again under to_dir's;
+ * BYOK records (a key file, a command) are copied as they are. Idempotent: a record with
+ * the same data key already there is left alone. 0 (*how: 0 copied, 1 re-wrapped, 2
+ * already there), 1 no file record, -1 (CONFLICT: another data key is there). */
+int cove_key_import(const char *from_dir, const char *to_dir, const char *tenant, int *how,
+                    struct cove_err *err);
 
 /* Record I/O (exposed for tests and tools). parse: 0 ok, -1 malformed (INTERNAL). */
 int cove_key_record_read(const char *keys_dir, const char *tenant, struct cove_key_record *rec,

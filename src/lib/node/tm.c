@@ -511,6 +511,12 @@ int cove_node_tm_list(struct cove_node_tm *tm, const char *tenant, char ***ids, 
         return cove_snapshot_list(tm->store, tenant, ids, n, err);
 }
 
+int cove_node_tm_list_settled(struct cove_node_tm *tm, const char *tenant, char ***ids, size_t *n,
+                              struct cove_err *err)
+{
+        return cove_snapshot_list_settled(tm->store, tenant, ids, n, err);
+}
+
 void cove_node_tm_list_free(char **ids, size_t n)
 {
         cove_snapshot_list_free(ids, n);

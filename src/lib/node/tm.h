@@ -139,6 +139,9 @@ int cove_node_tm_delete(struct cove_node_tm *tm, const char *tenant, const char 
 int cove_node_tm_list(struct cove_node_tm *tm, const char *tenant, char ***ids, size_t *n,
                       struct cove_err *err);
 void cove_node_tm_list_free(char **ids, size_t n);
+/* Those older than the store's grace period (store/snapshot.h cove_snapshot_list_settled). */
+int cove_node_tm_list_settled(struct cove_node_tm *tm, const char *tenant, char ***ids, size_t *n,
+                              struct cove_err *err);
 
 /* A snapshot the catalog keeps, for GC's mark. */
 struct cove_node_tm_kept {

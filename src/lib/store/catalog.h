@@ -255,6 +255,17 @@ struct cove_catalog_ops {
         int (*doc_delete)(struct cove_catalog *c, const char *kind, const char *tenant,
                           const char *key, struct cove_err *err);
 
+        /* ---- tenants' key records (schema 8), crypto/keys.h "record store" ----
+         * get: 0 with *json (malloc'd, the caller wipes and frees) and *gen, 1 none.
+         * put: expect_gen 0 inserts (COVE_E_CONFLICT if the tenant has a record), else
+         * replaces the record whose gen is expect_gen (COVE_E_CONFLICT if it moved on or
+         * is absent); the new gen (old + 1, 1 for an insert) in *gen. Committed with a
+         * full fsync. */
+        int (*keyrec_get)(struct cove_catalog *c, const char *tenant, char **json, int64_t *gen,
+                          struct cove_err *err);
+        int (*keyrec_put)(struct cove_catalog *c, const char *tenant, const char *json,
+                          int64_t expect_gen, int64_t *gen, struct cove_err *err);
+
         /* ---- cluster (schema 6); see struct cove_node_row ---- */
 
         /* A node process takes the lease of its name (n: name, capacity, address, features; the

@@ -1239,6 +1239,56 @@ static int pg_doc_get(struct cove_catalog *c, const char *kind, const char *tena
                         &p, json, err, kind, key);
 }
 
+/* ---- key records (schema 8) ---- */
+
+static int pg_keyrec_get(struct cove_catalog *c, const char *tenant, char **json, int64_t *gen,
+                         struct cove_err *err)
+{
+        struct params p = {0};
+        p_text(&p, tenant);
+        PGresult *res = run1(c, "SELECT record_json, gen FROM key_records WHERE tenant = $1", &p,
+                             err, "key record of %s", tenant);
+        if (!res)
+                return -1;
+        int r = 1;
+        if (PQntuples(res) > 0) {
+                *gen = get_i64(res, 0, 1);
+                r = (*json = get_dup(res, 0, 0, "{}")) ? 0
+                                                       : cove_err_set(err, ENOMEM, "key record");
+        }
+        PQclear(res);
+        return r;
+}
+
+static int pg_keyrec_put(struct cove_catalog *c, const char *tenant, const char *json,
+                         int64_t expect_gen, int64_t *gen, struct cove_err *err)
+{
+        struct params p = {0};
+        p_text(&p, tenant);
+        p_text(&p, json);
+        p_int(&p, cove_now_ms());
+        p_int(&p, expect_gen);
+        PGresult *res =
+            run1(c,
+                 expect_gen == 0 ? "INSERT INTO key_records(tenant, gen, record_json, updated_at)"
+                                   " SELECT $1, 1, $2, $3 WHERE $4::bigint = 0"
+                                   " ON CONFLICT(tenant) DO NOTHING RETURNING gen"
+                                 : "UPDATE key_records SET gen = gen + 1, record_json = $2,"
+                                   " updated_at = $3 WHERE tenant = $1 AND gen = $4 RETURNING gen",
+                 &p, err, "put key record of %s", tenant);
+        if (!res)
+                return -1;
+        int r = 0;
+        if (PQntuples(res) == 1)
+                *gen = get_i64(res, 0, 0);
+        else
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "catalog: key record of %s was %s by another process", tenant,
+                                  expect_gen == 0 ? "created" : "changed");
+        PQclear(res);
+        return r;
+}
+
 static int pg_doc_list(struct cove_catalog *c, const char *kind, const char *tenant,
                        const char *owner, cove_doc_cb cb, void *arg, struct cove_err *err)
 {
@@ -1850,6 +1900,8 @@ const struct cove_catalog_ops cove_catalog_pg = {
     .snapshot_list = pg_snapshot_list,
     .snapshot_delete = pg_snapshot_delete,
     .audit_append = pg_audit_append,
+    .keyrec_get = pg_keyrec_get,
+    .keyrec_put = pg_keyrec_put,
     .audit_last = pg_audit_last,
     .audit_list = pg_audit_list,
     .egress_put = pg_egress_put,

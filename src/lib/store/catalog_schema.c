@@ -198,6 +198,15 @@ const struct cove_migration cove_catalog_migrations[] = {
     {.sql = "ALTER TABLE jobs ADD COLUMN args_json TEXT"
             "  CHECK (args_json IS NULL OR json_valid(args_json));"
             "ALTER TABLE nodes ADD COLUMN features TEXT NOT NULL DEFAULT '{}';"},
+    /* 9 (the cluster plan's step 10): tenants' key records shared by every process of a
+     * cluster (crypto/keys.h record store); gen is bumped by every write, which is a
+     * compare-and-set on it. No foreign key: a record outlives its tenant's deletion. */
+    {.sql = "CREATE TABLE key_records ("
+            "  tenant TEXT PRIMARY KEY,"
+            "  gen INTEGER NOT NULL CHECK (gen > 0),"
+            "  record_json TEXT NOT NULL CHECK (json_valid(record_json)),"
+            "  updated_at INTEGER NOT NULL"
+            ");"},
 };
 const int cove_catalog_schema_version = (int)COVE_ARRAY_SIZE(cove_catalog_migrations);
 

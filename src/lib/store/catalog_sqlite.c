@@ -1301,6 +1301,75 @@ static int sqlite_doc_put(struct cove_catalog *c, const char *kind, const char *
         return r;
 }
 
+/* ---- key records (schema 8): statements prepared per call (not on a hot path) ---- */
+
+static int sqlite_keyrec_get(struct cove_catalog *c, const char *tenant, char **json, int64_t *gen,
+                             struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = NULL;
+        int rc = sqlite3_prepare_v2(
+            c->db, "SELECT record_json, gen FROM key_records WHERE tenant = ?1", -1, &st, NULL);
+        int r;
+        if (rc == SQLITE_OK) {
+                bind_text(st, 1, tenant);
+                rc = sqlite3_step(st);
+        }
+        if (rc == SQLITE_ROW) {
+                *gen = sqlite3_column_int64(st, 1);
+                r = (*json = col_dup(st, 0, "{}")) ? 0 : cove_err_set(err, ENOMEM, "key record");
+        } else if (rc == SQLITE_DONE) {
+                r = 1;
+        } else {
+                r = db_err(c->db, rc, err, "key record of %s", tenant);
+        }
+        sqlite3_finalize(st);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
+static int sqlite_keyrec_put(struct cove_catalog *c, const char *tenant, const char *json,
+                             int64_t expect_gen, int64_t *gen, struct cove_err *err)
+{
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *sync = c->st[ST_SYNC_FULL];
+        step_done(sync);
+        done(sync);
+        sqlite3_stmt *st = NULL;
+        int rc = sqlite3_prepare_v2(
+            c->db,
+            expect_gen == 0 ? "INSERT INTO key_records(tenant, gen, record_json, updated_at)"
+                              " VALUES (?1, 1, ?2, ?3) ON CONFLICT(tenant) DO NOTHING"
+                            : "UPDATE key_records SET gen = gen + 1, record_json = ?2,"
+                              " updated_at = ?3 WHERE tenant = ?1 AND gen = ?4",
+            -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+                bind_text(st, 1, tenant);
+                bind_text(st, 2, json);
+                sqlite3_bind_int64(st, 3, cove_now_ms());
+                if (expect_gen)
+                        sqlite3_bind_int64(st, 4, expect_gen);
+                rc = step_done(st);
+        }
+        int r;
+        if (rc != SQLITE_OK)
+                r = db_err(c->db, rc, err, "put key record of %s", tenant);
+        else if (sqlite3_changes(c->db) != 1)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "catalog: key record of %s was %s by another process", tenant,
+                                  expect_gen == 0 ? "created" : "changed");
+        else {
+                *gen = expect_gen + 1;
+                r = 0;
+        }
+        sqlite3_finalize(st);
+        sync = c->st[ST_SYNC_NORMAL];
+        step_done(sync);
+        done(sync);
+        pthread_mutex_unlock(&c->lock);
+        return r;
+}
+
 static int sqlite_doc_get(struct cove_catalog *c, const char *kind, const char *tenant,
                           const char *key, char **json, struct cove_err *err)
 {
@@ -1903,6 +1972,8 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .snapshot_list = sqlite_snapshot_list,
     .snapshot_delete = sqlite_snapshot_delete,
     .audit_append = sqlite_audit_append,
+    .keyrec_get = sqlite_keyrec_get,
+    .keyrec_put = sqlite_keyrec_put,
     .audit_last = sqlite_audit_last,
     .audit_list = sqlite_audit_list,
     .egress_put = sqlite_egress_put,

@@ -1897,8 +1897,23 @@ static int list_objects(struct cove_store *st, const char *prefix, struct strv *
         return 0;
 }
 
+static int list_manifests(struct cove_store *st, const char *tenant, int64_t before_ms, char ***ids,
+                          size_t *n, struct cove_err *err);
+
 int cove_snapshot_list(struct cove_store *st, const char *tenant, char ***ids, size_t *n,
                        struct cove_err *err)
+{
+        return list_manifests(st, tenant, INT64_MAX, ids, n, err);
+}
+
+int cove_snapshot_list_settled(struct cove_store *st, const char *tenant, char ***ids, size_t *n,
+                               struct cove_err *err)
+{
+        return list_manifests(st, tenant, cove_now_ms() - st->grace_ms, ids, n, err);
+}
+
+static int list_manifests(struct cove_store *st, const char *tenant, int64_t before_ms, char ***ids,
+                          size_t *n, struct cove_err *err)
 {
         if (!cove_tenant_name_valid(tenant))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "invalid tenant name");
@@ -1909,7 +1924,7 @@ int cove_snapshot_list(struct cove_store *st, const char *tenant, char ***ids, s
                 return -1;
         size_t pl = strlen(prefix), k = 0;
         for (size_t i = 0; i < s.n; i++) {
-                if (!cove_snapshot_id_valid(s.v[i] + pl)) {
+                if (!cove_snapshot_id_valid(s.v[i] + pl) || s.mtime[i] >= before_ms) {
                         free(s.v[i]);
                         continue;
                 }

@@ -108,6 +108,12 @@ int cove_snapshot_delete(struct cove_store *st, const char *tenant, const char *
 int cove_snapshot_list(struct cove_store *st, const char *tenant, char ***ids, size_t *n,
                        struct cove_err *err);
 void cove_snapshot_list_free(char **ids, size_t n);
+/* Only the manifests written before the grace period (GC's cutoff): a capture that wrote
+ * one of these and has not recorded it yet has run longer than the grace period allows.
+ * Another process's capture may be between its manifest and its catalog row: a manifest
+ * without a row is an orphan only once it is settled. */
+int cove_snapshot_list_settled(struct cove_store *st, const char *tenant, char ***ids, size_t *n,
+                               struct cove_err *err);
 
 struct cove_gc_stats {
         uint64_t kept;   /* manifests marked from */
