@@ -6,8 +6,8 @@ a job and reporting it converges on restart without a second instance; a node st
 its lease finds itself fenced when it runs again: what moved away is stopped and its stale
 report is refused.
 
-Stand-in (until the key records live in the catalog): the nodes share one `keys` directory
-(a symlink in each data dir), so a snapshot one node encrypted can be restored by the other.
+Key records live in the catalog (every member has the same --default-kek-file), so a
+snapshot one node encrypted can be restored by the other.
 Sandbox traffic (exec, files) goes through the control, which forwards it to the sandbox's
 node (the node's own listener answers control replicas only)."""
 import json
@@ -98,8 +98,9 @@ class Cluster:
         self.key = os.path.join(tmp, "cluster.key")
         with open(os.open(self.key, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
             f.write(os.urandom(32))
-        self.keys = os.path.join(tmp, "shared-keys")  # the stand-in: see the module doc
-        os.makedirs(self.keys, mode=0o700)
+        self.kek = os.path.join(tmp, "default.kek")  # the same default KEK on every member
+        with open(os.open(self.kek, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+            f.write(os.urandom(32))
         self.hooks = os.path.join(tmp, "hooks")
         open(self.hooks, "w").close()
         self.members = []
@@ -110,7 +111,7 @@ class Cluster:
 
     def store_args(self):
         return ["--db", self.db, "--store", f"s3://{self.bucket}/c", "--s3-endpoint",
-                self.rgw.endpoint]
+                self.rgw.endpoint, "--default-kek-file", self.kek]
 
     def env(self):
         return {**self.rgw.env, **HOOKS_ENV}
@@ -136,8 +137,6 @@ class Cluster:
     def start_node(self, name, data=None, port=None):
         own = data is None  # a restart reuses the data dir its first process owns
         data = data or tempfile.mkdtemp(prefix=f"cove-{name}-")
-        if not os.path.lexists(os.path.join(data, "keys")):
-            os.symlink(self.keys, os.path.join(data, "keys"))
         octet = 64 + (os.getpid() * 7 + len(self.members) * 13) % 180
         m = Member(self.build_dir, key_from=self.control, data_dir=data, start=False,
                    log_dir=self.log_dir,
