@@ -264,6 +264,13 @@ def test_role_flags_checked(build_dir, tmp_path):
     rc, err = run("--role", "node", "--node-name", "n1", "--node-token-file", str(tok),
                   "--store", "s3://b", "--s3-endpoint", "http://127.0.0.1:1", "--control",
                   "http://127.0.0.1:1", "--listen", "127.0.0.1:1")
+    assert rc != 0 and "need --default-kek-file" in err, err
+    kek = tmp_path / "kek"
+    kek.write_bytes(os.urandom(32))
+    os.chmod(kek, 0o600)
+    rc, err = run("--role", "node", "--node-name", "n1", "--node-token-file", str(tok),
+                  "--store", "s3://b", "--s3-endpoint", "http://127.0.0.1:1", "--control",
+                  "http://127.0.0.1:1", "--listen", "127.0.0.1:1", "--default-kek-file", str(kek))
     assert rc != 0 and "needs --db postgres://" in err and "not built yet" in err, err
     rc, err = run("--role", "node", "--node-name", "n1", "--cluster-key-file", str(key),
                   "--node-token-file", str(tok), "--store", "s3://b", "--s3-endpoint",
