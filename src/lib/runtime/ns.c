@@ -202,6 +202,29 @@ static int mount_at(const char *src, const char *dst, const char *type, unsigned
         return mount(src, dst, type, flags, data);
 }
 
+#define NS_BOOT_ID_REL "dev/.cove-boot-id"
+
+/* A random version 4 UUID and a newline (37 bytes) in out[40]. Async-signal-safe. */
+static int boot_id(char out[40])
+{
+        unsigned char u[16];
+        if (syscall(SYS_getrandom, u, sizeof(u), 0) != (long)sizeof(u))
+                return -1;
+        u[6] = (unsigned char)((u[6] & 0x0f) | 0x40);
+        u[8] = (unsigned char)((u[8] & 0x3f) | 0x80);
+        static const char hex[] = "0123456789abcdef";
+        size_t o = 0;
+        for (int i = 0; i < 16; i++) {
+                if (i == 4 || i == 6 || i == 8 || i == 10)
+                        out[o++] = '-';
+                out[o++] = hex[u[i] >> 4];
+                out[o++] = hex[u[i] & 15];
+        }
+        out[o++] = '\n';
+        out[o] = 0;
+        return 0;
+}
+
 static void setup_dev(int sfd, int gtree, const struct child_args *a)
 {
         static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
@@ -246,6 +269,13 @@ static void setup_dev(int sfd, int gtree, const struct child_args *a)
          * to move into work/ */
         if (a->cg_view && mkdir("dev/.cove-cgroup", 0555) < 0)
                 child_fail(sfd, errno, "cgroup mount point");
+        /* this instance's own boot id (the kernel's is the host's, the same in every sandbox
+         * and across a sandbox's restarts): bound over /proc's below */
+        int bfd = open(NS_BOOT_ID_REL, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
+        char bid[40];
+        if (bfd < 0 || boot_id(bid) < 0 || write(bfd, bid, 37) != 37)
+                child_fail(sfd, errno, "boot id");
+        close(bfd);
         if (symlink("pts/ptmx", "dev/ptmx") < 0 || symlink("/proc/self/fd", "dev/fd") < 0 ||
             symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
             symlink("/proc/self/fd/1", "dev/stdout") < 0 ||
@@ -342,6 +372,47 @@ static void mask_sys_block(int sfd)
 /* /proc files that show the host and the other sandboxes: /dev/null over them (read-only).
  * locks: device and inode of every lock on the node (host files; a covert channel between
  * sandboxes); diskstats and partitions: the block devices again (see mask_sys_block). */
+/* The sandbox's hostname (its id) resolves, as on any Linux host: sudo warns on every use
+ * otherwise ("unable to resolve host"). Appends "127.0.1.1 <id>" to /etc/hosts if no line
+ * names it. Best effort, inside the sandbox's root and user namespace already (a symlink
+ * planted there is refused, and could only name the sandbox's own files anyway). */
+static void hosts_entry(const char *id)
+{
+        int fd = open("etc/hosts", O_RDWR | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return;
+        struct stat st;
+        char buf[16384];
+        ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < (off_t)sizeof(buf)
+                        ? pread(fd, buf, sizeof(buf) - 1, 0)
+                        : -1;
+        if (n >= 0) {
+                buf[n] = 0;
+                size_t il = strlen(id);
+                int found = 0;
+                for (char *p = strstr(buf, id); p && !found; p = strstr(p + 1, id))
+                        found = (p == buf || p[-1] == ' ' || p[-1] == '\t') &&
+                                (p[il] == 0 || p[il] == ' ' || p[il] == '\t' || p[il] == '\n');
+                if (!found) {
+                        char line[128];
+                        size_t l = 0;
+                        if (n > 0 && buf[n - 1] != '\n')
+                                line[l++] = '\n';
+                        memcpy(line + l, "127.0.1.1\t", 10);
+                        l += 10;
+                        if (il < sizeof(line) - l - 1) {
+                                memcpy(line + l, id, il);
+                                l += il;
+                                line[l++] = '\n';
+                                if (write(fd, line, l) < 0) {
+                                        /* best effort */
+                                }
+                        }
+                }
+        }
+        close(fd);
+}
+
 static void mask_proc(int sfd)
 {
         static const char *const files[] = {"proc/locks", "proc/diskstats", "proc/partitions"};
@@ -474,6 +545,10 @@ static _Noreturn void child_main(struct child_args *a)
                   MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
                 child_fail(sfd, errno, "make /proc/sys read-only");
         setup_dev(sfd, gtree, a);
+        if (mount(NS_BOOT_ID_REL, "proc/sys/kernel/random/boot_id", NULL, MS_BIND, NULL) < 0 ||
+            mount(NULL, "proc/sys/kernel/random/boot_id", NULL,
+                  MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                child_fail(sfd, errno, "bind the boot id");
         /* best effort: with a net namespace of its own the kernel allows it; else no /sys */
         if (mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) ==
             0)
@@ -489,6 +564,7 @@ static _Noreturn void child_main(struct child_args *a)
 
         if (sethostname(a->id, strlen(a->id)) < 0)
                 child_fail(sfd, errno, "sethostname");
+        hosts_entry(a->id);
         int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         struct ifreq ifr;
         memset(&ifr, 0, sizeof(ifr));
