@@ -1537,6 +1537,27 @@ static enum MHD_Result meta_header(void *cls, enum MHD_ValueKind kind, const cha
         return MHD_YES;
 }
 
+/* What a gzip body may inflate to: the sandbox's free disk space as its guest reports it
+ * (its own uploads are all a guest could misreport), at most the disk's size. */
+static void gz_bound(struct upctx *u)
+{
+        json_t *req = json_pack("{s:s}", "op", "usage"), *resp = NULL;
+        struct cove_err err;
+        if (cove_chan_call(u->x.c, req, &resp, 0, &err) == 0) {
+                json_t *t = json_object_get(resp, "disk_total_bytes");
+                json_t *used = json_object_get(resp, "disk_used_bytes");
+                if (json_is_integer(t) && json_is_integer(used) && json_integer_value(used) >= 0 &&
+                    json_integer_value(t) >= json_integer_value(used)) {
+                        uint64_t free_b =
+                            (uint64_t)(json_integer_value(t) - json_integer_value(used));
+                        if (free_b < u->x.disk_bytes)
+                                u->x.disk_bytes = free_b;
+                }
+        }
+        json_decref(req);
+        json_decref(resp);
+}
+
 /* Body bytes after decoding: into the multipart parser or the file. */
 static void up_feed(struct upctx *u, const char *data, size_t len)
 {
@@ -1576,7 +1597,7 @@ static void up_inflate(struct upctx *u, const char *data, size_t len, int end)
                         u->status = 413;
                         snprintf(u->msg, sizeof(u->msg),
                                  "limit_exceeded: the gzip body inflates to more than the "
-                                 "sandbox's disk (%llu bytes)",
+                                 "sandbox's free disk space (%llu bytes)",
                                  (unsigned long long)u->x.disk_bytes);
                         return;
                 }
@@ -1629,6 +1650,7 @@ static int up_begin(struct cove_e2b *e, struct cove_req *r)
                         return up_fail(u, &err), -1;
                 }
                 u->gz = 1;
+                gz_bound(u);
         } else if (ce && strcasecmp(ce, "identity") != 0) {
                 cove_err_setk(&err, COVE_E_BAD_REQUEST, 0,
                               "Content-Encoding %.32s is not supported (gzip or identity)", ce);
