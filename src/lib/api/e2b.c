@@ -1037,52 +1037,6 @@ static void form_decode(char *s)
         *o = '\0';
 }
 
-/* RFC 3339 ("2026-12-01T10:00:00Z", fractions and offsets allowed) → unix ms; -1 if it
- * is not one. */
-static int64_t parse_rfc3339(const char *s)
-{
-        struct tm tm = {0};
-        int n = 0;
-        if (!s ||
-            sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
-                   &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &n) != 6 ||
-            n != 19 || tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 ||
-            tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
-                return -1;
-        const char *p = s + n;
-        int64_t ms = 0;
-        if (*p == '.') {
-                int digits = 0;
-                for (p++; *p >= '0' && *p <= '9'; p++, digits++)
-                        if (digits < 3)
-                                ms = ms * 10 + (*p - '0');
-                if (!digits)
-                        return -1;
-                for (; digits < 3; digits++)
-                        ms *= 10;
-        }
-        int64_t off = 0;
-        if (*p == 'Z' || *p == 'z') {
-                p++;
-        } else if (*p == '+' || *p == '-') {
-                int oh, om, k = 0;
-                if (sscanf(p + 1, "%2d:%2d%n", &oh, &om, &k) != 2 || k != 5 || oh > 23 || om > 59)
-                        return -1;
-                off = (int64_t)(oh * 60 + om) * 60000 * (*p == '+' ? 1 : -1);
-                p += 6;
-        } else {
-                return -1;
-        }
-        if (*p)
-                return -1;
-        tm.tm_year -= 1900;
-        tm.tm_mon -= 1;
-        time_t t = timegm(&tm);
-        if (t == (time_t)-1)
-                return -1;
-        return (int64_t)t * 1000 + ms - off;
-}
-
 struct list_item {
         char id[64];
         int64_t started; /* unix ms */
@@ -1216,7 +1170,7 @@ static int h_list(void *app, struct cove_req *r)
         const char *tq = cove_req_query(r, "template");
         x.tmpl = tq && *tq ? tq : NULL;
         const char *saq = cove_req_query(r, "startedAfter");
-        if (saq && *saq && (x.started_from = parse_rfc3339(saq)) < 0) {
+        if (saq && *saq && (x.started_from = cove_rfc3339_parse(saq)) < 0) {
                 json_decref(x.meta);
                 return reply_error(r, 400, "startedAfter must be an RFC 3339 time");
         }
