@@ -719,10 +719,13 @@ describe('beyond the basics', () => {
     await p.pause()
     assert.equal((await Sandbox.listSnapshots({ sandboxId: p.sandboxId }).nextItems()).length, 0)
     // outlives its sandbox
+    const bootId = async (s) => (await s.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout
+    const srcBoot = await bootId(src)
     assert.equal(await src.kill(), true)
     const child = await Sandbox.create(snap.snapshotId, { timeoutMs: 60_000, metadata: { from: 'snap' } })
     created.push(child)
     assert.equal(await child.files.read('state.txt'), 'from the snapshot')
+    assert.notEqual(await bootId(child), srcBoot, 'a sandbox made from a snapshot has its own boot id')
     assert.deepEqual((await child.getInfo()).metadata, { from: 'snap' })
     const byNameChild = await Sandbox.create('cove-test-snap', { timeoutMs: 60_000 })
     created.push(byNameChild)

@@ -1530,9 +1530,9 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         }
         if (rc == 0) {
                 /* what the restore needs besides criu's images; criu's log is not kept */
-                char meta[128], mp[PATH_MAX + 16];
-                int n = snprintf(meta, sizeof(meta), "chan_ino=%llu\nuid_base=%u\n",
-                                 (unsigned long long)cst.st_ino, base);
+                char meta[192], mp[PATH_MAX + 16];
+                int n = snprintf(meta, sizeof(meta), "chan_ino=%llu\nuid_base=%u\nid=%s\n",
+                                 (unsigned long long)cst.st_ino, base, id);
                 snprintf(mp, sizeof(mp), "%s/" CRIU_META, dir);
                 cleanup_close int mfd = open(mp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
                 if (mfd < 0 || write(mfd, meta, (size_t)n) != n || fsync(mfd) < 0) {
@@ -1552,7 +1552,10 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         return 0;
 }
 
-static int read_meta(const char *dir, uint64_t *ino, uint32_t *base, struct cove_err *err)
+/* src_id[64]: the sandbox the checkpoint was taken of ("" in checkpoints from before it was
+ * recorded). */
+static int read_meta(const char *dir, uint64_t *ino, uint32_t *base, char *src_id,
+                     struct cove_err *err)
 {
         char p[PATH_MAX + 16];
         snprintf(p, sizeof(p), "%s/" CRIU_META, dir);
@@ -1560,6 +1563,9 @@ static int read_meta(const char *dir, uint64_t *ino, uint32_t *base, struct cove
         unsigned long long i = 0;
         unsigned b = 0;
         int n = f ? fscanf(f, "chan_ino=%llu uid_base=%u", &i, &b) : 0;
+        src_id[0] = 0;
+        if (f && n == 2 && fscanf(f, " id=%63[A-Za-z0-9_-]", src_id) != 1)
+                src_id[0] = 0;
         if (f)
                 fclose(f);
         if (n != 2 || !i || !b)
@@ -1797,6 +1803,43 @@ static int set_hostname(pid_t pid, const char *name, struct cove_err *err)
         return 0;
 }
 
+/* A fresh boot id in a restored fork: rewrite the file bound over its boot_id (on its /dev
+ * tmpfs, read-only again afterwards), from a forked helper in its mount namespace. */
+static int renew_boot_id(pid_t pid, struct cove_err *err)
+{
+        char nsp[64], bid[40];
+        snprintf(nsp, sizeof(nsp), "/proc/%d/ns/mnt", (int)pid);
+        if (boot_id(bid) < 0)
+                return cove_err_set(err, errno, "ns: boot id");
+        int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0)
+                return cove_err_set(err, errno, "ns: open %s", nsp);
+        pid_t c = fork();
+        if (c == 0) {
+                /* async-signal-safe only */
+                if (setns(nsfd, CLONE_NEWNS) < 0 || chdir("/") < 0 ||
+                    mount(NULL, "dev", NULL, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NOEXEC, NULL) <
+                        0)
+                        _exit(1);
+                int fd = open(NS_BOOT_ID_REL, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+                int ok = fd >= 0 && write(fd, bid, 37) == 37;
+                if (fd >= 0)
+                        close(fd);
+                int ro = mount(NULL, "dev", NULL,
+                               MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, NULL) == 0;
+                _exit(ok && ro ? 0 : 2);
+        }
+        close(nsfd);
+        if (c < 0)
+                return cove_err_set(err, errno, "ns: fork");
+        int st = 0;
+        while (waitpid(c, &st, 0) < 0 && errno == EINTR)
+                ;
+        if (!WIFEXITED(st) || WEXITSTATUS(st))
+                return cove_err_set(err, EIO, "ns: new boot id in %d", (int)pid);
+        return 0;
+}
+
 static void copy_file(const char *from, const char *to)
 {
         cleanup_close int in = open(from, O_RDONLY | O_CLOEXEC);
@@ -1833,7 +1876,9 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         criu_mounts_release(spec->state_dir);
         uint64_t ino = 0;
         uint32_t old_base = 0;
-        if (read_meta(dir, &ino, &old_base, err) < 0 || cove_criu_images_safe(dir, err) < 0 ||
+        char src_id[64];
+        if (read_meta(dir, &ino, &old_base, src_id, err) < 0 ||
+            cove_criu_images_safe(dir, err) < 0 ||
             cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
             own_tree(dir, spec->uid_base, err) < 0)
                 goto fail_early;
@@ -1878,6 +1923,11 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         /* a fork is another sandbox: its own hostname (the dump carries the source's) */
         if (set_hostname(pid, id, err) < 0)
                 goto fail;
+        /* and its own boot id (a resume of the same sandbox keeps its boot's); best effort:
+         * a fork with its source's boot id still works */
+        struct cove_err e3;
+        if (src_id[0] && strcmp(src_id, id) != 0)
+                renew_boot_id(pid, &e3);
         /* criu put every restored task into cove/<id>: the workload goes back into work */
         char cgdir[PATH_MAX];
         int has_work = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;
