@@ -537,3 +537,202 @@ describe('a killed sandbox', () => {
     await assert.rejects(sbx.commands.run('true'))
   })
 })
+
+// What agents use beyond the basics: sudo, E2B's error answers, metadata, gzip, list and
+// metrics parameters, snapshots, boot ids.
+describe('beyond the basics', () => {
+  let sbx
+  before(async () => {
+    sbx = await newSandbox()
+  })
+
+  test('passwordless sudo as the default user', { skip: TEMPLATE !== 'base' && 'needs the base template (sudo)' }, async () => {
+    const r = await sbx.commands.run('sudo -n id -u && sudo -n apt-get --version | head -1')
+    assert.match(r.stdout, /^0\napt /)
+    assert.equal(r.stderr, '', 'sudo printed a warning (hostname not resolvable?)')
+    // the root it gives is the sandbox's: its files, not the host's
+    const w = await sbx.commands.run('sudo -n touch /etc/by-sudo && stat -c %U /etc/by-sudo')
+    assert.equal(w.stdout, 'root\n')
+  })
+
+  test('a refused signed upload is answered at once; expired reads as E2B', async () => {
+    const u = new URL(await sbx.uploadUrl('/tmp/refused.bin', { useSignatureExpiration: 60_000 }))
+    u.searchParams.set('signature', 'v1_forged')
+    const form = new FormData()
+    form.append('file', new Blob([Buffer.alloc(300_000, 1)]), '/tmp/refused.bin')
+    const r = await fetch(u, { method: 'POST', body: form, signal: AbortSignal.timeout(20_000) })
+    assert.equal(r.status, 401)
+    assert.equal((await r.json()).code, 401)
+    // no signature at all (so nothing names the sandbox): refused too, not hung
+    const plain = new URL(u)
+    plain.searchParams.delete('signature')
+    plain.searchParams.delete('signature_expiration')
+    const r2 = await fetch(plain, { method: 'POST', body: form, signal: AbortSignal.timeout(20_000) })
+    assert.ok([400, 401].includes(r2.status), String(r2.status))
+    assert.equal((await r2.json()).code, r2.status)
+    // expired
+    const ex = new URL(await sbx.uploadUrl('/tmp/refused.bin', { useSignatureExpiration: 60_000 }))
+    ex.searchParams.set('signature_expiration', String(Math.floor(Date.now() / 1000) - 10))
+    const r4 = await fetch(ex, { method: 'POST', body: form, signal: AbortSignal.timeout(20_000) })
+    assert.equal(r4.status, 401)
+    assert.match((await r4.json()).message, /signature is already expired/)
+    const d = new URL(await sbx.downloadUrl('/tmp/refused.bin', { useSignatureExpiration: 60_000 }))
+    d.searchParams.set('signature_expiration', String(Math.floor(Date.now() / 1000) - 10))
+    const r3 = await fetch(d, { signal: AbortSignal.timeout(20_000) })
+    assert.equal(r3.status, 401)
+    assert.match((await r3.json()).message, /signature is already expired/)
+    assert.equal(await sbx.files.exists('/tmp/refused.bin'), false)
+  })
+
+  test('watchDir shows a files.write as create + write of the final name only', async () => {
+    await sbx.files.makeDir('/tmp/wa')
+    await sbx.files.write('/tmp/wa/old.txt', 'v1')
+    const events = []
+    const h = await sbx.files.watchDir('/tmp/wa', (e) => events.push(e))
+    await sbx.files.write('/tmp/wa/new.txt', 'fresh')
+    await sbx.files.write('/tmp/wa/old.txt', 'v2')
+    await until('writes of both names', () =>
+      events.some((e) => e.name === 'new.txt' && e.type === 'write') &&
+      events.some((e) => e.name === 'old.txt' && e.type === 'write'))
+    assert.ok(events.some((e) => e.name === 'new.txt' && e.type === 'create'), JSON.stringify(events))
+    assert.ok(!events.some((e) => e.name === 'old.txt' && e.type === 'create'), JSON.stringify(events))
+    assert.ok(events.every((e) => e.name === 'new.txt' || e.name === 'old.txt'),
+      `a temporary name was visible: ${JSON.stringify(events)}`)
+    // a command's own writes are still seen as they happen
+    await sbx.commands.run('echo more >> /tmp/wa/old.txt')
+    await until('a command\'s write', () => events.filter((e) => e.name === 'old.txt' && e.type === 'write').length >= 2)
+    await h.stop()
+  })
+
+  test('list: newest first by default, order asc, startedAfter, template', async () => {
+    const tag = `order-${Date.now()}`
+    const a = await newSandbox({ metadata: { tag } })
+    await until('a later start time', async () => Date.now() - (await a.getInfo()).startedAt.getTime() > 1100)
+    const b = await newSandbox({ metadata: { tag } })
+    const ids = (items) => items.map((s) => s.sandboxId)
+    assert.deepEqual(ids(await Sandbox.list({ query: { metadata: { tag } } }).nextItems()), [b.sandboxId, a.sandboxId])
+    assert.deepEqual(ids(await Sandbox.list({ query: { metadata: { tag } }, order: 'asc' }).nextItems()), [a.sandboxId, b.sandboxId])
+    const pager = Sandbox.list({ query: { metadata: { tag } }, limit: 1 })
+    assert.deepEqual([...ids(await pager.nextItems()), ...ids(await pager.nextItems())], [b.sandboxId, a.sandboxId])
+    const since = (await b.getInfo()).startedAt
+    assert.deepEqual(ids(await Sandbox.list({ query: { metadata: { tag }, startedAfter: since } }).nextItems()), [b.sandboxId])
+    assert.equal((await Sandbox.list({ query: { metadata: { tag }, template: 'no-such-template' } }).nextItems()).length, 0)
+    assert.equal((await Sandbox.list({ query: { metadata: { tag }, template: TEMPLATE } }).nextItems()).length, 2)
+  })
+
+  test('metrics: start and end select the samples', async () => {
+    assert.ok((await sbx.getMetrics()).length >= 1)
+    assert.ok((await sbx.getMetrics({ start: new Date(Date.now() - 60_000), end: new Date(Date.now() + 60_000) })).length >= 1)
+    assert.deepEqual(await sbx.getMetrics({ start: new Date(Date.now() + 3_600_000) }), [])
+    assert.deepEqual(await sbx.getMetrics({ end: new Date(Date.now() - 3_600_000) }), [])
+  })
+
+  test('entries carry owner, group, symlinkTarget', async () => {
+    await sbx.files.write('/home/user/owned.txt', 'x')
+    await sbx.commands.run('ln -sf /home/user/owned.txt /home/user/link.txt')
+    const i = await sbx.files.getInfo('owned.txt')
+    assert.equal(i.owner, 'user')
+    assert.equal(i.group, 'user')
+    const l = await sbx.files.getInfo('link.txt')
+    assert.equal(l.type, FileType.SYMLINK ?? 'symlink')
+    assert.equal(l.symlinkTarget, '/home/user/owned.txt')
+    const root = (await sbx.files.list('/')).find((e) => e.name === 'etc')
+    assert.equal(root.owner, 'root')
+    const listed = (await sbx.files.list('/home/user')).find((e) => e.name === 'link.txt')
+    assert.equal(listed.symlinkTarget, '/home/user/owned.txt')
+  })
+
+  test('gzip uploads and file metadata', async () => {
+    const w = await sbx.files.write('/tmp/gz.txt', 'gzipped '.repeat(1000), { gzip: true })
+    assert.equal(w.path, '/tmp/gz.txt')
+    assert.equal(await sbx.files.read('/tmp/gz.txt'), 'gzipped '.repeat(1000))
+    const m = await sbx.files.write('/tmp/meta.txt', 'm', { metadata: { owner: 'agent-7', step: '3' } })
+    assert.deepEqual(m.metadata, { owner: 'agent-7', step: '3' })
+    assert.deepEqual((await sbx.files.getInfo('/tmp/meta.txt')).metadata, { owner: 'agent-7', step: '3' })
+    if (TEMPLATE === 'base') {
+      // kept as the user.e2b.* extended attributes of the file
+      const r = await sbx.commands.run(`python3 -c "import os; print(os.getxattr('/tmp/meta.txt', 'user.e2b.step').decode())"`)
+      assert.equal(r.stdout, '3\n')
+    }
+    // a corrupt gzip body is refused, and nothing is written
+    const res = await fetch(`${process.env.E2B_SANDBOX_URL}/files?path=/tmp/bad.gz&username=user`, {
+      method: 'POST',
+      headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': sbx.envdAccessToken ?? '',
+        'Content-Type': 'application/octet-stream', 'Content-Encoding': 'gzip' },
+      body: Buffer.from('this is not gzip'),
+    })
+    assert.equal(res.status, 400)
+    assert.equal(await sbx.files.exists('/tmp/bad.gz'), false)
+  })
+
+  test("errors are E2B's {code, message} on both listeners", async () => {
+    for (const [base, headers] of [
+      [process.env.E2B_API_URL, { 'X-API-KEY': process.env.E2B_API_KEY }],
+      [process.env.E2B_SANDBOX_URL, { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983' }],
+    ]) {
+      for (const [method, path, body] of [
+        ['GET', '/no/such/route', undefined],
+        ['PUT', '/health', undefined],
+        ['GET', '/health?x=%00', undefined], // refused by the HTTP front end itself
+      ]) {
+        const r = await fetch(base + path, { method, headers, body })
+        const j = await r.json()
+        assert.equal(j.code, r.status, `${method} ${path} on ${base}: ${JSON.stringify(j)}`)
+        assert.equal(typeof j.message, 'string')
+        assert.equal(j.error, undefined)
+      }
+    }
+    // and the SDK shows the message, not [object Object]
+    await assert.rejects(Sandbox.create('no-such-template-xyz'), (e) => !String(e.message).includes('[object Object]'))
+  })
+
+  test('each sandbox has its own boot id; a pause without memory resumes as a fresh boot', async () => {
+    const bootId = async (s) => (await s.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout.trim()
+    const other = await newSandbox()
+    const b0 = await bootId(sbx)
+    assert.match(b0, /^[0-9a-f-]{36}$/)
+    assert.notEqual(b0, await bootId(other))
+    await other.files.write('kept.txt', 'kept')
+    const before = await bootId(other)
+    assert.equal(await other.pause({ keepMemory: false }), true)
+    const again = await Sandbox.connect(other.sandboxId)
+    assert.equal(await again.files.read('kept.txt'), 'kept')
+    assert.notEqual(await bootId(again), before)
+    assert.deepEqual(await again.commands.list(), [])
+  })
+
+  test('snapshots: create, list, create a sandbox from one, delete; they outlive their sandbox', async () => {
+    const src = await newSandbox()
+    await src.files.write('state.txt', 'from the snapshot')
+    const snap = await src.createSnapshot()
+    assert.match(snap.snapshotId, /^snap_/)
+    const named = await src.createSnapshot({ name: 'cove-test-snap' })
+    assert.deepEqual(named.names, ['cove-test-snap'])
+    assert.equal(await src.isRunning(), true, 'a snapshot leaves the sandbox running')
+    const listed = await Sandbox.listSnapshots({ sandboxId: src.sandboxId }).nextItems()
+    assert.deepEqual(listed.map((s) => s.snapshotId).sort(), [snap.snapshotId, named.snapshotId].sort())
+    const byName = await Sandbox.listSnapshots({ name: 'cove-test-snap' }).nextItems()
+    assert.deepEqual(byName.map((s) => s.snapshotId), [named.snapshotId])
+    // the pause snapshots of the time machine are not E2B snapshots
+    const p = await newSandbox()
+    await p.pause()
+    assert.equal((await Sandbox.listSnapshots({ sandboxId: p.sandboxId }).nextItems()).length, 0)
+    // outlives its sandbox
+    const bootId = async (s) => (await s.commands.run('cat /proc/sys/kernel/random/boot_id')).stdout
+    const srcBoot = await bootId(src)
+    assert.equal(await src.kill(), true)
+    const child = await Sandbox.create(snap.snapshotId, { timeoutMs: 60_000, metadata: { from: 'snap' } })
+    created.push(child)
+    assert.equal(await child.files.read('state.txt'), 'from the snapshot')
+    assert.notEqual(await bootId(child), srcBoot, 'a sandbox made from a snapshot has its own boot id')
+    assert.deepEqual((await child.getInfo()).metadata, { from: 'snap' })
+    const byNameChild = await Sandbox.create('cove-test-snap', { timeoutMs: 60_000 })
+    created.push(byNameChild)
+    assert.equal(await byNameChild.files.read('state.txt'), 'from the snapshot')
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+    assert.equal(await Sandbox.deleteSnapshot('cove-test-snap'), true)
+    assert.equal((await Sandbox.listSnapshots({ sandboxId: src.sandboxId }).nextItems()).length, 0)
+    await assert.rejects(Sandbox.create(snap.snapshotId, { timeoutMs: 60_000 }))
+  })
+})

@@ -1,5 +1,6 @@
 /* libFuzzer target: request paths against the route table (the first thing the API does
- * with a URL), and request bodies through the JSON validation of sandbox creation and exec. */
+ * with a URL), RFC 3339 query values, and request bodies through the JSON validation of sandbox
+ * creation and exec. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -7,6 +8,7 @@
 
 #include "api/http.h"
 #include "api/routes.h"
+#include "util/util.h"
 
 int cove_exec_request_build(json_t *body, const char *env_json, json_t **req, json_t **cmd,
                             char *why, size_t cap);
@@ -18,6 +20,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 return 0;
         memcpy(s, data, size);
         s[size] = '\0';
+        /* query values the E2B list takes (startedAfter) */
+        if (cove_rfc3339_parse(s) < -1)
+                __builtin_trap();
         for (size_t i = 0; i < cove_nroutes; i++) {
                 char *params[COVE_HTTP_MAX_PARAMS];
                 int n;

@@ -10,6 +10,7 @@
 
 #include "api/routes.h"
 #include "node/replay.h"
+#include "util/util.h"
 
 static void route_matching(void **state)
 {
@@ -127,10 +128,37 @@ static void replay_exactly_once_and_overflow(void **state)
         cove_replay_free(&rb);
 }
 
+static void rfc3339_parse(void **state)
+{
+        (void)state;
+        assert_int_equal(cove_rfc3339_parse("1970-01-01T00:00:00Z"), 0);
+        assert_int_equal(cove_rfc3339_parse("2026-12-01T10:00:00.5Z"), 1796119200500LL);
+        assert_int_equal(cove_rfc3339_parse("2026-12-01T11:00:00.123456+01:00"), 1796119200123LL);
+        assert_int_equal(cove_rfc3339_parse("2026-12-01T09:30:00-00:30"), 1796119200000LL);
+        char out[40];
+        cove_rfc3339(1796119200123LL, out, sizeof(out));
+        assert_int_equal(cove_rfc3339_parse(out), 1796119200123LL);
+        static const char *const bad[] = {"",
+                                          "2026-12-01",
+                                          "2026-12-01T10:00:00",
+                                          "2026-13-01T10:00:00Z",
+                                          "2026-12-01T10:00:00.Z",
+                                          "2026-12-01T10:00:00Zx",
+                                          "2026-12-01T10:00:00+1:00",
+                                          "2026-12-01 10:00:00Z",
+                                          "x026-12-01T10:00:00Z",
+                                          "+2026-12-01T10:00:00Z",
+                                          "2026-12-01T24:00:00Z"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+                assert_int_equal(cove_rfc3339_parse(bad[i]), -1);
+        assert_int_equal(cove_rfc3339_parse(NULL), -1);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(route_matching),
+            cmocka_unit_test(rfc3339_parse),
             cmocka_unit_test(exec_validation),
             cmocka_unit_test(replay_exactly_once_and_overflow),
         };

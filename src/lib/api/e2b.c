@@ -14,11 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "control/apikey.h"
 #include "control/ports.h"
 #include "control/snapshot.h"
+#include "control/tbuild.h"
+#include "control/template.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -331,6 +334,280 @@ static int full_snapshots(struct cove_e2b *e)
         return e->d->node && cove_node_full_wait(e->d->node, 60000, why, sizeof(why)) == 1;
 }
 
+/* ---- snapshots (E2B's snapshot templates) -------------------------------------------- */
+
+/* An E2B snapshot is a cove snapshot labelled E2B_SNAP ("e2b-snapshot", or
+ * "e2b-snapshot:NAME" when named): the time machine's pause and rolling snapshots are not
+ * listed as E2B snapshots. Its snapshotID is the cove snapshot id; Sandbox.create() takes
+ * that id or the name (the newest snapshot of that name). */
+#define E2B_SNAP "e2b-snapshot"
+#define E2B_SNAP_NAME_MAX 100
+
+static const char *snap_name(const struct cove_snapshot_row *s)
+{
+        size_t n = strlen(E2B_SNAP);
+        if (strncmp(s->label, E2B_SNAP, n) != 0 || (s->label[n] && s->label[n] != ':'))
+                return NULL; /* not an E2B snapshot */
+        return s->label[n] ? s->label + n + 1 : "";
+}
+
+static int valid_snap_name(const char *n)
+{
+        size_t l = strlen(n);
+        if (!l || l > E2B_SNAP_NAME_MAX)
+                return 0;
+        for (const char *p = n; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                      (*p >= '0' && *p <= '9') || strchr("._-/", *p)))
+                        return 0;
+        return 1;
+}
+
+static json_t *snap_info(const struct cove_snapshot_row *s)
+{
+        const char *n = snap_name(s);
+        json_t *names = json_array();
+        if (n && *n)
+                json_array_append_new(names, json_string(n));
+        return json_pack("{s:s, s:o}", "snapshotID", s->id, "names", names);
+}
+
+struct snapscan {
+        const char *sandbox; /* only of this sandbox, or NULL */
+        const char *name;    /* only of this name (or id), or NULL */
+        struct cove_snapshot_row *rows;
+        size_t n, cap;
+        int failed;
+};
+
+static int snap_one(const struct cove_snapshot_row *row, void *arg)
+{
+        struct snapscan *x = arg;
+        const char *n = snap_name(row);
+        if (!n || (x->sandbox && strcmp(row->sandbox_id, x->sandbox) != 0))
+                return 0;
+        if (x->name && strcmp(n, x->name) != 0 && strcmp(row->id, x->name) != 0)
+                return 0;
+        if (x->n == x->cap) {
+                size_t nc = x->cap ? x->cap * 2 : 16;
+                void *nb = realloc(x->rows, nc * sizeof(*x->rows));
+                if (!nb) {
+                        x->failed = 1;
+                        return -1;
+                }
+                x->rows = nb;
+                x->cap = nc;
+        }
+        x->rows[x->n++] = *row;
+        return 0;
+}
+
+/* The tenant's E2B snapshots (newest first) matching x's filters into x->rows. */
+static int snap_scan(struct cove_e2b *e, const char *tenant, struct snapscan *x,
+                     struct cove_err *err)
+{
+        if (e->d->cat_ops->snapshot_list(e->d->cat, tenant, x->sandbox, snap_one, x, err) < 0)
+                return -1;
+        if (x->failed)
+                return cove_err_set(err, ENOMEM, "snapshots");
+        return 0;
+}
+
+/* The E2B snapshot a templateID names (snap id or name, an E2B ":tag" ignored): 0 found,
+ * 1 none, -1 error. */
+static int snap_lookup(struct cove_e2b *e, const char *tenant, const char *tpl,
+                       struct cove_snapshot_row *out, struct cove_err *err)
+{
+        char name[E2B_SNAP_NAME_MAX + 1];
+        size_t l = strcspn(tpl, ":");
+        if (l > E2B_SNAP_NAME_MAX)
+                return 1;
+        memcpy(name, tpl, l);
+        name[l] = 0;
+        if (!strncmp(name, "snap_", 5)) {
+                int r = e->d->cat_ops->snapshot_get(e->d->cat, tenant, name, out, err);
+                return r != 0 ? r : snap_name(out) ? 0 : 1;
+        }
+        struct snapscan x = {.name = name};
+        if (snap_scan(e, tenant, &x, err) < 0) {
+                free(x.rows);
+                return -1;
+        }
+        int r = x.n ? 0 : 1;
+        if (x.n)
+                *out = x.rows[0];
+        free(x.rows);
+        return r;
+}
+
+/* POST /sandboxes/{id}/snapshots {name?} → 201 {snapshotID, names}: a snapshot of the
+ * running sandbox (held only while its layer is copied; it goes on running). */
+static int h_snapshot_create(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        AUTH(e, r);
+        json_t *b = cove_req_json(r, 1);
+        if (!b)
+                return 0;
+        json_t *nv = json_object_get(b, "name");
+        char label[sizeof(((struct cove_snapshot_row *)0)->label)];
+        snprintf(label, sizeof(label), "%s", E2B_SNAP);
+        if (nv && !json_is_null(nv)) {
+                if (!json_is_string(nv) || !valid_snap_name(json_string_value(nv))) {
+                        json_decref(b);
+                        return reply_error(r, 400, "name must be 1 to %d letters, digits and ._-/",
+                                           E2B_SNAP_NAME_MAX);
+                }
+                snprintf(label, sizeof(label), "%s:%s", E2B_SNAP, json_string_value(nv));
+        }
+        json_decref(b);
+        struct cove_sandbox_row row;
+        if (load_known(e, r, &row, 0) < 0)
+                return 0;
+        cove_sandbox_row_clear(&row);
+        struct cove_snapshot_row snap;
+        struct cove_err err;
+        if (cove_snapshot_take(e->d, r->tenant, r->params[0], label, NULL, 0, &snap, &err) < 0)
+                return reply_err(r, &err);
+        return cove_reply_json(r, 201, snap_info(&snap));
+}
+
+/* GET /snapshots?sandboxID&name&limit&nextToken → [{snapshotID, names}], newest first;
+ * paging by X-Next-Token (the last id of a page). */
+static int h_snapshot_list(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        AUTH(e, r);
+        const char *sq = cove_req_query(r, "sandboxID"), *nq = cove_req_query(r, "name");
+        char name[E2B_SNAP_NAME_MAX + 1] = "";
+        if (nq && *nq) {
+                size_t l = strcspn(nq, ":");
+                if (l > E2B_SNAP_NAME_MAX)
+                        return cove_reply_json(r, 200, json_array());
+                memcpy(name, nq, l);
+                name[l] = 0;
+        }
+        long limit = LIST_LIMIT_MAX;
+        const char *lq = cove_req_query(r, "limit");
+        if (lq) {
+                char *end;
+                limit = strtol(lq, &end, 10);
+                if (!*lq || *end || limit < 1 || limit > LIST_LIMIT_MAX)
+                        return reply_error(r, 400, "limit must be an integer from 1 to 100");
+        }
+        const char *after = cove_req_query(r, "nextToken");
+        struct snapscan x = {.sandbox = sq && *sq ? sq : NULL, .name = name[0] ? name : NULL};
+        struct cove_err err;
+        if (snap_scan(e, r->tenant, &x, &err) < 0) {
+                free(x.rows);
+                return reply_err(r, &err);
+        }
+        json_t *arr = json_array();
+        size_t i = 0;
+        if (after && *after) {
+                while (i < x.n && strcmp(x.rows[i].id, after) != 0)
+                        i++;
+                i = i < x.n ? i + 1 : x.n;
+        }
+        char token[64] = "";
+        for (; i < x.n; i++) {
+                if (json_array_size(arr) == (size_t)limit) {
+                        snprintf(token, sizeof(token), "%s", x.rows[i - 1].id);
+                        break;
+                }
+                json_array_append_new(arr, snap_info(&x.rows[i]));
+        }
+        free(x.rows);
+        if (!token[0])
+                return cove_reply_json(r, 200, arr);
+        char *txt = json_dumps(arr, JSON_COMPACT);
+        json_decref(arr);
+        struct MHD_Response *resp =
+            txt ? MHD_create_response_from_buffer(strlen(txt), txt, MHD_RESPMEM_MUST_FREE) : NULL;
+        if (!resp) {
+                free(txt);
+                return reply_error(r, 500, "out of memory");
+        }
+        MHD_add_response_header(resp, "Content-Type", "application/json");
+        MHD_add_response_header(resp, "X-Next-Token", token);
+        MHD_add_response_header(resp, "Cache-Control", "no-store");
+        MHD_queue_response(r->conn, 200, resp);
+        MHD_destroy_response(resp);
+        r->answered = 1;
+        return 0;
+}
+
+/* The sandbox a killed E2B sandbox left stopped for its snapshots goes once it has none. */
+static void drop_stopped_origin(struct cove_e2b *e, const char *tenant, const char *sandbox)
+{
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        if (cove_sandbox_load(e->d, tenant, sandbox, &row, &err) < 0)
+                return;
+        int stopped = !strcmp(row.state, "stopped");
+        cove_sandbox_row_clear(&row);
+        struct snapscan x = {.sandbox = sandbox};
+        if (stopped && snap_scan(e, tenant, &x, &err) == 0 && x.n == 0 &&
+            cove_sandbox_delete(e->d, tenant, sandbox, 1, &err) < 0)
+                cove_warn(&e->d->log, "e2b", "remove stopped sandbox %s: %s", sandbox, err.msg);
+        free(x.rows);
+}
+
+/* DELETE /templates/{id}: deletes an E2B snapshot (by id or name: every snapshot of that
+ * name); 404 when there is none. cove templates are not deleted through the E2B API. */
+static int h_template_delete(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        AUTH(e, r);
+        struct cove_snapshot_row snap;
+        struct cove_err err;
+        int found = 0;
+        for (;;) {
+                int rc = snap_lookup(e, r->tenant, r->params[0], &snap, &err);
+                if (rc < 0)
+                        return reply_err(r, &err);
+                if (rc == 1)
+                        break;
+                if (cove_snapshot_remove(e->d, r->tenant, snap.id, &err) < 0)
+                        return reply_err(r, &err);
+                found = 1;
+                drop_stopped_origin(e, r->tenant, snap.sandbox_id);
+        }
+        if (!found)
+                return reply_error(r, 404, "snapshot \"%.64s\" not found", r->params[0]);
+        return cove_reply_empty(r, 204);
+}
+
+/* Sandbox.create(<snapshot>): a fork of the snapshot with the create request's own
+ * metadata, envs and timeout. */
+static int create_from_snapshot(struct cove_e2b *e, struct cove_req *r,
+                                const struct cove_snapshot_row *snap, json_t *body)
+{
+        json_t *fb = json_pack("{s:s}", "snapshot_id", snap->id), *out = NULL;
+        struct cove_err err;
+        int rc = cove_sandbox_fork_ext(e->d, r->tenant, snap->sandbox_id, fb, body, &out, &err);
+        json_decref(fb);
+        if (rc < 0)
+                return reply_err(r, &err);
+        const char *id = json_string_value(
+            json_object_get(json_array_get(json_object_get(out, "sandboxes"), 0), "id"));
+        if (id) { /* its ports, as for any E2B sandbox: behind the traffic token */
+                char tt[80];
+                traffic_token(e, id, tt);
+                if (coved_ports_expose_all(e->d, r->tenant, id, 0, tt, &err) < 0)
+                        cove_warn(&e->d->log, "e2b", "ports of %s: %s", id, err.msg);
+                OPENSSL_cleanse(tt, sizeof(tt));
+        }
+        struct cove_sandbox_row row;
+        rc = id ? cove_sandbox_load(e->d, r->tenant, id, &row, &err) : -1;
+        json_decref(out);
+        if (rc < 0)
+                return reply_error(r, 500, "sandbox created but not readable back");
+        json_t *o = detail(e, &row, 1);
+        cove_sandbox_row_clear(&row);
+        return cove_reply_json(r, 201, o);
+}
+
 /* POST /sandboxes and /v2/sandboxes: build cove's create body from E2B's NewSandbox. */
 static int h_create(void *app, struct cove_req *r)
 {
@@ -379,6 +656,20 @@ static int h_create(void *app, struct cove_req *r)
         json_decref(b);
         json_t *out = NULL;
         struct cove_err err;
+        struct cove_snapshot_row snap;
+        const char *tname = json_string_value(json_object_get(body, "template"));
+        json_t *tcfg = NULL;
+        /* a template of that name wins; else an E2B snapshot of that id or name */
+        int is_tpl = strncmp(tname, "snap_", 5) != 0 &&
+                     (cove_template_known(tname) ||
+                      (tcfg = coved_template_config(e->d, r->tenant, tname)) != NULL);
+        json_decref(tcfg);
+        int found = is_tpl ? 1 : snap_lookup(e, r->tenant, tname, &snap, &err);
+        if (found <= 0) {
+                int rc = found < 0 ? reply_err(r, &err) : create_from_snapshot(e, r, &snap, body);
+                json_decref(body);
+                return rc;
+        }
         int rc = cove_sandbox_create(e->d, r->tenant, body, &out, &err);
         json_decref(body);
         if (rc < 0)
@@ -413,6 +704,40 @@ static int h_get(void *app, struct cove_req *r)
         return cove_reply_json(r, 200, o);
 }
 
+struct drop_ctx {
+        char (*ids)[64];
+        size_t n, cap;
+};
+
+static int drop_one(const struct cove_snapshot_row *row, void *arg)
+{
+        struct drop_ctx *x = arg;
+        if (snap_name(row))
+                return 0; /* an E2B snapshot: kept */
+        if (x->n == x->cap) {
+                size_t nc = x->cap ? x->cap * 2 : 16;
+                void *nb = realloc(x->ids, nc * 64);
+                if (!nb)
+                        return -1;
+                x->ids = nb;
+                x->cap = nc;
+        }
+        snprintf(x->ids[x->n++], 64, "%s", row->id);
+        return 0;
+}
+
+/* Remove a killed sandbox's snapshots other than its E2B snapshots (pause, rolling). */
+static void drop_other_snapshots(struct cove_e2b *e, const char *tenant, const char *sandbox)
+{
+        struct drop_ctx x = {0};
+        struct cove_err err;
+        e->d->cat_ops->snapshot_list(e->d->cat, tenant, sandbox, drop_one, &x, &err);
+        for (size_t i = 0; i < x.n; i++)
+                if (cove_snapshot_remove(e->d, tenant, x.ids[i], &err) < 0)
+                        cove_warn(&e->d->log, "e2b", "remove snapshot %s: %s", x.ids[i], err.msg);
+        free(x.ids);
+}
+
 static int h_kill(void *app, struct cove_req *r)
 {
         struct cove_e2b *e = app;
@@ -425,6 +750,22 @@ static int h_kill(void *app, struct cove_req *r)
                            : reply_err(r, &err);
         int was_live = live_state(row.state) || paused_state(row.state);
         cove_sandbox_row_clear(&row);
+        /* E2B snapshots outlive their sandbox: one that has some is stopped, not deleted
+         * (its row holds what creating a sandbox from them needs), its other snapshots go */
+        struct snapscan x = {.sandbox = r->params[0]};
+        if (snap_scan(e, r->tenant, &x, &err) < 0) {
+                free(x.rows);
+                return reply_err(r, &err);
+        }
+        int keep = x.n > 0;
+        free(x.rows);
+        if (keep) {
+                if (was_live && cove_sandbox_stop_keep(e->d, r->tenant, r->params[0], &err) < 0)
+                        return reply_err(r, &err);
+                drop_other_snapshots(e, r->tenant, r->params[0]);
+                return was_live ? cove_reply_empty(r, 204)
+                                : reply_error(r, 404, "sandbox \"%.64s\" not found", r->params[0]);
+        }
         /* a stopped sandbox is gone for E2B (kill() → false), but its row is still cleaned */
         if (cove_sandbox_delete(e->d, r->tenant, r->params[0], 1, &err) < 0)
                 return reply_err(r, &err);
@@ -556,6 +897,9 @@ static int h_pause(void *app, struct cove_req *r)
         if (!b)
                 return 0;
         int memory = json_is_true(json_object_get(b, "memory"));
+        /* keepMemory: false: a files-only snapshot even where full ones work (the resume is
+         * then a fresh start: new processes, a new boot id) */
+        int files_only = json_is_false(json_object_get(b, "memory"));
         json_decref(b);
         /* a vm sandbox's pause always keeps memory; an ns one's where CRIU works */
         if (memory && !(e->d->node && cove_node_has_full(e->d->node, r->params[0])) &&
@@ -574,7 +918,8 @@ static int h_pause(void *app, struct cove_req *r)
                 return reply_error(r, 409, "sandbox \"%.64s\" is already paused", r->params[0]);
         json_t *out = NULL;
         struct cove_err err;
-        if (cove_sandbox_pause(e->d, r->tenant, r->params[0], &out, &err) < 0)
+        if (cove_sandbox_pause_kind(e->d, r->tenant, r->params[0], files_only ? "files" : NULL,
+                                    &out, &err) < 0)
                 return err.kind == COVE_E_CONFLICT
                            ? reply_error(r, 409, "sandbox \"%.64s\" cannot be paused now: %s",
                                          r->params[0], err.msg)
@@ -616,10 +961,32 @@ static int h_resume(void *app, struct cove_req *r)
         return cove_reply_json(r, 201, o);
 }
 
+/* ?start= / ?end= (unix seconds); *out stays as given when absent. -1 if malformed. */
+static int query_secs(struct cove_req *r, const char *name, int64_t *out)
+{
+        const char *q = cove_req_query(r, name);
+        if (!q || !*q)
+                return 0;
+        char *end;
+        errno = 0;
+        long long v = strtoll(q, &end, 10);
+        if (errno || *end || v < 0 || v > 253402300799LL) /* up to 9999-12-31 */
+                return -1;
+        *out = (int64_t)v * 1000;
+        return 0;
+}
+
+/* GET /sandboxes/{id}/metrics?start&end: one sample, taken now (no history is kept), in
+ * the answer when now is within [start, end] (defaults: the sandbox's start, now). */
 static int h_metrics(void *app, struct cove_req *r)
 {
         struct cove_e2b *e = app;
         AUTH(e, r);
+        int64_t from = 0, to = INT64_MAX;
+        if (query_secs(r, "start", &from) < 0 || query_secs(r, "end", &to) < 0)
+                return reply_error(r, 400, "start and end must be unix times in seconds");
+        if (from > to)
+                return reply_error(r, 400, "start must not be after end");
         struct cove_sandbox_row row;
         struct cove_chan *c = NULL;
         struct cove_err err;
@@ -636,6 +1003,12 @@ static int h_metrics(void *app, struct cove_req *r)
                 return reply_err(r, &err);
         }
         int64_t now = cove_now_ms();
+        /* the SDK rounds to seconds: a window ending "now" may end up to 0.5 s before */
+        if (now + 999 < from || now - 999 > to) {
+                json_decref(u);
+                cove_sandbox_row_clear(&row);
+                return cove_reply_json(r, 200, json_array());
+        }
         char ts[40];
         cove_rfc3339(now, ts, sizeof(ts));
         /* cpuUsedPct: the average since the sandbox started (one sample, no history kept) */
@@ -677,12 +1050,15 @@ static void form_decode(char *s)
 
 struct list_item {
         char id[64];
+        int64_t started; /* unix ms */
         json_t *o;
 };
 
 struct list_ctx {
         struct cove_e2b *e;
-        json_t *meta; /* required key/values */
+        json_t *meta;         /* required key/values */
+        const char *tmpl;     /* template filter, NULL = any */
+        int64_t started_from; /* startedAfter (unix ms), 0 = any */
         struct list_item *items;
         size_t n, cap;
         int failed;
@@ -692,6 +1068,10 @@ static int list_one(const struct cove_sandbox_row *row, void *arg)
 {
         struct list_ctx *x = arg;
         if (!cove_sandbox_metadata_matches(row, x->meta))
+                return 0;
+        if (x->tmpl && strcmp(row->template_name, x->tmpl) != 0)
+                return 0;
+        if (row->created_at < x->started_from)
                 return 0;
         if (x->n == x->cap) {
                 size_t nc = x->cap ? x->cap * 2 : 32;
@@ -704,18 +1084,37 @@ static int list_one(const struct cove_sandbox_row *row, void *arg)
                 x->cap = nc;
         }
         snprintf(x->items[x->n].id, sizeof(x->items[x->n].id), "%s", row->id);
+        x->items[x->n].started = row->created_at;
         x->items[x->n].o = detail(x->e, row, 0);
         x->n++;
         return 0;
 }
 
+/* Oldest first by start time, then by id (a total order, so paging is stable). */
 static int item_cmp(const void *a, const void *b)
 {
-        return strcmp(((const struct list_item *)a)->id, ((const struct list_item *)b)->id);
+        const struct list_item *x = a, *y = b;
+        if (x->started != y->started)
+                return x->started < y->started ? -1 : 1;
+        return strcmp(x->id, y->id);
 }
 
-/* GET /v2/sandboxes (and the older GET /sandboxes): metadata and state filters, paging by
- * X-Next-Token (the last id of a page; items are ordered by id). */
+/* The paging token: "<start ms>.<id>" of the last item of a page. */
+static int token_parse(const char *t, struct list_item *at)
+{
+        char *end;
+        errno = 0;
+        long long ms = strtoll(t, &end, 10);
+        if (errno || end == t || *end != '.' || !end[1] || strlen(end + 1) >= sizeof(at->id))
+                return -1;
+        at->started = ms;
+        snprintf(at->id, sizeof(at->id), "%s", end + 1);
+        return 0;
+}
+
+/* GET /v2/sandboxes (and the older GET /sandboxes): metadata, state, template and
+ * startedAfter filters; ordered by start time (order=desc, the default, or asc) across the
+ * whole result before paging by X-Next-Token. */
 static int h_list(void *app, struct cove_req *r)
 {
         struct cove_e2b *e = app;
@@ -773,31 +1172,53 @@ static int h_list(void *app, struct cove_req *r)
                         return reply_error(r, 400, "limit must be an integer from 1 to 100");
                 }
         }
+        const char *oq = cove_req_query(r, "order");
+        int desc = !oq || !*oq || !strcmp(oq, "desc");
+        if (!desc && strcmp(oq, "asc") != 0) {
+                json_decref(x.meta);
+                return reply_error(r, 400, "order must be asc or desc");
+        }
+        const char *tq = cove_req_query(r, "template");
+        x.tmpl = tq && *tq ? tq : NULL;
+        const char *saq = cove_req_query(r, "startedAfter");
+        if (saq && *saq && (x.started_from = cove_rfc3339_parse(saq)) < 0) {
+                json_decref(x.meta);
+                return reply_error(r, 400, "startedAfter must be an RFC 3339 time");
+        }
         const char *after = cove_req_query(r, "nextToken");
+        struct list_item at = {0};
+        if (after && *after && token_parse(after, &at) < 0) {
+                json_decref(x.meta);
+                return reply_error(r, 400, "invalid nextToken");
+        }
         struct cove_err err;
         int rc = e->d->cat_ops->sandbox_list(e->d->cat, r->tenant, states, list_one, &x, &err);
         json_decref(x.meta);
         json_t *arr = json_array();
         size_t shown = 0, next = 0;
+        struct list_item last = {0};
         if (rc == 0 && !x.failed) {
                 if (x.n)
                         qsort(x.items, x.n, sizeof(*x.items), item_cmp);
-                for (size_t i = 0; i < x.n; i++) {
-                        if (after && *after && strcmp(x.items[i].id, after) <= 0)
-                                continue;
+                for (size_t k = 0; k < x.n; k++) {
+                        size_t i = desc ? x.n - 1 - k : k;
+                        if (after && *after) {
+                                int c = item_cmp(&x.items[i], &at);
+                                if (desc ? c >= 0 : c <= 0)
+                                        continue;
+                        }
                         if (shown == (size_t)limit) {
                                 next = 1;
                                 break;
                         }
                         json_array_append(arr, x.items[i].o);
+                        last = x.items[i];
                         shown++;
                 }
         }
-        char token[64] = "";
+        char token[96] = "";
         if (next && shown)
-                snprintf(token, sizeof(token), "%s",
-                         json_string_value(
-                             json_object_get(json_array_get(arr, shown - 1), "sandboxID")));
+                snprintf(token, sizeof(token), "%lld.%s", (long long)last.started, last.id);
         for (size_t i = 0; i < x.n; i++)
                 json_decref(x.items[i].o);
         free(x.items);
@@ -841,6 +1262,9 @@ static const struct cove_route e2b_api_routes[] = {
     {"POST", "/sandboxes/{id}/pause", h_pause, NULL, COVE_ROUTE_PUBLIC},
     {"POST", "/sandboxes/{id}/resume", h_resume, NULL, COVE_ROUTE_PUBLIC},
     {"GET", "/sandboxes/{id}/metrics", h_metrics, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/sandboxes/{id}/snapshots", h_snapshot_create, NULL, COVE_ROUTE_PUBLIC},
+    {"GET", "/snapshots", h_snapshot_list, NULL, COVE_ROUTE_PUBLIC},
+    {"DELETE", "/templates/{id}", h_template_delete, NULL, COVE_ROUTE_PUBLIC},
 };
 
 /* A route E2B does not have: answered in E2B's error shape, not cove's. */
@@ -881,6 +1305,7 @@ int cove_e2b_start(struct coved *d, const char *api_listen, const char *sandbox_
                     .log = &d->log,
                     .quitting = &d->quitting,
                     .fallback = &e2b_unknown,
+                    .flat_errors = 1,
                 };
                 e->api = cove_http_start(&hc, api_listen, NULL, err);
                 if (!e->api) {
@@ -898,6 +1323,7 @@ int cove_e2b_start(struct coved *d, const char *api_listen, const char *sandbox_
                     .log = &d->log,
                     .quitting = &d->quitting,
                     .fallback = &e2b_unknown,
+                    .flat_errors = 1,
                 };
                 e->envd = cove_http_start(&hc, sandbox_listen, NULL, err);
                 if (!e->envd) {

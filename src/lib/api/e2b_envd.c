@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "api/e2b.h"
 #include "api/forward.h"
@@ -179,8 +180,9 @@ struct ctx {
         struct cove_chan *c; /* referenced */
         char user[64];
         char home[128];
-        char *env_json;     /* the sandbox's default env (owned) */
-        char workdir[1024]; /* the template image's WORKDIR: the default cwd ("" none) */
+        char *env_json;      /* the sandbox's default env (owned) */
+        char workdir[1024];  /* the template image's WORKDIR: the default cwd ("" none) */
+        uint64_t disk_bytes; /* the sandbox's disk size: bounds a decompressed upload */
 };
 
 /* The template image's WORKDIR of the sandbox in row, for commands that name no cwd. */
@@ -315,6 +317,7 @@ static int resolve(struct cove_e2b *e, struct cove_req *r, struct ctx *x, int ne
                 return reply_gone(r, x->id), -1;
         x->env_json = row.env_json;
         row.env_json = NULL;
+        x->disk_bytes = (uint64_t)(row.disk_mb > 0 ? row.disk_mb : 1) << 20;
         ctx_workdir(x, &row);
         cove_sandbox_row_clear(&row);
         const char *tok = cove_req_header(r, "X-Access-Token");
@@ -983,7 +986,28 @@ static int h_process(void *app, struct cove_req *r)
 
 /* ---- filesystem.Filesystem -------------------------------------------------------- */
 
-/* A guest entry {name, path, type, size, mode, mtime} → envd's EntryInfo. */
+#define META_MAX 32 /* file metadata: keys per file, bytes per value (as the guest bounds) */
+#define META_VAL_MAX 1024
+
+/* A guest's file metadata {key: text}, checked and bounded; NULL if none or malformed. */
+static json_t *meta_clean(json_t *m)
+{
+        if (!json_is_object(m) || !json_object_size(m) || json_object_size(m) > META_MAX)
+                return NULL;
+        const char *k;
+        json_t *v;
+        json_object_foreach(m, k, v)
+        {
+                if (!*k || strlen(k) > 200 || !json_is_string(v) ||
+                    json_string_length(v) > META_VAL_MAX ||
+                    strlen(json_string_value(v)) != json_string_length(v))
+                        return NULL;
+        }
+        return json_deep_copy(m);
+}
+
+/* A guest entry {name, path, type, size, mode, mtime, owner, group, link?, metadata?} →
+ * envd's EntryInfo. */
 static json_t *entry_json(json_t *e)
 {
         if (!json_is_object(e))
@@ -1014,6 +1038,18 @@ static json_t *entry_json(json_t *e)
         json_t *mt = json_object_get(e, "mtime");
         if (json_is_string(mt))
                 json_object_set(o, "modifiedTime", mt);
+        /* from the guest: only bounded text is passed on */
+        static const char *const names[][2] = {
+            {"owner", "owner"}, {"group", "group"}, {"link", "symlinkTarget"}};
+        for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+                json_t *v = json_object_get(e, names[i][0]);
+                if (json_is_string(v) && json_string_length(v) <= PATH_MAX_LEN &&
+                    strlen(json_string_value(v)) == json_string_length(v))
+                        json_object_set(o, names[i][1], v);
+        }
+        json_t *m = meta_clean(json_object_get(e, "metadata"));
+        if (m)
+                json_object_set_new(o, "metadata", m);
         return o;
 }
 
@@ -1248,7 +1284,7 @@ static int signed_id(struct cove_e2b *e, struct cove_req *r, const char *op, cha
                 char *end;
                 long long t = strtoll(exp, &end, 10);
                 if (!*exp || *end || t * 1000 < cove_now_ms())
-                        return http_error(r, 401, "signature expired"), -1;
+                        return http_error(r, 401, "signature is already expired"), -1;
         }
         const char *user = cove_req_query(r, "username");
         struct sigscan q = {.e = e,
@@ -1290,6 +1326,7 @@ static int files_access(struct cove_e2b *e, struct cove_req *r, struct ctx *x, c
                 return reply_gone(r, x->id), -1;
         x->env_json = row.env_json;
         row.env_json = NULL;
+        x->disk_bytes = (uint64_t)(row.disk_mb > 0 ? row.disk_mb : 1) << 20;
         ctx_workdir(x, &row);
         cove_sandbox_row_clear(&row);
         set_user(x, NULL);
@@ -1391,6 +1428,10 @@ struct upctx {
         char qpath[PATH_MAX_LEN + 1];     /* ?path= (wins over part filenames) */
         uint64_t part_bytes;              /* written of the current part */
         json_t *results;
+        json_t *meta; /* X-Metadata-* headers: {key: value}, or NULL */
+        int gz;       /* Content-Encoding: gzip: z inflates the body */
+        z_stream z;
+        uint64_t gz_out; /* bytes inflated so far */
 };
 
 static void up_fail(struct upctx *u, const struct cove_err *err)
@@ -1412,6 +1453,9 @@ static void up_cleanup(void *app, struct cove_req *r)
         cove_chan_xfer_free(u->xf); /* an unfinished upload is aborted: the old file stays */
         ctx_clear(&u->x);
         json_decref(u->results);
+        json_decref(u->meta);
+        if (u->gz)
+                inflateEnd(&u->z);
         free(u);
         r->state = NULL;
 }
@@ -1434,7 +1478,7 @@ static int file_open(struct upctx *u, const char *target)
                         return up_fail(u, &err), -1;
                 json_decref(resp);
         }
-        if (cove_chan_write_begin(u->x.c, u->cur, 0644, u->x.user, &u->xf, &err) < 0)
+        if (cove_chan_write_begin_meta(u->x.c, u->cur, 0644, u->x.user, u->meta, &u->xf, &err) < 0)
                 return up_fail(u, &err), -1;
         return 0;
 }
@@ -1452,9 +1496,11 @@ static int file_close(struct upctx *u)
         if (rc < 0)
                 return up_fail(u, &err), -1;
         const char *base = strrchr(u->cur, '/');
-        json_array_append_new(u->results,
-                              json_pack("{s:s, s:s, s:s}", "name", base ? base + 1 : u->cur, "type",
-                                        "file", "path", u->cur));
+        json_t *res = json_pack("{s:s, s:s, s:s}", "name", base ? base + 1 : u->cur, "type", "file",
+                                "path", u->cur);
+        if (u->meta)
+                json_object_set(res, "metadata", u->meta);
+        json_array_append_new(u->results, res);
         return 0;
 }
 
@@ -1484,12 +1530,123 @@ static enum MHD_Result up_part(void *cls, enum MHD_ValueKind kind, const char *k
         return MHD_YES;
 }
 
-static enum MHD_Result has_metadata(void *cls, enum MHD_ValueKind kind, const char *key,
-                                    const char *value)
+/* X-Metadata-<key>: <value> headers → u->meta ({lowercased key: value}); E2B's rules:
+ * the key an HTTP token, the value printable ASCII; bounded as the guest bounds it. */
+static enum MHD_Result meta_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                   const char *value)
 {
-        if (key && !strncasecmp(key, "X-Metadata-", 11))
-                *(int *)cls = 1;
+        struct upctx *u = cls;
+        if (u->failed || !key || strncasecmp(key, "X-Metadata-", 11) != 0)
+                return MHD_YES;
+        const char *k = key + 11;
+        size_t kl = strlen(k);
+        int ok = kl > 0 && kl <= 200 && value && strlen(value) <= META_VAL_MAX;
+        for (size_t i = 0; ok && i < kl; i++)
+                ok = isalnum((unsigned char)k[i]) || strchr("!#$%&'*+-.^_`|~", k[i]);
+        for (const char *v = value; ok && *v; v++)
+                ok = *v >= 0x20 && *v <= 0x7e;
+        if (!u->meta)
+                u->meta = json_object();
+        ok = ok && json_object_size(u->meta) < META_MAX;
+        struct cove_err err;
+        if (!ok) {
+                cove_err_setk(&err, COVE_E_BAD_REQUEST, 0,
+                              "file metadata: at most %d X-Metadata-<token> headers with "
+                              "printable values of at most %d bytes",
+                              META_MAX, META_VAL_MAX);
+                up_fail(u, &err);
+                return MHD_YES;
+        }
+        char lk[201];
+        for (size_t i = 0; i <= kl; i++)
+                lk[i] = (char)tolower((unsigned char)k[i]);
+        json_object_set_new(u->meta, lk, json_string(value));
         return MHD_YES;
+}
+
+/* What a gzip body may inflate to: the sandbox's free disk space as its guest reports it
+ * (its own uploads are all a guest could misreport), at most the disk's size. */
+static void gz_bound(struct upctx *u)
+{
+        json_t *req = json_pack("{s:s}", "op", "usage"), *resp = NULL;
+        struct cove_err err;
+        if (cove_chan_call(u->x.c, req, &resp, 0, &err) == 0) {
+                json_t *t = json_object_get(resp, "disk_total_bytes");
+                json_t *used = json_object_get(resp, "disk_used_bytes");
+                if (json_is_integer(t) && json_is_integer(used) && json_integer_value(used) >= 0 &&
+                    json_integer_value(t) >= json_integer_value(used)) {
+                        uint64_t free_b =
+                            (uint64_t)(json_integer_value(t) - json_integer_value(used));
+                        if (free_b < u->x.disk_bytes)
+                                u->x.disk_bytes = free_b;
+                }
+        }
+        json_decref(req);
+        json_decref(resp);
+}
+
+/* Body bytes after decoding: into the multipart parser or the file. */
+static void up_feed(struct upctx *u, const char *data, size_t len)
+{
+        struct cove_err err;
+        if (u->pp) {
+                if (MHD_post_process(u->pp, data, len) != MHD_YES && !u->failed) {
+                        cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "malformed multipart body");
+                        up_fail(u, &err);
+                }
+        } else if (u->xf && cove_chan_xfer_write(u->xf, data, len, &err) < 0) {
+                up_fail(u, &err);
+        }
+}
+
+/* A gzip body: inflated in pieces, at most the sandbox's disk size in all (more could not
+ * be stored: a decompression bomb is refused, not written). */
+static void up_inflate(struct upctx *u, const char *data, size_t len, int end)
+{
+        char out[64 * 1024];
+        u->z.next_in = (Bytef *)data;
+        u->z.avail_in = (uInt)len;
+        while (!u->failed) {
+                u->z.next_out = (Bytef *)out;
+                u->z.avail_out = sizeof(out);
+                int zr = inflate(&u->z, Z_NO_FLUSH);
+                size_t got = sizeof(out) - u->z.avail_out;
+                struct cove_err err;
+                if (zr != Z_OK && zr != Z_STREAM_END && zr != Z_BUF_ERROR) {
+                        cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "gzip body: %s",
+                                      u->z.msg ? u->z.msg : "corrupt");
+                        up_fail(u, &err);
+                        return;
+                }
+                u->gz_out += got;
+                if (u->gz_out > u->x.disk_bytes) {
+                        u->failed = 1;
+                        u->status = 413;
+                        snprintf(u->msg, sizeof(u->msg),
+                                 "limit_exceeded: the gzip body inflates to more than the "
+                                 "sandbox's free disk space (%llu bytes)",
+                                 (unsigned long long)u->x.disk_bytes);
+                        return;
+                }
+                if (got)
+                        up_feed(u, out, got);
+                if (zr == Z_STREAM_END) {
+                        if (u->z.avail_in) {
+                                inflateReset(&u->z); /* another gzip member follows */
+                                continue;
+                        }
+                        u->gz = 2; /* complete */
+                        return;
+                }
+                if (!u->z.avail_in && u->z.avail_out) {
+                        if (end && zr == Z_BUF_ERROR) {
+                                cove_err_setk(&err, COVE_E_BAD_REQUEST, 0,
+                                              "gzip body is cut short");
+                                up_fail(u, &err);
+                        }
+                        return;
+                }
+        }
 }
 
 static int up_begin(struct cove_e2b *e, struct cove_req *r)
@@ -1507,21 +1664,23 @@ static int up_begin(struct cove_e2b *e, struct cove_req *r)
         }
         u->ready = 1;
         struct cove_err err;
-        int meta = 0;
-        MHD_get_connection_values(r->conn, MHD_HEADER_KIND, has_metadata, &meta);
-        if (meta) {
-                cove_err_setk(&err, COVE_E_BAD_REQUEST, 0,
-                              "file metadata (X-Metadata-* headers) is not supported by cove");
-                return up_fail(u, &err), -1;
-        }
+        MHD_get_connection_values(r->conn, MHD_HEADER_KIND, meta_header, u);
+        if (u->failed)
+                return -1;
         const char *qp = cove_req_query(r, "path");
         snprintf(u->qpath, sizeof(u->qpath), "%s", qp ? qp : "");
         const char *ct = cove_req_header(r, "Content-Type");
         const char *ce = cove_req_header(r, "Content-Encoding");
-        if (ce && strcmp(ce, "identity") != 0) {
+        if (ce && !strcasecmp(ce, "gzip")) {
+                if (inflateInit2(&u->z, 15 + 16) != Z_OK) {
+                        cove_err_setk(&err, COVE_E_INTERNAL, 0, "gzip: inflateInit failed");
+                        return up_fail(u, &err), -1;
+                }
+                u->gz = 1;
+                gz_bound(u);
+        } else if (ce && strcasecmp(ce, "identity") != 0) {
                 cove_err_setk(&err, COVE_E_BAD_REQUEST, 0,
-                              "Content-Encoding %.32s is not supported (gzip uploads: not yet)",
-                              ce);
+                              "Content-Encoding %.32s is not supported (gzip or identity)", ce);
                 return up_fail(u, &err), -1;
         }
         if (ct && !strncasecmp(ct, "multipart/form-data", 19)) {
@@ -1548,14 +1707,14 @@ static int up_files(void *app, struct cove_req *r, const char *data, size_t len)
         struct upctx *u = r->state;
         if (!u || u->failed)
                 return 0;
-        struct cove_err err;
-        if (u->pp) {
-                if (MHD_post_process(u->pp, data, len) != MHD_YES && !u->failed) {
-                        cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "malformed multipart body");
-                        up_fail(u, &err);
-                }
-        } else if (u->xf && cove_chan_xfer_write(u->xf, data, len, &err) < 0) {
+        if (u->gz == 2 && len) {
+                struct cove_err err;
+                cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "bytes after the end of the gzip body");
                 up_fail(u, &err);
+        } else if (u->gz) {
+                up_inflate(u, data, len, 0);
+        } else {
+                up_feed(u, data, len);
         }
         return 0;
 }
@@ -1570,6 +1729,11 @@ static int h_files_post(void *app, struct cove_req *r)
                 return http_error(r, 500, "out of memory");
         if (u->failed && !u->status)
                 return 0; /* answered by the access check */
+        if (u->gz == 1 && !u->failed) {
+                struct cove_err err;
+                cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "gzip body is cut short");
+                up_fail(u, &err);
+        }
         if (u->pp && !u->failed) {
                 MHD_destroy_post_processor(u->pp);
                 u->pp = NULL;

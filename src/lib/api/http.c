@@ -106,6 +106,12 @@ static int queue(struct cove_req *r, unsigned status, struct MHD_Response *resp)
         MHD_add_response_header(resp, "Cache-Control", "no-store");
         if (r->answer_hdr_name)
                 MHD_add_response_header(resp, r->answer_hdr_name, r->answer_hdr_value);
+        if (r->in_body && !r->late && !r->answered) {
+                r->late = resp;
+                r->late_status = status;
+                r->answered = 1;
+                return 0;
+        }
         enum MHD_Result q = MHD_queue_response(r->conn, status, resp);
         MHD_destroy_response(resp);
         r->answered = 1;
@@ -148,6 +154,9 @@ int cove_reply_error(struct cove_req *r, unsigned status, const char *code, cons
         va_start(ap, fmt);
         vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
+        if (r->flat_errors)
+                return cove_reply_json(
+                    r, status, json_pack("{s:i, s:s}", "code", (int)status, "message", msg));
         return cove_reply_json(r, status,
                                json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg));
 }
@@ -330,6 +339,8 @@ static void req_free(struct cove_http *h, struct cove_req *r)
         for (int i = 0; i < r->nparams; i++)
                 free(r->params[i]);
         free(r->body);
+        if (r->late)
+                MHD_destroy_response(r->late);
         free(r);
 }
 
@@ -376,6 +387,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
                 if (!r)
                         return MHD_NO;
                 r->conn = conn;
+                r->flat_errors = h->cfg.flat_errors;
                 r->method = method;
                 r->url = url;
                 r->t0_ns = cove_mono_ns();
@@ -425,7 +437,14 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
                 return MHD_YES;
         }
         if (r->answered) {
-                /* answered early (error): discard whatever body still comes */
+                /* answered early (error): discard whatever body still comes, then send an
+                 * answer given while it was arriving */
+                if (*upload_data_size == 0 && r->late) {
+                        struct MHD_Response *late = r->late;
+                        r->late = NULL;
+                        MHD_queue_response(r->conn, r->late_status, late);
+                        MHD_destroy_response(late);
+                }
                 *upload_data_size = 0;
                 return MHD_YES;
         }
@@ -433,8 +452,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
                 size_t n = *upload_data_size;
                 *upload_data_size = 0;
                 if (r->route->upload) {
+                        r->in_body = 1;
                         if (!r->upload_failed && r->route->upload(h->cfg.app, r, upload_data, n))
                                 r->upload_failed = 1;
+                        r->in_body = 0;
                         return MHD_YES;
                 }
                 if (r->too_big || r->body_len + n > COVE_HTTP_JSON_MAX) {

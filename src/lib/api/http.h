@@ -62,6 +62,12 @@ struct cove_req {
         int upload_failed;
         int started; /* handler has run */
         int answered;
+        /* an answer given while the body was still arriving (MHD refuses to queue one
+         * then): held here and queued once the body is consumed */
+        void *late; /* struct MHD_Response * */
+        unsigned late_status;
+        int in_body;     /* inside an upload callback */
+        int flat_errors; /* the listener's cove_http_config.flat_errors */
         /* principal, filled by the auth hook */
         char tenant[64];
         char key_id[64];
@@ -85,6 +91,9 @@ struct cove_http_config {
         /* Runs for a request no route matches (NULL: 404/405 in cove's error shape); its
          * flags apply (COVE_ROUTE_PUBLIC: no auth). */
         const struct cove_route *fallback;
+        /* Every error of this listener, the front end's own too (bad query, body too large,
+         * no answer), as {"code": <status>, "message"} (E2B's shape) instead of cove's. */
+        int flat_errors;
 };
 
 /* Listen on tcp "HOST:PORT" (may be NULL) and on a unix socket path (may be NULL; created

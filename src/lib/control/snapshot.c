@@ -396,6 +396,12 @@ static void set_running(struct coved *d, struct cove_sandbox_row *row, const cha
 int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
                        struct cove_err *err)
 {
+        return cove_sandbox_pause_kind(d, tenant, id, NULL, out, err);
+}
+
+int cove_sandbox_pause_kind(struct coved *d, const char *tenant, const char *id, const char *kind,
+                            json_t **out, struct cove_err *err)
+{
         if (d->role == COVED_ROLE_CONTROL) /* its node pauses it (a job) */
                 return coved_cluster_pause(d, tenant, id, out, err);
         struct cove_sandbox_row row;
@@ -413,7 +419,7 @@ int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json
                 goto out;
         struct cove_snapshot_row snap;
         struct cove_err e2;
-        if ((r = capture_locked(d, &row, "pause", NULL, 0, 1, &snap, err)) < 0) {
+        if ((r = capture_locked(d, &row, "pause", kind, 0, 1, &snap, err)) < 0) {
                 cove_err_wrap(err, "pause");
                 if (reload(d, id, &row, &e2) == 0 && !strcmp(row.state, "pausing")) {
                         snprintf(row.state, sizeof(row.state), "running");
@@ -640,6 +646,33 @@ out:
 int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_t *body,
                       json_t **out, struct cove_err *err)
 {
+        return cove_sandbox_fork_ext(d, tenant, id, body, NULL, out, err);
+}
+
+/* A fork's settings from over (see snapshot.h) where it has them, else the source's. */
+static void fork_overrides(struct cove_sandbox_row *s, json_t *over)
+{
+        json_t *m = json_object_get(over, "metadata"), *e = json_object_get(over, "env");
+        json_t *t = json_object_get(over, "timeout_s"), *ot = json_object_get(over, "on_timeout");
+        char *txt;
+        if (json_is_object(m) && (txt = json_dumps(m, JSON_COMPACT))) {
+                free(s->metadata_json);
+                s->metadata_json = txt;
+        }
+        if (json_is_object(e) && (txt = json_dumps(e, JSON_COMPACT))) {
+                free(s->env_json);
+                s->env_json = txt;
+        }
+        if (json_is_integer(t) && json_integer_value(t) > 0 && json_integer_value(t) <= INT32_MAX)
+                s->timeout_s = (int)json_integer_value(t);
+        if (json_is_string(ot) &&
+            (!strcmp(json_string_value(ot), "kill") || !strcmp(json_string_value(ot), "pause")))
+                snprintf(s->on_timeout, sizeof(s->on_timeout), "%s", json_string_value(ot));
+}
+
+int cove_sandbox_fork_ext(struct coved *d, const char *tenant, const char *id, json_t *body,
+                          json_t *over, json_t **out, struct cove_err *err)
+{
         if (d->role == COVED_ROLE_CONTROL) /* on the node of its source (a job) */
                 return coved_cluster_fork(d, tenant, id, body, out, err);
         char what[128];
@@ -712,6 +745,7 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
                 s.metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
                 s.env_json = strdup(src.env_json ? src.env_json : "{}");
                 s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
+                fork_overrides(&s, over);
                 /* a fork's first snapshot has the forked snapshot as parent */
                 snprintf(s.last_snapshot_id, sizeof(s.last_snapshot_id), "%s", snap.id);
                 s.created_at = tm_now();
@@ -761,6 +795,38 @@ int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_
         }
         free(made);
         cove_sandbox_row_clear(&src);
+        return r;
+}
+
+int cove_sandbox_stop_keep(struct coved *d, const char *tenant, const char *id,
+                           struct cove_err *err)
+{
+        struct cove_sandbox_row row;
+        if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
+                return -1;
+        sbx_lock(d->tm, id, 1);
+        int r = reload(d, id, &row, err);
+        if (r == 0 && !strcmp(row.state, "stopped"))
+                goto out;
+        if (r == 0 && strcmp(row.state, "running") != 0 && strcmp(row.state, "paused") != 0)
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is %s", id, row.state);
+        if (r < 0)
+                goto out;
+        struct cove_err e2;
+        if (!strcmp(row.state, "running") && cove_node_stop(d->node, id, 1, &e2) < 0)
+                cove_warn(&d->log, "sandbox.stop", "%s", e2.msg);
+        if ((r = reload(d, id, &row, err)) < 0)
+                goto out;
+        snprintf(row.state, sizeof(row.state), "stopped");
+        row.uid_base = 0;
+        row.expires_at = 0;
+        if ((r = row_write(d, &row, err)) < 0)
+                goto out;
+        coved_audit_control(d, row.tenant, id, "stop", json_object());
+        cove_info(&d->log, "sandbox.state", "sandbox %s stopped (its snapshots are kept)", id);
+out:
+        sbx_unlock(d->tm, id);
+        cove_sandbox_row_clear(&row);
         return r;
 }
 

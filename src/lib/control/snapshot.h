@@ -74,6 +74,20 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                         json_t **out, struct cove_err *err);
 int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_t *body,
                       json_t **out, struct cove_err *err);
+/* pause with a snapshot kind as cove_snapshot_take takes it (NULL: full where the node
+ * can, files otherwise; "files": a files-only snapshot even where full ones work, so the
+ * resume is a fresh start). */
+int cove_sandbox_pause_kind(struct coved *d, const char *tenant, const char *id, const char *kind,
+                            json_t **out, struct cove_err *err);
+/* fork, and over (may be NULL) sets the forks' own settings instead of the source's:
+ * {metadata?: {}, env?: {}, timeout_s?: N, on_timeout?: "kill"|"pause"} (internal callers:
+ * the E2B API's create from a snapshot). */
+int cove_sandbox_fork_ext(struct coved *d, const char *tenant, const char *id, json_t *body,
+                          json_t *over, json_t **out, struct cove_err *err);
+/* End a running or paused sandbox's instance but keep its row (state "stopped") and its
+ * snapshots: what forks of them need (the source's template and shape). */
+int cove_sandbox_stop_keep(struct coved *d, const char *tenant, const char *id,
+                           struct cove_err *err);
 
 /* The files a sandbox changed over its template, as a read-only directory fd of its
  * overlay upper tree (overlay whiteouts included), for fn: of the running ns sandbox

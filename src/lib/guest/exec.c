@@ -132,6 +132,25 @@ int g_user_lookup(const char *spec, struct guser *u, struct cove_err *e)
         return 0;
 }
 
+/* The name of a uid (/etc/passwd) or gid (/etc/group) of the sandbox; the decimal id when
+ * it has none. */
+void g_id_name(bool group, unsigned long id, char *out, size_t cap)
+{
+        snprintf(out, cap, "%lu", id);
+        cleanup_fclose FILE *f = fopen(group ? "/etc/group" : "/etc/passwd", "re");
+        char line[4096];
+        while (f && fgets(line, sizeof(line), f)) {
+                line[strcspn(line, "\n")] = 0;
+                char *fl[4];
+                unsigned long v;
+                if (split_colon(line, fl, 4) < 3 || parse_id(fl[2], &v) < 0 || v != id)
+                        continue;
+                if (fl[0][0] && strlen(fl[0]) < cap)
+                        snprintf(out, cap, "%s", fl[0]);
+                return;
+        }
+}
+
 /* ---- signals ---- */
 
 static const struct {

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/xattr.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -108,14 +109,87 @@ static const char *type_name(mode_t m)
         return S_ISREG(m) ? "file" : S_ISDIR(m) ? "dir" : S_ISLNK(m) ? "symlink" : "other";
 }
 
-static json_t *entry_json(const char *name, const char *path, const struct stat *st)
+/* Names of the last uid and gid seen (a listing is mostly one owner). */
+struct idcache {
+        bool hu, hg;
+        uid_t uid;
+        gid_t gid;
+        char user[64], group[64];
+};
+
+#define META_PREFIX "user.e2b." /* file metadata (E2B's X-Metadata-*) lives in these xattrs */
+#define META_MAX 32             /* keys on a file */
+#define META_VAL_MAX 1024
+
+/* The user.e2b.* xattrs of dfd/name as {key: value}, NULL when none (or unreadable). */
+static json_t *meta_json(int dfd, const char *name)
+{
+        char at[G_PATH_MAX + 64], names[8192];
+        snprintf(at, sizeof(at), "/proc/self/fd/%d/%s", dfd, name);
+        ssize_t n = llistxattr(at, names, sizeof(names));
+        if (n <= 0)
+                return NULL;
+        json_t *o = NULL;
+        for (char *k = names; k < names + n && json_object_size(o) < META_MAX; k += strlen(k) + 1) {
+                if (strncmp(k, META_PREFIX, strlen(META_PREFIX)) != 0 || !k[strlen(META_PREFIX)])
+                        continue;
+                char v[META_VAL_MAX + 1];
+                ssize_t vl = lgetxattr(at, k, v, META_VAL_MAX);
+                if (vl < 0)
+                        continue;
+                v[vl] = 0;
+                if (strlen(v) != (size_t)vl)
+                        continue; /* not text */
+                if (!o)
+                        o = json_object();
+                json_object_set_new(o, k + strlen(META_PREFIX), json_string(v));
+        }
+        return o;
+}
+
+/* An entry; with dfd >= 0 (the directory holding name) also a symlink's target and the
+ * file's metadata. */
+static json_t *entry_json_at(int dfd, const char *name, const char *path, const struct stat *st,
+                             struct idcache *ic)
 {
         char ts[40];
         cove_rfc3339((int64_t)st->st_mtim.tv_sec * 1000 + st->st_mtim.tv_nsec / 1000000, ts,
                      sizeof(ts));
-        return json_pack("{s:s, s:s, s:s, s:I, s:i, s:s}", "name", name, "path", path, "type",
-                         type_name(st->st_mode), "size", (json_int_t)st->st_size, "mode",
-                         (int)(st->st_mode & 07777), "mtime", ts);
+        struct idcache local = {0};
+        if (!ic)
+                ic = &local;
+        if (!ic->hu || ic->uid != st->st_uid) {
+                g_id_name(false, st->st_uid, ic->user, sizeof(ic->user));
+                ic->uid = st->st_uid;
+                ic->hu = true;
+        }
+        if (!ic->hg || ic->gid != st->st_gid) {
+                g_id_name(true, st->st_gid, ic->group, sizeof(ic->group));
+                ic->gid = st->st_gid;
+                ic->hg = true;
+        }
+        json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:i, s:s, s:s, s:s}", "name", name, "path",
+                              path, "type", type_name(st->st_mode), "size", (json_int_t)st->st_size,
+                              "mode", (int)(st->st_mode & 07777), "mtime", ts, "owner", ic->user,
+                              "group", ic->group);
+        if (dfd >= 0 && S_ISLNK(st->st_mode)) {
+                char t[G_PATH_MAX];
+                ssize_t n = readlinkat(dfd, name, t, sizeof(t) - 1);
+                if (n >= 0) {
+                        t[n] = 0;
+                        json_object_set_new(o, "link", json_string(t));
+                }
+        } else if (dfd >= 0 && (S_ISREG(st->st_mode) || S_ISDIR(st->st_mode))) {
+                json_t *m = meta_json(dfd, name);
+                if (m)
+                        json_object_set_new(o, "metadata", m);
+        }
+        return o;
+}
+
+static json_t *entry_json(const char *name, const char *path, const struct stat *st)
+{
+        return entry_json_at(-1, name, path, st, NULL);
 }
 
 static const char *base_name(const char *abs)
@@ -396,6 +470,8 @@ struct gwrite {
         gid_t gid;
         struct cove_err e; /* first error; answered after END */
         bool failed;
+        json_t *meta; /* {key: value} to set as user.e2b.* xattrs, or NULL */
+        bool existed; /* the final name was there when the write began */
 };
 
 static void write_free(struct gwrite *w, bool unlink_tmp)
@@ -406,6 +482,7 @@ static void write_free(struct gwrite *w, bool unlink_tmp)
                 unlinkat(w->dirfd, w->tmp, 0);
         if (w->dirfd >= 0)
                 close(w->dirfd);
+        json_decref(w->meta);
         free(w);
 }
 
@@ -454,11 +531,34 @@ int g_op_write(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *
                 return 0;
         }
         w->mode = (mode_t)mode;
+        json_t *meta = json_object_get(req, "metadata");
+        if (meta) {
+                const char *k;
+                json_t *v;
+                bool ok = json_is_object(meta) && json_object_size(meta) <= META_MAX;
+                json_object_foreach(meta, k, v)
+                {
+                        ok = ok && *k && strlen(k) <= 200 && json_is_string(v) &&
+                             json_string_length(v) <= META_VAL_MAX &&
+                             strlen(json_string_value(v)) == json_string_length(v);
+                }
+                if (!ok) {
+                        w->failed = true;
+                        cove_err_setk(&w->e, COVE_E_BAD_REQUEST, 0,
+                                      "write: metadata must be at most %d text values of at most "
+                                      "%d bytes",
+                                      META_MAX, META_VAL_MAX);
+                        return 0;
+                }
+                w->meta = json_incref(meta);
+        }
         w->dirfd = open_parent(g, w->path, w->name);
         if (w->dirfd < 0) {
                 write_fail(w, errno, "open parent directory");
                 return 0;
         }
+        struct stat ost;
+        w->existed = fstatat(w->dirfd, w->name, &ost, AT_SYMLINK_NOFOLLOW) == 0;
         for (int tries = 0; tries < 8; tries++) {
                 uint32_t r = 0;
                 cove_random(&r, sizeof(r), NULL);
@@ -476,6 +576,20 @@ int g_op_write(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *
         return 0;
 }
 
+static int set_meta(struct gwrite *w)
+{
+        const char *k;
+        json_t *v;
+        json_object_foreach(w->meta, k, v)
+        {
+                char xn[256];
+                snprintf(xn, sizeof(xn), META_PREFIX "%s", k);
+                if (fsetxattr(w->fd, xn, json_string_value(v), json_string_length(v), 0) < 0)
+                        return -1;
+        }
+        return 0;
+}
+
 static int write_finish(struct cove_guest *g, struct gwrite *w, struct cove_err *err)
 {
         if (!w->failed) {
@@ -483,6 +597,8 @@ static int write_finish(struct cove_guest *g, struct gwrite *w, struct cove_err 
                         write_fail(w, errno, "chmod");
                 else if (w->chown_it && fchown(w->fd, w->uid, w->gid) < 0)
                         write_fail(w, errno, "chown");
+                else if (set_meta(w) < 0)
+                        write_fail(w, errno, "set metadata (user.e2b.* xattrs)");
                 else if (fsync(w->fd) < 0)
                         write_fail(w, errno, "fsync");
         }
@@ -500,7 +616,10 @@ static int write_finish(struct cove_guest *g, struct gwrite *w, struct cove_err 
                 write_fail(w, errno, "stat");
         if (w->failed)
                 return g_reply_err(g, w->id, &w->e, err);
-        json_t *entry = entry_json(w->name, w->path, &st);
+        /* watchers see the write under its final name, never the temporary one */
+        if (g_watch_notify(g, w->path, !w->existed, err) < 0)
+                return -1;
+        json_t *entry = entry_json_at(w->dirfd, w->name, w->path, &st, NULL);
         return g_reply_ok(g, w->id, json_pack("{s:o}", "entry", entry), err);
 }
 
@@ -558,21 +677,24 @@ int g_op_stat(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *e
         if (get_path(g, req, "path", path, &e) < 0)
                 return g_reply_err(g, id, &e, err);
         struct stat st;
+        cleanup_close int dfd = -1;
         if (strcmp(path, "/") == 0) {
                 if (fstat(g->rootfd, &st) < 0)
                         return reply_errno(g, id, errno, "stat", path, err);
+                snprintf(name, sizeof(name), "/");
         } else {
-                cleanup_close int dfd = open_parent(g, path, name);
+                dfd = open_parent(g, path, name);
                 if (dfd < 0 || fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
                         return reply_errno(g, id, errno, "stat", path, err);
         }
-        return g_reply_ok(g, id,
-                          json_pack("{s:o}", "entry", entry_json(base_name(path), path, &st)), err);
+        return g_reply_ok(
+            g, id, json_pack("{s:o}", "entry", entry_json_at(dfd, name, path, &st, NULL)), err);
 }
 
 struct list_ctx {
         json_t *arr;
         bool over; /* more than G_LIST_MAX entries */
+        struct idcache ic;
 };
 
 /* Takes dfd. Unreadable subdirectories are skipped. */
@@ -597,7 +719,8 @@ static void list_dir(int dfd, const char *dpath, int depth, struct list_ctx *lc)
                 char path[G_PATH_MAX + 260];
                 snprintf(path, sizeof(path), "%s%s%s", dpath, strcmp(dpath, "/") ? "/" : "",
                          de->d_name);
-                json_array_append_new(lc->arr, entry_json(de->d_name, path, &st));
+                json_array_append_new(lc->arr,
+                                      entry_json_at(dirfd(d), de->d_name, path, &st, &lc->ic));
                 if (S_ISDIR(st.st_mode) && depth > 1 && strlen(path) < G_PATH_MAX) {
                         int sub = openat(dirfd(d), de->d_name,
                                          O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -731,7 +854,8 @@ int g_op_move(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *e
         struct stat st;
         if (fstatat(td, tname, &st, AT_SYMLINK_NOFOLLOW) < 0)
                 return reply_errno(g, id, errno, "move: stat", to, err);
-        return g_reply_ok(g, id, json_pack("{s:o}", "entry", entry_json(tname, to, &st)), err);
+        return g_reply_ok(
+            g, id, json_pack("{s:o}", "entry", entry_json_at(td, tname, to, &st, NULL)), err);
 }
 
 int g_op_remove(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err)

@@ -165,6 +165,8 @@ struct guser {
 };
 /* spec: a name or a decimal uid; NULL: the guest's own uid. -1 with e (NOT_FOUND) if unknown. */
 int g_user_lookup(const char *spec, struct guser *u, struct cove_err *e);
+/* The user (group) name of uid (gid) id in the sandbox, or its decimal form. */
+void g_id_name(bool group, unsigned long id, char *out, size_t cap);
 
 /* exec.c */
 int g_op_exec(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);
@@ -208,6 +210,11 @@ void g_reads_abort(struct cove_guest *g);
 
 /* watch.c */
 int g_op_watch(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);
+/* A write through the files op finished at path (created: it did not exist): the events
+ * it makes for every watch that covers path ("create" when new, then "write"). */
+int g_watch_notify(struct cove_guest *g, const char *path, bool created, struct cove_err *err);
+/* 1 if name is a temporary name of a files-op write (".<name>.cove-<8 hex>"). */
+int g_is_write_tmp(const char *name);
 int g_op_unwatch(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *err);
 int g_watch_event(struct cove_guest *g, struct gsrc *s, struct cove_err *err);
 void g_watches_sweep(struct cove_guest *g); /* frees unwatched watches (between batches) */

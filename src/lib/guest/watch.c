@@ -5,7 +5,10 @@
  *   create  IN_CREATE, IN_MOVED_TO (the new name)
  *   write   IN_MODIFY (consecutive repeats for one path in one read are sent once)
  *   remove  IN_DELETE, or the watched path itself deleted
- *   rename  IN_MOVED_FROM (the old name) */
+ *   rename  IN_MOVED_FROM (the old name)
+ * A write through the files op (a temporary name renamed over the final one) is reported
+ * by the writer itself (g_watch_notify: "create" when new, then "write", for the final
+ * name); the temporary name's own events are never sent. */
 #include "guest/internal.h"
 
 #include <dirent.h>
@@ -36,6 +39,7 @@ struct gwatch {
         bool dead; /* unwatched; freed after the current epoll batch */
         char root[G_PATH_MAX];
         int root_wd;
+        uint32_t tmp_cookie; /* of a temporary name moved away (its IN_MOVED_TO is hidden) */
         struct wdir *dirs;
         size_t ndirs, cap;
         struct gsrc src;
@@ -250,6 +254,41 @@ int g_op_unwatch(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err
         return g_reply_err(g, id, &e, err);
 }
 
+int g_is_write_tmp(const char *name)
+{
+        size_t n = strlen(name);
+        if (n < 16 || name[0] != '.' || strncmp(name + n - 14, ".cove-", 6) != 0)
+                return 0;
+        for (size_t i = n - 8; i < n; i++)
+                if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
+                        return 0;
+        return 1;
+}
+
+int g_watch_notify(struct cove_guest *g, const char *path, bool created, struct cove_err *err)
+{
+        const char *slash = strrchr(path, '/');
+        if (!slash)
+                return 0;
+        size_t pl = slash == path ? 1 : (size_t)(slash - path);
+        for (size_t i = 0; i < G_MAX_WATCHES; i++) {
+                struct gwatch *w = g->watches[i];
+                if (!w || w->dead || w->fd < 0)
+                        continue;
+                bool covered = false;
+                for (size_t k = 0; k < w->ndirs && !covered; k++)
+                        covered = strlen(w->dirs[k].path) == pl &&
+                                  strncmp(w->dirs[k].path, path, pl) == 0;
+                if (!covered)
+                        continue;
+                if (created && send_event(g, w, "create", path, err) < 0)
+                        return -1;
+                if (send_event(g, w, "write", path, err) < 0)
+                        return -1;
+        }
+        return 0;
+}
+
 static struct wdir *find_wd(struct gwatch *w, int wd)
 {
         for (size_t i = 0; i < w->ndirs; i++)
@@ -300,6 +339,15 @@ int g_watch_event(struct cove_guest *g, struct gsrc *s, struct cove_err *err)
                 if (ev->mask & IN_IGNORED) {
                         drop_dir(g, w, (size_t)(d - w->dirs));
                         continue;
+                }
+                if (ev->len && ev->name[0] && g_is_write_tmp(ev->name)) {
+                        if (ev->mask & IN_MOVED_FROM)
+                                w->tmp_cookie = ev->cookie;
+                        continue;
+                }
+                if ((ev->mask & IN_MOVED_TO) && ev->cookie && ev->cookie == w->tmp_cookie) {
+                        w->tmp_cookie = 0;
+                        continue; /* the writer reported it (g_watch_notify) */
                 }
                 char path[G_PATH_MAX + 260];
                 if (ev->len && ev->name[0])

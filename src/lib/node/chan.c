@@ -1401,6 +1401,13 @@ int cove_chan_xfer_prefetch(struct cove_xfer *x, int timeout_ms, uint64_t *len,
 int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode, const char *user,
                           struct cove_xfer **x, struct cove_err *err)
 {
+        return cove_chan_write_begin_meta(c, path, mode, user, NULL, x, err);
+}
+
+int cove_chan_write_begin_meta(struct cove_chan *c, const char *path, unsigned mode,
+                               const char *user, json_t *meta, struct cove_xfer **x,
+                               struct cove_err *err)
+{
         pthread_mutex_lock(&c->mu);
         struct pending *pd = pending_new_locked(c, PEND_WRITE, err);
         pthread_mutex_unlock(&c->mu);
@@ -1420,6 +1427,8 @@ int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode, 
                                 (json_int_t)(mode & 07777));
         if (user)
                 json_object_set_new(req, "user", json_string(user));
+        if (meta)
+                json_object_set(req, "metadata", meta);
         int r = send_json(c, COVE_F_REQ, pd->id, req, err);
         json_decref(req);
         if (r < 0) {

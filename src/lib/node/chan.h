@@ -118,6 +118,11 @@ int cove_chan_xfer_prefetch(struct cove_xfer *x, int timeout_ms, uint64_t *len,
 /* user (NULL: root) owns what the write creates. */
 int cove_chan_write_begin(struct cove_chan *c, const char *path, unsigned mode, const char *user,
                           struct cove_xfer **x, struct cove_err *err);
+/* Same, and meta ({key: text}, NULL none) becomes the file's metadata (user.e2b.* xattrs),
+ * set before the file appears under its name. */
+int cove_chan_write_begin_meta(struct cove_chan *c, const char *path, unsigned mode,
+                               const char *user, json_t *meta, struct cove_xfer **x,
+                               struct cove_err *err);
 int cove_chan_xfer_write(struct cove_xfer *x, const void *data, size_t len, struct cove_err *err);
 int cove_chan_write_finish(struct cove_xfer *x, json_t **entry, struct cove_err *err);
 /* Also aborts an unfinished transfer: an upload ends with END|ABORT (the guest keeps the old

@@ -202,6 +202,29 @@ static int mount_at(const char *src, const char *dst, const char *type, unsigned
         return mount(src, dst, type, flags, data);
 }
 
+#define NS_BOOT_ID_REL "dev/.cove-boot-id"
+
+/* A random version 4 UUID and a newline (37 bytes) in out[40]. Async-signal-safe. */
+static int boot_id(char out[40])
+{
+        unsigned char u[16];
+        if (syscall(SYS_getrandom, u, sizeof(u), 0) != (long)sizeof(u))
+                return -1;
+        u[6] = (unsigned char)((u[6] & 0x0f) | 0x40);
+        u[8] = (unsigned char)((u[8] & 0x3f) | 0x80);
+        static const char hex[] = "0123456789abcdef";
+        size_t o = 0;
+        for (int i = 0; i < 16; i++) {
+                if (i == 4 || i == 6 || i == 8 || i == 10)
+                        out[o++] = '-';
+                out[o++] = hex[u[i] >> 4];
+                out[o++] = hex[u[i] & 15];
+        }
+        out[o++] = '\n';
+        out[o] = 0;
+        return 0;
+}
+
 static void setup_dev(int sfd, int gtree, const struct child_args *a)
 {
         static const char *const devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
@@ -246,6 +269,13 @@ static void setup_dev(int sfd, int gtree, const struct child_args *a)
          * to move into work/ */
         if (a->cg_view && mkdir("dev/.cove-cgroup", 0555) < 0)
                 child_fail(sfd, errno, "cgroup mount point");
+        /* this instance's own boot id (the kernel's is the host's, the same in every sandbox
+         * and across a sandbox's restarts): bound over /proc's below */
+        int bfd = open(NS_BOOT_ID_REL, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0444);
+        char bid[40];
+        if (bfd < 0 || boot_id(bid) < 0 || write(bfd, bid, 37) != 37)
+                child_fail(sfd, errno, "boot id");
+        close(bfd);
         if (symlink("pts/ptmx", "dev/ptmx") < 0 || symlink("/proc/self/fd", "dev/fd") < 0 ||
             symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
             symlink("/proc/self/fd/1", "dev/stdout") < 0 ||
@@ -342,6 +372,47 @@ static void mask_sys_block(int sfd)
 /* /proc files that show the host and the other sandboxes: /dev/null over them (read-only).
  * locks: device and inode of every lock on the node (host files; a covert channel between
  * sandboxes); diskstats and partitions: the block devices again (see mask_sys_block). */
+/* The sandbox's hostname (its id) resolves, as on any Linux host: sudo warns on every use
+ * otherwise ("unable to resolve host"). Appends "127.0.1.1 <id>" to /etc/hosts if no line
+ * names it. Best effort, inside the sandbox's root and user namespace already (a symlink
+ * planted there is refused, and could only name the sandbox's own files anyway). */
+static void hosts_entry(const char *id)
+{
+        int fd = open("etc/hosts", O_RDWR | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return;
+        struct stat st;
+        char buf[16384];
+        ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < (off_t)sizeof(buf)
+                        ? pread(fd, buf, sizeof(buf) - 1, 0)
+                        : -1;
+        if (n >= 0) {
+                buf[n] = 0;
+                size_t il = strlen(id);
+                int found = 0;
+                for (char *p = strstr(buf, id); p && !found; p = strstr(p + 1, id))
+                        found = (p == buf || p[-1] == ' ' || p[-1] == '\t') &&
+                                (p[il] == 0 || p[il] == ' ' || p[il] == '\t' || p[il] == '\n');
+                if (!found) {
+                        char line[128];
+                        size_t l = 0;
+                        if (n > 0 && buf[n - 1] != '\n')
+                                line[l++] = '\n';
+                        memcpy(line + l, "127.0.1.1\t", 10);
+                        l += 10;
+                        if (il < sizeof(line) - l - 1) {
+                                memcpy(line + l, id, il);
+                                l += il;
+                                line[l++] = '\n';
+                                if (write(fd, line, l) < 0) {
+                                        /* best effort */
+                                }
+                        }
+                }
+        }
+        close(fd);
+}
+
 static void mask_proc(int sfd)
 {
         static const char *const files[] = {"proc/locks", "proc/diskstats", "proc/partitions"};
@@ -474,6 +545,10 @@ static _Noreturn void child_main(struct child_args *a)
                   MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
                 child_fail(sfd, errno, "make /proc/sys read-only");
         setup_dev(sfd, gtree, a);
+        if (mount(NS_BOOT_ID_REL, "proc/sys/kernel/random/boot_id", NULL, MS_BIND, NULL) < 0 ||
+            mount(NULL, "proc/sys/kernel/random/boot_id", NULL,
+                  MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                child_fail(sfd, errno, "bind the boot id");
         /* best effort: with a net namespace of its own the kernel allows it; else no /sys */
         if (mount_at("sysfs", "sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) ==
             0)
@@ -489,6 +564,7 @@ static _Noreturn void child_main(struct child_args *a)
 
         if (sethostname(a->id, strlen(a->id)) < 0)
                 child_fail(sfd, errno, "sethostname");
+        hosts_entry(a->id);
         int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         struct ifreq ifr;
         memset(&ifr, 0, sizeof(ifr));
@@ -1454,9 +1530,9 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         }
         if (rc == 0) {
                 /* what the restore needs besides criu's images; criu's log is not kept */
-                char meta[128], mp[PATH_MAX + 16];
-                int n = snprintf(meta, sizeof(meta), "chan_ino=%llu\nuid_base=%u\n",
-                                 (unsigned long long)cst.st_ino, base);
+                char meta[192], mp[PATH_MAX + 16];
+                int n = snprintf(meta, sizeof(meta), "chan_ino=%llu\nuid_base=%u\nid=%s\n",
+                                 (unsigned long long)cst.st_ino, base, id);
                 snprintf(mp, sizeof(mp), "%s/" CRIU_META, dir);
                 cleanup_close int mfd = open(mp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
                 if (mfd < 0 || write(mfd, meta, (size_t)n) != n || fsync(mfd) < 0) {
@@ -1476,7 +1552,10 @@ static int ns_full_dump(struct cove_runtime *rt, struct cove_instance *inst, con
         return 0;
 }
 
-static int read_meta(const char *dir, uint64_t *ino, uint32_t *base, struct cove_err *err)
+/* src_id[64]: the sandbox the checkpoint was taken of ("" in checkpoints from before it was
+ * recorded). */
+static int read_meta(const char *dir, uint64_t *ino, uint32_t *base, char *src_id,
+                     struct cove_err *err)
 {
         char p[PATH_MAX + 16];
         snprintf(p, sizeof(p), "%s/" CRIU_META, dir);
@@ -1484,6 +1563,9 @@ static int read_meta(const char *dir, uint64_t *ino, uint32_t *base, struct cove
         unsigned long long i = 0;
         unsigned b = 0;
         int n = f ? fscanf(f, "chan_ino=%llu uid_base=%u", &i, &b) : 0;
+        src_id[0] = 0;
+        if (f && n == 2 && fscanf(f, " id=%63[A-Za-z0-9_-]", src_id) != 1)
+                src_id[0] = 0;
         if (f)
                 fclose(f);
         if (n != 2 || !i || !b)
@@ -1721,6 +1803,43 @@ static int set_hostname(pid_t pid, const char *name, struct cove_err *err)
         return 0;
 }
 
+/* A fresh boot id in a restored fork: rewrite the file bound over its boot_id (on its /dev
+ * tmpfs, read-only again afterwards), from a forked helper in its mount namespace. */
+static int renew_boot_id(pid_t pid, struct cove_err *err)
+{
+        char nsp[64], bid[40];
+        snprintf(nsp, sizeof(nsp), "/proc/%d/ns/mnt", (int)pid);
+        if (boot_id(bid) < 0)
+                return cove_err_set(err, errno, "ns: boot id");
+        int nsfd = open(nsp, O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0)
+                return cove_err_set(err, errno, "ns: open %s", nsp);
+        pid_t c = fork();
+        if (c == 0) {
+                /* async-signal-safe only */
+                if (setns(nsfd, CLONE_NEWNS) < 0 || chdir("/") < 0 ||
+                    mount(NULL, "dev", NULL, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NOEXEC, NULL) <
+                        0)
+                        _exit(1);
+                int fd = open(NS_BOOT_ID_REL, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+                int ok = fd >= 0 && write(fd, bid, 37) == 37;
+                if (fd >= 0)
+                        close(fd);
+                int ro = mount(NULL, "dev", NULL,
+                               MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC, NULL) == 0;
+                _exit(ok && ro ? 0 : 2);
+        }
+        close(nsfd);
+        if (c < 0)
+                return cove_err_set(err, errno, "ns: fork");
+        int st = 0;
+        while (waitpid(c, &st, 0) < 0 && errno == EINTR)
+                ;
+        if (!WIFEXITED(st) || WEXITSTATUS(st))
+                return cove_err_set(err, EIO, "ns: new boot id in %d", (int)pid);
+        return 0;
+}
+
 static void copy_file(const char *from, const char *to)
 {
         cleanup_close int in = open(from, O_RDONLY | O_CLOEXEC);
@@ -1757,7 +1876,9 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         criu_mounts_release(spec->state_dir);
         uint64_t ino = 0;
         uint32_t old_base = 0;
-        if (read_meta(dir, &ino, &old_base, err) < 0 || cove_criu_images_safe(dir, err) < 0 ||
+        char src_id[64];
+        if (read_meta(dir, &ino, &old_base, src_id, err) < 0 ||
+            cove_criu_images_safe(dir, err) < 0 ||
             cove_criu_userns_rebase(dir, old_base, spec->uid_base, err) < 0 ||
             own_tree(dir, spec->uid_base, err) < 0)
                 goto fail_early;
@@ -1802,6 +1923,11 @@ static int ns_restore(struct cove_runtime *rt, const struct cove_instance_spec *
         /* a fork is another sandbox: its own hostname (the dump carries the source's) */
         if (set_hostname(pid, id, err) < 0)
                 goto fail;
+        /* and its own boot id (a resume of the same sandbox keeps its boot's); best effort:
+         * a fork with its source's boot id still works */
+        struct cove_err e3;
+        if (src_id[0] && strcmp(src_id, id) != 0)
+                renew_boot_id(pid, &e3);
         /* criu put every restored task into cove/<id>: the workload goes back into work */
         char cgdir[PATH_MAX];
         int has_work = cove_cgroup_work_dir(rt->cg, id, cgdir, sizeof(cgdir)) == 0;

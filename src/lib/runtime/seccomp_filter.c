@@ -146,7 +146,8 @@ int cove_seccomp_build(struct sock_fprog *prog, struct cove_err *err)
         int rc = 0;
         const char *what = "attr";
         const uint32_t eperm = SCMP_ACT_ERRNO(EPERM);
-        /* the filter is installed by hand with no_new_privs set just before */
+        /* the filter is installed by hand (cove_seccomp_install), with CAP_SYS_ADMIN in the
+         * sandbox's user namespace instead of no_new_privs */
         if ((rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_NNP, 0)) < 0 ||
             (rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS)) < 0)
                 goto out;
@@ -235,8 +236,6 @@ out:
 
 int cove_seccomp_install(const struct sock_fprog *prog)
 {
-        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
-                return -errno;
         if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, prog, 0, 0) < 0)
                 return -errno;
         return 0;

@@ -15,7 +15,11 @@
  * (i386 via int 0x80, x32) kill the process. */
 int cove_seccomp_build(struct sock_fprog *prog, struct cove_err *err);
 
-/* Install prog on the calling thread with no_new_privs. Async-signal-safe; returns -errno. */
+/* Install prog on the calling thread, without no_new_privs: the caller must hold
+ * CAP_SYS_ADMIN in its user namespace (the sandbox's root does in the sandbox's own), or the
+ * kernel refuses (-EACCES: nothing is installed, the caller fails). So setuid binaries in
+ * the sandbox (sudo) work, raising to the sandbox's root at most, under the same filter.
+ * Async-signal-safe; returns -errno. */
 int cove_seccomp_install(const struct sock_fprog *prog);
 
 #endif

@@ -78,6 +78,50 @@ void cove_rfc3339(int64_t unix_ms, char *out, size_t cap)
                  tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(unix_ms % 1000));
 }
 
+int64_t cove_rfc3339_parse(const char *s)
+{
+        struct tm tm = {0};
+        int n = 0;
+        if (!s ||
+            sscanf(s, "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+                   &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &n) != 6 ||
+            n != 19 || tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 || tm.tm_mday > 31 ||
+            tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60)
+                return -1;
+        const char *p = s + n;
+        int64_t ms = 0;
+        if (*p == '.') {
+                int digits = 0;
+                for (p++; *p >= '0' && *p <= '9'; p++, digits++)
+                        if (digits < 3)
+                                ms = ms * 10 + (*p - '0');
+                if (!digits)
+                        return -1;
+                for (; digits < 3; digits++)
+                        ms *= 10;
+        }
+        int64_t off = 0;
+        if (*p == 'Z' || *p == 'z') {
+                p++;
+        } else if (*p == '+' || *p == '-') {
+                int oh, om, k = 0;
+                if (sscanf(p + 1, "%2d:%2d%n", &oh, &om, &k) != 2 || k != 5 || oh > 23 || om > 59)
+                        return -1;
+                off = (int64_t)(oh * 60 + om) * 60000 * (*p == '+' ? 1 : -1);
+                p += 6;
+        } else {
+                return -1;
+        }
+        if (*p)
+                return -1;
+        tm.tm_year -= 1900;
+        tm.tm_mon -= 1;
+        time_t t = timegm(&tm);
+        if (t == (time_t)-1)
+                return -1;
+        return (int64_t)t * 1000 + ms - off;
+}
+
 int cove_write_file_atomic(const char *dir, const char *name, const void *data, size_t len,
                            mode_t mode, struct cove_err *err)
 {

@@ -19,6 +19,9 @@ int64_t cove_now_ms(void);  /* wall clock, unix ms */
 int64_t cove_mono_ns(void); /* monotonic ns */
 /* RFC 3339 UTC with milliseconds, e.g. 2026-11-30T03:53:45.123Z (out >= 32 bytes). */
 void cove_rfc3339(int64_t unix_ms, char *out, size_t cap);
+/* An RFC 3339 time ("2026-12-01T10:00:00Z"; fractions and ±hh:mm offsets allowed) → unix
+ * ms; -1 when s is not one. */
+int64_t cove_rfc3339_parse(const char *s);
 
 /* Write data to dir/name atomically: dir/.name.tmp.XXXX, fsync, rename, fsync dir.
  * Either the old content or the new one survives a crash. */
