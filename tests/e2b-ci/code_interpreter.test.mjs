@@ -93,7 +93,7 @@ test('envs apply to one run only', async () => {
   const s = await sandbox();
   const ex = await s.runCode('import os; os.environ.get("ONE_RUN")', { envs: { ONE_RUN: 'yes' } });
   assert.equal(ex.text, "'yes'");
-  assert.equal((await s.runCode('import os; os.environ.get("ONE_RUN")')).text, 'None');
+  assert.equal((await s.runCode('import os; repr(os.environ.get("ONE_RUN"))')).text, "'None'");
 });
 
 test('a runaway cell ends at its timeout', async () => {

@@ -245,12 +245,12 @@ static json_t *detail(struct cove_e2b *e, const struct cove_sandbox_row *s, int 
                 json_object_set_new(o, "envdAccessToken", json_string(tok));
                 const char *dom = coved_ports_domain(e->d);
                 json_object_set_new(o, "domain", dom[0] ? json_string(dom) : json_null());
-                if (dom[0] || e->d->ports) {
-                        char tt[80];
-                        cove_e2b_traffic_token(e, s->id, tt);
-                        json_object_set_new(o, "trafficAccessToken", json_string(tt));
-                        OPENSSL_cleanse(tt, sizeof(tt));
-                }
+                /* always: besides its ports, it opens the code interpreter's port 49999,
+                 * which the SDK calls without the envd token for contexts */
+                char tt[80];
+                cove_e2b_traffic_token(e, s->id, tt);
+                json_object_set_new(o, "trafficAccessToken", json_string(tt));
+                OPENSSL_cleanse(tt, sizeof(tt));
         }
         return o;
 }

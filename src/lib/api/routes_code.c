@@ -274,6 +274,7 @@ struct run {
         int64_t deadline_ns; /* the call's timeout plus a grace: the server enforces it first */
         int done;
         int saw_end;
+        int client_fd; /* the caller's socket, to notice it left while the cell is quiet */
 };
 
 static void run_free(void *arg)
@@ -427,8 +428,13 @@ static ssize_t run_read(void *arg, uint64_t pos, char *buf, size_t max)
                                          "a line of the run's output passed 16 MiB");
                         continue;
                 }
-                if (f == 0)
+                if (f == 0) {
+                        /* a caller that left while the cell prints nothing: end the stream,
+                         * which closes the server's connection and interrupts the cell */
+                        if (x->client_fd >= 0 && cove_sock_closed(x->client_fd))
+                                return -2;
                         return 0; /* nothing yet: called again */
+                }
                 x->total += (x->r.len - x->r.off) - before;
         }
 }
@@ -530,6 +536,7 @@ int cove_code_run(struct coved *d, struct cove_req *r, struct cove_chan *c,
                 return cove_err_set(err, ENOMEM, "code run");
         }
         x->r = (struct rd){.fd = fd, .buf = buf, .cap = LINE_MAX_BYTES + HEAD_MAX};
+        x->client_fd = cove_req_sockfd(r);
         int status = 0;
         int rc = exchange(fd, "POST", "/execute", q, &x->r, &status, err);
         json_decref(q);

@@ -40,11 +40,17 @@
 #define DEFAULT_MIRROR "http://deb.debian.org/debian"
 #define BASE_SUITE "bookworm"
 #define BASE_INCLUDE "bash,python3,git,curl,ca-certificates,procps,sudo"
-/* code-interpreter: base with a real Jupyter kernel and the usual data libraries, and
- * Node.js for JavaScript cells (docs/code-interpreter.md) */
-#define INTERP_INCLUDE                                                                             \
-        BASE_INCLUDE ",python3-ipykernel,python3-jupyter-client,python3-matplotlib-inline,"        \
-                     "python3-numpy,python3-pandas,python3-matplotlib,nodejs"
+/* code-interpreter: base plus a real Jupyter kernel and the usual data libraries, and
+ * Node.js for JavaScript cells (docs/code-interpreter.md), installed with apt-get inside
+ * the new rootfs (debootstrap --include cannot configure python3-zmq in its first stage) */
+static const char *const INTERP_PACKAGES[] = {"python3-ipykernel",
+                                              "python3-jupyter-client",
+                                              "python3-matplotlib-inline",
+                                              "python3-numpy",
+                                              "python3-pandas",
+                                              "python3-matplotlib",
+                                              "nodejs",
+                                              NULL};
 /* cove's interpreter server and its JavaScript context, embedded at build time
  * (scripts/embed.py from src/interp/) */
 extern const unsigned char cove_interp_server[], cove_interp_jskernel[];
@@ -759,7 +765,41 @@ static void dbs_line(void *arg, char *line)
         }
 }
 
-static int build_base(struct build_ctx *b, const char *include, struct cove_err *err)
+/* base; extra: more Debian packages (NULL-terminated, or NULL), installed by apt-get in
+ * the rootfs after debootstrap, with its own sources.list (the host's mirror) */
+/* apt-get update + install of pkgs inside the rootfs (its resolv.conf is still the host's
+ * copy from debootstrap; the caller cleans the apt caches afterwards) */
+static int apt_install(struct build_ctx *b, const char *chr, const char *const *pkgs,
+                       struct cove_err *err)
+{
+        report(b, "packages", 0);
+        char *uargv[] = {
+            (char *)chr, (char *)b->rootfs, "/usr/bin/env", "DEBIAN_FRONTEND=noninteractive",
+            "LC_ALL=C",  "apt-get",         "-q",           "update",
+            NULL};
+        if (run_tool(uargv, DEBOOTSTRAP_TIMEOUT_S, NULL, NULL, err) < 0)
+                return cove_err_wrap(err, "apt-get update in the new rootfs");
+        char *iargv[64] = {(char *)chr,
+                           (char *)b->rootfs,
+                           "/usr/bin/env",
+                           "DEBIAN_FRONTEND=noninteractive",
+                           "LC_ALL=C",
+                           "apt-get",
+                           "-q",
+                           "-y",
+                           "--no-install-recommends",
+                           "install"};
+        size_t n = 10;
+        for (size_t i = 0; pkgs[i] && n + 1 < COVE_ARRAY_SIZE(iargv); i++)
+                iargv[n++] = (char *)pkgs[i];
+        iargv[n] = NULL;
+        if (run_tool(iargv, DEBOOTSTRAP_TIMEOUT_S, NULL, NULL, err) < 0)
+                return cove_err_wrap(err, "apt-get install in the new rootfs");
+        report(b, "packages", 100);
+        return 0;
+}
+
+static int build_base(struct build_ctx *b, const char *const *extra, struct cove_err *err)
 {
         char dbs[256], chr[256];
         if (find_tool("debootstrap", dbs, sizeof dbs) < 0)
@@ -771,14 +811,13 @@ static int build_base(struct build_ctx *b, const char *include, struct cove_err 
                                      "chroot not found: install coreutils");
         char mirror[256];
         host_mirror(mirror, sizeof mirror);
-        snprintf(b->source, sizeof b->source, "debootstrap --variant=minbase --include=%s %s %s",
-                 include, BASE_SUITE, mirror);
+        snprintf(b->source, sizeof b->source, "debootstrap --variant=minbase %s %s%s", BASE_SUITE,
+                 mirror, extra ? " + apt-get install (docs/templates.md)" : "");
 
         report(b, "download", -1);
         struct dbs_progress dp = {.b = b};
-        char inc[1024];
-        snprintf(inc, sizeof inc, "--include=%s", include);
-        char *dargv[] = {dbs, "--variant=minbase", inc, BASE_SUITE, (char *)b->rootfs, mirror,
+        char *dargv[] = {dbs,        "--variant=minbase", "--include=" BASE_INCLUDE,
+                         BASE_SUITE, (char *)b->rootfs,   mirror,
                          NULL};
         int rc = run_tool(dargv, DEBOOTSTRAP_TIMEOUT_S, dbs_line, &dp, err);
         if (rc < 0)
@@ -806,6 +845,8 @@ static int build_base(struct build_ctx *b, const char *include, struct cove_err 
                        err) < 0 ||
             write_text(b->rootfs, "etc/hostname", "cove\n", 0644, err) < 0 ||
             write_text(b->rootfs, "etc/hosts", hosts_text, 0644, err) < 0)
+                return -1;
+        if (extra && apt_install(b, chr, extra, err) < 0)
                 return -1;
         /* resolv.conf: debootstrap copied the host's; the sandbox gets its own at start */
         char rc_path[TPL_PATH_MAX];
@@ -837,7 +878,7 @@ static int build_base(struct build_ctx *b, const char *include, struct cove_err 
 
 static int build_interp(struct build_ctx *b, struct cove_err *err)
 {
-        if (build_base(b, INTERP_INCLUDE, err) < 0)
+        if (build_base(b, INTERP_PACKAGES, err) < 0)
                 return -1;
         report(b, "interpreter", 0);
         if (mkdir_mode(b->rootfs, "usr/lib/cove", 0755, err) < 0 ||
@@ -1008,7 +1049,7 @@ static int build_locked(const char *tdir, const char *name, cove_progress_fn pro
                 goto fail;
         }
         int built = !strcmp(name, "busybox") ? build_busybox(&b, err)
-                    : !strcmp(name, "base")  ? build_base(&b, BASE_INCLUDE, err)
+                    : !strcmp(name, "base")  ? build_base(&b, NULL, err)
                                              : build_interp(&b, err);
         if (built < 0)
                 goto fail;
