@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster bench-ports bench-templates asan fuzz format lint clean
+.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster bench-ports bench-templates bench-code asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -55,6 +55,10 @@ bench-cluster: all
 # templates from images (bench/templates_bench.py; root, skopeo, umoci, docker-registry, a
 # built base template in COVE_TEMPLATES_DIR): pull+unpack vs skopeo+umoci, rebuild, create,
 # storage of shared layers
+# the code interpreter: runCode('1+1') warm, vs the server from inside, vs exec; first cell
+bench-code: all
+	/usr/bin/python3 bench/code_bench.py --build $(BUILD)
+
 bench-templates: all
 	/usr/bin/python3 bench/templates_bench.py --build $(BUILD) $(BENCH_TEMPLATES_ARGS)
 

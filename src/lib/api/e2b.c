@@ -40,7 +40,7 @@ void cove_e2b_token(const struct cove_e2b *e, const char *sandbox_id, char out[C
 
 /* The sandbox's traffic access token (its ports, E2B's form): "cpt_" + hex HMAC-SHA256
  * (secret, "traffic:" + id), so every answer about the sandbox can carry it again. */
-static void traffic_token(const struct cove_e2b *e, const char *sandbox_id, char out[80])
+void cove_e2b_traffic_token(const struct cove_e2b *e, const char *sandbox_id, char out[80])
 {
         char msg[96];
         snprintf(msg, sizeof(msg), "traffic:%s", sandbox_id);
@@ -257,12 +257,12 @@ static json_t *detail(struct cove_e2b *e, const struct cove_sandbox_row *s, int 
                 json_object_set_new(o, "envdAccessToken", json_string(tok));
                 const char *dom = coved_ports_domain(e->d);
                 json_object_set_new(o, "domain", dom[0] ? json_string(dom) : json_null());
-                if (dom[0] || e->d->ports) {
-                        char tt[80];
-                        traffic_token(e, s->id, tt);
-                        json_object_set_new(o, "trafficAccessToken", json_string(tt));
-                        OPENSSL_cleanse(tt, sizeof(tt));
-                }
+                /* always: besides its ports, it opens the code interpreter's port 49999,
+                 * which the SDK calls without the envd token for contexts */
+                char tt[80];
+                cove_e2b_traffic_token(e, s->id, tt);
+                json_object_set_new(o, "trafficAccessToken", json_string(tt));
+                OPENSSL_cleanse(tt, sizeof(tt));
         }
         return o;
 }
@@ -621,7 +621,7 @@ static int h_create(void *app, struct cove_req *r)
         int public_traffic =
             json_is_true(json_object_get(json_object_get(b, "network"), "allowPublicTraffic"));
         if (!json_is_string(tpl) || !json_string_length(tpl))
-                why = "templateID is required (cove templates: base, busybox)";
+                why = "templateID is required (cove templates: base, busybox, code-interpreter)";
         else if (to && !json_is_null(to) && !json_is_integer(to))
                 why = "timeout must be an integer number of seconds";
         else if (json_is_true(json_object_get(b, "autoPauseMemory")) && !full_snapshots(e))
@@ -642,7 +642,12 @@ static int h_create(void *app, struct cove_req *r)
                 json_decref(b);
                 return reply_error(r, 400, "%s", why);
         }
-        json_t *body = json_pack("{s:O, s:s}", "template", tpl, "on_timeout",
+        /* the code interpreter SDK's default template is cove's code-interpreter */
+        if (json_is_string(tpl) && !strcmp(json_string_value(tpl), "code-interpreter-v1"))
+                tpl = json_string("code-interpreter");
+        else
+                json_incref(tpl);
+        json_t *body = json_pack("{s:o, s:s}", "template", tpl, "on_timeout",
                                  json_is_true(json_object_get(b, "autoPause")) ? "pause" : "kill");
         if (json_is_integer(to) && json_integer_value(to) > 0)
                 json_object_set(body, "timeout_s", to);
@@ -678,7 +683,7 @@ static int h_create(void *app, struct cove_req *r)
         struct cove_sandbox_row row;
         if (id) { /* its ports: behind the traffic token unless allowPublicTraffic: true */
                 char tt[80];
-                traffic_token(e, id, tt);
+                cove_e2b_traffic_token(e, id, tt);
                 if (coved_ports_expose_all(e->d, r->tenant, id, public_traffic, tt, &err) < 0)
                         cove_warn(&e->d->log, "e2b", "ports of %s: %s", id, err.msg);
                 OPENSSL_cleanse(tt, sizeof(tt));

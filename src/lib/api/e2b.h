@@ -40,6 +40,9 @@ void cove_e2b_stop(struct cove_e2b *e);
 
 /* The sandbox's envdAccessToken: lowercase hex HMAC-SHA256(secret, id). */
 void cove_e2b_token(const struct cove_e2b *e, const char *sandbox_id, char out[COVE_E2B_TOKEN_HEX]);
+/* The sandbox's trafficAccessToken (its ports): "cpt_" + hex HMAC-SHA256(secret,
+ * "traffic:" + id), 52 characters. */
+void cove_e2b_traffic_token(const struct cove_e2b *e, const char *sandbox_id, char out[80]);
 /* Decode an "e2b_<hex>" key to the cove key it carries (out >= 128 bytes). 0 or -1. */
 int cove_e2b_key_decode(const char *e2b_key, char *out, size_t cap);
 

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "api/code.h"
 #include "api/e2b.h"
 #include "api/forward.h"
 #include "control/tbuild.h"
@@ -1747,12 +1748,113 @@ static int h_files_post(void *app, struct cove_req *r)
         return cove_reply_json(r, 200, json_incref(u->results));
 }
 
+/* ---- the code interpreter (port 49999, @e2b/code-interpreter) ----------------------- */
+
+#define COVE_E2B_INTERP_PORT 49999
+
+/* The sandbox of a code interpreter request, with its access checked: X-Access-Token
+ * (envdAccessToken, sent on runs) or E2B-Traffic-Access-Token (sent on every call). */
+static struct cove_chan *interp_target(struct cove_e2b *e, struct cove_req *r,
+                                       struct cove_sandbox_row *row)
+{
+        char id[64];
+        long port;
+        target(r, id, sizeof(id), &port);
+        if (!id[0] || port != COVE_E2B_INTERP_PORT) {
+                http_error(r, 404, "no route %s %s on port %ld", r->method, r->url, port);
+                return NULL;
+        }
+        char tok[COVE_E2B_TOKEN_HEX], tt[80];
+        cove_e2b_token(e, id, tok);
+        cove_e2b_traffic_token(e, id, tt);
+        const char *a = cove_req_header(r, "X-Access-Token");
+        const char *t = cove_req_header(r, "E2B-Traffic-Access-Token");
+        int ok = (a && strlen(a) == strlen(tok) && !CRYPTO_memcmp(a, tok, strlen(tok))) ||
+                 (t && strlen(t) == strlen(tt) && !CRYPTO_memcmp(t, tt, strlen(tt)));
+        if (!ok) {
+                http_error(r, 401, "missing or wrong access token for the code interpreter");
+                return NULL;
+        }
+        struct cove_chan *c = NULL;
+        struct cove_err err;
+        if (cove_sandbox_chan(e->d, NULL, id, &c, row, &err) < 0) {
+                reply_gone(r, id);
+                return NULL;
+        }
+        return c;
+}
+
+static int h_interp_execute(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        json_t *body = cove_req_json(r, 0);
+        if (!body)
+                return 0;
+        struct cove_sandbox_row row;
+        struct cove_chan *c = interp_target(e, r, &row);
+        if (!c) {
+                json_decref(body);
+                return 0;
+        }
+        struct cove_err err;
+        int rc = cove_code_run(e->d, r, c, &row, body, 1, &err);
+        json_decref(body);
+        cove_chan_unref(c);
+        cove_sandbox_row_clear(&row);
+        return rc < 0 ? http_error(r, http_status(&err), "%s", err.msg) : 0;
+}
+
+static int interp_contexts(struct cove_e2b *e, struct cove_req *r, enum cove_code_op op)
+{
+        json_t *body = NULL;
+        if (op == COVE_CODE_CREATE && !(body = cove_req_json(r, 1)))
+                return 0;
+        struct cove_sandbox_row row;
+        struct cove_chan *c = interp_target(e, r, &row);
+        if (!c) {
+                json_decref(body);
+                return 0;
+        }
+        json_t *out = NULL;
+        struct cove_err err;
+        int rc = cove_code_context(e->d, c, &row, op, r->nparams ? r->params[0] : NULL, body, &out,
+                                   &err);
+        json_decref(body);
+        cove_chan_unref(c);
+        cove_sandbox_row_clear(&row);
+        if (rc < 0)
+                return http_error(r, http_status(&err), "%s", err.msg);
+        return out ? cove_reply_json(r, 200, out) : cove_reply_empty(r, 204);
+}
+
+static int h_interp_ctx_create(void *app, struct cove_req *r)
+{
+        return interp_contexts(app, r, COVE_CODE_CREATE);
+}
+static int h_interp_ctx_list(void *app, struct cove_req *r)
+{
+        return interp_contexts(app, r, COVE_CODE_LIST);
+}
+static int h_interp_ctx_delete(void *app, struct cove_req *r)
+{
+        return interp_contexts(app, r, COVE_CODE_DELETE);
+}
+static int h_interp_ctx_restart(void *app, struct cove_req *r)
+{
+        return interp_contexts(app, r, COVE_CODE_RESTART);
+}
+
 const struct cove_route cove_e2b_envd_routes[] = {
     {"GET", "/health", h_health, NULL, COVE_ROUTE_PUBLIC},
     {"GET", "/files", h_files_get, NULL, COVE_ROUTE_PUBLIC},
     {"POST", "/files", h_files_post, up_files, COVE_ROUTE_PUBLIC},
     {"POST", "/process.Process/{method}", h_process, NULL, COVE_ROUTE_PUBLIC},
     {"POST", "/filesystem.Filesystem/{method}", h_filesystem, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/execute", h_interp_execute, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/contexts", h_interp_ctx_create, NULL, COVE_ROUTE_PUBLIC},
+    {"GET", "/contexts", h_interp_ctx_list, NULL, COVE_ROUTE_PUBLIC},
+    {"DELETE", "/contexts/{cid}", h_interp_ctx_delete, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/contexts/{cid}/restart", h_interp_ctx_restart, NULL, COVE_ROUTE_PUBLIC},
 };
 const size_t cove_e2b_envd_nroutes = sizeof(cove_e2b_envd_routes) / sizeof(cove_e2b_envd_routes[0]);
 

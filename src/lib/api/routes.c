@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "api/code.h"
 #include "api/routes.h"
 #include "control/apikey.h"
 #include "control/template.h"
@@ -283,6 +284,15 @@ const struct cove_route cove_routes[] = {
     {"POST", "/v1/sandboxes/{id}/ports", cove_h_port_add, NULL, COVE_ROUTE_SANDBOX},
     {"GET", "/v1/sandboxes/{id}/ports", cove_h_port_list, NULL, COVE_ROUTE_SANDBOX},
     {"DELETE", "/v1/sandboxes/{id}/ports/{port}", cove_h_port_delete, NULL, COVE_ROUTE_SANDBOX},
+    {"POST", "/v1/sandboxes/{id}/code", cove_h_code_run, NULL, COVE_ROUTE_SANDBOX},
+    {"POST", "/v1/sandboxes/{id}/code/contexts", cove_h_code_ctx_create, NULL, COVE_ROUTE_SANDBOX},
+    {"GET", "/v1/sandboxes/{id}/code/contexts", cove_h_code_ctx_list, NULL, COVE_ROUTE_SANDBOX},
+    {"DELETE", "/v1/sandboxes/{id}/code/contexts/{cid}", cove_h_code_ctx_delete, NULL,
+     COVE_ROUTE_SANDBOX},
+    {"POST", "/v1/sandboxes/{id}/code/contexts/{cid}/restart", cove_h_code_ctx_restart, NULL,
+     COVE_ROUTE_SANDBOX},
+    {"DELETE", "/v1/sandboxes/{id}/code/contexts/{cid}/execution", cove_h_code_ctx_interrupt, NULL,
+     COVE_ROUTE_SANDBOX},
     {"GET", "/v1/audit", cove_h_audit, NULL, 0},
     {"GET", "/v1/audit/verify", cove_h_audit_verify, NULL, 0},
     {"GET", "/v1/templates", cove_h_templates_list, NULL, 0},

@@ -51,7 +51,8 @@ int cove_h_template_post(void *app, struct cove_req *r)
                 rc = cove_err_setk(&err, COVE_E_BAD_REQUEST, 0, "name is required");
         else if (!cove_template_known(name))
                 rc = cove_err_setk(&err, COVE_E_NOT_FOUND, 0,
-                                   "unknown template '%s': built-ins are busybox and base; "
+                                   "unknown template '%s': built-ins are busybox, base and "
+                                   "code-interpreter; "
                                    "other templates need \"from\"",
                                    name);
         else

@@ -20,7 +20,6 @@
 #include "util/util.h"
 
 #define DOC_KIND "port"
-#define VM_GUEST_IP 0xa9fe6402u /* 169.254.100.2: the guest's eth0 behind QEMU's tap */
 #define NS_LOOPBACK 0x7f000001u
 
 struct coved_ports {
@@ -144,7 +143,7 @@ static void resume(void *arg, const char *tenant, const char *sandbox)
 
 static uint32_t target_addr(const char *runtime)
 {
-        return !strcmp(runtime, "vm") ? VM_GUEST_IP : NS_LOOPBACK;
+        return !strcmp(runtime, "vm") ? COVE_NODE_VM_GUEST_ADDR : NS_LOOPBACK;
 }
 
 static int hash_hex(const char *hex, uint8_t out[32])

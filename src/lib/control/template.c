@@ -40,6 +40,21 @@
 #define DEFAULT_MIRROR "http://deb.debian.org/debian"
 #define BASE_SUITE "bookworm"
 #define BASE_INCLUDE "bash,python3,git,curl,ca-certificates,procps,sudo"
+/* code-interpreter: base plus a real Jupyter kernel and the usual data libraries, and
+ * Node.js for JavaScript cells (docs/code-interpreter.md), installed with apt-get inside
+ * the new rootfs (debootstrap --include cannot configure python3-zmq in its first stage) */
+static const char *const INTERP_PACKAGES[] = {"python3-ipykernel",
+                                              "python3-jupyter-client",
+                                              "python3-matplotlib-inline",
+                                              "python3-numpy",
+                                              "python3-pandas",
+                                              "python3-matplotlib",
+                                              "nodejs",
+                                              NULL};
+/* cove's interpreter server and its JavaScript context, embedded at build time
+ * (scripts/embed.py from src/interp/) */
+extern const unsigned char cove_interp_server[], cove_interp_jskernel[];
+extern const size_t cove_interp_server_len, cove_interp_jskernel_len;
 
 /* Fixed PATH for tools run at build time: never the caller's. */
 static const char *const tool_path[] = {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
@@ -90,7 +105,8 @@ static int valid_name(const char *name)
 
 int cove_template_known(const char *name)
 {
-        return name && (strcmp(name, "busybox") == 0 || strcmp(name, "base") == 0);
+        return name && (strcmp(name, "busybox") == 0 || strcmp(name, "base") == 0 ||
+                        strcmp(name, "code-interpreter") == 0);
 }
 
 static int pathf(char *out, size_t cap, struct cove_err *err, const char *fmt, ...)
@@ -749,7 +765,41 @@ static void dbs_line(void *arg, char *line)
         }
 }
 
-static int build_base(struct build_ctx *b, struct cove_err *err)
+/* base; extra: more Debian packages (NULL-terminated, or NULL), installed by apt-get in
+ * the rootfs after debootstrap, with its own sources.list (the host's mirror) */
+/* apt-get update + install of pkgs inside the rootfs (its resolv.conf is still the host's
+ * copy from debootstrap; the caller cleans the apt caches afterwards) */
+static int apt_install(struct build_ctx *b, const char *chr, const char *const *pkgs,
+                       struct cove_err *err)
+{
+        report(b, "packages", 0);
+        char *uargv[] = {
+            (char *)chr, (char *)b->rootfs, "/usr/bin/env", "DEBIAN_FRONTEND=noninteractive",
+            "LC_ALL=C",  "apt-get",         "-q",           "update",
+            NULL};
+        if (run_tool(uargv, DEBOOTSTRAP_TIMEOUT_S, NULL, NULL, err) < 0)
+                return cove_err_wrap(err, "apt-get update in the new rootfs");
+        char *iargv[64] = {(char *)chr,
+                           (char *)b->rootfs,
+                           "/usr/bin/env",
+                           "DEBIAN_FRONTEND=noninteractive",
+                           "LC_ALL=C",
+                           "apt-get",
+                           "-q",
+                           "-y",
+                           "--no-install-recommends",
+                           "install"};
+        size_t n = 10;
+        for (size_t i = 0; pkgs[i] && n + 1 < COVE_ARRAY_SIZE(iargv); i++)
+                iargv[n++] = (char *)pkgs[i];
+        iargv[n] = NULL;
+        if (run_tool(iargv, DEBOOTSTRAP_TIMEOUT_S, NULL, NULL, err) < 0)
+                return cove_err_wrap(err, "apt-get install in the new rootfs");
+        report(b, "packages", 100);
+        return 0;
+}
+
+static int build_base(struct build_ctx *b, const char *const *extra, struct cove_err *err)
 {
         char dbs[256], chr[256];
         if (find_tool("debootstrap", dbs, sizeof dbs) < 0)
@@ -761,8 +811,8 @@ static int build_base(struct build_ctx *b, struct cove_err *err)
                                      "chroot not found: install coreutils");
         char mirror[256];
         host_mirror(mirror, sizeof mirror);
-        snprintf(b->source, sizeof b->source, "debootstrap --variant=minbase %s %s", BASE_SUITE,
-                 mirror);
+        snprintf(b->source, sizeof b->source, "debootstrap --variant=minbase %s %s%s", BASE_SUITE,
+                 mirror, extra ? " + apt-get install (docs/templates.md)" : "");
 
         report(b, "download", -1);
         struct dbs_progress dp = {.b = b};
@@ -796,6 +846,8 @@ static int build_base(struct build_ctx *b, struct cove_err *err)
             write_text(b->rootfs, "etc/hostname", "cove\n", 0644, err) < 0 ||
             write_text(b->rootfs, "etc/hosts", hosts_text, 0644, err) < 0)
                 return -1;
+        if (extra && apt_install(b, chr, extra, err) < 0)
+                return -1;
         /* resolv.conf: debootstrap copied the host's; the sandbox gets its own at start */
         char rc_path[TPL_PATH_MAX];
         if (pathf(rc_path, sizeof rc_path, err, "%s/etc/resolv.conf", b->rootfs) < 0)
@@ -819,6 +871,24 @@ static int build_base(struct build_ctx *b, struct cove_err *err)
         if (mkdir_mode(b->rootfs, "var/lib/apt/lists/partial", 0700, err) < 0)
                 return -1;
         report(b, "user", 100);
+        return 0;
+}
+
+/* ---- code-interpreter: base + kernels + cove's interpreter server ----------------- */
+
+static int build_interp(struct build_ctx *b, struct cove_err *err)
+{
+        if (build_base(b, INTERP_PACKAGES, err) < 0)
+                return -1;
+        report(b, "interpreter", 0);
+        if (mkdir_mode(b->rootfs, "usr/lib/cove", 0755, err) < 0 ||
+            mkdir_mode(b->rootfs, "usr/lib/cove/interp", 0755, err) < 0 ||
+            write_text(b->rootfs, "usr/lib/cove/interp/server.py", (const char *)cove_interp_server,
+                       0755, err) < 0 ||
+            write_text(b->rootfs, "usr/lib/cove/interp/jskernel.js",
+                       (const char *)cove_interp_jskernel, 0644, err) < 0)
+                return -1;
+        report(b, "interpreter", 100);
         return 0;
 }
 
@@ -903,7 +973,7 @@ int cove_template_lookup(const char *templates_dir, const char *name, char *root
 int cove_template_list(const char *templates_dir, cove_template_list_fn fn, void *arg,
                        struct cove_err *err)
 {
-        static const char *const known[] = {"base", "busybox"}; /* sorted */
+        static const char *const known[] = {"base", "busybox", "code-interpreter"}; /* sorted */
         struct cove_template_info info;
         for (size_t i = 0; i < COVE_ARRAY_SIZE(known); i++) {
                 if (cove_template_info(templates_dir, known[i], &info, err) < 0)
@@ -978,7 +1048,10 @@ static int build_locked(const char *tdir, const char *name, cove_progress_fn pro
                 cove_err_set(err, errno, "create %s", rootfs);
                 goto fail;
         }
-        if ((strcmp(name, "busybox") == 0 ? build_busybox(&b, err) : build_base(&b, err)) < 0)
+        int built = !strcmp(name, "busybox") ? build_busybox(&b, err)
+                    : !strcmp(name, "base")  ? build_base(&b, NULL, err)
+                                             : build_interp(&b, err);
+        if (built < 0)
                 goto fail;
 
         report(&b, "finish", -1);
@@ -1022,7 +1095,8 @@ int cove_template_build(const char *templates_dir, const char *name, cove_progre
 {
         if (!cove_template_known(name))
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0,
-                                     "unknown template '%s' (known: busybox, base)",
+                                     "unknown template '%s' (known: busybox, base, "
+                                     "code-interpreter)",
                                      name ? name : "");
         char rootfs[TPL_PATH_MAX];
         int r = cove_template_lookup(templates_dir, name, rootfs, sizeof rootfs, err);

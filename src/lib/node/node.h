@@ -145,6 +145,14 @@ int cove_node_full_snapshot(struct cove_node *n, const char *sandbox_id, int out
                             uint64_t *pause_ns, struct cove_err *err);
 int cove_node_has_full(struct cove_node *n, const char *sandbox_id);
 
+/* A TCP connection to port inside sandbox_id's running instance (its network namespace:
+ * ns to its loopback, vm to COVE_NODE_VM_GUEST_ADDR), made within timeout_ms; *fd is
+ * blocking. runtime: the sandbox's ("ns"/"vm"). -1 with CONFLICT (not running here),
+ * NOT_FOUND (nothing listens there) or UNAVAILABLE. */
+#define COVE_NODE_VM_GUEST_ADDR 0xa9fe6402u /* 169.254.100.2: the guest's eth0 behind QEMU */
+int cove_node_port_connect(struct cove_node *n, const char *sandbox_id, const char *runtime,
+                           uint16_t port, int timeout_ms, int *fd, struct cove_err *err);
+
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,
                     struct cove_err *err);
