@@ -593,7 +593,7 @@ static int create_from_snapshot(struct cove_e2b *e, struct cove_req *r,
             json_object_get(json_array_get(json_object_get(out, "sandboxes"), 0), "id"));
         if (id) { /* its ports, as for any E2B sandbox: behind the traffic token */
                 char tt[80];
-                traffic_token(e, id, tt);
+                cove_e2b_traffic_token(e, id, tt);
                 if (coved_ports_expose_all(e->d, r->tenant, id, 0, tt, &err) < 0)
                         cove_warn(&e->d->log, "e2b", "ports of %s: %s", id, err.msg);
                 OPENSSL_cleanse(tt, sizeof(tt));
