@@ -212,8 +212,10 @@ def test_huge_output_is_cut_and_the_api_stays_responsive(ci, sid):
     done = {}
 
     def flood():
+        # flushed line by line (unflushed, ipykernel buffers the text in the kernel's memory
+        # until the sandbox's memory limit ends the kernel: also bounded, but not the cut)
         done["lines"] = run(c, sid, "import sys\nfor i in range(1_000_000):\n"
-                                    "    sys.stdout.write('y' * 1000 + '\\n')", timeout_s=120)
+                                    "    print('y' * 1000, flush=True)", timeout_s=60)
 
     t = threading.Thread(target=flood)
     t.start()
