@@ -22,7 +22,9 @@
 #include "control/snapshot.h"
 #include "control/template.h"
 #include "control/tenant.h"
+#include "cluster/catsrv.h"
 #include "cluster/nodeauth.h"
+#include "store/catalog_remote.h"
 #include "crypto/keys.h"
 #include "node/drivers.h"
 #include "node/tm.h"
@@ -253,6 +255,10 @@ static int cluster_identity(struct coved *d, const struct coved_options *o, stru
                                              "--role node needs --node-token-file, --store "
                                              "s3://… with --s3-endpoint, and --control URL (or "
                                              "--db postgres://…)");
+                if (o->db && c->control_url) /* one source of truth for the catalog */
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "--role node takes its catalog from --control URL "
+                                             "(no database credentials) or from --db, not both");
                 if (c->cluster_key_file)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                              "a node does not hold the cluster key: give it "
@@ -335,7 +341,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                 snprintf(db, sizeof(db), "%s/catalog.db", d->data_dir);
         d->cat_ops = cove_catalog_for(db);
         cove_catalog_dsn_redact(db, shown, sizeof(shown)); /* never log a password */
-        d->cat = d->cat_ops->open(db, err);
+        if (d->role == COVED_ROLE_NODE && !o->db) { /* through the control (docs/cluster.md) */
+                d->cat_ops = &cove_catalog_remote;
+                snprintf(shown, sizeof(shown), "%s", d->control_url);
+                d->cat = cove_catalog_remote_open(d->control_url, d->node_name, d->node_token, err);
+        } else
+                d->cat = d->cat_ops->open(db, err);
         explicit_bzero(db, sizeof(db));
         if (!d->cat)
                 return cove_err_wrap(err, "catalog %s", shown);
@@ -437,6 +448,8 @@ void coved_close(struct coved *d)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;
         cove_keys_cache_clear(); /* unwrapped data keys do not outlive coved */
+        cove_catsrv_free(d->catsrv);
+        d->catsrv = NULL;
         OPENSSL_cleanse(d->cluster_key, sizeof(d->cluster_key));
         OPENSSL_cleanse(d->node_token, sizeof(d->node_token));
 }

@@ -78,6 +78,7 @@ struct cove_audit;
 struct cove_tm;
 struct coved_ports;
 struct cove_node_tm;
+struct cove_catsrv;
 
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
@@ -124,6 +125,7 @@ struct coved {
         char advertise[256];   /* node role: its node API URL */
         int lease_ttl_ms, lease_renew_ms;
         struct coved_cluster *cl; /* the cluster side (control/cluster.h); NULL in role all */
+        struct cove_catsrv *catsrv; /* nodes' catalog endpoint state (cluster/catsrv.h), lazy */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
