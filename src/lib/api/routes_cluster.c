@@ -339,9 +339,9 @@ static int o_snapshot_delete(struct cx *x, json_t *in, json_t **out, struct cove
 static int o_audit_append(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
         json_t *rows = json_object_get(in, "rows");
-        if (!json_is_array(rows) || json_array_size(rows) > 10000)
+        if (!json_is_array(rows) || json_array_size(rows) > 4096)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog wire: \"rows\" is not an array of at most 10000");
+                                     "catalog wire: \"rows\" is not an array of at most 4096");
         size_t n = json_array_size(rows);
         struct cove_audit_row *a = calloc(n ? n : 1, sizeof(*a));
         if (!a)
