@@ -109,6 +109,13 @@ int cove_wire_text(const json_t *o, const char *key, char **out, size_t max, int
                         goto fail;                                                                 \
                 (f) = v_;                                                                          \
         } while (0)
+#define I64R(o, k, f, lo, hi) /* required */                                                       \
+        do {                                                                                       \
+                int64_t v_;                                                                        \
+                if (cove_wire_i64((o), (k), &v_, (lo), (hi), 1, err) < 0)                          \
+                        goto fail;                                                                 \
+                (f) = v_;                                                                          \
+        } while (0)
 #define BOOL(o, k, f)                                                                              \
         do {                                                                                       \
                 if (cove_wire_bool((o), (k), &(f), 0, err) < 0)                                    \
@@ -268,6 +275,16 @@ fail:
         return -1;
 }
 
+static int hex64(const char *h)
+{
+        if (strlen(h) != 64)
+                return 0;
+        for (; *h; h++)
+                if (!((*h >= '0' && *h <= '9') || (*h >= 'a' && *h <= 'f')))
+                        return 0;
+        return 1;
+}
+
 json_t *cove_wire_audit(const struct cove_audit_row *a)
 {
         return json_pack("{s:I, s:I, s:s, s:s, s:s, s:s, s:s, s:s?, s:s, s:s}", "seq",
@@ -282,7 +299,7 @@ int cove_wire_audit_from(const json_t *o, struct cove_audit_row *a, struct cove_
         struct cove_audit_row x = {0};
         if (need_object(o, "audit event", err) < 0)
                 return -1;
-        I64(o, "seq", x.seq, 1, INT64_MAX);
+        I64R(o, "seq", x.seq, 1, INT64_MAX);
         I64(o, "at", x.at, 0, INT64_MAX);
         STR(o, "tenant", x.tenant, 1);
         STR(o, "sandbox", x.sandbox, 0);
@@ -291,6 +308,10 @@ int cove_wire_audit_from(const json_t *o, struct cove_audit_row *a, struct cove_
         STR(o, "verdict", x.verdict, 0);
         STR(o, "prev_hash", x.prev_hash, 1);
         STR(o, "hash", x.hash, 1);
+        if (!hex64(x.prev_hash) || !hex64(x.hash)) {
+                bad(err, "hash", "is not 64 hex digits");
+                goto fail;
+        }
         TEXT(o, "detail_json", x.detail_json);
         *a = x;
         return 0;
@@ -373,7 +394,7 @@ int cove_wire_job_from(const json_t *o, struct cove_job_row *j, struct cove_err 
         struct cove_job_row x = {0};
         if (need_object(o, "job", err) < 0)
                 return -1;
-        I64(o, "id", x.id, 1, INT64_MAX);
+        I64R(o, "id", x.id, 1, INT64_MAX);
         STR(o, "sandbox_id", x.sandbox_id, 1);
         STR(o, "kind", x.kind, 0);
         I64(o, "generation", x.generation, 0, INT64_MAX);
