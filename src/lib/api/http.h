@@ -58,7 +58,8 @@ struct cove_req {
         char tenant[64];
         char key_id[64];
         int admin;
-        char answer_sig[65]; /* non-empty: sent as Cove-Node-Answer (cluster/nodeauth.h) */
+        /* non-empty: sent as the answer's Cove-Node-Answer (cluster/nodeauth.h) */
+        char answer_sig[65];
         void *state;                 /* handler-owned */
         cove_req_cleanup_fn cleanup; /* called with state at the end */
         int64_t t0_ns;

@@ -125,7 +125,8 @@ struct coved {
         char advertise[256];   /* node role: its node API URL */
         int lease_ttl_ms, lease_renew_ms;
         struct coved_cluster *cl; /* the cluster side (control/cluster.h); NULL in role all */
-        struct cove_catsrv *catsrv; /* nodes' catalog endpoint state (cluster/catsrv.h), lazy */
+        /* nodes' catalog endpoint (cluster/catsrv.h): created on first use */
+        struct cove_catsrv *catsrv;
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
