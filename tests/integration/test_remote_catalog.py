@@ -176,3 +176,23 @@ def test_role_all_without_the_hook_serves_no_node(coved_factory_module, pg, clus
     st, ans, b = post(d.port, path, b"{}", sign(token_of(cluster_key, "n1"), "n1", "POST", path,
                                                   b"{}")[0])
     assert (st, ans) == (404, None), b
+
+
+def test_node_refuses_both_control_and_db(build_dir, tmp_path):
+    """A node given --control and --db refuses to start (one source of truth for the
+    catalog) and says which flags to choose between."""
+    key = tmp_path / "ck"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    tok = tmp_path / "n1.token"
+    tok.write_text(subprocess.run([os.path.join(build_dir, "coved"), "node-token",
+                                   "--cluster-key-file", str(key), "--node-name", "n1"],
+                                  capture_output=True, text=True, check=True).stdout)
+    tok.chmod(0o600)
+    r = subprocess.run([os.path.join(build_dir, "coved"), "--data-dir", str(tmp_path / "d"),
+                        "--role", "node", "--node-name", "n1", "--node-token-file", str(tok),
+                        "--store", "s3://b", "--s3-endpoint", "http://127.0.0.1:1",
+                        "--db", "postgres://u@127.0.0.1:1/x", "--control", "http://127.0.0.1:1",
+                        "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "--control URL" in r.stderr and "not both" in r.stderr, r.stderr
