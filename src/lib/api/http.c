@@ -104,8 +104,8 @@ static int queue(struct cove_req *r, unsigned status, struct MHD_Response *resp)
         if (!resp)
                 return -1;
         MHD_add_response_header(resp, "Cache-Control", "no-store");
-        if (r->answer_sig[0])
-                MHD_add_response_header(resp, "Cove-Node-Answer", r->answer_sig);
+        if (r->answer_hdr_name)
+                MHD_add_response_header(resp, r->answer_hdr_name, r->answer_hdr_value);
         enum MHD_Result q = MHD_queue_response(r->conn, status, resp);
         MHD_destroy_response(resp);
         r->answered = 1;

@@ -58,11 +58,13 @@ struct cove_req {
         char tenant[64];
         char key_id[64];
         int admin;
-        /* non-empty: sent as the answer's Cove-Node-Answer (cluster/nodeauth.h) */
-        char answer_sig[65];
         void *state;                 /* handler-owned */
         cove_req_cleanup_fn cleanup; /* called with state at the end */
         int64_t t0_ns;
+        /* a header every answer to this request carries (the node API's Cove-Node-Answer),
+         * set by the auth hook; NULL for none */
+        const char *answer_hdr_name;
+        char answer_hdr_value[80];
 };
 
 struct cove_http_config {

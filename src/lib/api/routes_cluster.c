@@ -949,7 +949,8 @@ int cove_h_cluster_catalog(void *app, struct cove_req *r)
                 return cove_reply_error(r, 401, "unauthorized", "%s", err.msg);
         }
         /* from here on the answer proves this replica holds the caller's token */
-        cove_nodeauth_answer(token, h.sig, r->answer_sig);
+        cove_nodeauth_answer(token, h.sig, r->answer_hdr_value);
+        r->answer_hdr_name = "Cove-Node-Answer";
         explicit_bzero(token, sizeof(token));
         const char *op = r->params[0];
         op_fn fn = NULL;
