@@ -108,6 +108,8 @@ struct coved {
         int timer_started;
         struct coved_metrics m;
         int64_t started_at;
+        /* nodes' catalog endpoint (cluster/catsrv.h): created on first use */
+        struct cove_catsrv *catsrv;
         pthread_mutex_t quota_mu; /* quota admission (control/tenant.h) */
         int64_t key_sweep_at;     /* mono ms of the last revoked-key sweep */
         int encrypt_layers;       /* default of storage_encrypted on create */
@@ -125,8 +127,6 @@ struct coved {
         char advertise[256];   /* node role: its node API URL */
         int lease_ttl_ms, lease_renew_ms;
         struct coved_cluster *cl; /* the cluster side (control/cluster.h); NULL in role all */
-        /* nodes' catalog endpoint (cluster/catsrv.h): created on first use */
-        struct cove_catsrv *catsrv;
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
