@@ -273,6 +273,8 @@ const struct cove_route cove_routes[] = {
     {"DELETE", "/v1/sandboxes/{id}/ports/{port}", cove_h_port_delete, NULL, 0},
     {"GET", "/v1/audit", cove_h_audit, NULL, 0},
     {"GET", "/v1/audit/verify", cove_h_audit_verify, NULL, 0},
+    /* nodes' catalog calls, role control only (Cove-Node authenticated in the handler) */
+    {"POST", "/v1/cluster/catalog/{op}", cove_h_cluster_catalog, NULL, COVE_ROUTE_PUBLIC},
     {"GET", "/v1/templates", cove_h_templates_list, NULL, 0},
     {"POST", "/v1/templates", cove_h_template_post, NULL, 0},
     {"GET", "/v1/templates/{name}", cove_h_template_get, NULL, 0},
@@ -290,7 +292,5 @@ const struct cove_route cove_routes[] = {
     {"POST", "/v1/keys", cove_h_keys_add, NULL, 0},
     {"POST", "/v1/keys/rotate", cove_h_keys_rotate, NULL, 0},
     {"POST", "/v1/keys/revoke", cove_h_keys_revoke, NULL, 0},
-    /* nodes' catalog calls, role control only (Cove-Node authenticated in the handler) */
-    {"POST", "/v1/cluster/catalog/{op}", cove_h_cluster_catalog, NULL, COVE_ROUTE_PUBLIC},
 };
 const size_t cove_nroutes = sizeof(cove_routes) / sizeof(cove_routes[0]);

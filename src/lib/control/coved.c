@@ -444,12 +444,12 @@ void coved_close(struct coved *d)
                 json_decref(ids);
         }
         coved_egress_close(d); /* after the node: its stops detach links */
+        cove_catsrv_free(d->catsrv); /* the HTTP server is stopped: no node waits in it */
+        d->catsrv = NULL;
         if (d->cat)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;
         cove_keys_cache_clear(); /* unwrapped data keys do not outlive coved */
-        cove_catsrv_free(d->catsrv);
-        d->catsrv = NULL;
         OPENSSL_cleanse(d->cluster_key, sizeof(d->cluster_key));
         OPENSSL_cleanse(d->node_token, sizeof(d->node_token));
 }
