@@ -444,7 +444,8 @@ void coved_close(struct coved *d)
                 json_decref(ids);
         }
         coved_egress_close(d); /* after the node: its stops detach links */
-        cove_catsrv_free(d->catsrv); /* the HTTP server is stopped: no node waits in it */
+        /* the HTTP server is stopped: no node waits in it */
+        cove_catsrv_free(d->catsrv);
         d->catsrv = NULL;
         if (d->cat)
                 d->cat_ops->close(d->cat);
