@@ -616,17 +616,21 @@ static void node_works_on_its_own_rows(void **state)
                 fail_msg("audit append: %s", err.msg);
         /* wait_wakeup: a placement for n1 written by the control plane wakes n1's long poll */
         assert_int_equal(R->wait_wakeup(L.n1, "n1", 0, &err), 1);
-        struct waiter w = {.rc = -5};
-        pthread_t th;
-        pthread_create(&th, NULL, wait_thread, &w);
-        usleep(300000); /* let the poll reach the control; a miss only delays the wake */
+        /* two long polls at once (the replica runs one catalog waiter for all): both wake */
+        struct waiter w[2] = {{.rc = -5}, {.rc = -5}};
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++)
+                pthread_create(&th[i], NULL, wait_thread, &w[i]);
+        usleep(300000); /* let the polls reach the control; a miss only delays the wake */
         int64_t gen, job;
         assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, NULL, "paused", "pause", -1,
                                                          &gen, &job, &err),
                          0);
-        pthread_join(th, NULL);
-        assert_int_equal(w.rc, 0);
-        assert_true(w.ms < 20000);
+        for (int i = 0; i < 2; i++) {
+                pthread_join(th[i], NULL);
+                assert_int_equal(w[i].rc, 0);
+                assert_true(w[i].ms < 20000);
+        }
         /* the woken node claims it */
         memset(&j, 0, sizeof(j));
         assert_int_equal(R->job_claim(L.n1, "n1", L.e1, &j, &err), 0);
