@@ -33,8 +33,8 @@ static void *cycle_loop(void *arg)
                 snprintf(sbx, sizeof(sbx), "sbx_b%d_%d", w->id, i);
                 int64_t gen = 0, job = 0;
                 struct cove_job_row j;
-                if (w->ops->placement_write(w->c, sbx, node, "running", "start", 0, &gen, &job,
-                                            &err) < 0 ||
+                if (w->ops->placement_write(w->c, sbx, node, "running", "start", NULL, 0, &gen,
+                                            &job, &err) < 0 ||
                     w->ops->job_claim(w->c, node, w->epoch, &j, &err) != 0) {
                         w->errors++;
                         continue;

@@ -812,7 +812,8 @@ static void lease_race_and_fencing(void **state)
         /* the old epoch can neither claim nor finish nor report */
         int64_t gen = 0, job = 0;
         assert_int_equal(
-            ops->placement_write(c2, "sbx_f", "n2", "running", "start", 0, &gen, &job, &err), 0);
+            ops->placement_write(c2, "sbx_f", "n2", "running", "start", NULL, 0, &gen, &job, &err),
+            0);
         struct cove_job_row j;
         assert_int_equal(ops->job_claim(f->c, "n2", old, &j, &err), -1);
         assert_int_equal(err.kind, COVE_E_CONFLICT);
@@ -853,12 +854,14 @@ static void placement_jobs_and_generations(void **state)
 
         int64_t gen = -1, job = -1;
         assert_int_equal(
-            ops->placement_write(c, "sbx_1", "n1", "running", "start", 0, &gen, &job, &err), 0);
+            ops->placement_write(c, "sbx_1", "n1", "running", "start", NULL, 0, &gen, &job, &err),
+            0);
         assert_int_equal(gen, 1);
         assert_true(job > 0);
         /* the second replica placing the same sandbox from generation 0 loses */
         assert_int_equal(
-            ops->placement_write(c, "sbx_1", "n2", "running", "start", 0, NULL, NULL, &err), -1);
+            ops->placement_write(c, "sbx_1", "n2", "running", "start", NULL, 0, NULL, NULL, &err),
+            -1);
         assert_int_equal(err.kind, COVE_E_CONFLICT);
         struct cove_placement_row pl;
         assert_int_equal(ops->placement_get(c, "sbx_1", &pl, &err), 0);
@@ -909,11 +912,13 @@ static void placement_jobs_and_generations(void **state)
          * pause, and n1 can no longer report */
         int64_t job2 = 0;
         assert_int_equal(
-            ops->placement_write(c, "sbx_1", NULL, "paused", "pause", -1, &gen, &job2, &err), 0);
+            ops->placement_write(c, "sbx_1", NULL, "paused", "pause", NULL, -1, &gen, &job2, &err),
+            0);
         assert_int_equal(gen, 1);
         int64_t job3 = 0;
         assert_int_equal(
-            ops->placement_write(c, "sbx_1", "n2", "running", "resume", 1, &gen, &job3, &err), 0);
+            ops->placement_write(c, "sbx_1", "n2", "running", "resume", NULL, 1, &gen, &job3, &err),
+            0);
         assert_int_equal(gen, 2);
         assert_int_equal(ops->job_get(c, job2, &j, &err), 0);
         assert_string_equal(j.state, "failed");
@@ -929,7 +934,8 @@ static void placement_jobs_and_generations(void **state)
         /* a node's restart (new epoch) takes back the jobs its old epoch claimed */
         int64_t job4 = 0;
         assert_int_equal(
-            ops->placement_write(c, "sbx_1", NULL, "running", "exec", -1, NULL, &job4, &err), 0);
+            ops->placement_write(c, "sbx_1", NULL, "running", "exec", NULL, -1, NULL, &job4, &err),
+            0);
         assert_int_equal(ops->job_claim(c, "n2", e2, &j, &err), 0);
         cove_job_row_clear(&j);
         assert_int_equal(ops->node_set_state(c, "n2", "lost", &err), 0);
@@ -938,16 +944,20 @@ static void placement_jobs_and_generations(void **state)
         /* placement needs a ready, known node; bad input is BAD_REQUEST */
         assert_int_equal(ops->node_set_state(c, "n1", "cordoned", &err), 0);
         assert_int_equal(
-            ops->placement_write(c, "sbx_2", "n1", "running", "start", -1, NULL, NULL, &err), -1);
+            ops->placement_write(c, "sbx_2", "n1", "running", "start", NULL, -1, NULL, NULL, &err),
+            -1);
         assert_int_equal(err.kind, COVE_E_CONFLICT);
         assert_int_equal(
-            ops->placement_write(c, "sbx_2", "nx", "running", "start", -1, NULL, NULL, &err), -1);
+            ops->placement_write(c, "sbx_2", "nx", "running", "start", NULL, -1, NULL, NULL, &err),
+            -1);
         assert_int_equal(err.kind, COVE_E_NOT_FOUND);
         assert_int_equal(
-            ops->placement_write(c, "sbx_2", NULL, "running", "start", -1, NULL, NULL, &err), -1);
+            ops->placement_write(c, "sbx_2", NULL, "running", "start", NULL, -1, NULL, NULL, &err),
+            -1);
         assert_int_equal(err.kind, COVE_E_NOT_FOUND);
         assert_int_equal(
-            ops->placement_write(c, "sbx_2", "n1", "flying", "start", -1, NULL, NULL, &err), -1);
+            ops->placement_write(c, "sbx_2", "n1", "flying", "start", NULL, -1, NULL, NULL, &err),
+            -1);
         assert_int_equal(err.kind, COVE_E_BAD_REQUEST);
         assert_int_equal(ops->node_set_state(c, "n1", "gone", &err), -1);
         assert_int_equal(err.kind, COVE_E_BAD_REQUEST);
@@ -997,9 +1007,9 @@ static void concurrent_claimers_take_each_job_once(void **state)
         for (int i = 0; i < JOBS; i++) {
                 char id[32];
                 snprintf(id, sizeof(id), "sbx_%02d", i);
-                assert_int_equal(
-                    ops->placement_write(f->c, id, "n1", "running", "start", 0, NULL, NULL, &err),
-                    0);
+                assert_int_equal(ops->placement_write(f->c, id, "n1", "running", "start", NULL, 0,
+                                                      NULL, NULL, &err),
+                                 0);
         }
         pthread_barrier_t go;
         pthread_barrier_init(&go, NULL, 2);
@@ -1034,7 +1044,8 @@ struct placer {
 static void *place_one(void *arg)
 {
         struct placer *p = arg;
-        p->rc = ops->placement_write(p->c, "sbx_w", "n1", "running", "start", -1, NULL, NULL, NULL);
+        p->rc = ops->placement_write(p->c, "sbx_w", "n1", "running", "start", NULL, -1, NULL, NULL,
+                                     NULL);
         return NULL;
 }
 
@@ -1061,6 +1072,66 @@ static void placement_wakes_waiter(void **state)
                       (double)(cove_mono_ns() - t0) / 1e6);
         if (writer != f->c)
                 ops->close(writer);
+}
+
+/* Schema 8: a job carries its arguments from the placement to the claimer, a node row
+ * carries the features its node announced, and finishing a job wakes a waiter for any
+ * work (a control replica waiting for the outcome), from another connection on
+ * PostgreSQL. */
+static void job_args_features_and_done_wakeup(void **state)
+{
+        struct fx *f = *state;
+        struct cove_catalog *c = f->c = open_ok(f);
+        struct cove_catalog *node = f->pg ? open_ok(f) : c;
+        struct cove_err err = {0};
+        struct cove_node_row n = mknode("n1");
+        snprintf(n.features, sizeof(n.features), "{\"runtimes\":[\"ns\"],\"full\":\"ok\"}");
+        int64_t epoch = 0;
+        assert_int_equal(ops->node_lease_acquire(node, &n, 60000, &epoch, NULL, &err), 0);
+        struct cove_node_row got = mknode("n1");
+        assert_int_equal(ops->node_list(c, count_nodes, &got, &err), 0);
+        assert_string_equal(got.features, "{\"runtimes\":[\"ns\"],\"full\":\"ok\"}");
+        /* a row that never announced any reads "{}" */
+        acquire_ok(c, "n2", 60000);
+        struct cove_node_row got2 = mknode("n2");
+        assert_int_equal(ops->node_list(c, count_nodes, &got2, &err), 0);
+        assert_string_equal(got2.features, "{}");
+        /* arguments that are not JSON are refused by the schema */
+        assert_int_equal(ops->placement_write(c, "sbx_a", "n1", "running", "start", "{nope", 0,
+                                              NULL, NULL, &err),
+                         -1);
+        int64_t gen = 0, job = 0, job2 = 0;
+        assert_int_equal(ops->placement_write(c, "sbx_a", "n1", "running", "start",
+                                              "{\"purge\":true}", 0, &gen, &job, &err),
+                         0);
+        struct cove_job_row j;
+        assert_int_equal(ops->job_claim(node, "n1", epoch, &j, &err), 0);
+        assert_int_equal(j.id, job);
+        assert_string_equal(j.args_json, "{\"purge\":true}");
+        cove_job_row_clear(&j);
+        assert_null(j.args_json);
+        assert_int_equal(
+            ops->placement_write(c, "sbx_a", NULL, "paused", "pause", NULL, -1, NULL, &job2, &err),
+            0);
+        assert_int_equal(ops->job_get(c, job2, &j, &err), 0);
+        assert_null(j.args_json);
+        cove_job_row_clear(&j);
+        /* the waiter listens from its first call; a finish from the node wakes it */
+        while (ops->wait_wakeup(c, NULL, 0, &err) == 0)
+                ;
+        assert_int_equal(ops->job_finish(node, job, "n1", epoch, gen, 1, "{\"ok\":1}", &err), 0);
+        assert_int_equal(ops->wait_wakeup(c, NULL, 60000, &err), 0);
+        /* a node's own waiter does not wake on finished jobs */
+        if (f->pg) {
+                while (ops->wait_wakeup(node, "n1", 0, &err) == 0)
+                        ;
+                assert_int_equal(ops->job_claim(node, "n1", epoch, &j, &err), 0);
+                cove_job_row_clear(&j);
+                assert_int_equal(ops->job_finish(node, job2, "n1", epoch, gen, 1, NULL, &err), 0);
+                assert_int_equal(ops->wait_wakeup(node, "n1", 300, &err), 1);
+        }
+        if (node != c)
+                ops->close(node);
 }
 
 /* Two audit writers on one catalog (two coved processes) keep one chain: each re-reads
@@ -1205,6 +1276,7 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(concurrent_claimers_take_each_job_once, setup,
                                             teardown),
             cmocka_unit_test_setup_teardown(placement_wakes_waiter, setup, teardown),
+            cmocka_unit_test_setup_teardown(job_args_features_and_done_wakeup, setup, teardown),
             cmocka_unit_test_setup_teardown(audit_two_writers_one_chain, setup, teardown),
             cmocka_unit_test_setup_teardown(pg_restart_unavailable_then_recovers, setup, teardown),
             cmocka_unit_test_setup_teardown(pg_frozen_server_bounded, setup, teardown),

@@ -50,6 +50,10 @@ int cove_api_auth(void *app, struct cove_req *r, const char *authorization, stru
 static const char *snapshot_kind(struct coved *d, int *st)
 {
         char why[320];
+        if (!d->node) { /* a control replica runs no sandbox */
+                *st = 0;
+                return "none";
+        }
         *st = cove_node_full_status(d->node, why, sizeof(why));
         return *st == 1 ? "full" : *st == 0 ? "files" : "checking";
 }
@@ -85,7 +89,10 @@ static int h_metrics(void *app, struct cove_req *r)
                                        "resuming", "stopped", "error"};
         int pool_ready;
         uint64_t pool_taken, pool_missed;
-        cove_node_pool_stats(d->node, &pool_ready, &pool_taken, &pool_missed);
+        pool_ready = 0;
+        pool_taken = pool_missed = 0;
+        if (d->node)
+                cove_node_pool_stats(d->node, &pool_ready, &pool_taken, &pool_missed);
         int full;
         snapshot_kind(d, &full);
         char buf[4608];
@@ -127,7 +134,7 @@ static int h_metrics(void *app, struct cove_req *r)
             "# TYPE cove_full_snapshots gauge\ncove_full_snapshots %d\n"
             "# HELP cove_uptime_seconds Seconds since coved started.\n"
             "# TYPE cove_uptime_seconds gauge\ncove_uptime_seconds %.3f\n",
-            cove_node_count(d->node), (unsigned long long)cove_http_requests(d->http),
+            d->node ? cove_node_count(d->node) : 0, (unsigned long long)cove_http_requests(d->http),
             (unsigned long long)m.creates, (unsigned long long)m.create_failures,
             (double)m.create_ns_sum / 1e9, (unsigned long long)m.deletes,
             (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired, pool_ready,

@@ -17,6 +17,7 @@
 #include <openssl/evp.h>
 
 #include "control/apikey.h"
+#include "control/cluster.h"
 #include "control/secrets.h"
 #include "control/audit.h"
 #include "control/snapshot.h"
@@ -281,6 +282,32 @@ static int cluster_identity(struct coved *d, const struct coved_options *o, stru
         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "unknown role");
 }
 
+/* Role control: the catalog (PostgreSQL) and the job waiter; no node, gateway, pools,
+ * templates or timers here (each node runs its own sandboxes' timers). */
+static int control_open(struct coved *d, const struct coved_options *o, struct cove_err *err)
+{
+        char db[PATH_MAX], shown[512];
+        snprintf(db, sizeof(db), "%s", o->db);
+        d->cat_ops = cove_catalog_for(db);
+        cove_catalog_dsn_redact(db, shown, sizeof(shown));
+        d->cat = d->cat_ops->open(db, err);
+        explicit_bzero(db, sizeof(db));
+        if (!d->cat)
+                return cove_err_wrap(err, "catalog %s", shown);
+        cove_info(&d->log, "coved.start", "control replica; catalog: %s %s", d->cat_ops->name,
+                  shown);
+        snprintf(d->templates_dir, sizeof(d->templates_dir), "%s/templates", d->data_dir);
+        d->tb = coved_tbuilds_new(d->templates_dir); /* lists; builds are refused here */
+        if (!d->tb)
+                return cove_err_set(err, ENOMEM, "template builds");
+        if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 ||
+            ensure_admin_key(d, err) < 0 || coved_cluster_open(d, err) < 0) {
+                coved_close(d);
+                return -1;
+        }
+        return 0;
+}
+
 int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *err)
 {
         memset(d, 0, sizeof(*d));
@@ -297,15 +324,18 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                                        : (int64_t)o->key_cache_ttl_s * 1000);
         if (cluster_identity(d, o, err) < 0)
                 return -1;
-        if (d->role != COVED_ROLE_ALL) /* the cluster side lands next (docs/cluster.md) */
+        /* TODO(cl-remote): a node reading the catalog through --control */
+        if (d->role == COVED_ROLE_NODE && (!o->db || cove_catalog_for(o->db) != &cove_catalog_pg))
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "--role control and --role node are not built yet: run "
-                                     "coved without --role (all in one process)");
+                                     "--role node needs --db postgres://… for now (the catalog "
+                                     "through --control is not built yet)");
         if (!realpath(o->data_dir, d->data_dir)) {
                 if (cove_mkdir_p(o->data_dir, 0711, err) < 0 || !realpath(o->data_dir, d->data_dir))
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);
         }
         chmod(d->data_dir, 0711);
+        if (d->role == COVED_ROLE_CONTROL)
+                return control_open(d, o, err);
         if (o->templates_dir) {
                 /* absolute, so rootfs paths handed to the runtime are too */
                 if (cove_mkdir_p(o->templates_dir, 0755, err) < 0 ||
@@ -351,7 +381,10 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (!d->cat)
                 return cove_err_wrap(err, "catalog %s", shown);
         cove_info(&d->log, "coved.start", "catalog: %s %s", d->cat_ops->name, shown);
-        if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 || ensure_admin_key(d, err) < 0)
+        /* a node takes no API keys: it writes no admin key (its callers are control
+         * replicas) */
+        if (cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 ||
+            (d->role == COVED_ROLE_ALL && ensure_admin_key(d, err) < 0))
                 goto fail;
         if (build_templates(d, o->templates ? o->templates : "busybox", err) < 0)
                 goto fail;
@@ -388,9 +421,13 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (cove_node_tm_open(d->node, &tc, &d->ntm, err) < 0 || cove_tm_open(d, err) < 0)
                 goto fail;
         d->pool_size = o->pool_size < 0 ? 4 : o->pool_size;
+        /* a node starts the sandbox ids its control chose: a warm instance (its own id) fits
+         * no start job yet */
+        if (d->role == COVED_ROLE_NODE)
+                d->pool_size = 0;
         if (start_pools(d, "ns", o->templates ? o->templates : "busybox", d->pool_size, err) < 0)
                 goto fail;
-        if (o->vm_pool_size > 0 &&
+        if (d->role == COVED_ROLE_ALL && o->vm_pool_size > 0 &&
             start_pools(d, "vm", o->templates ? o->templates : "busybox", o->vm_pool_size, err) < 0)
                 goto fail;
         int e = pthread_create(&d->timer, NULL, coved_timer_main, d);
@@ -399,15 +436,24 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                 goto fail;
         }
         d->timer_started = 1;
+        if (coved_cluster_open(d, err) < 0) /* role node: lease, jobs, fence */
+                goto fail;
         return 0;
 fail:
         coved_close(d);
         return -1;
 }
 
+struct running_ctx {
+        const struct coved *d;
+        json_t *ids;
+};
+
 static int collect_running(const struct cove_sandbox_row *row, void *arg)
 {
-        json_array_append_new(arg, json_string(row->id));
+        struct running_ctx *x = arg;
+        if (coved_cluster_mine(x->d, row)) /* role node: its own only */
+                json_array_append_new(x->ids, json_string(row->id));
         return 0;
 }
 
@@ -417,6 +463,7 @@ void coved_close(struct coved *d)
         d->quitting = 1;
         pthread_cond_broadcast(&d->cv);
         pthread_mutex_unlock(&d->mu);
+        coved_cluster_close(d); /* first: no job runs while the rest closes */
         if (d->timer_started)
                 pthread_join(d->timer, NULL);
         d->timer_started = 0;
@@ -430,7 +477,8 @@ void coved_close(struct coved *d)
                 /* the instances end with coved; say so in the catalog */
                 json_t *ids = json_array();
                 struct cove_err err;
-                d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_running, ids, &err);
+                struct running_ctx rc = {d, ids};
+                d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_running, &rc, &err);
                 cove_node_free(d->node);
                 d->node = NULL;
                 size_t i;

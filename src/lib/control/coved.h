@@ -142,6 +142,13 @@ void coved_close(struct coved *d);
 json_t *cove_sandbox_json(const struct cove_sandbox_row *row);
 int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_t **out,
                         struct cove_err *err);
+/* Role node, a `start` job: start the instance of sandbox id, whose row the control
+ * inserted (state starting, node = this node), attach egress (borrowed, NULL: none) and
+ * set it running. Idempotent: a sandbox already running here is answered as it is; one a
+ * restart paused at its last snapshot is resumed. On failure the instance is gone and the
+ * row unchanged. */
+int cove_sandbox_start_placed(struct coved *d, const char *id, json_t *egress, json_t **out,
+                              struct cove_err *err);
 /* 0 found (row filled, caller clears it), -1 with NOT_FOUND otherwise. */
 int cove_sandbox_load(struct coved *d, const char *tenant, const char *id,
                       struct cove_sandbox_row *row, struct cove_err *err);

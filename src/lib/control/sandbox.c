@@ -11,6 +11,7 @@
 
 #include <openssl/crypto.h>
 
+#include "control/cluster.h"
 #include "control/coved.h"
 #include "control/egress.h"
 #include "control/secrets.h"
@@ -142,17 +143,33 @@ static int string_field(json_t *body, const char *key, char *out, size_t cap, in
         return 0;
 }
 
-int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_t **out,
-                        struct cove_err *err)
+/* The runtime a sandbox asks for: one this node can run, or (role control: no node here)
+ * one of the drivers any node may have. */
+static int runtime_check(struct coved *d, const char *runtime, struct cove_err *err)
 {
-        if (coved_space_check(d, "create sandbox", err) < 0)
-                return -1;
+        if (d->node)
+                return cove_node_runtime_check(d->node, runtime, err);
+        if (strcmp(runtime, "ns") && strcmp(runtime, "vm"))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "unknown runtime \"%s\" (ns or vm)", runtime);
+        return 0;
+}
+
+/* The row of a new sandbox from a create body, every field validated (shared by every
+ * role: the start is the role's). *eg: the egress policy (borrowed from body, NULL: none).
+ * -1 with nothing to clean (s is cleared). */
+static int create_row(struct coved *d, const char *tenant, json_t *body,
+                      struct cove_sandbox_row *s_out, json_t **eg_out, struct cove_err *err)
+{
         struct cove_sandbox_row s;
         memset(&s, 0, sizeof(s));
+        memset(s_out, 0, sizeof(*s_out));
+        *eg_out = NULL;
         snprintf(s.tenant, sizeof(s.tenant), "%s", tenant);
-        snprintf(s.runtime, sizeof(s.runtime), "%s", cove_node_runtime_name(d->node));
+        snprintf(s.runtime, sizeof(s.runtime), "%s",
+                 d->node ? cove_node_runtime_name(d->node) : "ns");
         snprintf(s.on_timeout, sizeof(s.on_timeout), "kill");
-        snprintf(s.node, sizeof(s.node), "local");
+        snprintf(s.node, sizeof(s.node), "%s", d->node_name);
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         s.cpus = COVE_DEFAULT_CPUS;
         s.memory_mb = COVE_DEFAULT_MEMORY_MB;
@@ -171,7 +188,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 0)
                 return -1;
         if (runtime[0]) {
-                if (cove_node_runtime_check(d->node, runtime, err) < 0)
+                if (runtime_check(d, runtime, err) < 0)
                         return -1;
                 snprintf(s.runtime, sizeof(s.runtime), "%s", runtime);
         }
@@ -224,14 +241,19 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         json_t *eg = json_object_get(body, "egress");
         if (eg && json_is_null(eg))
                 eg = NULL;
-        if (eg && coved_egress_create_check(d, tenant, eg, err) < 0)
+        if (eg && coved_egress_create_check(d, tenant, eg, err) < 0) {
+                cove_sandbox_row_clear(&s);
                 return -1;
+        }
         json_t *meta = string_map(body, "metadata", MAX_META, 128, 1024, 0, err);
-        if (!meta)
+        if (!meta) {
+                cove_sandbox_row_clear(&s);
                 return -1;
+        }
         json_t *env = string_map(body, "env", MAX_ENV, 256, 32768, 1, err);
         if (!env) {
                 json_decref(meta);
+                cove_sandbox_row_clear(&s);
                 return -1;
         }
         /* the template's image env (PATH…) as defaults under the body's */
@@ -248,10 +270,19 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         s.env_json = json_dumps(env, JSON_COMPACT);
         json_decref(meta);
         json_decref(env);
+        *s_out = s;
+        *eg_out = eg;
+        return 0;
+}
 
-        char rootfs[PATH_MAX];
-        int r = cove_template_lookup_for(d->templates_dir, tenant, s.template_name, rootfs,
-                                         sizeof(rootfs), err);
+/* The root filesystem of s's template on this node: 0, or -1 (BAD_REQUEST unknown,
+ * UNAVAILABLE not built here). */
+static int template_rootfs(struct coved *d, const struct cove_sandbox_row *sr, char *rootfs,
+                           size_t cap, struct cove_err *err)
+{
+        const struct cove_sandbox_row s = *sr;
+        int r =
+            cove_template_lookup_for(d->templates_dir, s.tenant, s.template_name, rootfs, cap, err);
         if (r == 1) {
                 r = cove_template_known(s.template_name)
                         ? cove_err_setk(
@@ -267,7 +298,23 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                                         "them)",
                                         s.template_name);
         }
-        if (r != 0) {
+        return r == 0 ? 0 : -1;
+}
+
+int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_t **out,
+                        struct cove_err *err)
+{
+        if (d->node && coved_space_check(d, "create sandbox", err) < 0)
+                return -1;
+        struct cove_sandbox_row s;
+        json_t *eg = NULL;
+        if (create_row(d, tenant, body, &s, &eg, err) < 0)
+                return -1;
+        int is_ns = !strcmp(s.runtime, "ns"), is_vm = !strcmp(s.runtime, "vm");
+        char rootfs[PATH_MAX];
+        /* a control replica has no templates: the node that takes it looks its one up */
+        if (d->role != COVED_ROLE_CONTROL &&
+            template_rootfs(d, &s, rootfs, sizeof(rootfs), err) < 0) {
                 cove_sandbox_row_clear(&s);
                 return -1;
         }
@@ -282,6 +329,11 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 coved_quota_unlock(d);
                 cove_sandbox_row_clear(&s);
                 return -1;
+        }
+        if (d->role == COVED_ROLE_CONTROL) { /* placed, started by its node (a job) */
+                int rc = coved_cluster_create(d, tenant, &s, eg, out, err);
+                cove_sandbox_row_clear(&s);
+                return rc;
         }
         int64_t t0 = cove_mono_ns();
         /* a warm instance of this template and shape, if one is ready: it already has its
@@ -390,6 +442,104 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         return 0;
 }
 
+int cove_sandbox_start_placed(struct coved *d, const char *id, json_t *egress, json_t **out,
+                              struct cove_err *err)
+{
+        struct cove_sandbox_row s;
+        if (cove_sandbox_load(d, NULL, id, &s, err) < 0)
+                return -1;
+        if (strcmp(s.node, d->node_name) != 0) {
+                cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s is on node %s, not %s", id,
+                              s.node, d->node_name);
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        if (!strcmp(s.state, "running") && cove_node_pid(d->node, id) > 0) {
+                *out = cove_sandbox_json(&s); /* a retry of a start that ran: done already */
+                cove_sandbox_row_clear(&s);
+                return 0;
+        }
+        if (!strcmp(s.state, "paused")) {
+                /* it ran here and a restart paused it at its last snapshot: resume that */
+                cove_sandbox_row_clear(&s);
+                return cove_sandbox_resume(d, NULL, id, NULL, out, err);
+        }
+        char rootfs[PATH_MAX];
+        int r = coved_space_check(d, "create sandbox", err);
+        if (r == 0)
+                r = template_rootfs(d, &s, rootfs, sizeof(rootfs), err);
+        if (r == 0)
+                r = coved_key_gate(d, s.tenant, err);
+        /* what a crash left of an earlier attempt goes first */
+        struct cove_err e2;
+        cove_node_stop(d->node, id, 1, &e2);
+        s.uid_base = 0;
+        if (r == 0)
+                r = cove_node_uid_reserve(d->node, &s.uid_base, err);
+        if (r < 0) {
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        int64_t t0 = cove_mono_ns();
+        int is_vm = !strcmp(s.runtime, "vm");
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int layer_enc = s.storage_encrypted && !is_vm;
+        struct coved_disk_key_ctx kc = {.d = d, .tenant = s.tenant};
+        struct cove_instance_spec spec = {
+            .sandbox_id = s.id,
+            .runtime = s.runtime,
+            .rootfs = rootfs,
+            .cpus = (unsigned)s.cpus,
+            .memory_mb = (unsigned)s.memory_mb,
+            .disk_mb = (unsigned)s.disk_mb,
+            .uid_base = s.uid_base,
+            .uid_count = COVE_UID_RANGE,
+            .layer_key = layer_enc ? key : NULL,
+            .disk_encrypted = s.storage_encrypted && is_vm,
+            .disk_key = coved_disk_key_cb,
+            .disk_key_ctx = &kc,
+        };
+        r = layer_enc ? coved_layer_key(d, s.tenant, s.id, key, err) : 0;
+        if (r == 0)
+                r = cove_node_start(d->node, &spec, err);
+        OPENSSL_cleanse(key, sizeof(key));
+        if (r == 0) {
+                snprintf(s.state, sizeof(s.state), "running");
+                free(s.error);
+                s.error = NULL;
+                s.expires_at = cove_now_ms() + (int64_t)s.timeout_s * 1000;
+                r = d->cat_ops->sandbox_update(d->cat, &s, err);
+                if (r == 1)
+                        r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %s was deleted", id);
+        }
+        if (r == 0 && egress && coved_egress_attach(d, s.tenant, s.id, egress, err) < 0)
+                r = cove_err_wrap(err, "egress");
+        if (r < 0) {
+                cove_node_stop(d->node, s.id, 1, &e2);
+                cove_node_uid_release(d->node, s.uid_base);
+                coved_egress_forget(d, s.id);
+                pthread_mutex_lock(&d->mu);
+                d->m.create_failures++;
+                pthread_mutex_unlock(&d->mu);
+                if (err->kind == COVE_E_INTERNAL)
+                        err->kind = COVE_E_UNAVAILABLE;
+                cove_sandbox_row_clear(&s);
+                return -1;
+        }
+        int64_t dt = cove_mono_ns() - t0;
+        pthread_mutex_lock(&d->mu);
+        d->m.creates++;
+        d->m.create_ns_sum += (uint64_t)dt;
+        pthread_cond_broadcast(&d->cv); /* the timer may need an earlier wake-up */
+        pthread_mutex_unlock(&d->mu);
+        cove_tm_kick(d);
+        cove_info(&d->log, "sandbox.start", "sandbox %s template %s tenant %s started in %.2f ms",
+                  s.id, s.template_name, s.tenant, (double)dt / 1e6);
+        *out = cove_sandbox_json(&s);
+        cove_sandbox_row_clear(&s);
+        return 0;
+}
+
 int cove_sandbox_metadata_matches(const struct cove_sandbox_row *row, json_t *want)
 {
         if (!json_object_size(want))
@@ -424,6 +574,14 @@ int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struc
 {
         if (cove_sandbox_load(d, tenant, id, row, err) < 0)
                 return -1;
+        if (!d->node) { /* TODO(cl-fwd): forward to the sandbox's node */
+                cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                              "sandbox %s runs on node %s: this control replica does not forward "
+                              "sandbox traffic yet (ask the node)",
+                              id, row->node);
+                cove_sandbox_row_clear(row);
+                return -1;
+        }
         int running = strcmp(row->state, "running") == 0;
         *chan = running ? cove_node_chan(d->node, id) : NULL;
         if (!*chan) {
@@ -449,6 +607,8 @@ int cove_sandbox_chan(struct coved *d, const char *tenant, const char *id, struc
 int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int purge,
                         struct cove_err *err)
 {
+        if (d->role == COVED_ROLE_CONTROL) /* its node stops it (a job) */
+                return coved_cluster_delete(d, tenant, id, purge, err);
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
                 return -1;
@@ -550,12 +710,18 @@ void cove_sandbox_settle(struct coved *d, const char *id, const char *why_paused
 void cove_sandbox_stop_purge(struct coved *d, const char *id, const char *why)
 {
         struct cove_err err;
-        if (cove_node_stop(d->node, id, 1, &err) < 0)
-                cove_warn(&d->log, "sandbox.stop", "%s", err.msg);
         struct cove_sandbox_row row;
         memset(&row, 0, sizeof(row));
-        if (d->cat_ops->sandbox_get(d->cat, NULL, id, &row, &err) == 0 &&
-            strcmp(row.state, "paused") != 0 && strcmp(row.state, "stopped") != 0) {
+        int r = d->cat_ops->sandbox_get(d->cat, NULL, id, &row, &err);
+        /* a control replica runs nothing (each node's key sweep stops its own sandboxes);
+         * a node stops only its own */
+        if (!d->node || (r == 0 && !coved_cluster_mine(d, &row))) {
+                cove_sandbox_row_clear(&row);
+                return;
+        }
+        if (cove_node_stop(d->node, id, 1, &err) < 0)
+                cove_warn(&d->log, "sandbox.stop", "%s", err.msg);
+        if (r == 0 && strcmp(row.state, "paused") != 0 && strcmp(row.state, "stopped") != 0) {
                 row.uid_base = 0;
                 row.expires_at = 0;
                 snprintf(row.state, sizeof(row.state), "stopped");
@@ -579,6 +745,7 @@ void coved_on_instance_dead(void *arg, const char *id, const char *why)
 }
 
 struct expire_ctx {
+        const struct coved *d;
         int64_t now;
         int64_t next; /* earliest future expiry */
         char (*ids)[64];
@@ -588,7 +755,7 @@ struct expire_ctx {
 static int collect_expired(const struct cove_sandbox_row *row, void *arg)
 {
         struct expire_ctx *x = arg;
-        if (!row->expires_at)
+        if (!row->expires_at || !coved_cluster_mine(x->d, row)) /* role node: its own only */
                 return 0;
         if (row->expires_at <= x->now) {
                 if (x->n == x->cap) {
@@ -614,7 +781,7 @@ void *coved_timer_main(void *arg)
         pthread_mutex_lock(&d->mu);
         while (!d->quitting) {
                 pthread_mutex_unlock(&d->mu);
-                struct expire_ctx x = {.now = cove_now_ms()};
+                struct expire_ctx x = {.d = d, .now = cove_now_ms()};
                 struct cove_err err;
                 if (d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_expired, &x, &err) <
                     0)
@@ -660,6 +827,9 @@ void *coved_timer_main(void *arg)
                         wait_ms = 60000;
                 if (wait_ms > ttl) /* the key sweep's period */
                         wait_ms = ttl;
+                /* role node: a control replica changes timeouts without waking this thread */
+                if (d->role == COVED_ROLE_NODE && wait_ms > d->lease_renew_ms)
+                        wait_ms = d->lease_renew_ms;
                 if (wait_ms < 10)
                         wait_ms = 10;
                 ts.tv_sec += wait_ms / 1000;
@@ -675,6 +845,7 @@ void *coved_timer_main(void *arg)
 }
 
 struct reconcile_ctx {
+        const struct coved *d;
         char (*ids)[64];
         size_t n, cap;
 };
@@ -682,6 +853,8 @@ struct reconcile_ctx {
 static int collect_live(const struct cove_sandbox_row *row, void *arg)
 {
         struct reconcile_ctx *x = arg;
+        if (!coved_cluster_mine(x->d, row)) /* role node: another node's sandbox */
+                return 0;
         if (x->n == x->cap) {
                 size_t nc = x->cap ? x->cap * 2 : 16;
                 void *nb = realloc(x->ids, nc * sizeof(*x->ids));
@@ -700,7 +873,7 @@ static int collect_live(const struct cove_sandbox_row *row, void *arg)
  * dirs that no row owns are removed. */
 void coved_reconcile(struct coved *d)
 {
-        struct reconcile_ctx x = {0};
+        struct reconcile_ctx x = {.d = d};
         struct cove_err err;
         if (d->cat_ops->sandbox_list(d->cat, NULL, "starting,running,pausing,resuming",
                                      collect_live, &x, &err) < 0)
@@ -722,7 +895,7 @@ void coved_reconcile(struct coved *d)
         /* Sandboxes already stopped or failed: their host side was cleaned when they stopped,
          * unless that coved died half-way (a layer still mounted, a cgroup left). Cleaning is
          * idempotent and cheap when there is nothing left, so do it again. */
-        struct reconcile_ctx y = {0};
+        struct reconcile_ctx y = {.d = d};
         if (d->cat_ops->sandbox_list(d->cat, NULL, "stopped,error", collect_live, &y, &err) < 0)
                 cove_warn(&d->log, "reconcile", "%s", err.msg);
         for (size_t i = 0; i < y.n; i++)
@@ -739,6 +912,9 @@ void coved_reconcile(struct coved *d)
                 struct cove_sandbox_row row;
                 memset(&row, 0, sizeof(row));
                 int r = d->cat_ops->sandbox_get(d->cat, NULL, de->d_name, &row, &err);
+                /* role node: a sandbox placed elsewhere since left its state here */
+                if (r == 0 && !coved_cluster_mine(d, &row))
+                        r = 1;
                 cove_sandbox_row_clear(&row);
                 if (r == 1) {
                         if (cove_node_stop(d->node, de->d_name, 1, &err) < 0)

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "control/egress.h"
+#include "control/cluster.h"
 #include "control/retention.h"
 #include "control/template.h"
 #include "control/tenant.h"
@@ -284,6 +285,11 @@ int cove_snapshot_take(struct coved *d, const char *tenant, const char *sandbox_
         if (kind && strcmp(kind, "files") && strcmp(kind, "full"))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "kind must be \"files\" or \"full\"");
+        if (d->role == COVED_ROLE_CONTROL) /* its node takes it (a job) */
+                return rolling
+                           ? cove_err_setk(err, COVE_E_INTERNAL, 0,
+                                           "rolling snapshots are their node's")
+                           : coved_cluster_snapshot(d, tenant, sandbox_id, label, kind, out, err);
         char what[128];
         snprintf(what, sizeof(what), "snapshot of sandbox %.64s", sandbox_id);
         if (coved_space_check(d, what, err) < 0)
@@ -382,7 +388,7 @@ static void set_running(struct coved *d, struct cove_sandbox_row *row, const cha
         row->expires_at = cove_now_ms() + (int64_t)row->timeout_s * 1000;
         snprintf(row->last_snapshot_id, sizeof(row->last_snapshot_id), "%s", snap);
         row_set_error(row, NULL);
-        (void)d;
+        snprintf(row->node, sizeof(row->node), "%s", d->node_name); /* it runs here now */
 }
 
 /* ---- operations ---- */
@@ -390,6 +396,8 @@ static void set_running(struct coved *d, struct cove_sandbox_row *row, const cha
 int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
                        struct cove_err *err)
 {
+        if (d->role == COVED_ROLE_CONTROL) /* its node pauses it (a job) */
+                return coved_cluster_pause(d, tenant, id, out, err);
         struct cove_sandbox_row row;
         if (op_begin(d, tenant, id, &row, err) < 0)
                 return -1;
@@ -459,6 +467,8 @@ static int pick_snapshot(struct coved *d, const char *tenant, json_t *body, cons
 int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, json_t *body,
                         json_t **out, struct cove_err *err)
 {
+        if (d->role == COVED_ROLE_CONTROL) /* placed on a node with room, resumed there */
+                return coved_cluster_resume(d, tenant, id, body, out, err);
         char what[128];
         snprintf(what, sizeof(what), "resume of sandbox %s", id);
         if (coved_space_check(d, what, err) < 0)
@@ -544,6 +554,8 @@ out:
 int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, json_t *body,
                         json_t **out, struct cove_err *err)
 {
+        if (d->role == COVED_ROLE_CONTROL)
+                return coved_cluster_rewind(d, tenant, id, body, out, err);
         char what[128];
         snprintf(what, sizeof(what), "rewind of sandbox %s", id);
         if (coved_space_check(d, what, err) < 0)
@@ -628,6 +640,8 @@ out:
 int cove_sandbox_fork(struct coved *d, const char *tenant, const char *id, json_t *body,
                       json_t **out, struct cove_err *err)
 {
+        if (d->role == COVED_ROLE_CONTROL) /* on the node of its source (a job) */
+                return coved_cluster_fork(d, tenant, id, body, out, err);
         char what[128];
         snprintf(what, sizeof(what), "fork of sandbox %s", id);
         if (coved_space_check(d, what, err) < 0)
@@ -884,6 +898,7 @@ struct due {
 };
 
 struct due_list {
+        const struct coved *d;
         struct due *v;
         size_t n, cap;
 };
@@ -891,7 +906,7 @@ struct due_list {
 static int collect_rolling(const struct cove_sandbox_row *row, void *arg)
 {
         struct due_list *l = arg;
-        if (row->snapshot_interval_s <= 0)
+        if (row->snapshot_interval_s <= 0 || !coved_cluster_mine(l->d, row))
                 return 0;
         if (l->n == l->cap) {
                 size_t nc = l->cap ? l->cap * 2 : 16;
@@ -919,7 +934,7 @@ static int newest_cb(const struct cove_snapshot_row *s, void *arg)
 static int64_t roll(struct coved *d)
 {
         struct cove_tm *tm = d->tm;
-        struct due_list l = {0};
+        struct due_list l = {.d = d};
         struct cove_err err;
         int64_t next = 5000;
         if (d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_rolling, &l, &err) < 0)
@@ -1076,11 +1091,17 @@ static void thin(struct coved *d, int64_t now)
                 struct cove_retention pol;
                 cove_retention_default(&pol);
                 char last[64] = "";
+                int mine = d->role != COVED_ROLE_NODE; /* a node thins its own sandboxes' */
                 if (cove_sandbox_load(d, NULL, l.v[i].sandbox_id, &row, &err) == 0) {
                         if (cove_retention_parse(row.retention_json, &pol, &err) < 0)
                                 cove_retention_default(&pol);
                         snprintf(last, sizeof(last), "%s", row.last_snapshot_id);
+                        mine = coved_cluster_mine(d, &row);
                         cove_sandbox_row_clear(&row);
+                }
+                if (!mine) {
+                        i = j;
+                        continue;
                 }
                 size_t m = 0;
                 for (size_t k = i; k < j; k++)
@@ -1245,7 +1266,10 @@ int cove_tm_open(struct coved *d, struct cove_err *err)
         tm->node = d->ntm;
         if (!tm->node)
                 return cove_err_setk(err, COVE_E_INTERNAL, 0, "time machine: the node has none");
-        cleanup_crash(d);
+        /* a node of a cluster shares the store: a manifest without a row may be another
+         * node's snapshot in flight, so only a single coved sweeps them */
+        if (d->role == COVED_ROLE_ALL)
+                cleanup_crash(d);
         tm->last_thin_ms = 0;
         tm->rolling_off = !cove_node_tm_layers(tm->node);
         int e = pthread_create(&tm->thr, NULL, tm_main, d);

@@ -320,6 +320,10 @@ static int registry_host(const char *ref, char *out, size_t cap)
 int coved_template_create(struct coved *d, const char *tenant, int admin, json_t *body,
                           json_t **out, struct cove_err *err)
 {
+        if (d->role == COVED_ROLE_CONTROL)
+                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                                     "templates are built on nodes: a control replica does not "
+                                     "build them yet (start each node with --templates)");
         static const char *const keys[] = {"name",          "from",        "insecure",
                                            "registry_auth", "max_size_mb", "timeout_s"};
         const char *k;
@@ -676,7 +680,8 @@ int coved_template_delete(struct coved *d, const char *tenant, const char *name,
                                      name, u.by);
         /* warm instances of the tenant's own pools may sit on this rootfs: they go first (the
          * pools are made again on the next miss) */
-        cove_node_pool_drop(d->node, tenant);
+        if (d->node) /* role control: no pools here */
+                cove_node_pool_drop(d->node, tenant);
         if (cove_template_remove(d->templates_dir, tenant, name, err) < 0) {
                 if (err->kind == COVE_E_NOT_FOUND && had_record)
                         return 0; /* a failed build: its record was all there was */

@@ -382,7 +382,8 @@ int coved_tenant_delete(struct coved *d, const char *actor, const char *id, stru
         struct cove_err e2;
         if (cove_key_revoke(dir, id, NULL, &e2) < 0)
                 cove_warn(&d->log, "tenant.delete", "%s", e2.msg);
-        cove_node_pool_drop(d->node, id);
+        if (d->node) /* role control: no pools here */
+                cove_node_pool_drop(d->node, id);
         t.deleted_at = cove_now_ms();
         if (d->cat_ops->tenant_put(d->cat, &t, err) < 0)
                 return -1;
@@ -734,7 +735,8 @@ int coved_key_revoke(struct coved *d, const char *actor, const char *tenant, jso
                 return -1;
         int stopped = 0;
         /* its warm instances (keyed for it, no data yet) go whatever the policy */
-        cove_node_pool_drop(d->node, tenant);
+        if (d->node) /* role control: no pools here */
+                cove_node_pool_drop(d->node, tenant);
         if (!strcmp(policy, "stop"))
                 stopped = stop_tenant(d, tenant, "the tenant's key was revoked");
         audit(d, tenant, "key", "revoke", "allow", actor,
@@ -789,7 +791,8 @@ void coved_key_sweep(struct coved *d)
                 if (cove_key_check(dir, x.tenants[i], 1, &err) == 0 ||
                     err.kind != COVE_E_KEY_REVOKED)
                         continue; /* a KMS that is only unreachable does not stop sandboxes */
-                cove_node_pool_drop(d->node, x.tenants[i]);
+                if (d->node)      /* role control: no pools here */
+                        cove_node_pool_drop(d->node, x.tenants[i]);
                 int n = stop_tenant(d, x.tenants[i], "the tenant's key was revoked in its KMS");
                 audit(d, x.tenants[i], "key", "revoked_upstream", "deny", NULL,
                       json_pack("{s:i}", "sandboxes_stopped", n));

@@ -24,18 +24,25 @@ int coved_daemon_open(struct coved *d, const struct coved_options *o, struct cov
             .log = &d->log,
             .quitting = &d->quitting,
         };
-        /* the exposed ports' listener (control/ports.h) before the API listeners */
-        if (coved_ports_open(d, &o->ports, err) < 0)
+        /* the exposed ports' listener (control/ports.h) before the API listeners; a control
+         * replica runs no sandbox, so it has none */
+        if (d->node && coved_ports_open(d, &o->ports, err) < 0)
                 goto fail;
         d->http = cove_http_start(&hc, o->listen, sock, err);
         if (!d->http)
                 goto fail;
         if (cove_e2b_start(d, o->e2b_api_listen, o->e2b_sandbox_listen, &d->e2b, err) < 0)
                 goto fail;
-        cove_info(&d->log, "coved.start",
-                  "serving on %s and %s; data dir %s; runtime %s; templates %s",
-                  o->listen ? o->listen : "(no tcp)", sock, d->data_dir,
-                  cove_node_runtime_name(d->node), d->templates_dir);
+        if (d->role == COVED_ROLE_ALL)
+                cove_info(&d->log, "coved.start",
+                          "serving on %s and %s; data dir %s; runtime %s; templates %s",
+                          o->listen ? o->listen : "(no tcp)", sock, d->data_dir,
+                          cove_node_runtime_name(d->node), d->templates_dir);
+        else
+                cove_info(&d->log, "coved.start", "serving on %s and %s; role %s%s; data dir %s",
+                          o->listen ? o->listen : "(no tcp)", sock,
+                          d->role == COVED_ROLE_CONTROL ? "control" : "node ",
+                          d->role == COVED_ROLE_NODE ? d->node_name : "", d->data_dir);
         return 0;
 fail:
         coved_daemon_close(d);

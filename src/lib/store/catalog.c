@@ -47,6 +47,8 @@ void cove_job_row_clear(struct cove_job_row *row)
                 return;
         free(row->result_json);
         row->result_json = NULL;
+        free(row->args_json);
+        row->args_json = NULL;
 }
 
 const struct cove_catalog_ops *cove_catalog_for(const char *dsn)

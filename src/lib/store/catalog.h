@@ -117,6 +117,9 @@ struct cove_node_row {
         int64_t alloc_cpus, alloc_memory_mb, alloc_disk_mb;
         char address[256]; /* its node API, "https://host:port" */
         int64_t last_seen; /* unix ms of the last acquire or renew */
+        /* schema 8: what the node announced at acquire, a JSON object ("" = "{}"):
+         * {"runtimes":[…], "full":"ok"|why not, "criu", "kernel", "cpu", "templates":[…]} */
+        char features[1024];
 };
 typedef int (*cove_node_cb)(const struct cove_node_row *row, void *arg); /* <0 stops */
 
@@ -141,6 +144,7 @@ struct cove_job_row {
         int64_t claimed_epoch;
         char *result_json; /* owned by the row (free()), NULL before finish */
         int64_t created_at, updated_at;
+        char *args_json; /* schema 8: the job's arguments (JSON), owned (free()), NULL: none */
 };
 
 /* An egress document (schema 4): kind "secret" or "lease"; <0 stops. */
@@ -253,7 +257,7 @@ struct cove_catalog_ops {
 
         /* ---- cluster (schema 6); see struct cove_node_row ---- */
 
-        /* A node process takes the lease of its name (n: name, capacity, address; the
+        /* A node process takes the lease of its name (n: name, capacity, address, features; the
          * state of a new row is "ready", a "lost" one becomes "ready", cordoned/draining
          * stay). The new epoch is the old one + 1 and the lease runs ttl_ms from now.
          * Refused with COVE_E_CONFLICT while the current lease has not expired (another
@@ -277,7 +281,8 @@ struct cove_catalog_ops {
         /* Control plane, ONE transaction: set sandbox_id's desired state, optionally place it
          * (node non-NULL: a new placement, generation + 1; NULL: keep node and generation,
          * the sandbox must be placed already, else COVE_E_NOT_FOUND), and enqueue a job of
-         * job_kind (NULL: none) for the resulting generation. Queued jobs of older
+         * job_kind (NULL: none) for the resulting generation, with job_args_json (a JSON
+         * value or NULL; schema 8) as its arguments. Queued jobs of older
          * generations are failed ("superseded") in the same transaction. expect_generation
          * >= 0 makes it a compare-and-set: the current generation (0 = never placed) must
          * equal it, else COVE_E_CONFLICT (two replicas racing to place the same sandbox:
@@ -287,8 +292,8 @@ struct cove_catalog_ops {
          * optional. The sandbox row itself is not touched and need not exist. */
         int (*placement_write)(struct cove_catalog *c, const char *sandbox_id, const char *node,
                                const char *desired_state, const char *job_kind,
-                               int64_t expect_generation, int64_t *generation, int64_t *job_id,
-                               struct cove_err *err);
+                               const char *job_args_json, int64_t expect_generation,
+                               int64_t *generation, int64_t *job_id, struct cove_err *err);
         /* 0 found, 1 never placed, -1 error. */
         int (*placement_get)(struct cove_catalog *c, const char *sandbox_id,
                              struct cove_placement_row *out, struct cove_err *err);
@@ -310,7 +315,7 @@ struct cove_catalog_ops {
          * JSON value or NULL). Refused (COVE_E_CONFLICT) unless the job is claimed by
          * (node, epoch), its generation is the sandbox's current one and the lease is
          * live; a repeat of the same finish is accepted (idempotent). COVE_E_NOT_FOUND
-         * for an unknown job. Committed with a full fsync. */
+         * for an unknown job. Committed with a full fsync; wakes wait_wakeup(NULL). */
         int (*job_finish)(struct cove_catalog *c, int64_t job_id, const char *node, int64_t epoch,
                           int64_t generation, int ok, const char *result_json,
                           struct cove_err *err);
@@ -322,7 +327,9 @@ struct cove_catalog_ops {
          * claims after either answer, and its own poll interval bounds what a lost
          * wake-up costs. PostgreSQL: LISTEN/NOTIFY on a dedicated connection (writes by
          * any process wake it; it listens from its first call on, so call it once with 0
-         * before the first claim); SQLite: writes through this handle only. */
+         * before the first claim); SQLite: writes through this handle only. node NULL also
+         * wakes on every finished job (schema 8: job_finish notifies cove_job_done), so a
+         * control replica waiting for a job's outcome wakes when any node reports. */
         int (*wait_wakeup)(struct cove_catalog *c, const char *node, int timeout_ms,
                            struct cove_err *err);
 };
@@ -337,7 +344,7 @@ const struct cove_catalog_ops *cove_catalog_for(const char *dsn);
 void cove_catalog_dsn_redact(const char *dsn, char *out, size_t cap);
 /* 1 if s is one of ready cordoned draining lost. */
 int cove_node_state_valid(const char *s);
-/* Frees result_json. */
+/* Frees result_json and args_json. */
 void cove_job_row_clear(struct cove_job_row *row);
 
 #endif

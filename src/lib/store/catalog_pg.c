@@ -21,6 +21,7 @@
 
 #define POOL_MAX 8
 #define NOTIFY_CHANNEL "cove_jobs"
+#define DONE_CHANNEL "cove_job_done" /* payload: the job id; job_finish sends it */
 /* the server's clock in unix ms: leases are compared against one clock for every node */
 #define NOW_MS "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 /* any id, so concurrent opens apply each migration once */
@@ -1283,9 +1284,10 @@ static int pg_node_lease_acquire(struct cove_catalog *c, const struct cove_node_
                                  struct cove_err *err)
 {
         if (!name_ok(n->name, sizeof(n->name)) || !field_ok(n->address, sizeof(n->address)) ||
-            ttl_ms <= 0)
+            !field_ok(n->features, sizeof(n->features)) || ttl_ms <= 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog: acquire node lease: bad name, address or ttl");
+                                     "catalog: acquire node lease: bad name, address, features "
+                                     "or ttl");
         struct params p = {0};
         p_text(&p, n->name);
         p_int(&p, ttl_ms);
@@ -1293,16 +1295,18 @@ static int pg_node_lease_acquire(struct cove_catalog *c, const struct cove_node_
         p_int(&p, n->memory_mb);
         p_int(&p, n->disk_mb);
         p_text(&p, n->address);
+        p_text(&p, n->features[0] ? n->features : "{}");
         /* the upsert locks the row: of two racing acquirers one updates, the other then
          * sees an unexpired lease and changes nothing */
         PGresult *res = run1(
             c,
             "INSERT INTO nodes(name, state, epoch, lease_expires_at, cpus, memory_mb, disk_mb,"
-            " address, last_seen) VALUES ($1, 'ready', 1, " NOW_MS " + $2::bigint, $3, $4, $5, $6,"
-            " " NOW_MS ") ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
+            " address, last_seen, features) VALUES ($1, 'ready', 1, " NOW_MS " + $2::bigint, $3,"
+            " $4, $5, $6, " NOW_MS ", $7) ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
             " lease_expires_at = excluded.lease_expires_at, cpus = excluded.cpus,"
             " memory_mb = excluded.memory_mb, disk_mb = excluded.disk_mb,"
             " address = excluded.address, last_seen = excluded.last_seen,"
+            " features = excluded.features,"
             " state = CASE nodes.state WHEN 'lost' THEN 'ready' ELSE nodes.state END"
             " WHERE nodes.lease_expires_at <= excluded.last_seen RETURNING epoch, lease_expires_at",
             &p, err, "acquire lease of node %s", n->name);
@@ -1370,7 +1374,8 @@ static int pg_node_list(struct cove_catalog *c, cove_node_cb cb, void *arg, stru
             c,
             "SELECT n.name, n.state, n.epoch, n.lease_expires_at, n.cpus, n.memory_mb, n.disk_mb,"
             " coalesce(sum(s.cpus), 0), coalesce(sum(s.memory_mb), 0), coalesce(sum(s.disk_mb), 0),"
-            " n.address, n.last_seen FROM nodes n LEFT JOIN placements p ON p.node = n.name"
+            " n.address, n.last_seen, n.features FROM nodes n LEFT JOIN placements p ON p.node = "
+            "n.name"
             " AND p.desired_state <> 'stopped' LEFT JOIN sandboxes s ON s.id = p.sandbox_id"
             " GROUP BY n.name ORDER BY n.name",
             NULL, err, "list nodes");
@@ -1382,7 +1387,8 @@ static int pg_node_list(struct cove_catalog *c, cove_node_cb cb, void *arg, stru
                 memset(&o, 0, sizeof(o));
                 if (get_copy(res, i, 0, o.name, sizeof(o.name)) < 0 ||
                     get_copy(res, i, 1, o.state, sizeof(o.state)) < 0 ||
-                    get_copy(res, i, 10, o.address, sizeof(o.address)) < 0) {
+                    get_copy(res, i, 10, o.address, sizeof(o.address)) < 0 ||
+                    get_copy(res, i, 12, o.features, sizeof(o.features)) < 0) {
                         r = cove_err_set(err, 0, "catalog: list nodes: stored field too long");
                         break;
                 }
@@ -1434,8 +1440,9 @@ static int pg_placement_get(struct cove_catalog *c, const char *sandbox_id,
 
 /* The body of placement_write, inside a transaction on conn. */
 static int place_txn(PGconn *conn, const char *sandbox_id, const char *node,
-                     const char *desired_state, const char *job_kind, int64_t expect_generation,
-                     int64_t *generation, int64_t *job_id, struct cove_err *err)
+                     const char *desired_state, const char *job_kind, const char *job_args,
+                     int64_t expect_generation, int64_t *generation, int64_t *job_id,
+                     struct cove_err *err)
 {
         struct params p = {0};
         p_text(&p, sandbox_id);
@@ -1525,9 +1532,11 @@ static int place_txn(PGconn *conn, const char *sandbox_id, const char *node,
                 p_text(&p, sandbox_id);
                 p_text(&p, job_kind);
                 p_int(&p, gen);
+                p_text(&p, job_args);
                 res = run(conn,
-                          "INSERT INTO jobs(sandbox_id, kind, generation, created_at, updated_at)"
-                          " VALUES ($1, $2, $3, " NOW_MS ", " NOW_MS ") RETURNING id",
+                          "INSERT INTO jobs(sandbox_id, kind, generation, created_at, updated_at,"
+                          " args_json) VALUES ($1, $2, $3, " NOW_MS ", " NOW_MS ", $4)"
+                          " RETURNING id",
                           &p, err, "enqueue job");
                 if (!res)
                         return -1;
@@ -1550,8 +1559,8 @@ static int place_txn(PGconn *conn, const char *sandbox_id, const char *node,
 
 static int pg_placement_write(struct cove_catalog *c, const char *sandbox_id, const char *node,
                               const char *desired_state, const char *job_kind,
-                              int64_t expect_generation, int64_t *generation, int64_t *job_id,
-                              struct cove_err *err)
+                              const char *job_args_json, int64_t expect_generation,
+                              int64_t *generation, int64_t *job_id, struct cove_err *err)
 {
         if (!name_ok(sandbox_id, 64) || (node && !name_ok(node, 64)) || !desired_state ||
             !cove_sandbox_state_valid(desired_state, strlen(desired_state)) ||
@@ -1564,8 +1573,8 @@ static int pg_placement_write(struct cove_catalog *c, const char *sandbox_id, co
                 return -1;
         int r = exec_ok(conn, "BEGIN", err, "begin placement");
         if (r == 0)
-                r = place_txn(conn, sandbox_id, node, desired_state, job_kind, expect_generation,
-                              generation, job_id, err);
+                r = place_txn(conn, sandbox_id, node, desired_state, job_kind, job_args_json,
+                              expect_generation, generation, job_id, err);
         if (r == 0)
                 r = exec_ok(conn, "COMMIT", err, "commit placement");
         conn_put(c, conn);
@@ -1601,7 +1610,7 @@ static int pg_placement_observe(struct cove_catalog *c, const char *sandbox_id, 
 
 #define JOB_COLS                                                                                   \
         "id, sandbox_id, kind, generation, state, claimed_by, claimed_epoch, result_json,"         \
-        " created_at, updated_at"
+        " created_at, updated_at, args_json"
 
 static int job_read(const PGresult *res, int i, struct cove_job_row *o)
 {
@@ -1618,6 +1627,8 @@ static int job_read(const PGresult *res, int i, struct cove_job_row *o)
                 return -1;
         o->created_at = get_i64(res, i, 8);
         o->updated_at = get_i64(res, i, 9);
+        if (!PQgetisnull(res, i, 10) && !(o->args_json = get_dup(res, i, 10, NULL)))
+                return -1;
         return 0;
 }
 
@@ -1718,6 +1729,15 @@ static int pg_job_finish(struct cove_catalog *c, int64_t job_id, const char *nod
                         " AND EXISTS (SELECT 1 FROM nodes WHERE name = $2 AND epoch = $3"
                         " AND lease_expires_at > " NOW_MS ")",
                         &p, err, "finish job", idtxt);
+        if (r == 0) { /* wake the replica waiting for it (a hint: it polls too) */
+                struct params q = {0};
+                struct cove_err ne;
+                p_text(&q, idtxt);
+                PGresult *nr =
+                    run1(c, "SELECT pg_notify('" DONE_CHANNEL "', $1)", &q, &ne, "notify");
+                if (nr)
+                        PQclear(nr);
+        }
         if (r != 1)
                 return r;
         struct cove_job_row j;
@@ -1744,7 +1764,8 @@ static int listen_ensure(struct cove_catalog *c, int *fresh, struct cove_err *er
         c->listen = pg_connect(c, err);
         if (!c->listen)
                 return -1;
-        if (exec_ok(c->listen, "LISTEN " NOTIFY_CHANNEL, err, "listen for jobs") < 0) {
+        if (exec_ok(c->listen, "LISTEN " NOTIFY_CHANNEL "; LISTEN " DONE_CHANNEL, err,
+                    "listen for jobs") < 0) {
                 PQfinish(c->listen);
                 c->listen = NULL;
                 return -1;
@@ -1782,7 +1803,9 @@ static int pg_wait_wakeup(struct cove_catalog *c, const char *node, int timeout_
                 PGnotify *nt;
                 int woken = 0;
                 while ((nt = PQnotifies(c->listen)) != NULL) {
-                        if (!node || !nt->extra || !nt->extra[0] || !strcmp(nt->extra, node))
+                        /* node NULL: any placement or finished job; else the node's work */
+                        if (!node || (!strcmp(nt->relname, NOTIFY_CHANNEL) &&
+                                      (!nt->extra || !nt->extra[0] || !strcmp(nt->extra, node))))
                                 woken = 1;
                         PQfreemem(nt);
                 }

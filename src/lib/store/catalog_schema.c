@@ -192,6 +192,12 @@ const struct cove_migration cove_catalog_migrations[] = {
             "DROP TABLE egress_docs;"
             "ALTER TABLE egress_docs_7 RENAME TO egress_docs;"
             "CREATE INDEX egress_docs_owner ON egress_docs(kind, owner);"},
+    /* 8: what a job is asked to do (its arguments, JSON) and what a node announces of
+     * itself at lease acquire (runtimes, full-snapshot support, CRIU, kernel, CPU,
+     * templates: a JSON object placement filters on) */
+    {.sql = "ALTER TABLE jobs ADD COLUMN args_json TEXT"
+            "  CHECK (args_json IS NULL OR json_valid(args_json));"
+            "ALTER TABLE nodes ADD COLUMN features TEXT NOT NULL DEFAULT '{}';"},
 };
 const int cove_catalog_schema_version = (int)COVE_ARRAY_SIZE(cove_catalog_migrations);
 

@@ -30,15 +30,16 @@
 #define TENANT_COLS                                                                                \
         "id, name, created_at, max_sandboxes, max_cpus, max_memory_mb, max_storage_mb, deleted_at"
 #define NODE_COLS_IN                                                                               \
-        "name, state, epoch, lease_expires_at, cpus, memory_mb, disk_mb, address, last_seen"
+        "name, state, epoch, lease_expires_at, cpus, memory_mb, disk_mb, address, last_seen,"      \
+        " features"
 #define NODE_LIST_COLS                                                                             \
         "n.name, n.state, n.epoch, n.lease_expires_at, n.cpus, n.memory_mb, n.disk_mb,"            \
         " coalesce(sum(s.cpus), 0), coalesce(sum(s.memory_mb), 0), coalesce(sum(s.disk_mb), 0),"   \
-        " n.address, n.last_seen"
+        " n.address, n.last_seen, n.features"
 #define PLACE_COLS "sandbox_id, node, generation, desired_state, observed_state, updated_at"
 #define JOB_COLS                                                                                   \
         "id, sandbox_id, kind, generation, state, claimed_by, claimed_epoch, result_json,"         \
-        " created_at, updated_at"
+        " created_at, updated_at, args_json"
 #define AUDIT_COLS "seq, at, tenant, sandbox, kind, action, verdict, detail_json, prev_hash, hash"
 
 enum stmt_id {
@@ -170,10 +171,11 @@ static const char *const stmt_sql[ST__COUNT] = {
     /* cluster (schema 6): "now" is the process clock, bound; the checks of catalog.h are in
      * the WHERE clauses, so a stale caller changes no row */
     [ST_NODE_ACQUIRE] = "INSERT INTO nodes(" NODE_COLS_IN ") VALUES (?1, 'ready', 1, ?2, ?3, ?4,"
-                        " ?5, ?6, ?7) ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
+                        " ?5, ?6, ?7, ?8) ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
                         " lease_expires_at = excluded.lease_expires_at, cpus = excluded.cpus,"
                         " memory_mb = excluded.memory_mb, disk_mb = excluded.disk_mb,"
                         " address = excluded.address, last_seen = excluded.last_seen,"
+                        " features = excluded.features,"
                         " state = CASE nodes.state WHEN 'lost' THEN 'ready' ELSE nodes.state END"
                         " WHERE nodes.lease_expires_at <= excluded.last_seen"
                         " RETURNING epoch, lease_expires_at",
@@ -200,8 +202,8 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_JOB_SUPERSEDE] = "UPDATE jobs SET state = 'failed', result_json = '\"superseded\"',"
                          " updated_at = ?3 WHERE sandbox_id = ?1 AND generation < ?2"
                          " AND state IN ('queued', 'claimed')",
-    [ST_JOB_INSERT] = "INSERT INTO jobs(sandbox_id, kind, generation, created_at, updated_at)"
-                      " VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id",
+    [ST_JOB_INSERT] = "INSERT INTO jobs(sandbox_id, kind, generation, created_at, updated_at,"
+                      " args_json) VALUES (?1, ?2, ?3, ?4, ?4, ?5) RETURNING id",
     [ST_JOB_CLAIM] = "UPDATE jobs SET state = 'claimed', claimed_by = ?1, claimed_epoch = ?2,"
                      " updated_at = ?3 WHERE id = (SELECT j.id FROM jobs j JOIN placements p"
                      " ON p.sandbox_id = j.sandbox_id AND p.generation = j.generation"
@@ -1399,9 +1401,10 @@ static int sqlite_node_lease_acquire(struct cove_catalog *c, const struct cove_n
                                      struct cove_err *err)
 {
         if (!name_ok(n->name, sizeof(n->name)) || !field_ok(n->address, sizeof(n->address)) ||
-            ttl_ms <= 0)
+            !field_ok(n->features, sizeof(n->features)) || ttl_ms <= 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog: acquire node lease: bad name, address or ttl");
+                                     "catalog: acquire node lease: bad name, address, features "
+                                     "or ttl");
         int64_t now = cove_now_ms();
         pthread_mutex_lock(&c->lock);
         step_done(c->st[ST_SYNC_FULL]);
@@ -1414,6 +1417,7 @@ static int sqlite_node_lease_acquire(struct cove_catalog *c, const struct cove_n
         sqlite3_bind_int64(st, 5, n->disk_mb);
         bind_text(st, 6, n->address);
         sqlite3_bind_int64(st, 7, now);
+        bind_text(st, 8, n->features[0] ? n->features : "{}");
         int r, rc = sqlite3_step(st);
         if (rc == SQLITE_ROW) {
                 if (epoch)
@@ -1507,7 +1511,8 @@ static int sqlite_node_list(struct cove_catalog *c, cove_node_cb cb, void *arg,
                 memset(o, 0, sizeof(*o));
                 if (col_copy(st, 0, o->name, sizeof(o->name)) < 0 ||
                     col_copy(st, 1, o->state, sizeof(o->state)) < 0 ||
-                    col_copy(st, 10, o->address, sizeof(o->address)) < 0) {
+                    col_copy(st, 10, o->address, sizeof(o->address)) < 0 ||
+                    col_copy(st, 12, o->features, sizeof(o->features)) < 0) {
                         r = cove_err_set(err, 0, "catalog: list nodes: stored field too long");
                         break;
                 }
@@ -1569,8 +1574,9 @@ static int sqlite_placement_get(struct cove_catalog *c, const char *sandbox_id,
 
 /* Lock held, inside BEGIN IMMEDIATE: the body of placement_write. */
 static int place_txn(struct cove_catalog *c, const char *sandbox_id, const char *node,
-                     const char *desired_state, const char *job_kind, int64_t expect_generation,
-                     int64_t *generation, int64_t *job_id, struct cove_err *err)
+                     const char *desired_state, const char *job_kind, const char *job_args,
+                     int64_t expect_generation, int64_t *generation, int64_t *job_id,
+                     struct cove_err *err)
 {
         int64_t now = cove_now_ms(), cur = 0;
         sqlite3_stmt *st = c->st[ST_PLACE_GET];
@@ -1638,6 +1644,7 @@ static int place_txn(struct cove_catalog *c, const char *sandbox_id, const char 
                 bind_text(st, 2, job_kind);
                 sqlite3_bind_int64(st, 3, gen);
                 sqlite3_bind_int64(st, 4, now);
+                bind_text(st, 5, job_args);
                 rc = sqlite3_step(st);
                 if (rc == SQLITE_ROW) {
                         id = sqlite3_column_int64(st, 0);
@@ -1668,8 +1675,8 @@ static int place_args_ok(const char *sandbox_id, const char *node, const char *d
 
 static int sqlite_placement_write(struct cove_catalog *c, const char *sandbox_id, const char *node,
                                   const char *desired_state, const char *job_kind,
-                                  int64_t expect_generation, int64_t *generation, int64_t *job_id,
-                                  struct cove_err *err)
+                                  const char *job_args_json, int64_t expect_generation,
+                                  int64_t *generation, int64_t *job_id, struct cove_err *err)
 {
         if (place_args_ok(sandbox_id, node, desired_state, job_kind, err) < 0)
                 return -1;
@@ -1678,8 +1685,8 @@ static int sqlite_placement_write(struct cove_catalog *c, const char *sandbox_id
         done(c->st[ST_SYNC_FULL]);
         int r = exec_sql(c->db, "BEGIN IMMEDIATE", err, "begin placement");
         if (r == 0) {
-                r = place_txn(c, sandbox_id, node, desired_state, job_kind, expect_generation,
-                              generation, job_id, err);
+                r = place_txn(c, sandbox_id, node, desired_state, job_kind, job_args_json,
+                              expect_generation, generation, job_id, err);
                 if (r == 0)
                         r = exec_sql(c->db, "COMMIT", err, "commit placement");
                 if (r < 0)
@@ -1735,6 +1742,8 @@ static int job_read(sqlite3_stmt *st, struct cove_job_row *o)
                 return -1;
         o->created_at = sqlite3_column_int64(st, 8);
         o->updated_at = sqlite3_column_int64(st, 9);
+        if (sqlite3_column_type(st, 10) != SQLITE_NULL && !(o->args_json = col_dup(st, 10, NULL)))
+                return -1;
         return 0;
 }
 
@@ -1826,6 +1835,10 @@ static int sqlite_job_finish(struct cove_catalog *c, int64_t job_id, const char 
         int r = run_delete(c, st, err, "finish job %lld", (long long)job_id);
         step_done(c->st[ST_SYNC_NORMAL]);
         done(c->st[ST_SYNC_NORMAL]);
+        if (r == 0) { /* wakes a waiter for the job's outcome (wait_wakeup with NULL) */
+                c->wake_seq++;
+                pthread_cond_broadcast(&c->wake);
+        }
         pthread_mutex_unlock(&c->lock);
         if (r == 1) {
                 struct cove_job_row j;

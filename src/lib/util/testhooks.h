@@ -9,6 +9,8 @@
  *   clock_offset_s N                    time machine clock = wall clock + N s (may be < 0)
  *   gc_grace_s N                        chunk store GC grace period (read at start only;
  *                                       default 1 h, so a test's GC would delete nothing)
+ *   job_hold_ms N                       a cluster node holds each job it ran N ms before
+ *                                       reporting it (a window to kill or stop it in)
  *   fault OP ACTION [AFTER [COUNT]]     OP: write fsync rename mkdir unlink any
  *                                       (fsync also covers fdatasync and syncfs);
  *                                       ACTION: ENOSPC, EIO, EROFS or kill (SIGKILL of
@@ -35,5 +37,7 @@ const struct cove_sysio *cove_testhooks_io(void);
 int64_t cove_testhooks_clock_offset_ms(void);
 /* The GC grace period set by the file in ms; 0 (the store's default) when not set. */
 int64_t cove_testhooks_gc_grace_ms(void);
+/* How long a node holds a job between running and reporting it; 0 when off. */
+int64_t cove_testhooks_job_hold_ms(void);
 
 #endif
