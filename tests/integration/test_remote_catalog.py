@@ -1,35 +1,46 @@
-"""A node's catalog through a control replica (store/catalog_remote.c against
-POST /v1/cluster/catalog/{op}): a real PostgreSQL and a coved serving nodes, driven as node
-n1 by tests/unit/test_catalog_remote.c (every op on n1's own rows works; every access to
-node n2's sandbox, lease, jobs or snapshots, and to API keys, is refused and changes
-nothing); and raw requests whose Cove-Node signature is missing, forged, expired, replayed,
-made for another body or another node are refused, while a good one gets an answer signed
-for it.
-
-The control role does not exist yet on this branch, so the endpoint runs in a role-all
-coved behind the test hook COVE_TEST_HOOKS=1 + COVE_TEST_ROLE_ALL_SERVES_NODES=<cluster key
-file> (test-only; without it role all answers 404, which is checked too)."""
+"""A node's catalog through a control replica (store/catalog_remote.c against the
+control's POST /v1/cluster/catalog/{op}), on a real PostgreSQL and radosgw with a real
+`coved --role control`:
+- driven as node n1 by tests/unit/test_catalog_remote.c: every op on n1's own rows works;
+  every access to node n2's sandbox, lease, jobs or snapshots, and to API keys, is refused
+  and changes nothing;
+- raw requests whose Cove-Node signature is missing, forged, expired, replayed, made for
+  another body or another node are refused, a good one gets an answer signed for it;
+- a `coved --role node --control URL` without --db runs sandboxes the control places on it
+  (create, pause with a snapshot, resume, delete) with no refusal in the control's log;
+- role all serves no node; a node given both --control and --db refuses to start."""
 import hashlib
 import hmac
 import http.client
 import json
 import os
 import subprocess
+import tempfile
 import time
+import uuid
 
 import pytest
 
 import pgserver
-from cove import Coved
+from cove import Client, CoveError, Coved, free_port, poll
+from s3rgw import S3Rgw
 
 PG_WHY = pgserver.available()
-pytestmark = pytest.mark.skipif(bool(PG_WHY), reason=PG_WHY or "")
+S3_WHY = S3Rgw.available()
+pytestmark = [pytest.mark.root,
+              pytest.mark.skipif(bool(PG_WHY or S3_WHY), reason=PG_WHY or S3_WHY or "")]
 
 
 @pytest.fixture(scope="module")
 def pg():
     with pgserver.PgServer() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def rgw():
+    with S3Rgw() as r:
+        yield r
 
 
 @pytest.fixture(scope="module")
@@ -42,28 +53,50 @@ def cluster_key(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def control(coved_factory_module, pg, cluster_key):
-    url = pg.create_db("remote_cat")
-    d = coved_factory_module(extra_args=["--db", url, "--pool", "0"],
-                             env={"COVE_TEST_HOOKS": "1",
-                                  "COVE_TEST_ROLE_ALL_SERVES_NODES": cluster_key})
-    return d, url
+def started(build_dir, log_dir):
+    """coveds started by this module's tests, stopped at its end"""
+    procs = []
+    yield procs
+    for d in reversed(procs):
+        d.stop()
+
+
+def store_args(url, rgw):
+    return ["--db", url, "--store", f"s3://cove-rc-{uuid.uuid4().hex[:8]}/c", "--s3-endpoint",
+            rgw.endpoint]
 
 
 @pytest.fixture(scope="module")
-def coved_factory_module(request, build_dir, templates_dir, log_dir):
-    if os.geteuid() != 0:
-        pytest.skip("coved's namespace runtime needs root")
-    started = []
+def control(build_dir, log_dir, started, pg, rgw, cluster_key):
+    url = pg.create_db("remote_cat")
+    d = Coved(build_dir, templates_dir=None, log_dir=log_dir, env=rgw.env,
+              extra_args=["--role", "control", "--cluster-key-file", cluster_key,
+                          *store_args(url, rgw)])
+    started.append(d)
+    return d, url
 
-    def start(extra_args=(), env=None):
-        d = Coved(build_dir, templates_dir=templates_dir, extra_args=extra_args, log_dir=log_dir,
-                  env=env)
-        started.append(d)
-        return d
-    yield start
-    for d in started:
-        d.stop()
+
+class Node(Coved):
+    """coved --role node: it writes no admin key; ready once /healthz answers."""
+
+    def start(self, timeout=120):
+        self.port = free_port()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=log, env=self.env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        probe = Client(self.port)
+        deadline = time.time() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise CoveError(f"node exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if probe.request("GET", "/healthz", auth=False, timeout=2).status == 200:
+                    return probe
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise CoveError(f"node did not answer within {timeout} s:\n{self.log_tail()}")
+            time.sleep(0.05)
 
 
 def token_of(key_file, name):
@@ -111,8 +144,9 @@ def test_node_ops_through_the_control(build_dir, control, cluster_key):
     for line in out.splitlines():
         if "remote catalog cost" in line:
             print(line, f"(load {os.getloadavg()[0]:.1f})")
-    log = open(d.log_path).read() if hasattr(d, "log_path") else ""
+    log = open(d.log_path, errors="replace").read()
     assert token_of(cluster_key, "n1") not in log
+    assert "cluster.deny" in log  # the refusals were logged, by node and op
 
 
 def test_signatures_checked(control, cluster_key):
@@ -168,10 +202,10 @@ def test_signatures_checked(control, cluster_key):
     assert st == 200  # coved is still serving
 
 
-def test_role_all_without_the_hook_serves_no_node(coved_factory_module, pg, cluster_key):
-    """A role-all coved (no test hook) answers 404 on the nodes' catalog endpoint, signed or
-    not: only a control replica serves it."""
-    d = coved_factory_module(extra_args=["--pool", "0"])
+def test_role_all_serves_no_node(coved_factory, cluster_key):
+    """A role-all coved answers 404 on the nodes' catalog endpoint, signed or not: only a
+    control replica serves it."""
+    d = coved_factory(extra_args=["--pool", "0"])
     path = "/v1/cluster/catalog/schema_version"
     st, ans, b = post(d.port, path, b"{}", sign(token_of(cluster_key, "n1"), "n1", "POST", path,
                                                   b"{}")[0])
@@ -196,3 +230,51 @@ def test_node_refuses_both_control_and_db(build_dir, tmp_path):
                         "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "--control URL" in r.stderr and "not both" in r.stderr, r.stderr
+
+
+def test_node_without_db_runs_what_the_control_places(build_dir, templates_dir, log_dir, started,
+                                                      control, pg, rgw, cluster_key, tmp_path):
+    """A node started with --control and no --db (no database URL or password anywhere in
+    its arguments or environment) takes its lease, claims the start job of a sandbox
+    created through the control, runs it, pauses it (snapshot row, sandbox row, job result
+    through the control), resumes it and deletes it; the control's log shows no refused
+    call of that node."""
+    d, url = control
+    tok = tmp_path / "rn1.token"
+    tok.write_text(subprocess.run([os.path.join(build_dir, "coved"), "node-token",
+                                   "--cluster-key-file", cluster_key, "--node-name", "rn1"],
+                                  capture_output=True, text=True, check=True).stdout)
+    tok.chmod(0o600)
+    octet = 64 + (os.getpid() * 11) % 180
+    env = {k: v for k, v in rgw.env.items()}
+    node = Node(build_dir, data_dir=tempfile.mkdtemp(prefix="cove-rn1-"), start=False,
+                templates_dir=templates_dir, log_dir=log_dir, env=env,
+                extra_args=["--role", "node", "--node-name", "rn1", "--node-token-file", str(tok),
+                            "--control", f"http://127.0.0.1:{d.port}", "--lease-ttl", "6",
+                            "--lease-renew", "1", "--pool", "0", "--egress-pool",
+                            f"10.{octet}.0.0/16", "--store", store_args(url, rgw)[3],
+                            "--s3-endpoint", rgw.endpoint])
+    node.own_data = True
+    started.append(node)
+    node.start()
+    argv = " ".join(node.argv())
+    assert "--db" not in argv and "postgres" not in argv
+    assert not any(k.startswith("PG") for k in (node.env or os.environ))
+    assert "catalog: remote" in node.log_tail(20000)
+    cc = d.client
+    poll(lambda: pg.psql("SELECT count(*) FROM nodes WHERE name = 'rn1' AND epoch > 0",
+                         db="remote_cat").strip() == "1", timeout=60, what="the node's lease")
+    sb = cc.create(template="busybox", snapshot_interval_s=0)
+    sid = sb["id"]
+    assert sb["state"] == "running" and sb["node"] == "rn1", sb
+    p = cc.post(f"/v1/sandboxes/{sid}/pause")
+    assert p["sandbox"]["state"] == "paused", p
+    snaps = cc.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"]
+    assert snaps, "the pause's snapshot is listed"
+    r = cc.post(f"/v1/sandboxes/{sid}/resume")
+    assert r["sandbox"]["state"] == "running", r
+    cc.remove(sid)
+    assert cc.request("GET", f"/v1/sandboxes/{sid}").status == 404
+    log = open(d.log_path, errors="replace").read()
+    denied = [ln for ln in log.splitlines() if "cluster.deny" in ln and "rn1" in ln]
+    assert not denied, denied[:5]

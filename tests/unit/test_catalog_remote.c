@@ -152,7 +152,7 @@ static int every_op(struct cove_catalog *c)
         TRY(R->node_lease_renew(c, "n1", 1, 10000, &x, &err));
         TRY(R->node_set_state(c, "n1", "ready", &err));
         TRY(R->node_list(c, any_node, &n, &err));
-        TRY(R->placement_write(c, "sbx_x", "n1", "running", "start", -1, &e, &x, &err));
+        TRY(R->placement_write(c, "sbx_x", "n1", "running", "start", NULL, -1, &e, &x, &err));
         TRY(R->placement_get(c, "sbx_x", &p, &err));
         TRY(R->placement_observe(c, "sbx_x", "n1", 1, 1, "running", &err));
         memset(&j, 0, sizeof(j));
@@ -420,10 +420,10 @@ static int live_setup(void **state)
         sandbox_row(&s, L.sb, "n2");
         assert_int_equal(cove_catalog_pg.sandbox_insert(L.db, &s, &err), 0);
         int64_t gen, job;
-        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, "n1", "running", "start", 0,
+        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, "n1", "running", "start", NULL, 0,
                                                          &gen, &job, &err),
                          0);
-        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sb, "n2", "running", "start", 0,
+        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sb, "n2", "running", "start", NULL, 0,
                                                          &gen, &job, &err),
                          0);
         struct cove_snapshot_row sn = {.created_at = cove_now_ms(), .kind = "files"};
@@ -623,7 +623,7 @@ static void node_works_on_its_own_rows(void **state)
                 pthread_create(&th[i], NULL, wait_thread, &w[i]);
         usleep(300000); /* let the polls reach the control; a miss only delays the wake */
         int64_t gen, job;
-        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, NULL, "paused", "pause", -1,
+        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, NULL, "paused", "pause", "{\"kind\":\"files\"}", -1,
                                                          &gen, &job, &err),
                          0);
         for (int i = 0; i < 2; i++) {
@@ -713,7 +713,7 @@ static void cross_node_access_refused(void **state)
         expect_denied(R->wait_wakeup(L.n1, "n2", 0, &err), &err, "wait as n2");
         /* control-plane only ops and API keys */
         expect_denied(R->node_set_state(L.n1, "n2", "lost", &err), &err, "node_set_state");
-        expect_denied(R->placement_write(L.n1, L.sb, "n1", "running", "start", -1, &g, &jid, &err),
+        expect_denied(R->placement_write(L.n1, L.sb, "n1", "running", "start", NULL, -1, &g, &jid, &err),
                       &err, "placement_write");
         struct cove_tenant_row t = {0};
         snprintf(t.id, sizeof(t.id), "%s", L.ten);

@@ -877,19 +877,10 @@ static int o_wait_wakeup(struct cx *x, json_t *in, json_t **out, struct cove_err
         return OK;
 }
 
-/* The cluster key this process serves nodes with: role control's; in role all only under
- * the test hook COVE_TEST_HOOKS=1 + COVE_TEST_ROLE_ALL_SERVES_NODES=KEYFILE (integration
- * tests before the control role exists). NULL: not served here (404). */
-static const uint8_t *serving_key(struct coved *d, uint8_t buf[COVE_NODEAUTH_KEY_LEN])
+/* The cluster key this process serves nodes with: a control replica's; NULL elsewhere. */
+static const uint8_t *serving_key(struct coved *d)
 {
-        if (d->role == COVED_ROLE_CONTROL && d->has_cluster_key)
-                return d->cluster_key;
-        const char *hooks = getenv("COVE_TEST_HOOKS"),
-                   *f = getenv("COVE_TEST_ROLE_ALL_SERVES_NODES");
-        if (d->role == COVED_ROLE_ALL && hooks && !strcmp(hooks, "1") && f && *f &&
-            cove_nodeauth_read_key(f, buf, NULL) == 0)
-                return buf;
-        return NULL;
+        return d->role == COVED_ROLE_CONTROL && d->has_cluster_key ? d->cluster_key : NULL;
 }
 
 static void hash_hex(const char *body, size_t len, char out[65])
@@ -932,15 +923,13 @@ static int authenticate(struct coved *d, struct cove_req *r, const uint8_t *key,
 int cove_h_cluster_catalog(void *app, struct cove_req *r)
 {
         struct coved *d = app;
-        uint8_t kbuf[COVE_NODEAUTH_KEY_LEN];
-        const uint8_t *key = serving_key(d, kbuf);
+        const uint8_t *key = serving_key(d);
         if (!key)
                 return cove_reply_error(r, 404, "not_found", "no such endpoint");
         struct cove_nodeauth_hdr h;
         char token[COVE_NODEAUTH_TOKEN_HEX];
         struct cove_err err = {0};
         int arc = authenticate(d, r, key, &h, token, &err);
-        OPENSSL_cleanse(kbuf, sizeof(kbuf));
         if (arc < 0) {
                 explicit_bzero(token, sizeof(token));
                 cove_warn(&d->log, "cluster.auth", "catalog call refused: %s", err.msg);

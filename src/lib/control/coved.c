@@ -324,11 +324,6 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                                        : (int64_t)o->key_cache_ttl_s * 1000);
         if (cluster_identity(d, o, err) < 0)
                 return -1;
-        /* TODO(cl-remote): a node reading the catalog through --control */
-        if (d->role == COVED_ROLE_NODE && (!o->db || cove_catalog_for(o->db) != &cove_catalog_pg))
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "--role node needs --db postgres://… for now (the catalog "
-                                     "through --control is not built yet)");
         if (!realpath(o->data_dir, d->data_dir)) {
                 if (cove_mkdir_p(o->data_dir, 0711, err) < 0 || !realpath(o->data_dir, d->data_dir))
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);

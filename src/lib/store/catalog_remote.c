@@ -862,14 +862,15 @@ static int r_node_list(struct cove_catalog *c, cove_node_cb cb, void *arg, struc
 
 static int r_placement_write(struct cove_catalog *c, const char *sandbox_id, const char *node,
                              const char *desired_state, const char *job_kind,
-                             int64_t expect_generation, int64_t *generation, int64_t *job_id,
-                             struct cove_err *err)
+                             const char *job_args_json, int64_t expect_generation,
+                             int64_t *generation, int64_t *job_id, struct cove_err *err)
 {
         json_t *a;
         CALL("placement_write",
-             json_pack("{s:o, s:o, s:o, s:o, s:I}", "sandbox_id", jstr(sandbox_id), "node",
+             json_pack("{s:o, s:o, s:o, s:o, s:o, s:I}", "sandbox_id", jstr(sandbox_id), "node",
                        jstr(node), "desired_state", jstr(desired_state), "job_kind", jstr(job_kind),
-                       "expect_generation", (json_int_t)expect_generation),
+                       "job_args_json", jstr(job_args_json), "expect_generation",
+                       (json_int_t)expect_generation),
              R_ONCE, a);
         int64_t g = 0, j = 0;
         int rc = cove_wire_i64(a, "generation", &g, 0, INT64_MAX, 1, err) < 0 ||

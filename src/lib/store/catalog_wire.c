@@ -321,14 +321,14 @@ fail:
 
 json_t *cove_wire_node(const struct cove_node_row *n)
 {
-        return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I}", "name",
+        return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:s}", "name",
                          n->name, "state", n->state, "epoch", (json_int_t)n->epoch,
                          "lease_expires_at", (json_int_t)n->lease_expires_at, "cpus",
                          (json_int_t)n->cpus, "memory_mb", (json_int_t)n->memory_mb, "disk_mb",
                          (json_int_t)n->disk_mb, "alloc_cpus", (json_int_t)n->alloc_cpus,
                          "alloc_memory_mb", (json_int_t)n->alloc_memory_mb, "alloc_disk_mb",
                          (json_int_t)n->alloc_disk_mb, "address", n->address, "last_seen",
-                         (json_int_t)n->last_seen);
+                         (json_int_t)n->last_seen, "features", n->features);
 }
 
 int cove_wire_node_from(const json_t *o, struct cove_node_row *n, struct cove_err *err)
@@ -348,6 +348,7 @@ int cove_wire_node_from(const json_t *o, struct cove_node_row *n, struct cove_er
         I64(o, "alloc_disk_mb", x.alloc_disk_mb, 0, INT64_MAX);
         STR(o, "address", x.address, 0);
         I64(o, "last_seen", x.last_seen, 0, INT64_MAX);
+        STR(o, "features", x.features, 0);
         *n = x;
         return 0;
 fail:
@@ -381,12 +382,12 @@ fail:
 
 json_t *cove_wire_job(const struct cove_job_row *j)
 {
-        return json_pack("{s:I, s:s, s:s, s:I, s:s, s:s, s:I, s:s?, s:I, s:I}", "id",
+        return json_pack("{s:I, s:s, s:s, s:I, s:s, s:s, s:I, s:s?, s:I, s:I, s:s?}", "id",
                          (json_int_t)j->id, "sandbox_id", j->sandbox_id, "kind", j->kind,
                          "generation", (json_int_t)j->generation, "state", j->state, "claimed_by",
                          j->claimed_by, "claimed_epoch", (json_int_t)j->claimed_epoch,
                          "result_json", j->result_json, "created_at", (json_int_t)j->created_at,
-                         "updated_at", (json_int_t)j->updated_at);
+                         "updated_at", (json_int_t)j->updated_at, "args_json", j->args_json);
 }
 
 int cove_wire_job_from(const json_t *o, struct cove_job_row *j, struct cove_err *err)
@@ -404,8 +405,10 @@ int cove_wire_job_from(const json_t *o, struct cove_job_row *j, struct cove_err 
         I64(o, "created_at", x.created_at, 0, INT64_MAX);
         I64(o, "updated_at", x.updated_at, 0, INT64_MAX);
         TEXT(o, "result_json", x.result_json);
+        TEXT(o, "args_json", x.args_json);
         *j = x;
         return 0;
 fail:
+        cove_job_row_clear(&x);
         return -1;
 }
