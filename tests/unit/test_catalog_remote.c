@@ -420,11 +420,11 @@ static int live_setup(void **state)
         sandbox_row(&s, L.sb, "n2");
         assert_int_equal(cove_catalog_pg.sandbox_insert(L.db, &s, &err), 0);
         int64_t gen, job;
-        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, "n1", "running", "start", NULL, 0,
-                                                         &gen, &job, &err),
+        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, "n1", "running", "start", NULL,
+                                                         0, &gen, &job, &err),
                          0);
-        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sb, "n2", "running", "start", NULL, 0,
-                                                         &gen, &job, &err),
+        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sb, "n2", "running", "start", NULL,
+                                                         0, &gen, &job, &err),
                          0);
         struct cove_snapshot_row sn = {.created_at = cove_now_ms(), .kind = "files"};
         snprintf(sn.id, sizeof(sn.id), "%s", L.snap_b);
@@ -592,6 +592,12 @@ static void node_works_on_its_own_rows(void **state)
         free(json);
         assert_int_equal(R->doc_put(L.n1, "secret", L.ten, "API", "", "{}", &err), -1);
         assert_int_equal(R->doc_delete(L.n1, "lease", L.ten, "lease_1", &err), 0);
+        assert_int_equal(R->doc_put(L.n1, "port", L.ten, "8080", L.sa, "{\"port\":8080}", &err), 0);
+        memset(&x, 0, sizeof(x));
+        assert_int_equal(R->doc_list(L.n1, "port", NULL, NULL, collect_doc, &x, &err), 0);
+        assert_int_equal(x.n, 1);
+        assert_int_equal(R->doc_delete(L.n1, "port", L.ten, "8080", &err), 0);
+        assert_int_equal(R->doc_put(L.n1, "apikeys", L.ten, "k", L.sa, "{}", &err), -1);
         assert_int_equal(R->egress_delete(L.n1, L.sa, &err), 0);
         assert_int_equal(R->snapshot_delete(L.n1, sn.id, &err), 0);
         /* audit: append an event of its sandbox after the last one */
@@ -614,6 +620,25 @@ static void node_works_on_its_own_rows(void **state)
         memset(a.hash, 'a', 64);
         if (R->audit_append(L.n1, &a, 1, &err) != 0)
                 fail_msg("audit append: %s", err.msg);
+        /* a sandbox the control deleted while n1 still flushes its events: accepted while
+         * its placement names n1 */
+        char sc[64];
+        snprintf(sc, sizeof(sc), "sbx_c%d", (int)getpid());
+        struct cove_sandbox_row cs;
+        sandbox_row(&cs, sc, "n1");
+        int64_t g0, j0;
+        assert_int_equal(cove_catalog_pg.sandbox_insert(L.db, &cs, &err), 0);
+        assert_int_equal(cove_catalog_pg.placement_write(L.db, sc, "n1", "stopped", NULL, NULL, 0,
+                                                         &g0, &j0, &err),
+                         0);
+        assert_int_equal(cove_catalog_pg.sandbox_delete(L.db, sc, &err), 0);
+        struct cove_audit_row a2 = a;
+        a2.seq = a.seq + 1;
+        memcpy(a2.prev_hash, a.hash, sizeof(a2.prev_hash));
+        memset(a2.hash, 'b', 64);
+        snprintf(a2.sandbox, sizeof(a2.sandbox), "%s", sc);
+        if (R->audit_append(L.n1, &a2, 1, &err) != 0)
+                fail_msg("audit append for a deleted sandbox of n1: %s", err.msg);
         /* wait_wakeup: a placement for n1 written by the control plane wakes n1's long poll */
         assert_int_equal(R->wait_wakeup(L.n1, "n1", 0, &err), 1);
         /* two long polls at once (the replica runs one catalog waiter for all): both wake */
@@ -623,8 +648,9 @@ static void node_works_on_its_own_rows(void **state)
                 pthread_create(&th[i], NULL, wait_thread, &w[i]);
         usleep(300000); /* let the polls reach the control; a miss only delays the wake */
         int64_t gen, job;
-        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, NULL, "paused", "pause", "{\"kind\":\"files\"}", -1,
-                                                         &gen, &job, &err),
+        assert_int_equal(cove_catalog_pg.placement_write(L.db, L.sa, NULL, "paused", "pause",
+                                                         "{\"kind\":\"files\"}", -1, &gen, &job,
+                                                         &err),
                          0);
         for (int i = 0; i < 2; i++) {
                 pthread_join(th[i], NULL);
@@ -698,6 +724,20 @@ static void cross_node_access_refused(void **state)
         expect_denied(R->audit_append(L.n1, &a, 1, &err), &err, "audit of n2's sandbox");
         a.sandbox[0] = '\0';
         expect_denied(R->audit_append(L.n1, &a, 1, &err), &err, "audit of no sandbox");
+        /* n2's sandbox deleted: still n2's placement, still refused */
+        char sd[64];
+        snprintf(sd, sizeof(sd), "sbx_d%d", (int)getpid());
+        sandbox_row(&s, sd, "n2");
+        int64_t g0, j0;
+        assert_int_equal(cove_catalog_pg.sandbox_insert(L.db, &s, &err), 0);
+        assert_int_equal(cove_catalog_pg.placement_write(L.db, sd, "n2", "stopped", NULL, NULL, 0,
+                                                         &g0, &j0, &err),
+                         0);
+        assert_int_equal(cove_catalog_pg.sandbox_delete(L.db, sd, &err), 0);
+        snprintf(a.sandbox, sizeof(a.sandbox), "%s", sd);
+        expect_denied(R->audit_append(L.n1, &a, 1, &err), &err, "audit of n2's deleted sandbox");
+        expect_denied(R->doc_put(L.n1, "port", L.ten, "22", L.sb, "{}", &err), &err,
+                      "port of n2's sandbox");
         /* n2's lease and jobs */
         int64_t exp, e, g, jid;
         expect_denied(R->node_lease_renew(L.n1, "n2", L.e2, 600000, &exp, &err), &err,
@@ -713,8 +753,9 @@ static void cross_node_access_refused(void **state)
         expect_denied(R->wait_wakeup(L.n1, "n2", 0, &err), &err, "wait as n2");
         /* control-plane only ops and API keys */
         expect_denied(R->node_set_state(L.n1, "n2", "lost", &err), &err, "node_set_state");
-        expect_denied(R->placement_write(L.n1, L.sb, "n1", "running", "start", NULL, -1, &g, &jid, &err),
-                      &err, "placement_write");
+        expect_denied(
+            R->placement_write(L.n1, L.sb, "n1", "running", "start", NULL, -1, &g, &jid, &err),
+            &err, "placement_write");
         struct cove_tenant_row t = {0};
         snprintf(t.id, sizeof(t.id), "%s", L.ten);
         expect_denied(R->tenant_put(L.n1, &t, &err), &err, "tenant_put");

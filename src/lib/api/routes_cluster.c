@@ -336,6 +336,31 @@ static int o_snapshot_delete(struct cx *x, json_t *in, json_t **out, struct cove
         return OK;
 }
 
+/* An event of a sandbox placed on the caller, of that sandbox's tenant. A sandbox the
+ * control deleted while its node still flushes events has no row: its placement (kept)
+ * must still name the caller and the tenant must exist. */
+static int audit_allowed(struct cx *x, const struct cove_audit_row *a, struct cove_err *err)
+{
+        struct cove_sandbox_row s;
+        int rc = x->ops->sandbox_get(x->cat, NULL, a->sandbox[0] ? a->sandbox : "", &s, err);
+        if (rc < 0)
+                return FAIL;
+        if (rc == 0)
+                cove_sandbox_row_clear(&s);
+        if (rc == 0 || !a->sandbox[0])
+                return owned_write(x, a->sandbox, a->tenant, "audit event", err);
+        if (placed_write(x, a->sandbox, "audit event", err) != OK)
+                return err->kind == COVE_E_UNAUTHORIZED ? DENY : FAIL;
+        struct cove_tenant_row t;
+        rc = x->ops->tenant_get(x->cat, a->tenant, &t, err);
+        if (rc < 0)
+                return FAIL;
+        if (rc)
+                return deny(err, "audit event for sandbox %s names an unknown tenant%s", a->sandbox,
+                            "");
+        return OK;
+}
+
 static int o_audit_append(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
         json_t *rows = json_object_get(in, "rows");
@@ -353,7 +378,7 @@ static int o_audit_append(struct cx *x, json_t *in, json_t **out, struct cove_er
                         rc = FAIL;
                         break;
                 }
-                rc = owned_write(x, a[got].sandbox, a[got].tenant, "audit event", err);
+                rc = audit_allowed(x, &a[got], err);
         }
         if (rc == OK && x->ops->audit_append(x->cat, a, n, err) < 0)
                 rc = FAIL;
@@ -458,10 +483,15 @@ static int o_egress_delete(struct cx *x, json_t *in, json_t **out, struct cove_e
         return OK;
 }
 
-/* documents: "lease" rows are owned by a sandbox (owner = its id): the caller reads and
- * writes those of the sandboxes placed on it. "secret" rows are the tenant's (written by
- * users through the public API): read-only, and only for a tenant with a sandbox placed on
- * the caller (its egress proxy needs them). */
+/* documents: "lease" (credential leases) and "port" (exposed ports) rows are owned by a
+ * sandbox (owner = its id): the caller reads and writes those of the sandboxes placed on it.
+ * "secret" rows are the tenant's (written by users through the public API): read-only, and only for
+ * a tenant with a sandbox placed on the caller (its egress proxy needs them). */
+static int owned_kind(const char *kind)
+{
+        return !strcmp(kind, "lease") || !strcmp(kind, "port");
+}
+
 struct tfind {
         struct cx *x;
         struct cove_err *err;
@@ -529,7 +559,7 @@ static int doc_allowed(struct cx *x, const char *kind, const char *tenant, const
         if (!strcmp(kind, "secret"))
                 return write ? deny(err, "node %s may not write %s documents", x->node, kind)
                              : tenant_on_node(x, tenant, err);
-        if (strcmp(kind, "lease") != 0)
+        if (!owned_kind(kind))
                 return deny(err, "node %s may not touch %s documents", x->node, kind);
         struct dfind f = {.key = key};
         if (x->ops->doc_list(x->cat, kind, tenant, NULL, doc_owner_cb, &f, err) < 0 && !f.found)
@@ -549,9 +579,9 @@ static int o_doc_put(struct cx *x, json_t *in, json_t **out, struct cove_err *er
         if (!kind || !tenant || !key || !json)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "doc_put: kind, tenant, key and json are needed");
-        if (strcmp(kind, "lease") != 0)
+        if (!owned_kind(kind))
                 return deny(err, "node %s may not write %s documents", x->node, kind);
-        int rc = owned_write(x, owner, tenant, "lease document", err);
+        int rc = owned_write(x, owner, tenant, "sandbox document", err);
         if (rc != OK)
                 return rc;
         /* an existing lease of another sandbox keeps its owner */
@@ -628,7 +658,7 @@ static int o_doc_list(struct cx *x, json_t *in, json_t **out, struct cove_err *e
                         return deny(err, "node %s runs no sandbox of tenant %s", x->node,
                                     tenant ? tenant : "(any)");
                 l.secrets_ok = 1;
-        } else if (strcmp(kind, "lease") != 0) {
+        } else if (!owned_kind(kind)) {
                 return deny(err, "node %s may not touch %s documents", x->node, kind);
         }
         l.arr = json_array();
@@ -851,28 +881,16 @@ static const struct {
 
 /* ---- serving ---- */
 
-static struct cove_catsrv *catsrv(struct coved *d)
-{
-        pthread_mutex_lock(&d->mu);
-        if (!d->catsrv)
-                d->catsrv = cove_catsrv_new();
-        struct cove_catsrv *s = d->catsrv;
-        pthread_mutex_unlock(&d->mu);
-        return s;
-}
-
 static int o_wait_wakeup(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
         STR_IN(node, 64);
         I64_IN(timeout_ms, 0, COVE_REMOTE_WAIT_MAX_MS);
         if (node && self_only(x, node, "wait", err) != OK)
                 return DENY;
-        struct cove_catsrv *s = catsrv(x->d);
+        struct cove_catsrv *s = coved_catsrv(x->d);
         if (!s)
                 return cove_err_set(err, 12, "wait_wakeup");
-        int rc = cove_catsrv_wait(s, x->ops, x->cat, (int)timeout_ms, &x->d->quitting, err);
-        if (rc < 0)
-                return FAIL;
+        int rc = cove_catsrv_wait(s, (int)timeout_ms, &x->d->quitting);
         *out = json_pack("{s:b}", "woken", rc == 0);
         return OK;
 }
@@ -914,7 +932,7 @@ static int authenticate(struct coved *d, struct cove_req *r, const uint8_t *key,
         int64_t now = cove_now_ms();
         if (cove_nodeauth_verify(token, h, &q, now, err) < 0)
                 return -1;
-        struct cove_catsrv *s = catsrv(d);
+        struct cove_catsrv *s = coved_catsrv(d);
         if (!s)
                 return cove_err_set(err, 12, "node auth");
         return cove_catsrv_nonce(s, h->name, h->nonce, h->ts, now, err);

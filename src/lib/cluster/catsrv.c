@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "cluster/nodeauth.h"
+#include "control/coved.h"
 #include "util/util.h"
 
 #define SLOTS (1u << 16)
@@ -23,8 +24,7 @@ struct cove_catsrv {
         struct slot *slots;
         /* wake-up hub */
         pthread_cond_t cv;
-        uint64_t wakes; /* bumped on every wake-up the leader saw */
-        int leading;    /* a caller runs the catalog's wait_wakeup now */
+        uint64_t wakes; /* bumped by cove_catsrv_woken */
 };
 
 struct cove_catsrv *cove_catsrv_new(void)
@@ -106,41 +106,41 @@ static void deadline_ts(struct timespec *ts, int64_t mono_ns)
         ts->tv_nsec = mono_ns % 1000000000;
 }
 
-int cove_catsrv_wait(struct cove_catsrv *s, const struct cove_catalog_ops *ops,
-                     struct cove_catalog *cat, int timeout_ms, const int *quitting,
-                     struct cove_err *err)
+int cove_catsrv_wait(struct cove_catsrv *s, int timeout_ms, const int *quitting)
 {
         int64_t until = cove_mono_ns() + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000;
         pthread_mutex_lock(&s->mu);
         uint64_t seen = s->wakes;
-        int rc = 1;
         while (s->wakes == seen && !(quitting && *quitting)) {
-                int64_t left_ms = (until - cove_mono_ns()) / 1000000;
-                if (left_ms <= 0)
+                int64_t now = cove_mono_ns();
+                if (now >= until)
                         break;
-                if (!s->leading) {
-                        s->leading = 1;
-                        pthread_mutex_unlock(&s->mu);
-                        int w =
-                            ops->wait_wakeup(cat, NULL, left_ms > 1000 ? 1000 : (int)left_ms, err);
-                        pthread_mutex_lock(&s->mu);
-                        s->leading = 0;
-                        if (w == 0)
-                                s->wakes++;
-                        pthread_cond_broadcast(&s->cv); /* woken, or another may lead now */
-                        if (w < 0) {
-                                rc = -1;
-                                break;
-                        }
-                        continue;
-                }
                 struct timespec ts;
-                int64_t slice = cove_mono_ns() + 1000000000ll;
+                int64_t slice = now + 1000000000ll; /* re-check quitting every second */
                 deadline_ts(&ts, slice < until ? slice : until);
                 pthread_cond_timedwait(&s->cv, &s->mu, &ts);
         }
-        if (rc != -1)
-                rc = s->wakes != seen ? 0 : 1;
+        int rc = s->wakes != seen ? 0 : 1;
         pthread_mutex_unlock(&s->mu);
         return rc;
+}
+
+void cove_catsrv_woken(struct cove_catsrv *s)
+{
+        if (!s)
+                return;
+        pthread_mutex_lock(&s->mu);
+        s->wakes++;
+        pthread_cond_broadcast(&s->cv);
+        pthread_mutex_unlock(&s->mu);
+}
+
+struct cove_catsrv *coved_catsrv(struct coved *d)
+{
+        pthread_mutex_lock(&d->mu);
+        if (!d->catsrv)
+                d->catsrv = cove_catsrv_new();
+        struct cove_catsrv *s = d->catsrv;
+        pthread_mutex_unlock(&d->mu);
+        return s;
 }

@@ -22,12 +22,16 @@ void cove_catsrv_free(struct cove_catsrv *s);
 int cove_catsrv_nonce(struct cove_catsrv *s, const char *name, const char *nonce, int64_t ts,
                       int64_t now_ms, struct cove_err *err);
 
-/* Wait up to timeout_ms for a placement_write that may have enqueued work: one caller at a
- * time runs the catalog's wait_wakeup (any node, slices of at most 1 s) and wakes all the
- * others. 0 woken, 1 timed out, -1 error (of this caller's own wait). A hint, like
- * wait_wakeup itself: a wake-up for one node wakes every waiter. */
-int cove_catsrv_wait(struct cove_catsrv *s, const struct cove_catalog_ops *ops,
-                     struct cove_catalog *cat, int timeout_ms, const int *quitting,
-                     struct cove_err *err);
+/* Nodes' long polls (wait_wakeup through the control) wait here, up to timeout_ms, for the
+ * replica's one catalog waiter (cluster/lifecycle.c: wait_wakeup(NULL) in a loop) to report
+ * a wake-up with cove_catsrv_woken: PostgreSQL's listener serves one waiter at a time, so
+ * nodes never call it themselves. 0 woken, 1 timed out (or quitting). A hint, like
+ * wait_wakeup itself: any placement or finished job wakes every node's poll. */
+int cove_catsrv_wait(struct cove_catsrv *s, int timeout_ms, const int *quitting);
+void cove_catsrv_woken(struct cove_catsrv *s);
+
+/* d's catsrv, created on first use (NULL on ENOMEM); freed by coved_close. */
+struct coved;
+struct cove_catsrv *coved_catsrv(struct coved *d);
 
 #endif
