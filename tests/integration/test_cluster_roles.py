@@ -345,7 +345,7 @@ def test_node_killed_between_run_and_report_converges(cluster):
     def create():
         try:
             res["sb"] = c.control.client.create(template="busybox", snapshot_interval_s=0)
-        except CoveError as e:
+        except (CoveError, OSError) as e:  # the control may stop first (teardown)
             res["err"] = e
     t = threading.Thread(target=create)
     t.start()
@@ -358,7 +358,7 @@ def test_node_killed_between_run_and_report_converges(cluster):
     with open(c.hooks, "w") as f:
         f.write("")
     # the instance dies with its node process (its channel closed)
-    poll(lambda: init_pid(a, sid) == 0, timeout=60, what="the old instance gone")
+    poll(lambda: not sandbox_procs(sid), timeout=60, what="no process of the old instance")
     a2 = c.start_node("na", data=data, port=port)
     assert "the lease is still held" in a2.log_tail(20000) or \
         int(c.node_row("na").split("|")[1]) > epoch1
@@ -368,9 +368,9 @@ def test_node_killed_between_run_and_report_converges(cluster):
     assert int(c.node_row("na").split("|")[1]) == epoch1 + 1
     assert c.sql(f"SELECT state || ':' || claimed_epoch FROM jobs WHERE sandbox_id = '{sid}'"
                  f" AND kind = 'start'") == f"done:{epoch1 + 1}"
-    assert init_pid(a2, sid) > 0
-    pids = [p for p in os.listdir("/proc") if p.isdigit() and init_pid(a2, sid) == int(p)]
-    assert len(pids) == 1
+    procs = sandbox_procs(sid)
+    assert procs, "the sandbox runs nowhere"
+    assert all(descends(p, a2.proc.pid) for p in procs), "a process of it outside the node"
     assert exec_out(a2, sid, "echo ok") == "ok\n"
     c.control.client.remove(sid)
 
@@ -398,7 +398,7 @@ def test_stopped_node_finds_itself_fenced(cluster):
     def create():
         try:
             res["sb"] = cc.create(template="busybox", snapshot_interval_s=0)
-        except CoveError as e:
+        except (CoveError, OSError) as e:  # the control may stop first (teardown)
             res["err"] = e
     t = threading.Thread(target=create)
     t.start()
@@ -422,8 +422,11 @@ def test_stopped_node_finds_itself_fenced(cluster):
     poll(lambda: "the report was refused" in a.log_tail(40000), timeout=600,
          what="the stale report refused")
     poll(lambda: init_pid(a, sid2) == 0, timeout=60, what="the unreported start undone")
+    # never reported done by na (the newer placement failed it as superseded, or it waits)
     assert c.sql(f"SELECT state FROM jobs WHERE sandbox_id = '{sid2}' AND kind = 'start'") \
-        == "claimed"
+        in ("claimed", "failed")
+    assert c.sql(f"SELECT count(*) FROM jobs WHERE sandbox_id = '{sid2}' AND state = 'done'"
+                 f" AND claimed_by = 'na'") == "0"
     # nothing about the moved sandboxes was written by na after the fence
     assert c.sql(f"SELECT node FROM placements WHERE sandbox_id = '{sid}'") == "nb"
     assert int(c.node_row("na").split("|")[1]) >= 2  # it holds a new epoch

@@ -546,10 +546,12 @@ static void run_job(struct cove_agent *a, struct cove_job_row *j)
         started = run(a, j, args, &res, &ok);
         json_decref(args);
         int64_t hold = cove_testhooks_job_hold_ms();
-        if (hold > 0) {
+        if (hold > 0) { /* until the time is up or the hook is taken away */
                 cove_info(&d->log, "cluster.job", "test hook: holding job %lld for %lld ms",
                           (long long)j->id, (long long)hold);
-                usleep((useconds_t)(hold * 1000));
+                int64_t until = cove_mono_ns() + hold * 1000000;
+                while (cove_mono_ns() < until && cove_testhooks_job_hold_ms() > 0 && !quitting(a))
+                        usleep(100000);
         }
         char *txt = json_dumps(res, JSON_COMPACT | JSON_ENCODE_ANY);
         int r = d->cat_ops->job_finish(d->cat, j->id, d->node_name, epoch, j->generation, ok, txt,
