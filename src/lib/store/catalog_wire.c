@@ -321,8 +321,8 @@ fail:
 
 json_t *cove_wire_node(const struct cove_node_row *n)
 {
-        return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:s}", "name",
-                         n->name, "state", n->state, "epoch", (json_int_t)n->epoch,
+        return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:s}",
+                         "name", n->name, "state", n->state, "epoch", (json_int_t)n->epoch,
                          "lease_expires_at", (json_int_t)n->lease_expires_at, "cpus",
                          (json_int_t)n->cpus, "memory_mb", (json_int_t)n->memory_mb, "disk_mb",
                          (json_int_t)n->disk_mb, "alloc_cpus", (json_int_t)n->alloc_cpus,
