@@ -154,6 +154,13 @@ class Cluster:
         self.nodes[name] = m
         return m
 
+    def set_hooks(self, text):
+        """the test hooks file, replaced whole (the nodes re-read it when it changes)"""
+        tmp = self.hooks + ".new"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, self.hooks)
+
     def sql(self, q):
         return self.pg.psql(q, db=self.dbname).strip()
 
@@ -276,6 +283,8 @@ def test_create_delete_through_control(cluster):
     a = c.start_node("na")
     c.start_node("nb")
     poll(lambda: live_nodes(c) == "na,nb", timeout=60, what="both nodes hold a lease")
+    assert not os.path.exists(os.path.join(a.data, "admin.key")), "a node wrote an admin key"
+    assert c.control.client.get("/healthz")["snapshots"] == "none"
     feats = json.loads(c.sql("SELECT features FROM nodes WHERE name = 'na'"))
     assert "ns" in feats["runtimes"] and "busybox" in feats["templates"], feats
     assert feats["kernel"] == os.uname().release
@@ -300,6 +309,13 @@ def test_create_delete_through_control(cluster):
     assert r.status == 404
     poll(lambda: init_pid(owner, sid) == 0, timeout=60, what="the instance gone")
     assert a.alive()
+    # its node's timer ends a sandbox whose timeout passed (on_timeout kill)
+    sb = cc.create(template="busybox", snapshot_interval_s=0, timeout_s=2)
+    owner = c.nodes[sb["node"]]
+    poll(lambda: cc.get(f"/v1/sandboxes/{sb['id']}")["state"] == "stopped", timeout=60,
+         what="the timeout ran on the node")
+    poll(lambda: init_pid(owner, sb["id"]) == 0, timeout=60, what="its instance gone")
+    cc.remove(sb["id"])
 
 
 def test_pause_on_one_node_resume_on_the_other(cluster):
@@ -314,6 +330,12 @@ def test_pause_on_one_node_resume_on_the_other(cluster):
     exec_out(a, sid, "echo moved > /home/state; head -c 300000 /dev/urandom > /home/blob;"
                      " sha256sum /home/blob > /home/sum")
     want = exec_out(a, sid, "cat /home/sum")
+    # a snapshot through the control is taken by the node and listed once committed
+    snap = cc.post(f"/v1/sandboxes/{sid}/snapshots", {"label": "before"})
+    assert snap["label"] == "before" and snap["sandbox_id"] == sid, snap
+    listed = cc.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"]
+    assert snap["id"] in [x["id"] for x in listed]
+    exec_out(a, sid, "echo later > /home/state")
     p = cc.post(f"/v1/sandboxes/{sid}/pause")
     assert p["sandbox"]["state"] == "paused" and p["snapshot"]["id"]
     assert init_pid(a, sid) == 0
@@ -324,9 +346,22 @@ def test_pause_on_one_node_resume_on_the_other(cluster):
     assert r["state"] == "running" and r["node"] == "nb", r
     assert cc.get(f"/v1/sandboxes/{sid}")["node"] == "nb"
     assert init_pid(b, sid) > 0 and init_pid(a, sid) == 0
-    assert exec_out(b, sid, "cat /home/state") == "moved\n"
+    assert exec_out(b, sid, "cat /home/state") == "later\n"
     assert exec_out(b, sid, "cat /home/sum") == want
     assert exec_out(b, sid, "sha256sum /home/blob") == want
+    # rewind and fork through the control run on the sandbox's node (nb now)
+    r = cc.post(f"/v1/sandboxes/{sid}/rewind", {"snapshot_id": snap["id"]})
+    assert r["sandbox"]["state"] == "running", r
+    assert exec_out(b, sid, "cat /home/state") == "moved\n"
+    f = cc.ok("POST", f"/v1/sandboxes/{sid}/fork", {"snapshot_id": snap["id"], "count": 1},
+              expect=(201,))
+    fid = f["sandboxes"][0]["id"]
+    assert f["sandboxes"][0]["node"] == "nb"
+    assert c.sql(f"SELECT node || ':' || generation FROM placements WHERE sandbox_id = '{fid}'") \
+        == "nb:1"
+    assert exec_out(b, fid, "cat /home/state") == "moved\n"
+    assert init_pid(a, fid) == 0
+    cc.remove(fid)
     cc.remove(sid)
 
 
@@ -338,8 +373,7 @@ def test_node_killed_between_run_and_report_converges(cluster):
     a = c.start_node("na")
     poll(lambda: live_nodes(c) == "na", timeout=60, what="node na holds a lease")
     epoch1 = int(c.node_row("na").split("|")[1])
-    with open(c.hooks, "w") as f:
-        f.write("job_hold_ms 600000\n")
+    c.set_hooks("job_hold_ms 600000\n")
     res = {}
 
     def create():
@@ -355,8 +389,7 @@ def test_node_killed_between_run_and_report_converges(cluster):
     assert init_pid(a, sid) > 0  # started, not reported
     port, data = a.port, a.data
     a.kill9()
-    with open(c.hooks, "w") as f:
-        f.write("")
+    c.set_hooks("")
     # the instance dies with its node process (its channel closed)
     poll(lambda: not sandbox_procs(sid), timeout=60, what="no process of the old instance")
     a2 = c.start_node("na", data=data, port=port)
@@ -391,8 +424,7 @@ def test_stopped_node_finds_itself_fenced(cluster):
     assert cc.get(f"/v1/sandboxes/{sid}")["node"] == "na"
     assert init_pid(a, sid) > 0
     # a second sandbox whose start the node runs but has not reported when it is stopped
-    with open(c.hooks, "w") as f:
-        f.write("job_hold_ms 600000\n")
+    c.set_hooks("job_hold_ms 600000\n")
     res = {}
 
     def create():
@@ -412,8 +444,7 @@ def test_stopped_node_finds_itself_fenced(cluster):
         c.sql("UPDATE nodes SET state = 'ready' WHERE name = 'nb'")
         c.sql(f"UPDATE placements SET node = 'nb', generation = generation + 1"
               f" WHERE sandbox_id IN ('{sid}', '{sid2}')")
-        with open(c.hooks, "w") as f:
-            f.write("")
+        c.set_hooks("")
     finally:
         os.kill(a.proc.pid, signal.SIGCONT)
     poll(lambda: "fenced itself" in a.log_tail(20000), timeout=60, what="the fence")

@@ -46,6 +46,7 @@ struct cove_agent {
         int64_t epoch;       /* 0 while none is held */
         int64_t deadline_ns; /* mono: the lease is surely live until then */
         int fenced;          /* instances frozen, no job is claimed */
+        int recheck;         /* a new epoch whose placements could not be read yet */
         struct owned *own;
         size_t nown, cap;
         pthread_t lease_thr, fence_thr, job_thr;
@@ -313,6 +314,9 @@ static void unfence(struct cove_agent *a, int same_epoch)
                         if (r < 0) { /* cannot tell: stay fenced, look again next renew */
                                 cove_warn(&d->log, "cluster.fence", "%s", e.msg);
                                 free(o);
+                                pthread_mutex_lock(&a->mu);
+                                a->recheck = 1;
+                                pthread_mutex_unlock(&a->mu);
                                 return;
                         }
                         keep =
@@ -333,6 +337,7 @@ static void unfence(struct cove_agent *a, int same_epoch)
         free(o);
         pthread_mutex_lock(&a->mu);
         a->fenced = 0;
+        a->recheck = 0;
         pthread_cond_broadcast(&a->cv);
         pthread_mutex_unlock(&a->mu);
         /* TODO(cl-guestfence): cove_node_heartbeat_pause(d->node, 0) (and thaw frames) */
@@ -362,14 +367,15 @@ static void *lease_main(void *arg)
                 if (r == 0) {
                         pthread_mutex_lock(&a->mu);
                         a->deadline_ns = t0 + (d->lease_ttl_ms - margin_ms(d)) * 1000000;
-                        int was = a->fenced;
+                        int was = a->fenced, recheck = a->recheck;
                         pthread_mutex_unlock(&a->mu);
                         if (failing)
                                 cove_info(&d->log, "cluster.lease", "node %s: lease renewed again",
                                           d->node_name);
                         failing = 0;
+                        /* after a new epoch, only what is still placed here is kept */
                         if (was)
-                                unfence(a, 1);
+                                unfence(a, !recheck);
                         continue;
                 }
                 if (err.kind != COVE_E_CONFLICT) {

@@ -224,6 +224,9 @@ static int wait_job(struct coved *d, int64_t job_id, const char *sandbox_id, con
                                 break;
                 int quit = cl->quit;
                 pthread_mutex_unlock(&cl->mu);
+                pthread_mutex_lock(&d->mu);
+                quit |= d->quitting;
+                pthread_mutex_unlock(&d->mu);
                 if (quit)
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                              "%s of sandbox %s: this replica is stopping", kind,

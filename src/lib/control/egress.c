@@ -332,6 +332,14 @@ int coved_egress_put(struct coved *d, const char *tenant, const char *id, json_t
         if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
                 return -1;
         int running = strcmp(row.state, "running") == 0;
+        if (running && !d->node) { /* TODO(cl-fwd): forward to the sandbox's node */
+                cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                              "sandbox %s runs on node %s: this control replica does not forward "
+                              "egress changes of a running sandbox yet (ask the node)",
+                              id, row.node);
+                cove_sandbox_row_clear(&row);
+                return -1;
+        }
         cove_sandbox_row_clear(&row);
         json_t *pj = json_object_get(body, "egress") ? json_object_get(body, "egress") : body;
         struct cove_policy *p = cove_policy_parse(pj, err);
