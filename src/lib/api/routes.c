@@ -295,6 +295,8 @@ const struct cove_route cove_routes[] = {
      COVE_ROUTE_SANDBOX},
     {"GET", "/v1/audit", cove_h_audit, NULL, 0},
     {"GET", "/v1/audit/verify", cove_h_audit_verify, NULL, 0},
+    /* nodes' catalog calls, role control only (Cove-Node authenticated in the handler) */
+    {"POST", "/v1/cluster/catalog/{op}", cove_h_cluster_catalog, NULL, COVE_ROUTE_PUBLIC},
     {"GET", "/v1/templates", cove_h_templates_list, NULL, 0},
     {"POST", "/v1/templates", cove_h_template_post, NULL, 0},
     {"GET", "/v1/templates/{name}", cove_h_template_get, NULL, 0},

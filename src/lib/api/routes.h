@@ -9,6 +9,8 @@
 extern const struct cove_route cove_routes[];
 extern const size_t cove_nroutes;
 int cove_api_auth(void *app, struct cove_req *r, const char *authorization, struct cove_err *err);
+/* POST /v1/cluster/catalog/{op}: the catalog for nodes (routes_cluster.c) */
+int cove_h_cluster_catalog(void *app, struct cove_req *r);
 
 int cove_h_exec(void *app, struct cove_req *r);
 int cove_h_processes(void *app, struct cove_req *r);

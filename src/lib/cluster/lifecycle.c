@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cluster/catsrv.h"
 #include "cluster/cluster_internal.h"
 #include "control/cluster.h"
 #include "control/egress.h"
@@ -80,6 +81,8 @@ static void *waiter_main(void *arg)
                 if (r < 0 && !failing)
                         cove_warn(&d->log, "cluster.wait", "%s (polling jobs meanwhile)", err.msg);
                 failing = r < 0;
+                if (r == 0) /* nodes' long polls through this replica (api/routes_cluster.c) */
+                        cove_catsrv_woken(coved_catsrv(d));
                 pthread_mutex_lock(&cl->mu);
                 cl->seq++; /* woken or not: waiters re-read their job (the poll fallback) */
                 pthread_cond_broadcast(&cl->cv);

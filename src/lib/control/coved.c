@@ -24,7 +24,9 @@
 #include "control/snapshot.h"
 #include "control/template.h"
 #include "control/tenant.h"
+#include "cluster/catsrv.h"
 #include "cluster/nodeauth.h"
+#include "store/catalog_remote.h"
 #include "crypto/keys.h"
 #include "node/drivers.h"
 #include "node/tm.h"
@@ -255,6 +257,10 @@ static int cluster_identity(struct coved *d, const struct coved_options *o, stru
                                              "--role node needs --node-token-file, --store "
                                              "s3://… with --s3-endpoint, and --control URL (or "
                                              "--db postgres://…)");
+                if (o->db && c->control_url) /* one source of truth for the catalog */
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "--role node takes its catalog from --control URL "
+                                             "(no database credentials) or from --db, not both");
                 if (c->cluster_key_file)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                              "a node does not hold the cluster key: give it "
@@ -326,11 +332,6 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                      "the same 32-byte key file on every control and node (the "
                                      "default key of tenants without their own; create it "
                                      "once with `umask 077; head -c 32 /dev/urandom > F`)");
-        /* TODO(cl-remote): a node reading the catalog through --control */
-        if (d->role == COVED_ROLE_NODE && (!o->db || cove_catalog_for(o->db) != &cove_catalog_pg))
-                return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
-                                     "--role node needs --db postgres://… for now (the catalog "
-                                     "through --control is not built yet)");
         if (!realpath(o->data_dir, d->data_dir)) {
                 if (cove_mkdir_p(o->data_dir, 0711, err) < 0 || !realpath(o->data_dir, d->data_dir))
                         return cove_err_set(err, errno, "data dir %s", o->data_dir);
@@ -377,7 +378,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                 snprintf(db, sizeof(db), "%s/catalog.db", d->data_dir);
         d->cat_ops = cove_catalog_for(db);
         cove_catalog_dsn_redact(db, shown, sizeof(shown)); /* never log a password */
-        d->cat = d->cat_ops->open(db, err);
+        if (d->role == COVED_ROLE_NODE && !o->db) { /* through the control (docs/cluster.md) */
+                d->cat_ops = &cove_catalog_remote;
+                snprintf(shown, sizeof(shown), "%s", d->control_url);
+                d->cat = cove_catalog_remote_open(d->control_url, d->node_name, d->node_token, err);
+        } else
+                d->cat = d->cat_ops->open(db, err);
         explicit_bzero(db, sizeof(db));
         if (!d->cat)
                 return cove_err_wrap(err, "catalog %s", shown);
@@ -498,6 +504,9 @@ void coved_close(struct coved *d)
                 json_decref(ids);
         }
         coved_egress_close(d); /* after the node: its stops detach links */
+        /* the HTTP server is stopped: no node waits in it */
+        cove_catsrv_free(d->catsrv);
+        d->catsrv = NULL;
         if (d->cat)
                 d->cat_ops->close(d->cat);
         d->cat = NULL;

@@ -94,6 +94,7 @@ struct cove_audit;
 struct cove_tm;
 struct coved_ports;
 struct cove_node_tm;
+struct cove_catsrv;
 
 struct coved_metrics {
         uint64_t creates, create_failures, deletes, execs, timeouts_fired;
@@ -129,6 +130,8 @@ struct coved {
         int timer_started;
         struct coved_metrics m;
         int64_t started_at;
+        /* nodes' catalog endpoint (cluster/catsrv.h): created on first use */
+        struct cove_catsrv *catsrv;
         pthread_mutex_t quota_mu; /* quota admission (control/tenant.h) */
         int64_t key_sweep_at;     /* mono ms of the last revoked-key sweep */
         int encrypt_layers;       /* default of storage_encrypted on create */
