@@ -1,20 +1,10 @@
 """Fixtures of the cluster tests: a whole cluster (tests/lib/cluster.py) shared by the tests
 of one module, and the reasons a module cannot run here, named in its skips."""
-import os
 import sys
 
 import pytest
 
-import pgserver
-from cluster import Cluster, RoleMissing
-from s3rgw import S3Rgw
-
-
-def why_not():
-    """'' when a cluster can be started here, else the reason."""
-    if os.geteuid() != 0:
-        return "cluster tests need root (network namespaces, coved's namespace runtime)"
-    return pgserver.available() or S3Rgw.available() or ""
+from cluster import Cluster, RoleMissing, why_not
 
 
 @pytest.fixture(scope="module")

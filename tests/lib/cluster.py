@@ -50,8 +50,15 @@ from cove import Client, CoveError, poll, remove_data_dir
 from s3rgw import S3Rgw
 
 _count = 0
-CGROUP_SANDBOX = re.compile(r"/cove/(sbx_[a-z0-9]+)(?:/|$)")
+CGROUP_SANDBOX = re.compile(r"/cove/(sbx_[a-z0-9]+)(?:/|$)", re.M)
 GUEST_EXE = "/dev/.cove-guest"  # the guest agent of an ns sandbox (not the workload)
+
+
+def why_not():
+    """'' when a cluster can be started here, else the reason (for a skip)."""
+    if os.geteuid() != 0:
+        return "cluster tests need root (network namespaces, coved's namespace runtime)"
+    return pgserver.available() or S3Rgw.available() or ""
 
 
 class RoleMissing(Exception):
@@ -141,7 +148,9 @@ class Proc:
                 raise CoveError(f"{self.name} exited with {self.proc.returncode}; log tail:\n"
                                 f"{tail}")
             try:
-                if probe.request("GET", "/healthz", auth=False, timeout=2).status == 200:
+                st = probe.request("GET", "/healthz", auth=False, timeout=2).status
+                # a node API answers only Cove-Node callers: any answer means it listens
+                if st == 200 or (self.role == "node" and st in (401, 403)):
                     break
             except (OSError, http.client.HTTPException):
                 pass
@@ -609,11 +618,14 @@ class Cluster:
                 p.terminate(timeout=20)
             except OSError:
                 pass
-        for n in self.nodes:
-            remove_data_dir(n.data) if os.path.isdir(n.data) else None
-        for c in self.controls:
-            remove_data_dir(c.data) if os.path.isdir(c.data) else None
+        for p in self.nodes + self.controls:
+            if os.path.isdir(p.data):
+                reap_helpers(p.data)
+                remove_data_dir(p.data)
         remove_sandbox_cgroups(self.sandbox_ids)
+        for link in self.links_made:  # its peer goes with it, whatever holds the namespace
+            _sh("ip", "link", "del", link, check=False)
+        self.links_made = []
         for ns in self.netns_made:
             _sh("ip", "netns", "del", ns, check=False)
         self.netns_made = []
@@ -835,6 +847,36 @@ def stale_write(w):
             and w["placed_on"] != w["writer"]):
         return f"{w['writer']} wrote {w['tbl']} of a sandbox placed on {w['placed_on']}"
     return ""
+
+
+def reap_helpers(data_dir):
+    """Stop what a coved killed with SIGKILL left running for its data dir (its lxcfs, which
+    would keep the node's network namespace alive) and detach its mount point: by pid,
+    only processes whose command line names data_dir."""
+    root = os.path.realpath(data_dir).encode()
+    found = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == os.getpid():
+            continue
+        cmd = _read(f"/proc/{p}/cmdline", "rb") or b""
+        if root + b"/" in cmd:
+            found.append((int(p), cmd.split(b"\0")))
+    for pid, _ in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid, argv in found:
+        poll(lambda: _proc_start_time(pid) is None or
+             (_read(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()[:1] == ["Z"],
+             timeout=30, what=f"pid {pid} gone")
+        for a in argv:
+            if a.startswith(b"/run/cove-lxcfs/"):
+                subprocess.run(["umount", "-l", a.decode()], capture_output=True)
+                try:
+                    os.rmdir(a.decode())
+                except OSError:
+                    pass
 
 
 def remove_sandbox_cgroups(ids):
