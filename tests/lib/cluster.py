@@ -143,8 +143,10 @@ class Proc:
                 tail = self.log_tail()
                 if "not built yet" in tail:
                     m = re.search(r"[^\n\"]*not built yet[^\n\"]*", tail)
-                    raise RoleMissing(f"role {self.role} not built (coved: "
-                                      f"{m.group(0).strip() if m else 'refused'})")
+                    msg = m.group(0).strip() if m else "refused"
+                    while msg.startswith("coved: "):
+                        msg = msg[len("coved: "):]
+                    raise RoleMissing(f"role {self.role} not built (coved says: {msg})")
                 raise CoveError(f"{self.name} exited with {self.proc.returncode}; log tail:\n"
                                 f"{tail}")
             try:
