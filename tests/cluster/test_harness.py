@@ -16,7 +16,7 @@ import time
 import pytest
 
 import pgserver
-from cluster import Cluster, Watcher, why_not, scan_processes, stale_write, two_node_violations
+from cluster import Cluster, Watcher, cgroup_mounts, why_not, scan_processes, stale_write, two_node_violations
 from cove import CoveError, poll, sh, socket_in
 
 WORKLOAD = "sh -c 'while true; do date >> /home/hb; sleep 0.2; done' >/dev/null 2>&1 &"
@@ -112,13 +112,21 @@ def test_postgres_restart_and_s3_outage_are_survived(cl):
 
 
 def test_process_scan_tells_nodes_apart(cl):
-    """A sandbox's workload shows under the node that runs it (by process ancestry), live;
+    """A sandbox's workload shows under the node that runs it, in that node host's own
+    cgroups (never the host's cove/ group another node would share), live;
     stopped by SIGSTOP it counts as not running; two sandboxes on two nodes are no
     violation."""
     (c1, s1), (c2, s2) = sandbox_on(cl, cl.nodes[0]), sandbox_on(cl, cl.nodes[1])
     scan = cl.scan()
     assert set(scan[s1]) == {"n1"} and set(scan[s2]) == {"n2"}, scan
     assert all(live for _, live, _ in scan[s1]["n1"])
+    # each node host's sandboxes live in its own cgroups, as on a machine of its own
+    for sid, n in ((s1, "n1"), (s2, "n2")):
+        pid = scan[sid][n][0][0]
+        with open(f"/proc/{pid}/cgroup") as f:
+            assert f"/cove-cl{cl.tag}-{n}/{sid}" in f.read()
+        assert not any(os.path.exists(os.path.join(mp, "cove", sid))
+                       for mp in cgroup_mounts())
     assert two_node_violations(scan) == {}
     pids = [p for p, _, _ in scan[s1]["n1"]]
     for p in pids:

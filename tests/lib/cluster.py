@@ -50,7 +50,9 @@ from cove import Client, CoveError, poll, remove_data_dir
 from s3rgw import S3Rgw
 
 _count = 0
-CGROUP_SANDBOX = re.compile(r"/cove/(sbx_[a-z0-9]+)(?:/|$)", re.M)
+# a sandbox's group: cove/<id>, or in a node host of a test cluster cove-cl<tag>-<node>/<id>
+CGROUP_SANDBOX = re.compile(r"/cove(?:-cl([0-9a-z]+)-([a-z0-9-]+))?/(sbx_[a-z0-9]+)(?:/|$)",
+                            re.M)
 GUEST_EXE = "/dev/.cove-guest"  # the guest agent of an ns sandbox (not the workload)
 
 
@@ -121,9 +123,23 @@ class Proc:
     def url(self):
         return f"http://{self.host}:{self.port}"
 
+    def cgroup_binds(self):
+        """[(this node's own group, the cove/ group it stands in for)] (nodes only)."""
+        return []
+
     def start(self, wait=True):
         os.makedirs(self.data, exist_ok=True)
-        pre = ["nsenter", f"--net=/run/netns/{self.netns}", "--"] if self.netns else []
+        pre = []
+        if self.netns:
+            pre = ["nsenter", f"--net=/run/netns/{self.netns}", "--"]
+        if self.cgroup_binds():
+            # a mount namespace of its own, where cove/ of every cgroup hierarchy is this
+            # node's own group: two nodes on one machine never share a sandbox's cgroup
+            # (separate machines do not), and a fenced node killing its stale copy cannot
+            # touch the new one
+            binds = " && ".join(f"mount --bind {src} {dst}" for src, dst in self.cgroup_binds())
+            pre += ["unshare", "--mount", "--propagation", "slave", "--", "/bin/sh", "-c",
+                    f"{binds} && exec \"$@\"", "sh"]
         with open(self.log_path, "ab") as log:
             # nsenter execs coved (no fork): proc is coved itself
             self.proc = subprocess.Popen(pre + self.argv, stdout=log, stderr=log,
@@ -213,6 +229,32 @@ class Node(Proc):
         self.k, self.link, self.ip, self.token_file = k, link, ip, token_file
         super().__init__(cl, f"n{k}", "node" if cl.mode == "roles" else "all", [], netns,
                          ip, port, data)
+
+    def cgroup_binds(self):
+        return [(os.path.join(mp, self.cgroup_name), os.path.join(mp, "cove"))
+                for mp in cgroup_mounts()]
+
+    @property
+    def cgroup_name(self):
+        return f"cove-cl{self.cl.tag}-{self.name}"
+
+    def make_cgroups(self):
+        for own, cove in self.cgroup_binds():
+            os.makedirs(cove, exist_ok=True)
+            os.makedirs(own, exist_ok=True)
+
+    def remove_cgroups(self):
+        """rmdir this node's own groups, bottom up (a group that still holds processes
+        stays: rmdir refuses it)."""
+        for own, _ in self.cgroup_binds():
+            if not os.path.isdir(own):
+                continue
+            subs = [os.path.join(dp, d) for dp, dn, _ in os.walk(own) for d in dn]
+            for d in sorted(subs, key=len, reverse=True) + [own]:
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
 
     def client(self):
         """role all: an admin client of this node's own API (mode="all" only)."""
@@ -315,6 +357,7 @@ class Cluster:
         os.makedirs(data)
         port = 7000 + k  # each namespace has its own ports
         n = Node(self, k, ns, link, ip, port, data, os.path.join(self.dir, f"n{k}.token"))
+        n.make_cgroups()
         octet = 64 + (os.getpid() * 7 + self.k * 31 + k * 13) % 180
         common = [self.coved_bin, "--data-dir", data, "--listen", f"{ip}:{port}", "--pool", "0",
                   "--egress-pool", f"10.{octet}.0.0/16"]
@@ -466,7 +509,7 @@ class Cluster:
     def scan(self, known=None):
         """One pass over /proc: scan_processes() with this cluster's node pids."""
         return scan_processes(self.node_pids(), self.known_sandboxes() if known is None
-                              else known)
+                              else known, tag=self.tag)
 
     def no_sandbox_on_two_nodes(self):
         """Fails when one sandbox has live (not frozen, not stopped) workload processes
@@ -625,6 +668,8 @@ class Cluster:
                 reap_helpers(p.data)
                 remove_data_dir(p.data)
         remove_sandbox_cgroups(self.sandbox_ids)
+        for n in self.nodes:
+            n.remove_cgroups()
         for link in self.links_made:  # its peer goes with it, whatever holds the namespace
             _sh("ip", "link", "del", link, check=False)
         self.links_made = []
@@ -687,10 +732,30 @@ def _cgroup_frozen(cg_text):
     return False
 
 
-def scan_processes(node_pids, known=()):
+def cgroup_mounts():
+    """Mount points of the host's cgroup hierarchies that have controllers (v1), or the
+    cgroup2 mount."""
+    out = []
+    for line in (_read("/proc/self/mountinfo") or "").splitlines():
+        f = line.split()
+        try:
+            fs, sopts = f[f.index("-") + 1], f[f.index("-") + 3]
+        except (ValueError, IndexError):
+            continue
+        if fs == "cgroup2" or (fs == "cgroup" and any(
+                c in sopts.split(",") for c in ("memory", "pids", "freezer", "cpu", "cpuset",
+                                                "cpuacct", "blkio", "devices"))):
+            if f[4] not in out:
+                out.append(f[4])
+    return out
+
+
+def scan_processes(node_pids, known=(), tag=None):
     """{sandbox id: {owner: [(pid, live, comm)]}} of every process on the host in a
-    sandbox's cgroup (…/cove/<id>): owner is the node whose coved the process descends
-    from, or "no-node" for one that descends from none of them. live: neither stopped
+    sandbox's cgroup: owner is the node host its group names (cove-cl<tag>-<node>/<id>:
+    the own groups of the node hosts of cluster tag), else the node whose coved the
+    process descends from (…/cove/<id>), or "no-node" for one that descends from none of
+    them. live: neither stopped
     (T/t), a zombie, nor in a FROZEN cgroup. The sandbox's guest agent is not listed (it
     stays up to answer its node; the workload is what must not run twice). A sandbox is
     listed when one of its processes descends from a node of node_pids or its id is in
@@ -720,8 +785,10 @@ def scan_processes(node_pids, known=()):
         cmd = _read(f"/proc/{pid}/cmdline", "rb") or b""
         if cmd.split(b"\0", 1)[0] == GUEST_EXE.encode():
             continue
-        sid = m.group(1)
+        sid = m.group(3)
         owner, q, seen = "no-node", ppid, 0
+        if tag and m.group(1) == tag:  # the group of a node host of this cluster
+            owner, q = m.group(2), 0
         while q > 1 and seen < 64:
             if q in node_pids:
                 owner = node_pids[q]
@@ -763,7 +830,7 @@ class Watcher:
             try:
                 if time.monotonic() - t_known > 1.0:  # the catalog's ids, once a second
                     known, t_known = self.cl.known_sandboxes(), time.monotonic()
-                s = scan_processes(self.cl.node_pids(), known)
+                s = scan_processes(self.cl.node_pids(), known, getattr(self.cl, "tag", None))
                 for sid, owners in s.items():
                     self.max_owners[sid] = max(self.max_owners.get(sid, 0), len(owners))
                 bad = two_node_violations(s)
