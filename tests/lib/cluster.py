@@ -129,6 +129,10 @@ class Proc:
 
     def start(self, wait=True):
         os.makedirs(self.data, exist_ok=True)
+        if self.proc is not None and not self.alive():
+            # what the killed coved left running in its mount namespace (its lxcfs) goes
+            # first, as a reboot of the node's machine would take it
+            reap_helpers(self.data)
         pre = []
         if self.netns:
             pre = ["nsenter", f"--net=/run/netns/{self.netns}", "--"]
@@ -276,7 +280,10 @@ class Cluster:
 
     def __init__(self, build_dir, templates_dir=None, log_dir=None, nodes=2, controls=2,
                  mode="roles", lease_ttl=3, lease_renew=0.5, node_args=(), control_args=(),
-                 start=True):
+                 node_via="db", start=True):
+        """node_via: how nodes reach the catalog, "db" (--db postgres://…, their writes
+        are then in the write log) or "control" (--control URL of a replica, node k on
+        replica k mod controls; the controls write for them)."""
         global _count
         _count += 1
         self.k = _count
@@ -284,6 +291,7 @@ class Cluster:
         self.coved_bin = os.path.join(build_dir, "coved")
         self.n_nodes, self.n_controls, self.mode = nodes, controls, mode
         self.lease_ttl, self.lease_renew = lease_ttl, lease_renew
+        self.node_via = node_via
         self.node_args, self.control_args = list(node_args), list(control_args)
         self.tag = f"{os.getpid()}c{self.k}"
         self.bridge = f"cvb{self.tag}"
@@ -331,6 +339,10 @@ class Cluster:
                 self.controls.append(self._make_control(i))
                 self.controls[-1].start()
             self.install_write_log()
+        if self.mode == "roles" and self.node_via == "control":
+            for n in self.nodes:
+                c = self.controls[(n.k - 1) % len(self.controls)]
+                n.argv += ["--control", c.url()]
         for n in self.nodes:
             n.start()
         if self.mode == "roles":
@@ -372,8 +384,9 @@ class Cluster:
             n.argv = common + [
                 "--role", "node", "--node-name", n.name, "--node-token-file", n.token_file,
                 "--store", f"s3://{self.bucket}/cl", "--s3-endpoint", self.rgw_endpoint(),
-                "--db", self.db_url(), "--lease-ttl", str(self.lease_ttl),
+                "--lease-ttl", str(self.lease_ttl),
                 "--lease-renew", str(self.lease_renew)] + self.node_args
+            n.argv += ["--db", self.db_url()] if self.node_via == "db" else []
         else:  # role all: a database and a store prefix of its own
             db = f"n{k}"
             self.pg.create_db(db)
@@ -639,10 +652,11 @@ class Cluster:
         listed = c.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"]
         before = [s for s in listed if s["id"] == rf["snapshot_id"]]
         assert before, f"recovered_from {rf['snapshot_id']} is not a listed snapshot of {sid}"
-        older = [s for s in listed if s["created_at"] > before[0]["created_at"]
-                 and s.get("label") not in ("pause",) and s["created_at"] < rf.get("at", 0)]
-        assert not older, f"{sid} recovered from {rf['snapshot_id']} though newer committed " \
-                          f"snapshots existed: {[s['id'] for s in older]}"
+        at = _ms(rf.get("at"))
+        newer = [s for s in listed if _ms(s["created_at"]) > _ms(before[0]["created_at"])
+                 and (at is None or _ms(s["created_at"]) < at)]
+        assert not newer, f"{sid} recovered from {rf['snapshot_id']} though newer committed " \
+                          f"snapshots existed: {[s['id'] for s in newer]}"
         for path, want in files.items():
             got = c.get_file(sid, path)
             assert got.status == 200 and got.body == want, \
@@ -702,6 +716,17 @@ class Cluster:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _ms(v):
+    """A time of the API (ISO 8601 text, or a number of ms or s) in ms, None if absent."""
+    if v is None or v == "":
+        return None
+    if isinstance(v, (int, float)):
+        return int(v if v > 1e11 else v * 1000)
+    import datetime
+    return int(datetime.datetime.fromisoformat(str(v).replace("Z", "+00:00")).timestamp()
+               * 1000)
 
 
 # --- the process scan ------------------------------------------------------------------
