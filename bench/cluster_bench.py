@@ -216,10 +216,20 @@ def part_drain(a, cl, d):
     if r.status != 200:
         print(f"| drain | SKIP: cordon: {r.status} {r.body[:160]!r} | | | |")
         return
-    sids = [cc.create(template="busybox", snapshot_interval_s=0)["id"] for _ in range(a.drain)]
+    sids, full = [], ""
+    for _ in range(a.drain):  # a node here has room for as many sandboxes as it has CPUs
+        r = cc.request("POST", "/v1/sandboxes", {"template": "busybox",
+                                                 "snapshot_interval_s": 0}, timeout=300)
+        if r.status == 503:
+            full = r.error.get("message", "")
+            break
+        sids.append(r.json()["id"])
     for s in sids:
         cc.wait_state(s, "running", timeout=300)
     cc.request("POST", f"/v1/nodes/{dst}/uncordon", {})
+    if full:
+        print(f"(only {len(sids)} of {a.drain} fit on {src}: {full})")
+    a.drain = len(sids)
     gaps, stop = {}, threading.Event()
     t = threading.Thread(target=sample_states, args=(cc, sids, stop, gaps), daemon=True)
     t.start()
