@@ -18,6 +18,7 @@ import pytest
 from cove import Client, CoveError, poll
 
 WORKLOAD = "sh -c 'while true; do date +%s%N >> /home/hb; sleep 0.2; done' >/dev/null 2>&1 &"
+BIG_MB = 48  # written before a fault meant to land during a capture or a restore
 RECOVERY_S = 120  # lease TTL + the lost grace + a restore, on a loaded 2-core machine
 
 
@@ -197,6 +198,8 @@ def test_kill9_node_during_snapshot(cl, desired):
     node = cl.node_of(sid)
     epoch = node.lease()[0]
     put(cl, c, sid, b"v2\n")
+    # enough new data that the capture takes a while: the kill lands during it
+    exec_ok(cl, c, sid, f"dd if=/dev/urandom of=/home/big bs=1M count={BIG_MB} 2>/dev/null")
     with cl.watch():
         t, box = background(snapshot, c, sid, None, 600)
         poll(lambda: job_claimed(cl, sid, "snapshot") == node.name, timeout=120,
@@ -228,6 +231,7 @@ def test_kill9_node_during_resume(cl, desired):
     c = cl.client(0)
     nodes_route(c)  # recovery off a lost node: skip early when not built
     sid = new_sandbox(cl, c, desired, b"paused\n")
+    exec_ok(cl, c, sid, f"dd if=/dev/urandom of=/home/big bs=1M count={BIG_MB} 2>/dev/null")
     p = c.post(f"/v1/sandboxes/{sid}/pause", timeout=300)
     assert p["sandbox"]["state"] == "paused"
     with cl.watch():
