@@ -313,7 +313,8 @@ def test_teardown_removes_everything(build_dir, templates_dir, log_dir):
         dirs = (cl.dir, cl.pg.dir, os.path.dirname(cl.rgw.dir))
         pids = [p for p, _ in n.pids] + [cl.pg.pid]
     finally:
-        cl.close()
+        failed = cl.close()
+    assert not failed, failed
     assert not any(nm in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                         text=True).stdout for nm in names)
 
@@ -330,7 +331,6 @@ def test_teardown_removes_everything(build_dir, templates_dir, log_dir):
         except OSError:
             pass
         assert st in (None, "Z"), f"pid {p} still running"
-    for line in open("/proc/self/mountinfo"):
-        x = line.split()
-        if x[x.index("-") + 1] in ("cgroup", "cgroup2"):
-            assert not os.path.exists(os.path.join(x[4], "cove", sid)), (x[4], sid)
+    for mp in cgroup_mounts():
+        assert not os.path.exists(os.path.join(mp, "cove", sid)), (mp, sid)
+        assert not os.path.exists(os.path.join(mp, n.cgroup_name)), (mp, n.cgroup_name)

@@ -32,6 +32,7 @@ every namespace, link, directory, cgroup left by a killed node, and server it ma
 after a failed test.
 """
 import contextlib
+import errno
 import json
 import os
 import re
@@ -248,17 +249,39 @@ class Node(Proc):
             os.makedirs(own, exist_ok=True)
 
     def remove_cgroups(self):
-        """rmdir this node's own groups, bottom up (a group that still holds processes
-        stays: rmdir refuses it)."""
+        """rmdir this node's own groups, bottom up, after a SIGKILL to what is left in them
+        (by pid: they are this node host's, e.g. the probe sandbox of a CRIU self-check
+        that outlived a node killed during its start)."""
+        left = set()
+        for own, _ in self.cgroup_binds():
+            for dp, _, files in os.walk(own):
+                # a frozen process never dies of its SIGKILL: thaw first (a node killed
+                # during its CRIU self-check leaves the probe frozen)
+                for knob, val in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+                    if knob in files:
+                        try:
+                            with open(os.path.join(dp, knob), "w") as f:
+                                f.write(val)
+                        except OSError:
+                            pass
+                if "cgroup.procs" in files:
+                    left |= {int(x) for x in (_read(os.path.join(dp, "cgroup.procs")) or
+                                              "").split()}
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for pid in left:
+            poll(lambda: (_read(f"/proc/{pid}/stat") or ") Z").rsplit(")", 1)[1].split()[0]
+                 in ("Z", "X"), timeout=30, what=f"pid {pid} gone", every=0.05)
         for own, _ in self.cgroup_binds():
             if not os.path.isdir(own):
                 continue
             subs = [os.path.join(dp, d) for dp, dn, _ in os.walk(own) for d in dn]
             for d in sorted(subs, key=len, reverse=True) + [own]:
-                try:
-                    os.rmdir(d)
-                except OSError:
-                    pass
+                # a killed process leaves its group a moment after it is reaped
+                poll(lambda: _rmdir_ok(d), timeout=10, what=f"rmdir {d}", every=0.05)
 
     def client(self):
         """role all: an admin client of this node's own API (mode="all" only)."""
@@ -689,44 +712,50 @@ class Cluster:
 
     # -- tear-down ---------------------------------------------------------------------
     def close(self, keep_logs=None):
-        """Stops and removes everything this cluster made; keep_logs: a label under which
-        every coved log is copied to log_dir (for a failed test)."""
-        if keep_logs and self.log_dir:
-            self.save_logs(keep_logs)
-        self.known_sandboxes()
-        for p in self.nodes + self.controls:
+        """Stops and removes everything this cluster made, each step whatever the one
+        before it did (a failed step is printed, the rest still runs); keep_logs: a label
+        under which every coved log is copied to log_dir (for a failed test)."""
+        failed = []
+
+        def step(what, fn, *a):
             try:
-                if p.proc and p.stopped:
-                    p.sigcont()
-                p.terminate(timeout=20)
-            except OSError:
-                pass
+                fn(*a)
+            except Exception as e:  # the rest of the tear-down still runs
+                failed.append(f"{what}: {e!r}")
+
+        if keep_logs and self.log_dir:
+            step("logs", self.save_logs, keep_logs)
+        step("sandbox ids", self.known_sandboxes)
+        for p in self.nodes + self.controls:
+            if p.proc and p.stopped:
+                step(f"SIGCONT {p.name}", p.sigcont)
+            step(f"stop {p.name}", p.terminate, 20)
         for p in self.nodes + self.controls:
             if os.path.isdir(p.data):
-                reap_helpers(p.data)
-                remove_data_dir(p.data)
-        remove_sandbox_cgroups(self.sandbox_ids)
+                step(f"helpers of {p.name}", reap_helpers, p.data)
+                step(f"data dir of {p.name}", remove_data_dir, p.data)
+        step("sandbox cgroups", remove_sandbox_cgroups, self.sandbox_ids)
         for n in self.nodes:
-            n.remove_cgroups()
+            step(f"cgroups of {n.name}", n.remove_cgroups)
         for link in self.links_made:  # its peer goes with it, whatever holds the namespace
-            _sh("ip", "link", "del", link, check=False)
+            step(f"link {link}", _sh, "ip", "link", "del", link)
         self.links_made = []
         for ns in self.netns_made:
-            _sh("ip", "netns", "del", ns, check=False)
+            step(f"netns {ns}", _sh, "ip", "netns", "del", ns)
         self.netns_made = []
         if self.bridge_made:
-            _sh("ip", "link", "del", self.bridge, check=False)
+            step(f"bridge {self.bridge}", _sh, "ip", "link", "del", self.bridge)
             self.bridge_made = False
         for server in (self.rgw, self.pg):
-            try:
-                if server:
-                    server.stop()
-            except Exception as e:  # the rest of the tear-down still runs
-                print(f"cluster tear-down: {e}")
+            if server:
+                step("server", server.stop)
         self.rgw = self.pg = None
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+        if failed:
+            print(f"cluster tear-down: {failed}")
+        return failed
 
     def save_logs(self, label):
         os.makedirs(self.log_dir, exist_ok=True)
@@ -999,6 +1028,18 @@ def reap_helpers(data_dir):
                     os.rmdir(a.decode())
                 except OSError:
                     pass
+
+
+def _rmdir_ok(d):
+    try:
+        os.rmdir(d)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            return False
+        raise
+    return True
 
 
 def remove_sandbox_cgroups(ids):
