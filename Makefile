@@ -45,8 +45,10 @@ bench-full: all
 bench-vm: all
 	/usr/bin/python3 bench/vm_bench.py --build $(BUILD) $(BENCH_VM_ARGS)
 
-# cluster catalog: placement cycles/s on PostgreSQL next to SQLite (bench/cluster_bench.{py,c},
-# a throwaway PostgreSQL); BENCH_CLUSTER_ARGS e.g. --n 1000 --clients 8
+# the cluster next to role all, same run (bench/cluster_bench.{py,c}): placement cycles/s on a
+# throwaway PostgreSQL vs SQLite; with root, a whole cluster on this machine (tests/lib/cluster.py):
+# create→ready, resume on another node, drain of 20, idle cost of a node; BENCH_CLUSTER_ARGS
+# e.g. --parts placement,idle --idle-s 30
 bench-cluster: all
 	/usr/bin/python3 bench/cluster_bench.py --build $(BUILD) $(BENCH_CLUSTER_ARGS)
 	$(BUILD)/bench/forward_bench

@@ -57,9 +57,14 @@ def free_port():
 
 
 class PgServer:
-    def __init__(self, base=None, port=None):
+    def __init__(self, base=None, port=None, listen=(), hba=()):
+        """listen: more local addresses to listen on besides 127.0.0.1 (e.g. a test
+        bridge's, for clients in network namespaces); hba: networks (CIDR) allowed to log in
+        over TCP with the password besides 127.0.0.1/32."""
         self.base = base
         self.port = port
+        self.listen = tuple(listen)
+        self.hba = tuple(hba)
         self.dir = None
         self.password = secrets.token_hex(12)
         self.pid = None
@@ -83,8 +88,8 @@ class PgServer:
     def url(self):
         return self.url_of("postgres")
 
-    def url_of(self, db):
-        return f"postgres://postgres:{self.password}@127.0.0.1:{self.port}/{db}"
+    def url_of(self, db, host="127.0.0.1"):
+        return f"postgres://postgres:{self.password}@{host}:{self.port}/{db}"
 
     def start(self):
         why = available()
@@ -114,10 +119,13 @@ class PgServer:
             raise RuntimeError(f"initdb failed: {r.stderr.strip()[-400:]} (dir {self.dir})")
         with open(os.path.join(self.data, "pg_hba.conf"), "w") as f:
             f.write("local all all trust\nhost all all 127.0.0.1/32 scram-sha-256\n")
+            for net in self.hba:
+                f.write(f"host all all {net} scram-sha-256\n")
         for attempt in range(5):
             self.port = self.port or free_port()
             with open(os.path.join(self.data, "postgresql.auto.conf"), "w") as f:
-                f.write(f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
+                addrs = ",".join(("127.0.0.1",) + self.listen)
+                f.write(f"listen_addresses = '{addrs}'\nport = {self.port}\n"
                         f"unix_socket_directories = '{self.dir}'\nfsync = on\n"
                         "dynamic_shared_memory_type = mmap\nlogging_collector = off\n"
                         "max_connections = 100\n")

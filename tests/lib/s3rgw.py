@@ -39,7 +39,10 @@ def _free_low_port():
 
 
 class S3Rgw:
-    def __init__(self):
+    def __init__(self, addr=None):
+        """addr: the local address radosgw listens on (default 127.0.0.1), e.g. a test
+        bridge's so that clients in network namespaces reach it."""
+        self.addr = addr
         self.dir = None
         self.env = {}
         self.endpoint = None
@@ -58,8 +61,9 @@ class S3Rgw:
         last = None
         for _ in range(3):  # a port taken between the probe and the bind: another one
             port = _free_low_port()
+            env = dict(os.environ, S3_RGW_ADDR=self.addr) if self.addr else None
             r = subprocess.run([SCRIPT, "start", self.dir, str(port)], capture_output=True,
-                               text=True, timeout=300)
+                               text=True, timeout=300, env=env)
             if r.returncode == 0:
                 line = r.stdout.strip().splitlines()[-1]
                 kv = dict(x.split("=", 1) for x in line.split())
