@@ -354,6 +354,12 @@ class Cluster:
         fd = os.open(self.key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, (secrets.token_hex(32) + "\n").encode())
         os.close(fd)
+        # the default KEK of tenants' data keys: the same file on every control and node
+        # (key records live in the catalog)
+        self.kek_file = os.path.join(self.dir, "default.kek")
+        fd = os.open(self.kek_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, secrets.token_bytes(32))
+        os.close(fd)
         for k in range(1, self.n_nodes + 1):
             self.nodes.append(self._make_node(k))
         if self.mode == "roles":
@@ -390,12 +396,6 @@ class Cluster:
         _sh("ip", "-n", ns, "link", "set", "lo", "up")
         data = os.path.join(self.dir, f"n{k}")
         os.makedirs(data)
-        if self.mode == "roles":
-            # STAND-IN until the key records live in the catalog: the nodes share one keys
-            # directory, so a snapshot one node encrypted restores on another
-            shared = os.path.join(self.dir, "shared-keys")
-            os.makedirs(shared, mode=0o700, exist_ok=True)
-            os.symlink(shared, os.path.join(data, "keys"))
         port = 7000 + k  # each namespace has its own ports
         n = Node(self, k, ns, link, ip, port, data, os.path.join(self.dir, f"n{k}.token"))
         n.make_cgroups()
@@ -414,7 +414,8 @@ class Cluster:
                 "--role", "node", "--node-name", n.name, "--node-token-file", n.token_file,
                 "--store", f"s3://{self.bucket}/cl", "--s3-endpoint", self.rgw_endpoint(),
                 "--lease-ttl", str(self.lease_ttl),
-                "--lease-renew", str(self.lease_renew)] + self.node_args
+                "--lease-renew", str(self.lease_renew),
+                "--default-kek-file", self.kek_file] + self.node_args
             n.argv += ["--db", self.db_url()] if self.node_via == "db" else []
         else:  # role all: a database and a store prefix of its own
             db = f"n{k}"
@@ -429,7 +430,8 @@ class Cluster:
         argv = [self.coved_bin, "--role", "control", "--data-dir", data,
                 "--listen", f"{self.host_ip}:{port}", "--db", self.db_url(),
                 "--store", f"s3://{self.bucket}/cl", "--s3-endpoint", self.rgw_endpoint(),
-                "--cluster-key-file", self.key_file, "--pool", "0"] + self.control_args
+                "--cluster-key-file", self.key_file, "--default-kek-file", self.kek_file,
+                "--pool", "0"] + self.control_args
         if self.templates_dir:
             argv += ["--templates-dir", self.templates_dir]
         return Proc(self, f"c{i}", "control", argv, None, self.host_ip, port, data)

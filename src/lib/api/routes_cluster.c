@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "api/routes.h"
 #include "cluster/catsrv.h"
 #include "cluster/nodeauth.h"
@@ -596,6 +598,43 @@ static int o_doc_put(struct cx *x, json_t *in, json_t **out, struct cove_err *er
         return OK;
 }
 
+/* A tenant's key record: readable by a node that runs one of its sandboxes (to unwrap the
+ * data key through the tenant's provider on the node); never written by a node: a record
+ * names its key provider (for a command provider, programs every process runs), so a
+ * node that could write one could run code on every other member. */
+static int o_keyrec_get(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
+{
+        STR_IN(tenant, 64);
+        if (!tenant || !tenant[0])
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "keyrec_get: tenant is needed");
+        int rc = tenant_on_node(x, tenant, err);
+        if (rc == 1)
+                return deny(err, "node %s runs no sandbox of tenant %s", x->node, tenant);
+        if (rc < 0)
+                return FAIL;
+        char *json = NULL;
+        int64_t gen = 0;
+        rc = x->ops->keyrec_get(x->cat, tenant, &json, &gen, err);
+        if (rc < 0)
+                return FAIL;
+        *out = found(rc == 0);
+        if (rc == 0) {
+                json_object_set_new(*out, "json", json_string(json));
+                json_object_set_new(*out, "gen", json_integer(gen));
+                OPENSSL_cleanse(json, strlen(json));
+        }
+        free(json);
+        return OK;
+}
+
+static int o_keyrec_put(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
+{
+        (void)in;
+        (void)out;
+        return deny(err, "node %s may not write key records (%s)", x->node,
+                    "they are the control plane's");
+}
+
 static int o_doc_get(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
         STR_IN(kind, 16);
@@ -864,6 +903,8 @@ static const struct {
     {"egress_delete", o_egress_delete},
     {"doc_put", o_doc_put},
     {"doc_get", o_doc_get},
+    {"keyrec_get", o_keyrec_get},
+    {"keyrec_put", o_keyrec_put},
     {"doc_list", o_doc_list},
     {"doc_delete", o_doc_delete},
     {"node_lease_acquire", o_node_lease_acquire},

@@ -748,6 +748,34 @@ static int r_doc_get(struct cove_catalog *c, const char *kind, const char *tenan
         return text_answer(c, "doc_get", a, json, err);
 }
 
+/* Key records: a node reads those of tenants with a sandbox on it; it never writes one (the
+ * control answers 403): rotation, revocation and new keys are the control plane's. */
+static int r_keyrec_get(struct cove_catalog *c, const char *tenant, char **json, int64_t *gen,
+                        struct cove_err *err)
+{
+        json_t *a;
+        CALL("keyrec_get", json_pack("{s:o}", "tenant", jstr(tenant)), R_READ, a);
+        int rc = found_of(a, err);
+        if (rc == 0 && (cove_wire_i64(a, "gen", gen, 1, INT64_MAX, 1, err) < 0 ||
+                        cove_wire_text(a, "json", json, COVE_WIRE_TEXT_MAX, 1, err) < 0))
+                rc = -1;
+        json_decref(a);
+        return rc < 0 ? bad_answer(c, "keyrec_get", err) : rc;
+}
+
+static int r_keyrec_put(struct cove_catalog *c, const char *tenant, const char *json,
+                        int64_t expect_gen, int64_t *gen, struct cove_err *err)
+{
+        json_t *a;
+        CALL("keyrec_put",
+             json_pack("{s:o, s:o, s:I}", "tenant", jstr(tenant), "json", jstr(json), "expect_gen",
+                       (json_int_t)expect_gen),
+             R_ONCE, a);
+        int rc = cove_wire_i64(a, "gen", gen, 1, INT64_MAX, 1, err);
+        json_decref(a);
+        return rc < 0 ? bad_answer(c, "keyrec_put", err) : 0;
+}
+
 static int r_doc_list(struct cove_catalog *c, const char *kind, const char *tenant,
                       const char *owner, cove_doc_cb cb, void *arg, struct cove_err *err)
 {
@@ -998,6 +1026,8 @@ const struct cove_catalog_ops cove_catalog_remote = {
     .egress_delete = r_egress_delete,
     .doc_put = r_doc_put,
     .doc_get = r_doc_get,
+    .keyrec_get = r_keyrec_get,
+    .keyrec_put = r_keyrec_put,
     .doc_list = r_doc_list,
     .doc_delete = r_doc_delete,
     .node_lease_acquire = r_node_lease_acquire,
