@@ -18,6 +18,8 @@ void cove_sandbox_row_clear(struct cove_sandbox_row *row)
         free(row->env_json);
         free(row->error);
         free(row->retention_json);
+        free(row->recovered_from_json);
+        row->recovered_from_json = NULL;
         row->retention_json = NULL;
         row->metadata_json = NULL;
         row->env_json = NULL;

@@ -60,6 +60,9 @@ struct cove_sandbox_row {
         int snapshot_interval_s; /* rolling snapshots every N s while running; 0 = off */
         char *retention_json;    /* retention policy (JSON array), owned, NULL = default */
         int storage_encrypted;   /* schema 4: the writable layer is encrypted at rest */
+        /* schema 9: {"snapshot_id","at","lost_s"} after a recovery from a lost node, JSON
+         * object text, owned, NULL = never recovered */
+        char *recovered_from_json;
 };
 
 void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned strings */
@@ -115,8 +118,9 @@ struct cove_node_row {
         /* summed cpus / memory_mb / disk_mb of the sandboxes placed on it whose desired
          * state is not "stopped" (computed by node_list, ignored by node_lease_acquire) */
         int64_t alloc_cpus, alloc_memory_mb, alloc_disk_mb;
-        char address[256]; /* its node API, "https://host:port" */
-        int64_t last_seen; /* unix ms of the last acquire or renew */
+        char address[256];   /* its node API, "https://host:port" */
+        int64_t last_seen;   /* unix ms of the last acquire or renew */
+        char features[1024]; /* what the node announced at acquire, JSON object text ("{}") */
 };
 typedef int (*cove_node_cb)(const struct cove_node_row *row, void *arg); /* <0 stops */
 

@@ -678,7 +678,7 @@ static int pg_apikey_count(struct cove_catalog *c, int64_t *n, struct cove_err *
 #define SBX_COLS                                                                                   \
         "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
         " disk_mb, timeout_s, on_timeout, uid_base, node, last_snapshot_id, metadata_json,"        \
-        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted"
+        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted, recovered_from"
 
 static void sbx_params(struct params *p, const struct cove_sandbox_row *s)
 {
@@ -726,7 +726,9 @@ static int sbx_read(const PGresult *res, int i, struct cove_sandbox_row *o)
         o->snapshot_interval_s = (int)get_i64(res, i, 18);
         o->retention_json = get_dup(res, i, 19, NULL);
         o->storage_encrypted = (int)get_i64(res, i, 20);
+        o->recovered_from_json = get_dup(res, i, 21, NULL);
         if (!o->metadata_json || !o->env_json || (!o->error && !PQgetisnull(res, i, 17)) ||
+            (!o->recovered_from_json && !PQgetisnull(res, i, 21)) ||
             (!o->retention_json && !PQgetisnull(res, i, 19))) {
                 cove_sandbox_row_clear(o);
                 return -ENOMEM;
@@ -753,15 +755,16 @@ static int pg_sandbox_write(struct cove_catalog *c, int insert, const struct cov
         p_int(&p, s->snapshot_interval_s);
         p_text(&p, s->retention_json);
         p_int(&p, s->storage_encrypted ? 1 : 0);
+        p_text(&p, s->recovered_from_json);
         const char *sql =
             insert ? "INSERT INTO sandboxes(" SBX_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
-                     " $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
+                     " $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)"
                    : "UPDATE sandboxes SET state = $3, template_name = $4, runtime = $5,"
                      " created_at = $6, expires_at = $7, cpus = $8, memory_mb = $9,"
                      " disk_mb = $10, timeout_s = $11, on_timeout = $12, uid_base = $13,"
                      " node = $14, last_snapshot_id = $15, metadata_json = $16,"
                      " env_json = $17, error = $18, snapshot_interval_s = $19,"
-                     " retention_json = $20, storage_encrypted = $21"
+                     " retention_json = $20, storage_encrypted = $21, recovered_from = $22"
                      " WHERE id = $1 AND tenant = $2";
         PGresult *res = run1(c, sql, &p, err, "%s sandbox %s (tenant %s)", op, s->id, s->tenant);
         if (!res)
@@ -1293,16 +1296,18 @@ static int pg_node_lease_acquire(struct cove_catalog *c, const struct cove_node_
         p_int(&p, n->memory_mb);
         p_int(&p, n->disk_mb);
         p_text(&p, n->address);
+        p_text(&p, n->features[0] ? n->features : "{}");
         /* the upsert locks the row: of two racing acquirers one updates, the other then
          * sees an unexpired lease and changes nothing */
         PGresult *res = run1(
             c,
             "INSERT INTO nodes(name, state, epoch, lease_expires_at, cpus, memory_mb, disk_mb,"
-            " address, last_seen) VALUES ($1, 'ready', 1, " NOW_MS " + $2::bigint, $3, $4, $5, $6,"
-            " " NOW_MS ") ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
+            " address, last_seen, features) VALUES ($1, 'ready', 1, " NOW_MS " + $2::bigint, $3,"
+            " $4, $5, $6, " NOW_MS ", $7) ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
             " lease_expires_at = excluded.lease_expires_at, cpus = excluded.cpus,"
             " memory_mb = excluded.memory_mb, disk_mb = excluded.disk_mb,"
             " address = excluded.address, last_seen = excluded.last_seen,"
+            " features = excluded.features,"
             " state = CASE nodes.state WHEN 'lost' THEN 'ready' ELSE nodes.state END"
             " WHERE nodes.lease_expires_at <= excluded.last_seen RETURNING epoch, lease_expires_at",
             &p, err, "acquire lease of node %s", n->name);
@@ -1370,7 +1375,8 @@ static int pg_node_list(struct cove_catalog *c, cove_node_cb cb, void *arg, stru
             c,
             "SELECT n.name, n.state, n.epoch, n.lease_expires_at, n.cpus, n.memory_mb, n.disk_mb,"
             " coalesce(sum(s.cpus), 0), coalesce(sum(s.memory_mb), 0), coalesce(sum(s.disk_mb), 0),"
-            " n.address, n.last_seen FROM nodes n LEFT JOIN placements p ON p.node = n.name"
+            " n.address, n.last_seen, n.features FROM nodes n LEFT JOIN placements p"
+            " ON p.node = n.name"
             " AND p.desired_state <> 'stopped' LEFT JOIN sandboxes s ON s.id = p.sandbox_id"
             " GROUP BY n.name ORDER BY n.name",
             NULL, err, "list nodes");
@@ -1382,7 +1388,8 @@ static int pg_node_list(struct cove_catalog *c, cove_node_cb cb, void *arg, stru
                 memset(&o, 0, sizeof(o));
                 if (get_copy(res, i, 0, o.name, sizeof(o.name)) < 0 ||
                     get_copy(res, i, 1, o.state, sizeof(o.state)) < 0 ||
-                    get_copy(res, i, 10, o.address, sizeof(o.address)) < 0) {
+                    get_copy(res, i, 10, o.address, sizeof(o.address)) < 0 ||
+                    get_copy(res, i, 12, o.features, sizeof(o.features)) < 0) {
                         r = cove_err_set(err, 0, "catalog: list nodes: stored field too long");
                         break;
                 }

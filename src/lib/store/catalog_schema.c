@@ -192,6 +192,14 @@ const struct cove_migration cove_catalog_migrations[] = {
             "DROP TABLE egress_docs;"
             "ALTER TABLE egress_docs_7 RENAME TO egress_docs;"
             "CREATE INDEX egress_docs_owner ON egress_docs(kind, owner);"},
+    /* 8 (STAND-IN for the cluster core's step 8, which adds the same column; drop this one
+     * at the merge): what a node announces (runtimes, full snapshots, kernel, CPU, CRIU,
+     * templates), JSON text */
+    {.sql = "ALTER TABLE nodes ADD COLUMN features TEXT NOT NULL DEFAULT '{}';"},
+    /* 9: where a sandbox recovered from after its node was lost (control/nodes.h), JSON
+     * text {"snapshot_id","at","lost_s"}; NULL = never recovered */
+    {.sql = "ALTER TABLE sandboxes ADD COLUMN recovered_from TEXT"
+            "  CHECK (recovered_from IS NULL OR json_valid(recovered_from));"},
 };
 const int cove_catalog_schema_version = (int)COVE_ARRAY_SIZE(cove_catalog_migrations);
 

@@ -22,7 +22,7 @@
 #define SBX_COLS                                                                                   \
         "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
         " disk_mb, timeout_s, on_timeout, uid_base, node, last_snapshot_id, metadata_json,"        \
-        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted"
+        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted, recovered_from"
 #define SNAP_COLS                                                                                  \
         "id, tenant, sandbox_id, parent_id, kind, created_at, label, size_bytes, new_bytes,"       \
         " pause_us, rolling"
@@ -30,11 +30,12 @@
 #define TENANT_COLS                                                                                \
         "id, name, created_at, max_sandboxes, max_cpus, max_memory_mb, max_storage_mb, deleted_at"
 #define NODE_COLS_IN                                                                               \
-        "name, state, epoch, lease_expires_at, cpus, memory_mb, disk_mb, address, last_seen"
+        "name, state, epoch, lease_expires_at, cpus, memory_mb, disk_mb, address, last_seen,"      \
+        " features"
 #define NODE_LIST_COLS                                                                             \
         "n.name, n.state, n.epoch, n.lease_expires_at, n.cpus, n.memory_mb, n.disk_mb,"            \
         " coalesce(sum(s.cpus), 0), coalesce(sum(s.memory_mb), 0), coalesce(sum(s.disk_mb), 0),"   \
-        " n.address, n.last_seen"
+        " n.address, n.last_seen, n.features"
 #define PLACE_COLS "sandbox_id, node, generation, desired_state, observed_state, updated_at"
 #define JOB_COLS                                                                                   \
         "id, sandbox_id, kind, generation, state, claimed_by, claimed_epoch, result_json,"         \
@@ -116,14 +117,15 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_KEY_GET] = "SELECT id, tenant, salt_hex, hash_hex, admin, revoked, created_at"
                    " FROM api_keys WHERE id = ?1",
     [ST_KEY_COUNT] = "SELECT count(*) FROM api_keys",
-    [ST_SBX_INSERT] = "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
-                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+    [ST_SBX_INSERT] =
+        "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
+        " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
     [ST_SBX_UPDATE] = "UPDATE sandboxes SET state = ?3, template_name = ?4, runtime = ?5,"
                       " created_at = ?6, expires_at = ?7, cpus = ?8, memory_mb = ?9,"
                       " disk_mb = ?10, timeout_s = ?11, on_timeout = ?12, uid_base = ?13,"
                       " node = ?14, last_snapshot_id = ?15, metadata_json = ?16,"
                       " env_json = ?17, error = ?18, snapshot_interval_s = ?19,"
-                      " retention_json = ?20, storage_encrypted = ?21"
+                      " retention_json = ?20, storage_encrypted = ?21, recovered_from = ?22"
                       " WHERE id = ?1 AND tenant = ?2",
     [ST_SBX_GET] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1",
     [ST_SBX_GET_T] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1 AND tenant = ?2",
@@ -170,10 +172,11 @@ static const char *const stmt_sql[ST__COUNT] = {
     /* cluster (schema 6): "now" is the process clock, bound; the checks of catalog.h are in
      * the WHERE clauses, so a stale caller changes no row */
     [ST_NODE_ACQUIRE] = "INSERT INTO nodes(" NODE_COLS_IN ") VALUES (?1, 'ready', 1, ?2, ?3, ?4,"
-                        " ?5, ?6, ?7) ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
+                        " ?5, ?6, ?7, ?8) ON CONFLICT(name) DO UPDATE SET epoch = nodes.epoch + 1,"
                         " lease_expires_at = excluded.lease_expires_at, cpus = excluded.cpus,"
                         " memory_mb = excluded.memory_mb, disk_mb = excluded.disk_mb,"
                         " address = excluded.address, last_seen = excluded.last_seen,"
+                        " features = excluded.features,"
                         " state = CASE nodes.state WHEN 'lost' THEN 'ready' ELSE nodes.state END"
                         " WHERE nodes.lease_expires_at <= excluded.last_seen"
                         " RETURNING epoch, lease_expires_at",
@@ -777,6 +780,7 @@ static void sbx_bind(sqlite3_stmt *st, const struct cove_sandbox_row *s)
         sqlite3_bind_int(st, 19, s->snapshot_interval_s);
         bind_text(st, 20, s->retention_json);
         sqlite3_bind_int(st, 21, s->storage_encrypted ? 1 : 0);
+        bind_text(st, 22, s->recovered_from_json);
 }
 
 /* Fill out from the current row of st (columns SBX_COLS); out owns its strings. */
@@ -805,8 +809,10 @@ static int sbx_read(sqlite3_stmt *st, struct cove_sandbox_row *out)
         out->snapshot_interval_s = sqlite3_column_int(st, 18);
         out->retention_json = col_dup(st, 19, NULL);
         out->storage_encrypted = sqlite3_column_int(st, 20);
+        out->recovered_from_json = col_dup(st, 21, NULL);
         if (!out->metadata_json || !out->env_json ||
             (!out->error && sqlite3_column_type(st, 17) != SQLITE_NULL) ||
+            (!out->recovered_from_json && sqlite3_column_type(st, 21) != SQLITE_NULL) ||
             (!out->retention_json && sqlite3_column_type(st, 19) != SQLITE_NULL)) {
                 cove_sandbox_row_clear(out);
                 return -ENOMEM;
@@ -1414,6 +1420,7 @@ static int sqlite_node_lease_acquire(struct cove_catalog *c, const struct cove_n
         sqlite3_bind_int64(st, 5, n->disk_mb);
         bind_text(st, 6, n->address);
         sqlite3_bind_int64(st, 7, now);
+        bind_text(st, 8, n->features[0] ? n->features : "{}");
         int r, rc = sqlite3_step(st);
         if (rc == SQLITE_ROW) {
                 if (epoch)
@@ -1507,7 +1514,8 @@ static int sqlite_node_list(struct cove_catalog *c, cove_node_cb cb, void *arg,
                 memset(o, 0, sizeof(*o));
                 if (col_copy(st, 0, o->name, sizeof(o->name)) < 0 ||
                     col_copy(st, 1, o->state, sizeof(o->state)) < 0 ||
-                    col_copy(st, 10, o->address, sizeof(o->address)) < 0) {
+                    col_copy(st, 10, o->address, sizeof(o->address)) < 0 ||
+                    col_copy(st, 12, o->features, sizeof(o->features)) < 0) {
                         r = cove_err_set(err, 0, "catalog: list nodes: stored field too long");
                         break;
                 }
