@@ -43,6 +43,13 @@ struct coved_cluster_options {
         int lease_renew_ms;           /* node lease renewal interval (0: 2000) */
 };
 
+/* Placement, node loss and drain (control/placement.h, control/nodes.h); role control. */
+struct coved_nodes_options {
+        int placement_k;         /* best of K ready nodes (0: 3) */
+        int max_starts_per_node; /* starts/resumes/recoveries in flight per node (0: 4) */
+        int lost_grace_ms;       /* a node is lost this long after its lease expired (0: 5000) */
+};
+
 struct coved_options {
         const char *data_dir;      /* required */
         const char *listen;        /* "127.0.0.1:7677"; NULL for none */
@@ -63,6 +70,7 @@ struct coved_options {
         const char *db; /* catalog: "postgres://…" or a SQLite path; NULL: <data>/catalog.db */
         struct coved_ports_options ports;     /* exposed ports listener (control/ports.h) */
         struct coved_cluster_options cluster; /* role and cluster identity */
+        struct coved_nodes_options nodes;     /* placement, node loss, drain */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -124,6 +132,9 @@ struct coved {
         char advertise[256];   /* node role: its node API URL */
         int lease_ttl_ms, lease_renew_ms;
         struct coved_cluster *cl; /* the cluster side (control/cluster.h); NULL in role all */
+        struct coved_nodes_options nodes_opt; /* defaults filled by coved_open */
+        struct coved_nodes *nodes; /* node-loss sweeper and drains (control/nodes.h); NULL
+                                    * unless role control */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),
