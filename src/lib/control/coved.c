@@ -3,6 +3,7 @@
  * HTTP front end starts only after all of it (daemon/daemon.h), so no request sees a
  * half-reconciled node. */
 #include "control/coved.h"
+#include "control/nodes.h"
 #include "control/tbuild.h"
 
 #include <dirent.h>
@@ -291,6 +292,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                                        : (int64_t)o->key_cache_ttl_s * 1000);
         if (cluster_identity(d, o, err) < 0)
                 return -1;
+        d->nodes_opt = o->nodes; /* placement and node admin (control/nodes.h), role control */
         if (d->role != COVED_ROLE_ALL) /* the cluster side lands next (docs/cluster.md) */
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "--role control and --role node are not built yet: run "
@@ -409,6 +411,7 @@ void coved_close(struct coved *d)
         if (d->timer_started)
                 pthread_join(d->timer, NULL);
         d->timer_started = 0;
+        coved_nodes_stop(d); /* the node-loss sweeper and drains (role control) */
         coved_ports_close(d);
         coved_tbuilds_free(d->tb); /* cancels and waits for template builds */
         d->tb = NULL;
