@@ -13,6 +13,7 @@
  *              [--role all|control|node] [--cluster-key-file F] [--node-name NAME]
  *              [--node-token-file F] [--control URL] [--advertise URL]
  *              [--lease-ttl S] [--lease-renew S]
+ *              [--placement-k N] [--max-starts-per-node N] [--node-lost-grace S]
  *        coved node-token --cluster-key-file F --node-name NAME  (prints the token) */
 #include <getopt.h>
 #include <signal.h>
@@ -74,6 +75,11 @@ static void usage(FILE *f)
                 "             [--advertise URL]  node: where controls reach its node API\n"
                 "                                (default http://<--listen>)\n"
                 "             [--lease-ttl S] [--lease-renew S]  node lease (default 10, 2)\n"
+                "             [--placement-k N]  control: best of N ready nodes (default 3)\n"
+                "             [--max-starts-per-node N]  control: starts, resumes and\n"
+                "                                recoveries in flight per node (default 4)\n"
+                "             [--node-lost-grace S]  control: a node is lost S seconds after\n"
+                "                                its lease TTL ran out (default 5)\n"
                 "       coved node-token --cluster-key-file F --node-name NAME\n"
                 "             print NAME's node token (for its --node-token-file)\n");
 }
@@ -156,6 +162,9 @@ int main(int argc, char **argv)
             {"lease-ttl", required_argument, 0, 1206},
             {"lease-renew", required_argument, 0, 1207},
             /* 1210-1299: more cluster flags (node/control helpers) */
+            {"placement-k", required_argument, 0, 1240},
+            {"max-starts-per-node", required_argument, 0, 1241},
+            {"node-lost-grace", required_argument, 0, 1242},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -365,6 +374,30 @@ int main(int argc, char **argv)
                         }
                         *(c == 1206 ? &o.cluster.lease_ttl_ms : &o.cluster.lease_renew_ms) =
                             (int)(v * 1000);
+                        break;
+                }
+                case 1240:
+                case 1241: {
+                        long long v = 0;
+                        char *end = NULL;
+                        v = strtoll(optarg, &end, 10);
+                        long long max = c == 1240 ? 64 : 1024;
+                        if (!end || *end || v < 1 || v > max) {
+                                fprintf(stderr, "coved: --%s takes 1 to %lld\n",
+                                        c == 1240 ? "placement-k" : "max-starts-per-node", max);
+                                return 2;
+                        }
+                        *(c == 1240 ? &o.nodes.placement_k : &o.nodes.max_starts_per_node) = (int)v;
+                        break;
+                }
+                case 1242: {
+                        double v = atof(optarg);
+                        if (v < 0.1 || v > 3600) {
+                                fprintf(stderr, "coved: --node-lost-grace takes 0.1 to 3600 "
+                                                "seconds\n");
+                                return 2;
+                        }
+                        o.nodes.lost_grace_ms = (int)(v * 1000);
                         break;
                 }
                 case 'h':
