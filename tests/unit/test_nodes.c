@@ -550,6 +550,7 @@ static void two_replicas_recover_once(void **state)
         }
         struct coved other;
         replica_open(f, &other);
+        f->d.nodes_opt.max_starts_per_node = other.nodes_opt.max_starts_per_node = 16;
         int64_t late = node_row(f, "a").last_seen + 1501;
         struct race r1 = {&f->d, late, 0}, r2 = {&other, late, 0};
         pthread_t t1, t2;
@@ -565,6 +566,38 @@ static void two_replicas_recover_once(void **state)
         for (int i = 0; i < 6; i++) {
                 snprintf(id, sizeof(id), "recover:sbx_%d ", i);
                 assert_int_equal(count(jobs, id), 1);
+                snprintf(id, sizeof(id), "sbx_%d", i);
+                assert_string_equal(placement(f, id).node, "b");
+        }
+}
+
+static void recovery_respects_the_starts_cap(void **state)
+{
+        struct fx *f = *state;
+        node_up(f, "a", 16, 200, FEAT);
+        int b = node_up(f, "b", 16, 60000, FEAT);
+        f->d.nodes_opt.max_starts_per_node = 4;
+        char id[32], sid[32];
+        for (int i = 0; i < 6; i++) {
+                snprintf(id, sizeof(id), "sbx_%d", i);
+                snprintf(sid, sizeof(sid), "snap_%d", i);
+                sbx_add(f, id, "a", "running");
+                snap_add(f, id, sid, "files", cove_now_ms() - 1000);
+        }
+        int64_t late = node_row(f, "a").last_seen + 1501;
+        struct cove_err err = {0};
+        assert_int_equal(coved_nodes_sweep(&f->d, late, &err), 4);
+        assert_int_equal(coved_nodes_sweep(&f->d, late, &err), 0); /* b has 4 in flight */
+        /* b finishes them: the other two follow */
+        struct cove_job_row j;
+        while (ops->job_claim(f->d.cat, "b", f->epoch[b], &j, &err) == 0) {
+                assert_int_equal(
+                    ops->job_finish(f->d.cat, j.id, "b", f->epoch[b], j.generation, 1, NULL, &err),
+                    0);
+                cove_job_row_clear(&j);
+        }
+        assert_int_equal(coved_nodes_sweep(&f->d, late, &err), 2);
+        for (int i = 0; i < 6; i++) {
                 snprintf(id, sizeof(id), "sbx_%d", i);
                 assert_string_equal(placement(f, id).node, "b");
         }
@@ -749,6 +782,9 @@ static void cordon_uncordon_and_the_list(void **state)
 
         assert_int_equal(coved_node_admin(&f->d, "zz", "cordon", NULL, &out, &err), -1);
         assert_int_equal(err.kind, COVE_E_NOT_FOUND);
+        assert_int_equal(coved_node_admin(&f->d, "A B\x01", "cordon", NULL, &out, &err), -1);
+        assert_int_equal(err.kind, COVE_E_NOT_FOUND);
+        assert_null(strstr(err.msg, "A B"));
         assert_int_equal(coved_node_admin(&f->d, "a", "reboot", NULL, &out, &err), -1);
         assert_int_equal(err.kind, COVE_E_BAD_REQUEST);
         assert_int_equal(ops->node_set_state(f->d.cat, "b", "lost", &err), 0);
@@ -771,26 +807,86 @@ static void cordon_uncordon_and_the_list(void **state)
         json_decref(x.recover);
 }
 
+/* sandbox id placed on node with an open job of kind (nobody claims it) */
+static void job_add(struct fx *f, const char *id, const char *node, const char *kind)
+{
+        sbx_add(f, id, node, "starting");
+        struct cove_err err = {0};
+        if (ops->placement_write(f->d.cat, id, node, "running", kind, -1, NULL, NULL, &err) < 0)
+                fail_msg("place %s: %s", id, err.msg);
+}
+
 static void starts_in_flight_count_per_node(void **state)
 {
         struct fx *f = *state;
         node_up(f, "a", 64, 60000, FEAT);
         node_up(f, "b", 8, 60000, FEAT);
         f->d.nodes_opt.max_starts_per_node = 2;
-        sbx_add(f, "sbx_1", "a", "starting");
+        job_add(f, "sbx_1", "a", "start");
+        job_add(f, "sbx_p", "a", "pause"); /* not a start */
         struct coved_place_want w = {.runtime = "ns", .cpus = 1};
         char node[64], why[256];
         struct cove_err err = {0};
         assert_int_equal(coved_place(&f->d, &w, node, why, sizeof(why), &err), 0);
         assert_string_equal(node, "a");
-        sbx_add(f, "sbx_2", "a", "resuming");
+        job_add(f, "sbx_2", "a", "recover");
         assert_int_equal(coved_place(&f->d, &w, node, why, sizeof(why), &err), 0);
         assert_string_equal(node, "b"); /* a has 2 starts in flight */
-        sbx_add(f, "sbx_3", "b", "starting");
-        sbx_add(f, "sbx_4", "b", "starting");
+        job_add(f, "sbx_3", "b", "resume");
+        job_add(f, "sbx_4", "b", "start");
         assert_int_equal(coved_place(&f->d, &w, node, why, sizeof(why), &err), 1);
         assert_non_null(strstr(why, "a: 2 starts in flight (cap 2)"));
         assert_non_null(strstr(why, "b: 2 starts in flight (cap 2)"));
+        /* a start the node finished no longer counts */
+        struct cove_job_row j;
+        assert_int_equal(ops->job_claim(f->d.cat, "b", f->epoch[1], &j, &err), 0);
+        assert_int_equal(
+            ops->job_finish(f->d.cat, j.id, "b", f->epoch[1], j.generation, 1, NULL, &err), 0);
+        cove_job_row_clear(&j);
+        assert_int_equal(coved_place(&f->d, &w, node, why, sizeof(why), &err), 0);
+        assert_string_equal(node, "b");
+}
+
+struct counts {
+        char text[256];
+};
+
+static int count_cb(const char *name, int64_t n, void *arg)
+{
+        struct counts *x = arg;
+        size_t len = strlen(x->text);
+        snprintf(x->text + len, sizeof(x->text) - len, "%s=%lld ", name, (long long)n);
+        return 0;
+}
+
+static void job_counts_per_node(void **state)
+{
+        struct fx *f = *state;
+        node_up(f, "a", 8, 60000, FEAT);
+        node_up(f, "b", 8, 60000, FEAT);
+        job_add(f, "sbx_1", "a", "start");
+        job_add(f, "sbx_2", "a", "resume");
+        job_add(f, "sbx_3", "b", "recover");
+        job_add(f, "sbx_4", "b", "snapshot");
+        struct counts x = {""};
+        struct cove_err err = {0};
+        assert_int_equal(ops->job_counts(f->d.cat, "start, resume,recover", count_cb, &x, &err), 0);
+        assert_string_equal(x.text, "a=2 b=1 ");
+        /* moving sbx_2 to b supersedes its job on a: one new job on b instead */
+        assert_int_equal(
+            ops->placement_write(f->d.cat, "sbx_2", "b", "running", "resume", -1, NULL, NULL, &err),
+            0);
+        memset(&x, 0, sizeof(x));
+        assert_int_equal(ops->job_counts(f->d.cat, "start,resume,recover", count_cb, &x, &err), 0);
+        assert_string_equal(x.text, "a=1 b=2 ");
+        memset(&x, 0, sizeof(x));
+        assert_int_equal(ops->job_counts(f->d.cat, "", count_cb, &x, &err), 0);
+        assert_string_equal(x.text, "");
+        char big[400];
+        memset(big, 'k', sizeof(big) - 1);
+        big[sizeof(big) - 1] = '\0';
+        assert_int_equal(ops->job_counts(f->d.cat, big, count_cb, &x, &err), -1);
+        assert_int_equal(err.kind, COVE_E_BAD_REQUEST);
 }
 
 static int run_all(const char *name)
@@ -800,6 +896,7 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(lost_node_sandboxes_recover_elsewhere, setup, teardown),
             cmocka_unit_test_setup_teardown(lost_recovery_waits_for_a_node, setup, teardown),
             cmocka_unit_test_setup_teardown(two_replicas_recover_once, setup, teardown),
+            cmocka_unit_test_setup_teardown(recovery_respects_the_starts_cap, setup, teardown),
             cmocka_unit_test_setup_teardown(drain_moves_each_sandbox_once, setup, teardown),
             cmocka_unit_test_setup_teardown(drain_keeps_running_what_no_node_can_take, setup,
                                             teardown),
@@ -807,6 +904,7 @@ static int run_all(const char *name)
                                             teardown),
             cmocka_unit_test_setup_teardown(cordon_uncordon_and_the_list, setup, teardown),
             cmocka_unit_test_setup_teardown(starts_in_flight_count_per_node, setup, teardown),
+            cmocka_unit_test_setup_teardown(job_counts_per_node, setup, teardown),
         };
         return _cmocka_run_group_tests(name, tests, sizeof(tests) / sizeof(tests[0]), NULL, NULL);
 }

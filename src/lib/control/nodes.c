@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cluster/nodeauth.h"
 #include "control/audit.h"
 #include "control/cluster.h"
 #include "control/coved.h"
@@ -14,7 +15,7 @@
 #include "util/util.h"
 
 struct coved_nodes {
-        pthread_t th;
+        pthread_t th_sweep, th_drain;
         pthread_mutex_t mu;
         pthread_cond_t cv;
         int quit, kicked;
@@ -219,6 +220,10 @@ int coved_node_admin(struct coved *d, const char *name, const char *action, cons
                                      "no node %.64s: this coved runs in role all (one process, no "
                                      "cluster nodes)",
                                      name);
+        if (!cove_node_name_valid(name)) /* never echoed: it may be any bytes */
+                return cove_err_setk(err, COVE_E_NOT_FOUND, 0,
+                                     "no such node (names are 1 to %d of a-z, 0-9 and -)",
+                                     COVE_NODE_NAME_MAX);
         struct node_rows x;
         if (nodes_read(d, &x, err) < 0)
                 return -1;
@@ -664,17 +669,60 @@ int coved_nodes_sweep(struct coved *d, int64_t now_ms, struct cove_err *err)
 
 /* ---- the thread ---- */
 
-static void *nodes_main(void *arg)
+/* Wait up to wait_ms or until kicked (drain only) or quitting; 1 when quitting. mu held. */
+static int nodes_wait(struct coved_nodes *n, int wait_ms, int kickable)
+{
+        if (n->quit)
+                return 1;
+        if (!(kickable && n->kicked)) {
+                struct timespec ts;
+                clock_gettime(CLOCK_MONOTONIC, &ts);
+                ts.tv_sec += wait_ms / 1000;
+                ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                        ts.tv_sec++;
+                        ts.tv_nsec -= 1000000000L;
+                }
+                pthread_cond_timedwait(&n->cv, &n->mu, &ts);
+        }
+        if (kickable)
+                n->kicked = 0;
+        return n->quit;
+}
+
+static int tick_ms(const struct coved *d)
+{
+        return d->lease_renew_ms > 0 && d->lease_renew_ms < 1000 ? d->lease_renew_ms : 1000;
+}
+
+/* The node-loss sweeper: its own thread, so a long drain step never delays it. */
+static void *sweep_main(void *arg)
 {
         struct coved *d = arg;
         struct coved_nodes *n = d->nodes;
-        int tick_ms = d->lease_renew_ms > 0 && d->lease_renew_ms < 1000 ? d->lease_renew_ms : 1000;
         pthread_mutex_lock(&n->mu);
         while (!n->quit) {
                 pthread_mutex_unlock(&n->mu);
                 struct cove_err err;
                 if (coved_nodes_sweep(d, cove_now_ms(), &err) < 0)
                         cove_warn(&d->log, "node.sweep", "%s", err.msg);
+                pthread_mutex_lock(&n->mu);
+                if (nodes_wait(n, tick_ms(d), 0))
+                        break;
+        }
+        pthread_mutex_unlock(&n->mu);
+        return NULL;
+}
+
+/* Drains: one move per draining node per round, a short pause between rounds. */
+static void *drain_main(void *arg)
+{
+        struct coved *d = arg;
+        struct coved_nodes *n = d->nodes;
+        pthread_mutex_lock(&n->mu);
+        while (!n->quit) {
+                pthread_mutex_unlock(&n->mu);
+                struct cove_err err;
                 int more = 0;
                 struct node_rows x;
                 if (nodes_read(d, &x, &err) == 0) {
@@ -690,21 +738,8 @@ static void *nodes_main(void *arg)
                         free(x.v);
                 }
                 pthread_mutex_lock(&n->mu);
-                if (n->quit)
+                if (nodes_wait(n, more ? COVED_DRAIN_PAUSE_MS : tick_ms(d), 1))
                         break;
-                if (!n->kicked) {
-                        int wait_ms = more ? COVED_DRAIN_PAUSE_MS : tick_ms;
-                        struct timespec ts;
-                        clock_gettime(CLOCK_MONOTONIC, &ts);
-                        ts.tv_sec += wait_ms / 1000;
-                        ts.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-                        if (ts.tv_nsec >= 1000000000L) {
-                                ts.tv_sec++;
-                                ts.tv_nsec -= 1000000000L;
-                        }
-                        pthread_cond_timedwait(&n->cv, &n->mu, &ts);
-                }
-                n->kicked = 0;
         }
         pthread_mutex_unlock(&n->mu);
         return NULL;
@@ -725,14 +760,24 @@ int coved_nodes_start(struct coved *d, struct cove_err *err)
         pthread_condattr_destroy(&ca);
         n->retry = json_object();
         d->nodes = n;
-        int e = pthread_create(&n->th, NULL, nodes_main, d);
+        int e = pthread_create(&n->th_sweep, NULL, sweep_main, d);
+        if (!e) {
+                e = pthread_create(&n->th_drain, NULL, drain_main, d);
+                if (e) {
+                        pthread_mutex_lock(&n->mu);
+                        n->quit = 1;
+                        pthread_cond_broadcast(&n->cv);
+                        pthread_mutex_unlock(&n->mu);
+                        pthread_join(n->th_sweep, NULL);
+                }
+        }
         if (e) {
                 d->nodes = NULL;
                 pthread_cond_destroy(&n->cv);
                 pthread_mutex_destroy(&n->mu);
                 json_decref(n->retry);
                 free(n);
-                return cove_err_set(err, e, "node sweeper thread");
+                return cove_err_set(err, e, "node sweeper and drain threads");
         }
         return 0;
 }
@@ -746,7 +791,8 @@ void coved_nodes_stop(struct coved *d)
         n->quit = 1;
         pthread_cond_broadcast(&n->cv);
         pthread_mutex_unlock(&n->mu);
-        pthread_join(n->th, NULL);
+        pthread_join(n->th_sweep, NULL);
+        pthread_join(n->th_drain, NULL);
         d->nodes = NULL;
         pthread_cond_destroy(&n->cv);
         pthread_mutex_destroy(&n->mu);

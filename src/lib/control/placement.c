@@ -255,12 +255,12 @@ struct starts {
         int *count;
 };
 
-static int count_start(const struct cove_sandbox_row *row, void *arg)
+static int count_start(const char *node, int64_t n, void *arg)
 {
         struct starts *x = arg;
         for (size_t i = 0; i < x->nodes->n; i++)
-                if (!strcmp(x->nodes->v[i].name, row->node))
-                        x->count[i]++;
+                if (!strcmp(x->nodes->v[i].name, node))
+                        x->count[i] = n > 1 << 20 ? 1 << 20 : (int)n;
         return 0;
 }
 
@@ -277,11 +277,10 @@ int coved_place(struct coved *d, const struct coved_place_want *w, char node[64]
                 free(x.v);
                 return cove_err_set(err, ENOMEM, "placement");
         }
-        /* the starts in flight: a start, resume or recovery job not yet converged leaves the
-         * sandbox "starting" or "resuming" */
+        /* the starts in flight: start, resume and recover jobs not finished yet */
         struct starts sx = {&x, count};
-        if (x.n && d->cat_ops->sandbox_list(d->cat, NULL, "starting,resuming", count_start, &sx,
-                                            err) < 0) {
+        if (x.n &&
+            d->cat_ops->job_counts(d->cat, "start,resume,recover", count_start, &sx, err) < 0) {
                 free(count);
                 free(x.v);
                 return -1;

@@ -122,7 +122,8 @@ struct cove_node_row {
         int64_t last_seen;   /* unix ms of the last acquire or renew */
         char features[1024]; /* what the node announced at acquire, JSON object text ("{}") */
 };
-typedef int (*cove_node_cb)(const struct cove_node_row *row, void *arg); /* <0 stops */
+typedef int (*cove_node_cb)(const struct cove_node_row *row, void *arg);  /* <0 stops */
+typedef int (*cove_count_cb)(const char *name, int64_t count, void *arg); /* <0 stops */
 
 /* Where a sandbox runs and what it should be. generation is bumped on every placement
  * (a new node, or the same node again); a desired-state change alone keeps it. */
@@ -329,6 +330,12 @@ struct cove_catalog_ops {
          * before the first claim); SQLite: writes through this handle only. */
         int (*wait_wakeup)(struct cove_catalog *c, const char *node, int timeout_ms,
                            struct cove_err *err);
+        /* The open jobs (queued or claimed) of the kinds in the comma list kinds ("start,
+         * resume,recover"; at most 255 bytes) at their sandbox's current generation, counted
+         * per node the sandbox is placed on: cb(node, count) for each node with any, by
+         * name, after the lock is released. Placement's cap on starts in flight. */
+        int (*job_counts)(struct cove_catalog *c, const char *kinds, cove_count_cb cb, void *arg,
+                          struct cove_err *err);
 };
 
 extern const struct cove_catalog_ops cove_catalog_sqlite;

@@ -1760,6 +1760,37 @@ static int listen_ensure(struct cove_catalog *c, int *fresh, struct cove_err *er
         return 0;
 }
 
+static int pg_job_counts(struct cove_catalog *c, const char *kinds, cove_count_cb cb, void *arg,
+                         struct cove_err *err)
+{
+        char filter[260];
+        if (cove__kinds_filter(kinds, filter, sizeof(filter)) < 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "catalog: job kinds too long");
+        struct params p = {0};
+        p_text(&p, filter);
+        PGresult *res = run1(c,
+                             "SELECT p.node, count(*) FROM jobs j JOIN placements p"
+                             " ON p.sandbox_id = j.sandbox_id AND p.generation = j.generation"
+                             " WHERE j.state IN ('queued', 'claimed')"
+                             " AND strpos($1, ',' || j.kind || ',') > 0"
+                             " GROUP BY p.node ORDER BY p.node",
+                             &p, err, "count jobs");
+        if (!res)
+                return -1;
+        int r = 0;
+        for (int i = 0; i < PQntuples(res); i++) {
+                char name[64];
+                if (get_copy(res, i, 0, name, sizeof(name)) < 0) {
+                        r = cove_err_set(err, 0, "catalog: count jobs: node name too long");
+                        break;
+                }
+                if (cb(name, get_i64(res, i, 1), arg) < 0)
+                        break;
+        }
+        PQclear(res);
+        return r;
+}
+
 static int pg_wait_wakeup(struct cove_catalog *c, const char *node, int timeout_ms,
                           struct cove_err *err)
 {
@@ -1854,4 +1885,5 @@ const struct cove_catalog_ops cove_catalog_pg = {
     .job_finish = pg_job_finish,
     .job_get = pg_job_get,
     .wait_wakeup = pg_wait_wakeup,
+    .job_counts = pg_job_counts,
 };

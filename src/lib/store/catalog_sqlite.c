@@ -1853,6 +1853,62 @@ static int sqlite_job_finish(struct cove_catalog *c, int64_t job_id, const char 
         return r;
 }
 
+struct count_row {
+        char name[64];
+        int64_t count;
+};
+
+static int sqlite_job_counts(struct cove_catalog *c, const char *kinds, cove_count_cb cb, void *arg,
+                             struct cove_err *err)
+{
+        char filter[260];
+        if (cove__kinds_filter(kinds, filter, sizeof(filter)) < 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "catalog: job kinds too long");
+        struct count_row *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0, rc;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = NULL;
+        rc = sqlite3_prepare_v2(c->db,
+                                "SELECT p.node, count(*) FROM jobs j JOIN placements p"
+                                " ON p.sandbox_id = j.sandbox_id AND p.generation = j.generation"
+                                " WHERE j.state IN ('queued', 'claimed')"
+                                " AND instr(?1, ',' || j.kind || ',') > 0"
+                                " GROUP BY p.node ORDER BY p.node",
+                                -1, &st, NULL);
+        if (rc != SQLITE_OK) {
+                r = db_err(c->db, rc, err, "count jobs");
+        } else {
+                bind_text(st, 1, filter);
+                while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                        if (n == cap) {
+                                size_t ncap = cap ? cap * 2 : 16;
+                                struct count_row *nr = realloc(rows, ncap * sizeof(*rows));
+                                if (!nr) {
+                                        r = cove_err_set(err, ENOMEM, "catalog: count jobs");
+                                        break;
+                                }
+                                rows = nr;
+                                cap = ncap;
+                        }
+                        if (col_copy(st, 0, rows[n].name, sizeof(rows[n].name)) < 0) {
+                                r = cove_err_set(err, 0, "catalog: count jobs: node name too long");
+                                break;
+                        }
+                        rows[n++].count = sqlite3_column_int64(st, 1);
+                }
+                if (r == 0 && rc != SQLITE_DONE)
+                        r = db_err(c->db, rc, err, "count jobs");
+        }
+        sqlite3_finalize(st);
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (cb(rows[i].name, rows[i].count, arg) < 0)
+                        break;
+        free(rows);
+        return r;
+}
+
 static int sqlite_wait_wakeup(struct cove_catalog *c, const char *node, int timeout_ms,
                               struct cove_err *err)
 {
@@ -1918,4 +1974,5 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .job_finish = sqlite_job_finish,
     .job_get = sqlite_job_get,
     .wait_wakeup = sqlite_wait_wakeup,
+    .job_counts = sqlite_job_counts,
 };
