@@ -390,6 +390,9 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                 goto fail;
         }
         d->timer_started = 1;
+        /* role control: the node-loss sweeper and drains (a no-op in the other roles) */
+        if (coved_nodes_start(d, err) < 0)
+                goto fail;
         return 0;
 fail:
         coved_close(d);
