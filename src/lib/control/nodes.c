@@ -274,6 +274,17 @@ int coved_node_admin(struct coved *d, const char *name, const char *action, cons
 
 /* ---- moving a sandbox ---- */
 
+/* placement_write with job arguments (args_json: JSON text or NULL). The jobs table has no
+ * arguments column before the cluster core's schema step, so they are dropped until then
+ * (the node's resume and recover then use the row's last_snapshot_id, written first). */
+static int place_write(struct coved *d, const char *id, const char *node, const char *desired,
+                       const char *kind, const char *args_json, int64_t expect, int64_t *job,
+                       struct cove_err *err)
+{
+        (void)args_json;
+        return d->cat_ops->placement_write(d->cat, id, node, desired, kind, expect, NULL, job, err);
+}
+
 static struct coved_place_want want_of(const struct cove_sandbox_row *s, const char *avoid)
 {
         struct coved_place_want w = {.runtime = s->runtime,
@@ -338,8 +349,7 @@ static int move_paused(struct coved *d, struct cove_sandbox_row *s,
         int r = coved_place(d, &w, target, why, sizeof(why), err);
         if (r != 0)
                 return r;
-        if (d->cat_ops->placement_write(d->cat, s->id, target, "paused", NULL, p->generation, NULL,
-                                        NULL, err) < 0)
+        if (place_write(d, s->id, target, "paused", NULL, NULL, p->generation, NULL, err) < 0)
                 return err->kind == COVE_E_CONFLICT ? 1 : -1;
         snprintf(s->node, sizeof(s->node), "%s", target); /* no job: nobody else writes it */
         if (d->cat_ops->sandbox_update(d->cat, s, err) < 0)
@@ -387,8 +397,12 @@ static int move_running(struct coved *d, const struct cove_node_row *n, struct c
                 return 3;
         }
         int64_t t1 = mono_ms();
+        /* the pause's snapshot: {"snapshot":{…}} as the public pause answers, or the row */
         const char *sid =
-            json_string_value(json_object_get(json_object_get(res, "sandbox"), "last_snapshot_id"));
+            json_string_value(json_object_get(json_object_get(res, "snapshot"), "id"));
+        if (!sid)
+                sid = json_string_value(
+                    json_object_get(json_object_get(res, "sandbox"), "last_snapshot_id"));
         char snap_id[64] = "";
         snprintf(snap_id, sizeof(snap_id), "%s", sid ? sid : "");
         json_decref(res);
@@ -502,8 +516,8 @@ static int recover_one(struct coved *d, const struct cove_node_row *n, struct co
         if (r < 0)
                 return -1;
         if (r == 1) {
-                if (d->cat_ops->placement_write(d->cat, s->id, NULL, "stopped", NULL, p->generation,
-                                                NULL, NULL, err) < 0)
+                if (place_write(d, s->id, NULL, "stopped", NULL, NULL, p->generation, NULL, err) <
+                    0)
                         return err->kind == COVE_E_CONFLICT ? 0 : -1;
                 char msg[160];
                 snprintf(msg, sizeof(msg),
@@ -557,14 +571,20 @@ static int recover_one(struct coved *d, const struct cove_node_row *n, struct co
         free(s->recovered_from_json);
         s->recovered_from_json = txt;
         snprintf(s->last_snapshot_id, sizeof(s->last_snapshot_id), "%s", snap.id);
-        snprintf(s->state, sizeof(s->state), "resuming");
+        /* paused at that snapshot, as coved leaves a sandbox after its own crash: the
+         * recover job resumes it from there */
+        snprintf(s->state, sizeof(s->state), "paused");
         if (d->cat_ops->sandbox_update(d->cat, s, err) < 0) {
                 json_decref(rf);
                 return -1;
         }
         int64_t job = 0;
-        if (d->cat_ops->placement_write(d->cat, s->id, target, "running", "recover", p->generation,
-                                        NULL, &job, err) < 0) {
+        json_t *aj = json_pack("{s:s}", "snapshot_id", snap.id);
+        char *args = aj ? json_dumps(aj, JSON_COMPACT) : NULL;
+        json_decref(aj);
+        r = place_write(d, s->id, target, "running", "recover", args, p->generation, &job, err);
+        free(args);
+        if (r < 0) {
                 json_decref(rf);
                 return err->kind == COVE_E_CONFLICT ? 0 : -1;
         }
