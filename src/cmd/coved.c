@@ -14,6 +14,7 @@
  *              [--node-token-file F] [--control URL] [--advertise URL]
  *              [--lease-ttl S] [--lease-renew S]
  *              [--placement-k N] [--max-starts-per-node N] [--node-lost-grace S]
+ *              [--cpu-overcommit N]
  *        coved node-token --cluster-key-file F --node-name NAME  (prints the token) */
 #include <getopt.h>
 #include <signal.h>
@@ -80,6 +81,8 @@ static void usage(FILE *f)
                 "                                recoveries in flight per node (default 4)\n"
                 "             [--node-lost-grace S]  control: a node is lost S seconds after\n"
                 "                                its lease TTL ran out (default 5)\n"
+                "             [--cpu-overcommit N]  control: sandbox cpus placed per cpu a\n"
+                "                                node has (default 4)\n"
                 "       coved node-token --cluster-key-file F --node-name NAME\n"
                 "             print NAME's node token (for its --node-token-file)\n");
 }
@@ -165,6 +168,7 @@ int main(int argc, char **argv)
             {"placement-k", required_argument, 0, 1240},
             {"max-starts-per-node", required_argument, 0, 1241},
             {"node-lost-grace", required_argument, 0, 1242},
+            {"cpu-overcommit", required_argument, 0, 1243},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -377,17 +381,23 @@ int main(int argc, char **argv)
                         break;
                 }
                 case 1240:
-                case 1241: {
+                case 1241:
+                case 1243: {
                         long long v = 0;
                         char *end = NULL;
                         v = strtoll(optarg, &end, 10);
-                        long long max = c == 1240 ? 64 : 1024;
+                        long long max = c == 1241 ? 1024 : 64;
                         if (!end || *end || v < 1 || v > max) {
                                 fprintf(stderr, "coved: --%s takes 1 to %lld\n",
-                                        c == 1240 ? "placement-k" : "max-starts-per-node", max);
+                                        c == 1240   ? "placement-k"
+                                        : c == 1241 ? "max-starts-per-node"
+                                                    : "cpu-overcommit",
+                                        max);
                                 return 2;
                         }
-                        *(c == 1240 ? &o.nodes.placement_k : &o.nodes.max_starts_per_node) = (int)v;
+                        *(c == 1240   ? &o.nodes.placement_k
+                          : c == 1241 ? &o.nodes.max_starts_per_node
+                                      : &o.nodes.cpu_overcommit) = (int)v;
                         break;
                 }
                 case 1242: {

@@ -85,6 +85,7 @@ static void replica_open(struct fx *f, struct coved *d)
         d->nodes_opt.lost_grace_ms = 500;
         d->nodes_opt.placement_k = 3;
         d->nodes_opt.max_starts_per_node = 4;
+        d->nodes_opt.cpu_overcommit = 1; /* capacities as announced, unless a test says */
         pthread_mutex_init(&d->mu, NULL);
         pthread_cond_init(&d->cv, NULL);
         struct cove_err err = {0};
@@ -854,6 +855,25 @@ static void starts_in_flight_count_per_node(void **state)
         assert_string_equal(node, "b");
 }
 
+static void cpus_are_overcommitted_memory_is_not(void **state)
+{
+        struct fx *f = *state;
+        node_up(f, "a", 2, 60000, FEAT); /* 2 cpus, 2048 MB, 8192 MB disk */
+        sbx_add(f, "sbx_1", "a", "running");
+        sbx_add(f, "sbx_2", "a", "running");
+        struct coved_place_want w = {.runtime = "ns", .cpus = 1, .memory_mb = 256};
+        char node[64], why[256];
+        struct cove_err err = {0};
+        assert_int_equal(coved_place(&f->d, &w, node, why, sizeof(why), &err), 1);
+        assert_non_null(strstr(why, "a: free 0 cpus"));
+        f->d.nodes_opt.cpu_overcommit = 4; /* 8 sandbox cpus on 2 */
+        assert_int_equal(coved_place(&f->d, &w, node, why, sizeof(why), &err), 0);
+        assert_string_equal(node, "a");
+        w.memory_mb = 1025; /* 2 × 512 MB placed: 1024 MB left, never overcommitted */
+        assert_int_equal(coved_place(&f->d, &w, node, why, sizeof(why), &err), 1);
+        assert_non_null(strstr(why, "1024 MB memory"));
+}
+
 struct counts {
         char text[256];
 };
@@ -910,6 +930,7 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(cordon_uncordon_and_the_list, setup, teardown),
             cmocka_unit_test_setup_teardown(starts_in_flight_count_per_node, setup, teardown),
             cmocka_unit_test_setup_teardown(job_counts_per_node, setup, teardown),
+            cmocka_unit_test_setup_teardown(cpus_are_overcommitted_memory_is_not, setup, teardown),
         };
         return _cmocka_run_group_tests(name, tests, sizeof(tests) / sizeof(tests[0]), NULL, NULL);
 }

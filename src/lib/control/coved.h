@@ -48,6 +48,7 @@ struct coved_nodes_options {
         int placement_k;         /* best of K ready nodes (0: 3) */
         int max_starts_per_node; /* starts/resumes/recoveries in flight per node (0: 4) */
         int lost_grace_ms;       /* a node is lost this long after its lease expired (0: 5000) */
+        int cpu_overcommit;      /* sandbox cpus placed per cpu a node announced (0: 4) */
 };
 
 struct coved_options {

@@ -291,6 +291,10 @@ int coved_place(struct coved *d, const struct coved_place_want *w, char node[64]
                 free(x.v);
                 return -1;
         }
+        /* cpus are shared (agents mostly wait), memory and disk are not */
+        int64_t over = d->nodes_opt.cpu_overcommit > 0 ? d->nodes_opt.cpu_overcommit : 4;
+        for (size_t i = 0; i < x.n; i++)
+                x.v[i].cpus *= over;
         int k = d->nodes_opt.placement_k > 0 ? d->nodes_opt.placement_k : 3;
         int cap = d->nodes_opt.max_starts_per_node > 0 ? d->nodes_opt.max_starts_per_node : 4;
         int r =

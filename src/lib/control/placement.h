@@ -27,8 +27,8 @@ struct coved_place_want {
 
 /* 0 with node (the chosen one's name), 1 with *why when none fits: the caller answers 503
  * unavailable with why; -1 on error (the catalog). Reads the nodes and the starts in flight
- * (open start, resume and recover jobs per node: job_counts) from the catalog; K and the
- * cap are d->nodes_opt.placement_k / max_starts_per_node. */
+ * (open start, resume and recover jobs per node: job_counts) from the catalog; K, the cap
+ * and the cpu overcommit (a node takes cpu_overcommit × its cpus) are in d->nodes_opt. */
 int coved_place(struct coved *d, const struct coved_place_want *w, char node[64], char *why,
                 size_t why_cap, struct cove_err *err);
 
