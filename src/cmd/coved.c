@@ -14,6 +14,8 @@
  *              [--node-token-file F] [--control URL] [--advertise URL]
  *              [--lease-ttl S] [--lease-renew S]
  *              [--forward-connect-timeout S] [--forward-head-timeout S]
+ *              [--placement-k N] [--max-starts-per-node N] [--node-lost-grace S]
+ *              [--cpu-overcommit N]
  *        coved node-token --cluster-key-file F --node-name NAME  (prints the token) */
 #include <getopt.h>
 #include <signal.h>
@@ -85,6 +87,13 @@ static void usage(FILE *f)
                 "             [--default-kek-file F]  with --db postgres://: the default key\n"
                 "                                of tenants' data keys, the same file on\n"
                 "                                every control and node\n"
+                "             [--placement-k N]  control: best of N ready nodes (default 3)\n"
+                "             [--max-starts-per-node N]  control: starts, resumes and\n"
+                "                                recoveries in flight per node (default 4)\n"
+                "             [--node-lost-grace S]  control: a node is lost S seconds after\n"
+                "                                its lease TTL ran out (default 5)\n"
+                "             [--cpu-overcommit N]  control: sandbox cpus placed per cpu a\n"
+                "                                node has (default 4)\n"
                 "       coved node-token --cluster-key-file F --node-name NAME\n"
                 "             print NAME's node token (for its --node-token-file)\n"
                 "       coved migrate --data-dir DIR --db postgres://… --store s3://B\n"
@@ -240,6 +249,10 @@ int main(int argc, char **argv)
             /* 1210-1299: more cluster flags (node/control helpers) */
             {"guest-fence-ttl", required_argument, 0, 1280},
             {"guest-fence-heartbeat", required_argument, 0, 1281},
+            {"placement-k", required_argument, 0, 1240},
+            {"max-starts-per-node", required_argument, 0, 1241},
+            {"node-lost-grace", required_argument, 0, 1242},
+            {"cpu-overcommit", required_argument, 0, 1243},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
@@ -478,6 +491,36 @@ int main(int argc, char **argv)
                         }
                         *(c == 1230 ? &o.forward.connect_timeout_ms : &o.forward.head_timeout_ms) =
                             (int)(v * 1000);
+                        break;
+                }
+                case 1240:
+                case 1241:
+                case 1243: {
+                        long long v = 0;
+                        char *end = NULL;
+                        v = strtoll(optarg, &end, 10);
+                        long long max = c == 1241 ? 1024 : 64;
+                        if (!end || *end || v < 1 || v > max) {
+                                fprintf(stderr, "coved: --%s takes 1 to %lld\n",
+                                        c == 1240   ? "placement-k"
+                                        : c == 1241 ? "max-starts-per-node"
+                                                    : "cpu-overcommit",
+                                        max);
+                                return 2;
+                        }
+                        *(c == 1240   ? &o.nodes.placement_k
+                          : c == 1241 ? &o.nodes.max_starts_per_node
+                                      : &o.nodes.cpu_overcommit) = (int)v;
+                        break;
+                }
+                case 1242: {
+                        double v = atof(optarg);
+                        if (v < 0.1 || v > 3600) {
+                                fprintf(stderr, "coved: --node-lost-grace takes 0.1 to 3600 "
+                                                "seconds\n");
+                                return 2;
+                        }
+                        o.nodes.lost_grace_ms = (int)(v * 1000);
                         break;
                 }
                 case 'h':

@@ -61,9 +61,21 @@ def started(build_dir, log_dir):
         d.stop()
 
 
+def _kek():
+    """the default KEK every control and node of this module's cluster is given"""
+    fd, path = tempfile.mkstemp(prefix="cove-rc-kek-")
+    os.write(fd, os.urandom(32))
+    os.close(fd)
+    os.chmod(path, 0o600)
+    return path
+
+
+KEK = _kek()
+
+
 def store_args(url, rgw):
     return ["--db", url, "--store", f"s3://cove-rc-{uuid.uuid4().hex[:8]}/c", "--s3-endpoint",
-            rgw.endpoint]
+            rgw.endpoint, "--default-kek-file", KEK]
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +265,7 @@ def test_node_without_db_runs_what_the_control_places(build_dir, templates_dir, 
                             "--control", f"http://127.0.0.1:{d.port}", "--lease-ttl", "6",
                             "--lease-renew", "1", "--pool", "0", "--egress-pool",
                             f"10.{octet}.0.0/16", "--store", store_args(url, rgw)[3],
-                            "--s3-endpoint", rgw.endpoint])
+                            "--s3-endpoint", rgw.endpoint, "--default-kek-file", KEK])
     node.own_data = True
     started.append(node)
     node.start()

@@ -61,7 +61,8 @@ int cmd_diff(struct cli *c, int argc, char **argv);     /* diff.c */
 int cmd_mcp(struct cli *c, int argc, char **argv);      /* mcp.c: MCP server on stdio */
 int cmd_secret(struct cli *c, int argc, char **argv);   /* secret.c: secrets and egress */
 int cmd_egress(struct cli *c, int argc, char **argv);
-int cmd_logs(struct cli *c, int argc, char **argv); /* logs.c */
+int cmd_logs(struct cli *c, int argc, char **argv);  /* logs.c */
+int cmd_nodes(struct cli *c, int argc, char **argv); /* nodes.c: cluster nodes (admin) */
 
 /* Options every verb accepts besides its own, for getopt_long tables:
  * `struct option opts[] = { {...verb options...}, CLI_GLOBAL_OPTIONS, {0} };` */

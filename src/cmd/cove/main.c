@@ -47,6 +47,7 @@ static const struct verb verbs[] = {
     {"keys", cmd_keys, "tenant data keys: status, list, add, rotate, revoke"},
     {"tenants", cmd_tenants, "tenants, their quotas and API keys (admin)"},
     {"template", cmd_template, "build templates from images; ls, inspect, rm"},
+    {"nodes", cmd_nodes, "cluster nodes: ls, cordon, uncordon, drain (admin)"},
 };
 
 static void usage(FILE *f)

@@ -314,5 +314,9 @@ const struct cove_route cove_routes[] = {
     {"POST", "/v1/keys", cove_h_keys_add, NULL, 0},
     {"POST", "/v1/keys/rotate", cove_h_keys_rotate, NULL, 0},
     {"POST", "/v1/keys/revoke", cove_h_keys_revoke, NULL, 0},
+    {"GET", "/v1/nodes", cove_h_nodes_list, NULL, 0},
+    {"POST", "/v1/nodes/{name}/cordon", cove_h_node_cordon, NULL, 0},
+    {"POST", "/v1/nodes/{name}/uncordon", cove_h_node_uncordon, NULL, 0},
+    {"POST", "/v1/nodes/{name}/drain", cove_h_node_drain, NULL, 0},
 };
 const size_t cove_nroutes = sizeof(cove_routes) / sizeof(cove_routes[0]);

@@ -71,6 +71,11 @@ int cove_h_keys_get(void *app, struct cove_req *r);
 int cove_h_keys_add(void *app, struct cove_req *r);
 int cove_h_keys_rotate(void *app, struct cove_req *r);
 int cove_h_keys_revoke(void *app, struct cove_req *r);
+/* cluster nodes (routes_nodes.c) */
+int cove_h_nodes_list(void *app, struct cove_req *r);
+int cove_h_node_cordon(void *app, struct cove_req *r);
+int cove_h_node_uncordon(void *app, struct cove_req *r);
+int cove_h_node_drain(void *app, struct cove_req *r);
 /* The tenant a call is about: the caller's own, or (admin keys) ?tenant= / body.tenant. A
  * tenant key naming another tenant gets 404 not_found answered here (another tenant looks
  * like one that does not exist) and NULL; whether an admin's tenant exists is the caller's

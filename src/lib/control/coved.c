@@ -3,6 +3,7 @@
  * HTTP front end starts only after all of it (daemon/daemon.h), so no request sees a
  * half-reconciled node. */
 #include "control/coved.h"
+#include "control/nodes.h"
 #include "control/tbuild.h"
 
 #include <dirent.h>
@@ -301,9 +302,11 @@ static int control_open(struct coved *d, const struct coved_options *o, struct c
         d->tb = coved_tbuilds_new(d->templates_dir); /* lists; builds are refused here */
         if (!d->tb)
                 return cove_err_set(err, ENOMEM, "template builds");
-        if (coved_keys_open(d, o->default_kek_file, err) < 0 ||
+        d->audit = cove_audit_open(d->cat_ops, d->cat, &d->log, err);
+        if (!d->audit || coved_keys_open(d, o->default_kek_file, err) < 0 ||
             cove_tenant_ensure_default(d->cat_ops, d->cat, err) < 0 ||
-            ensure_admin_key(d, err) < 0 || coved_cluster_open(d, err) < 0) {
+            ensure_admin_key(d, err) < 0 || coved_cluster_open(d, err) < 0 ||
+            coved_nodes_start(d, err) < 0) {
                 coved_close(d);
                 return -1;
         }
@@ -326,6 +329,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
                                                        : (int64_t)o->key_cache_ttl_s * 1000);
         if (cluster_identity(d, o, err) < 0)
                 return -1;
+        d->nodes_opt = o->nodes; /* placement and node admin (control/nodes.h), role control */
         if (d->role != COVED_ROLE_ALL && !o->default_kek_file)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                      "--role control and --role node need --default-kek-file F: "
@@ -450,6 +454,9 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         d->timer_started = 1;
         if (coved_cluster_open(d, err) < 0) /* role node: lease, jobs, fence */
                 goto fail;
+        /* role control: the node-loss sweeper and drains (a no-op in the other roles) */
+        if (coved_nodes_start(d, err) < 0)
+                goto fail;
         return 0;
 fail:
         coved_close(d);
@@ -479,6 +486,7 @@ void coved_close(struct coved *d)
         if (d->timer_started)
                 pthread_join(d->timer, NULL);
         d->timer_started = 0;
+        coved_nodes_stop(d); /* the node-loss sweeper and drains (role control) */
         coved_ports_close(d);
         coved_tbuilds_free(d->tb); /* cancels and waits for template builds */
         d->tb = NULL;

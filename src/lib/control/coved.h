@@ -53,6 +53,14 @@ struct coved_forward_options {
         int head_timeout_ms;    /* a node's answer head, exec excepted (60000) */
 };
 
+/* Placement, node loss and drain (control/placement.h, control/nodes.h); role control. */
+struct coved_nodes_options {
+        int placement_k;         /* best of K ready nodes (0: 3) */
+        int max_starts_per_node; /* starts/resumes/recoveries in flight per node (0: 4) */
+        int lost_grace_ms;       /* a node is lost this long after its lease expired (0: 5000) */
+        int cpu_overcommit;      /* sandbox cpus placed per cpu a node announced (0: 4) */
+};
+
 struct coved_options {
         const char *data_dir;      /* required */
         const char *listen;        /* "127.0.0.1:7677"; NULL for none */
@@ -78,6 +86,7 @@ struct coved_options {
          * (catalog on PostgreSQL): the same 32-byte file on every control and node (needed
          * in roles control and node; NULL in role all: <data>/keys/node.kek). */
         const char *default_kek_file;
+        struct coved_nodes_options nodes; /* placement, node loss, drain */
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -154,6 +163,9 @@ struct coved {
         struct coved_keys_cat keys_cat; /* key records in the catalog (coved_keys_open) */
         int keys_attached;
         int dir_lock; /* <data>/coved.lock, locked (control/migrate.h); > 0 while open */
+        struct coved_nodes_options nodes_opt; /* defaults filled by coved_open */
+        struct coved_nodes *nodes; /* node-loss sweeper and drains (control/nodes.h); NULL
+                                    * unless role control */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),

@@ -61,6 +61,14 @@ json_t *cove_sandbox_json(const struct cove_sandbox_row *s)
          * for at create (snapshots are always encrypted: docs/storage.md) */
         if (o)
                 json_object_set_new(o, "storage_encrypted", json_boolean(s->storage_encrypted));
+        /* after its node was lost: the snapshot it was recovered from (control/nodes.h) */
+        json_error_t je3;
+        json_t *rf =
+            o && s->recovered_from_json ? json_loads(s->recovered_from_json, 0, &je3) : NULL;
+        if (rf && json_is_object(rf))
+                json_object_set_new(o, "recovered_from", rf);
+        else
+                json_decref(rf);
         return o;
 }
 

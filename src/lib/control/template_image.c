@@ -621,9 +621,10 @@ int cove_template_image_build(const char *tdir, const struct cove_image_spec *s,
         if (tenant_dir(tdir, s->tenant, td, sizeof td, err) < 0)
                 return -1;
         if (!cove__tpl_valid_name(s->name) || cove_template_known(s->name))
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "template name must be 1..63 of [a-z0-9._-], starting with a "
-                                     "letter or digit, and not a built-in (busybox, base, code-interpreter)");
+                return cove_err_setk(
+                    err, COVE_E_BAD_REQUEST, 0,
+                    "template name must be 1..63 of [a-z0-9._-], starting with a "
+                    "letter or digit, and not a built-in (busybox, base, code-interpreter)");
         if (ensure_dirs(tdir, td, err) < 0)
                 return cove_err_wrap(err, "template %s", s->name);
         cleanup_close int ll = layers_lock(tdir, LOCK_SH, err);

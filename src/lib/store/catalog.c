@@ -18,6 +18,8 @@ void cove_sandbox_row_clear(struct cove_sandbox_row *row)
         free(row->env_json);
         free(row->error);
         free(row->retention_json);
+        free(row->recovered_from_json);
+        row->recovered_from_json = NULL;
         row->retention_json = NULL;
         row->metadata_json = NULL;
         row->env_json = NULL;
@@ -177,5 +179,27 @@ int cove__states_filter(const char *states, char *out, size_t cap, int *any)
                 out[n] = '\0';
         }
         *any = tokens == 0;
+        return 0;
+}
+
+int cove__kinds_filter(const char *kinds, char *out, size_t cap)
+{
+        size_t o = 0;
+        if (cap < 2)
+                return -1;
+        out[o++] = ',';
+        for (const char *p = kinds ? kinds : ""; *p;) {
+                p += strspn(p, " ,");
+                size_t n = strcspn(p, " ,");
+                if (!n)
+                        break;
+                if (o + n + 2 > cap)
+                        return -1;
+                memcpy(out + o, p, n);
+                o += n;
+                out[o++] = ',';
+                p += n;
+        }
+        out[o] = '\0';
         return 0;
 }

@@ -60,6 +60,9 @@ struct cove_sandbox_row {
         int snapshot_interval_s; /* rolling snapshots every N s while running; 0 = off */
         char *retention_json;    /* retention policy (JSON array), owned, NULL = default */
         int storage_encrypted;   /* schema 4: the writable layer is encrypted at rest */
+        /* schema 9: {"snapshot_id","at","lost_s"} after a recovery from a lost node, JSON
+         * object text, owned, NULL = never recovered */
+        char *recovered_from_json;
 };
 
 void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned strings */
@@ -121,7 +124,8 @@ struct cove_node_row {
          * {"runtimes":[…], "full":"ok"|why not, "criu", "kernel", "cpu", "templates":[…]} */
         char features[1024];
 };
-typedef int (*cove_node_cb)(const struct cove_node_row *row, void *arg); /* <0 stops */
+typedef int (*cove_node_cb)(const struct cove_node_row *row, void *arg);  /* <0 stops */
+typedef int (*cove_count_cb)(const char *name, int64_t count, void *arg); /* <0 stops */
 
 /* Where a sandbox runs and what it should be. generation is bumped on every placement
  * (a new node, or the same node again); a desired-state change alone keeps it. */
@@ -343,6 +347,12 @@ struct cove_catalog_ops {
          * control replica waiting for a job's outcome wakes when any node reports. */
         int (*wait_wakeup)(struct cove_catalog *c, const char *node, int timeout_ms,
                            struct cove_err *err);
+        /* The open jobs (queued or claimed) of the kinds in the comma list kinds ("start,
+         * resume,recover"; at most 255 bytes) at their sandbox's current generation, counted
+         * per node the sandbox is placed on: cb(node, count) for each node with any, by
+         * name, after the lock is released. Placement's cap on starts in flight. */
+        int (*job_counts)(struct cove_catalog *c, const char *kinds, cove_count_cb cb, void *arg,
+                          struct cove_err *err);
 };
 
 extern const struct cove_catalog_ops cove_catalog_sqlite;

@@ -679,7 +679,7 @@ static int pg_apikey_count(struct cove_catalog *c, int64_t *n, struct cove_err *
 #define SBX_COLS                                                                                   \
         "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
         " disk_mb, timeout_s, on_timeout, uid_base, node, last_snapshot_id, metadata_json,"        \
-        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted"
+        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted, recovered_from"
 
 static void sbx_params(struct params *p, const struct cove_sandbox_row *s)
 {
@@ -727,7 +727,9 @@ static int sbx_read(const PGresult *res, int i, struct cove_sandbox_row *o)
         o->snapshot_interval_s = (int)get_i64(res, i, 18);
         o->retention_json = get_dup(res, i, 19, NULL);
         o->storage_encrypted = (int)get_i64(res, i, 20);
+        o->recovered_from_json = get_dup(res, i, 21, NULL);
         if (!o->metadata_json || !o->env_json || (!o->error && !PQgetisnull(res, i, 17)) ||
+            (!o->recovered_from_json && !PQgetisnull(res, i, 21)) ||
             (!o->retention_json && !PQgetisnull(res, i, 19))) {
                 cove_sandbox_row_clear(o);
                 return -ENOMEM;
@@ -754,15 +756,16 @@ static int pg_sandbox_write(struct cove_catalog *c, int insert, const struct cov
         p_int(&p, s->snapshot_interval_s);
         p_text(&p, s->retention_json);
         p_int(&p, s->storage_encrypted ? 1 : 0);
+        p_text(&p, s->recovered_from_json);
         const char *sql =
             insert ? "INSERT INTO sandboxes(" SBX_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
-                     " $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)"
+                     " $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)"
                    : "UPDATE sandboxes SET state = $3, template_name = $4, runtime = $5,"
                      " created_at = $6, expires_at = $7, cpus = $8, memory_mb = $9,"
                      " disk_mb = $10, timeout_s = $11, on_timeout = $12, uid_base = $13,"
                      " node = $14, last_snapshot_id = $15, metadata_json = $16,"
                      " env_json = $17, error = $18, snapshot_interval_s = $19,"
-                     " retention_json = $20, storage_encrypted = $21"
+                     " retention_json = $20, storage_encrypted = $21, recovered_from = $22"
                      " WHERE id = $1 AND tenant = $2";
         PGresult *res = run1(c, sql, &p, err, "%s sandbox %s (tenant %s)", op, s->id, s->tenant);
         if (!res)
@@ -1824,6 +1827,37 @@ static int listen_ensure(struct cove_catalog *c, int *fresh, struct cove_err *er
         return 0;
 }
 
+static int pg_job_counts(struct cove_catalog *c, const char *kinds, cove_count_cb cb, void *arg,
+                         struct cove_err *err)
+{
+        char filter[260];
+        if (cove__kinds_filter(kinds, filter, sizeof(filter)) < 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "catalog: job kinds too long");
+        struct params p = {0};
+        p_text(&p, filter);
+        PGresult *res = run1(c,
+                             "SELECT p.node, count(*) FROM jobs j JOIN placements p"
+                             " ON p.sandbox_id = j.sandbox_id AND p.generation = j.generation"
+                             " WHERE j.state IN ('queued', 'claimed')"
+                             " AND strpos($1, ',' || j.kind || ',') > 0"
+                             " GROUP BY p.node ORDER BY p.node",
+                             &p, err, "count jobs");
+        if (!res)
+                return -1;
+        int r = 0;
+        for (int i = 0; i < PQntuples(res); i++) {
+                char name[64];
+                if (get_copy(res, i, 0, name, sizeof(name)) < 0) {
+                        r = cove_err_set(err, 0, "catalog: count jobs: node name too long");
+                        break;
+                }
+                if (cb(name, get_i64(res, i, 1), arg) < 0)
+                        break;
+        }
+        PQclear(res);
+        return r;
+}
+
 static int pg_wait_wakeup(struct cove_catalog *c, const char *node, int timeout_ms,
                           struct cove_err *err)
 {
@@ -1922,4 +1956,5 @@ const struct cove_catalog_ops cove_catalog_pg = {
     .job_finish = pg_job_finish,
     .job_get = pg_job_get,
     .wait_wakeup = pg_wait_wakeup,
+    .job_counts = pg_job_counts,
 };

@@ -207,6 +207,10 @@ const struct cove_migration cove_catalog_migrations[] = {
             "  record_json TEXT NOT NULL CHECK (json_valid(record_json)),"
             "  updated_at INTEGER NOT NULL"
             ");"},
+    /* 10: where a sandbox recovered from after its node was lost (control/nodes.h), JSON
+     * text {"snapshot_id","at","lost_s"}; NULL = never recovered */
+    {.sql = "ALTER TABLE sandboxes ADD COLUMN recovered_from TEXT"
+            "  CHECK (recovered_from IS NULL OR json_valid(recovered_from));"},
 };
 const int cove_catalog_schema_version = (int)COVE_ARRAY_SIZE(cove_catalog_migrations);
 

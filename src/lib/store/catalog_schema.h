@@ -35,5 +35,8 @@ int cove__sandbox_check(const struct cove_sandbox_row *s, struct cove_err *err, 
  * only; *any = 1 when no filter applies (NULL or no names). An all-unknown list yields ""
  * (matches nothing). -1 when it does not fit in cap. */
 int cove__states_filter(const char *states, char *out, size_t cap, int *any);
+/* Turn a kinds list ("start, resume,recover") into ",start,resume,recover," for an instr()
+ * / strpos() match of ',' || kind || ','. -1 when it does not fit in cap. */
+int cove__kinds_filter(const char *kinds, char *out, size_t cap);
 
 #endif

@@ -22,7 +22,7 @@
 #define SBX_COLS                                                                                   \
         "id, tenant, state, template_name, runtime, created_at, expires_at, cpus, memory_mb,"      \
         " disk_mb, timeout_s, on_timeout, uid_base, node, last_snapshot_id, metadata_json,"        \
-        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted"
+        " env_json, error, snapshot_interval_s, retention_json, storage_encrypted, recovered_from"
 #define SNAP_COLS                                                                                  \
         "id, tenant, sandbox_id, parent_id, kind, created_at, label, size_bytes, new_bytes,"       \
         " pause_us, rolling"
@@ -117,14 +117,15 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_KEY_GET] = "SELECT id, tenant, salt_hex, hash_hex, admin, revoked, created_at"
                    " FROM api_keys WHERE id = ?1",
     [ST_KEY_COUNT] = "SELECT count(*) FROM api_keys",
-    [ST_SBX_INSERT] = "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
-                      " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+    [ST_SBX_INSERT] =
+        "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
+        " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
     [ST_SBX_UPDATE] = "UPDATE sandboxes SET state = ?3, template_name = ?4, runtime = ?5,"
                       " created_at = ?6, expires_at = ?7, cpus = ?8, memory_mb = ?9,"
                       " disk_mb = ?10, timeout_s = ?11, on_timeout = ?12, uid_base = ?13,"
                       " node = ?14, last_snapshot_id = ?15, metadata_json = ?16,"
                       " env_json = ?17, error = ?18, snapshot_interval_s = ?19,"
-                      " retention_json = ?20, storage_encrypted = ?21"
+                      " retention_json = ?20, storage_encrypted = ?21, recovered_from = ?22"
                       " WHERE id = ?1 AND tenant = ?2",
     [ST_SBX_GET] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1",
     [ST_SBX_GET_T] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1 AND tenant = ?2",
@@ -779,6 +780,7 @@ static void sbx_bind(sqlite3_stmt *st, const struct cove_sandbox_row *s)
         sqlite3_bind_int(st, 19, s->snapshot_interval_s);
         bind_text(st, 20, s->retention_json);
         sqlite3_bind_int(st, 21, s->storage_encrypted ? 1 : 0);
+        bind_text(st, 22, s->recovered_from_json);
 }
 
 /* Fill out from the current row of st (columns SBX_COLS); out owns its strings. */
@@ -807,8 +809,10 @@ static int sbx_read(sqlite3_stmt *st, struct cove_sandbox_row *out)
         out->snapshot_interval_s = sqlite3_column_int(st, 18);
         out->retention_json = col_dup(st, 19, NULL);
         out->storage_encrypted = sqlite3_column_int(st, 20);
+        out->recovered_from_json = col_dup(st, 21, NULL);
         if (!out->metadata_json || !out->env_json ||
             (!out->error && sqlite3_column_type(st, 17) != SQLITE_NULL) ||
+            (!out->recovered_from_json && sqlite3_column_type(st, 21) != SQLITE_NULL) ||
             (!out->retention_json && sqlite3_column_type(st, 19) != SQLITE_NULL)) {
                 cove_sandbox_row_clear(out);
                 return -ENOMEM;
@@ -1927,6 +1931,62 @@ static int sqlite_job_finish(struct cove_catalog *c, int64_t job_id, const char 
         return r;
 }
 
+struct count_row {
+        char name[64];
+        int64_t count;
+};
+
+static int sqlite_job_counts(struct cove_catalog *c, const char *kinds, cove_count_cb cb, void *arg,
+                             struct cove_err *err)
+{
+        char filter[260];
+        if (cove__kinds_filter(kinds, filter, sizeof(filter)) < 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "catalog: job kinds too long");
+        struct count_row *rows = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0, rc;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = NULL;
+        rc = sqlite3_prepare_v2(c->db,
+                                "SELECT p.node, count(*) FROM jobs j JOIN placements p"
+                                " ON p.sandbox_id = j.sandbox_id AND p.generation = j.generation"
+                                " WHERE j.state IN ('queued', 'claimed')"
+                                " AND instr(?1, ',' || j.kind || ',') > 0"
+                                " GROUP BY p.node ORDER BY p.node",
+                                -1, &st, NULL);
+        if (rc != SQLITE_OK) {
+                r = db_err(c->db, rc, err, "count jobs");
+        } else {
+                bind_text(st, 1, filter);
+                while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                        if (n == cap) {
+                                size_t ncap = cap ? cap * 2 : 16;
+                                struct count_row *nr = realloc(rows, ncap * sizeof(*rows));
+                                if (!nr) {
+                                        r = cove_err_set(err, ENOMEM, "catalog: count jobs");
+                                        break;
+                                }
+                                rows = nr;
+                                cap = ncap;
+                        }
+                        if (col_copy(st, 0, rows[n].name, sizeof(rows[n].name)) < 0) {
+                                r = cove_err_set(err, 0, "catalog: count jobs: node name too long");
+                                break;
+                        }
+                        rows[n++].count = sqlite3_column_int64(st, 1);
+                }
+                if (r == 0 && rc != SQLITE_DONE)
+                        r = db_err(c->db, rc, err, "count jobs");
+        }
+        sqlite3_finalize(st);
+        pthread_mutex_unlock(&c->lock);
+        for (size_t i = 0; r == 0 && i < n; i++)
+                if (cb(rows[i].name, rows[i].count, arg) < 0)
+                        break;
+        free(rows);
+        return r;
+}
+
 static int sqlite_wait_wakeup(struct cove_catalog *c, const char *node, int timeout_ms,
                               struct cove_err *err)
 {
@@ -1994,4 +2054,5 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .job_finish = sqlite_job_finish,
     .job_get = sqlite_job_get,
     .wait_wakeup = sqlite_wait_wakeup,
+    .job_counts = sqlite_job_counts,
 };
