@@ -280,10 +280,11 @@ static void list_templates(void **state)
         char missing[300];
         snprintf(missing, sizeof missing, "%s/not-there", f->dir);
         assert_int_equal(cove_template_list(missing, collect, &l, &err), 0);
-        assert_int_equal(l.n, 2);
+        assert_int_equal(l.n, 3);
         assert_string_equal(l.names[0], "base");
         assert_string_equal(l.names[1], "busybox");
-        assert_int_equal(l.built[0] + l.built[1], 0);
+        assert_string_equal(l.names[2], "code-interpreter");
+        assert_int_equal(l.built[0] + l.built[1] + l.built[2], 0);
 
         /* a custom template: any directory with rootfs/ and a valid meta.json */
         char path[400];
@@ -296,9 +297,9 @@ static void list_templates(void **state)
                          0);
         memset(&l, 0, sizeof l);
         assert_int_equal(cove_template_list(f->dir, collect, &l, &err), 0);
-        assert_int_equal(l.n, 3);
-        assert_string_equal(l.names[2], "custom");
-        assert_int_equal(l.built[2], 1);
+        assert_int_equal(l.n, 4);
+        assert_string_equal(l.names[3], "custom");
+        assert_int_equal(l.built[3], 1);
         char rootfs[512];
         assert_int_equal(cove_template_lookup(f->dir, "custom", rootfs, sizeof rootfs, &err), 0);
 }
