@@ -72,12 +72,12 @@ def main():
         run_ms(c, sid, "1+1")  # warm
         warm = [run_ms(c, sid, "1+1") for _ in range(a.rounds)]
         c.put_file(sid, "/tmp/direct.py", DIRECT.encode())
-        r = c.exec(sid, {"cmd": ["python3", "/tmp/direct.py", str(a.rounds)]}, timeout=600)
+        r = c.exec(sid, ["python3", "/tmp/direct.py", str(a.rounds)], timeout=600)
         direct = json.loads(r["stdout"])
         fresh = []
         for _ in range(min(a.rounds, 30)):
             t = time.monotonic()
-            out = c.exec(sid, {"cmd": ["python3", "-c", "print(1+1)"]})
+            out = c.exec(sid, ["python3", "-c", "print(1+1)"])
             fresh.append((time.monotonic() - t) * 1000)
             assert out["stdout"].strip() == "2"
         print("| what | p50 ms | p90 ms | n |\n|---|---|---|---|")

@@ -229,6 +229,24 @@ def test_huge_output_is_cut_and_the_api_stays_responsive(ci, sid):
     assert "output cut" in text(done["lines"], "stderr")
 
 
+def test_fork_bomb_stays_inside_the_sandbox(ci):
+    """A fork bomb in a bash cell: the run ends at its timeout, the sandbox's process limit
+    holds (the node and the API answer throughout), and the sandbox can still be deleted."""
+    c = ci.client
+    s = c.create("code-interpreter")["id"]
+    try:
+        t0 = time.monotonic()
+        r = run(c, s, "bomb() { bomb | bomb & }; bomb", language="bash", timeout_s=10)
+        assert time.monotonic() - t0 < 300
+        assert r[-1] == {"type": "end_of_execution"}
+        assert c.get("/healthz")["ok"] is True
+        other = c.create("busybox")["id"]
+        assert c.exec(other, ["echo", "fine"])["stdout"] == "fine\n"
+        c.remove(other)
+    finally:
+        c.remove(s)
+
+
 def test_template_without_interpreter_is_a_clear_error(ci):
     c = ci.client
     s = c.create("busybox")["id"]
