@@ -198,6 +198,7 @@ static int tree_cb(void *arg, int tree_fd, struct cove_err *err)
             .source_id = t->b->ref,
             .tree_fd = tree_fd,
             .max_bytes = t->b->spec.max_bytes,
+            .extra = t->b->extra,
             .event = on_event,
             .event_arg = t->b,
         };
@@ -221,6 +222,7 @@ static void *build_main(void *arg)
                     .context_len = b->context_len,
                     .egress = b->egress,
                     .build_args = b->build_args,
+                    .extra = b->extra,
                     .max_bytes = b->spec.max_bytes,
                     .event = on_event,
                     .event_arg = b,
@@ -317,11 +319,50 @@ static int registry_host(const char *ref, char *out, size_t cap)
         return 0;
 }
 
+/* start_cmd, ready_cmd, ready_timeout_s of a POST: checked, and *extra {those present}
+ * (NULL when none) for the template's meta.json. */
+static int run_fields(json_t *body, json_t **extra, struct cove_err *err)
+{
+        static const char *const cmds[] = {"start_cmd", "ready_cmd"};
+        json_t *x = json_object();
+        for (size_t i = 0; i < 2; i++) {
+                json_t *v = json_object_get(body, cmds[i]);
+                if (!v || json_is_null(v))
+                        continue;
+                if (!json_is_string(v) || json_string_length(v) == 0 ||
+                    json_string_length(v) > COVE_TEMPLATE_CMD_MAX ||
+                    strlen(json_string_value(v)) != json_string_length(v)) {
+                        json_decref(x);
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "%s must be a shell command of 1..%d bytes", cmds[i],
+                                             COVE_TEMPLATE_CMD_MAX);
+                }
+                json_object_set(x, cmds[i], v);
+        }
+        json_t *rt = json_object_get(body, "ready_timeout_s");
+        if (rt && !json_is_null(rt)) {
+                if (!json_is_integer(rt) || json_integer_value(rt) < 1 ||
+                    json_integer_value(rt) > 3600 || !json_object_get(x, "ready_cmd")) {
+                        json_decref(x);
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "ready_timeout_s must be 1..3600, with ready_cmd");
+                }
+                json_object_set(x, "ready_timeout_s", rt);
+        }
+        if (!json_object_size(x)) {
+                json_decref(x);
+                x = NULL;
+        }
+        *extra = x;
+        return 0;
+}
+
 int coved_template_create(struct coved *d, const char *tenant, int admin, json_t *body,
                           json_t **out, struct cove_err *err)
 {
-        static const char *const keys[] = {"name",          "from",        "insecure",
-                                           "registry_auth", "max_size_mb", "timeout_s"};
+        static const char *const keys[] = {
+            "name",   "from",       "insecure",  "registry_auth", "max_size_mb",    "timeout_s",
+            "egress", "build_args", "start_cmd", "ready_cmd",     "ready_timeout_s"};
         const char *k;
         json_t *v;
         json_object_foreach(body, k, v)
@@ -333,7 +374,8 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                              "unknown or unsupported field \"%.64s\" (name, from, "
                                              "insecure, registry_auth, max_size_mb, timeout_s, "
-                                             "egress, build_args)",
+                                             "egress, build_args, start_cmd, ready_cmd, "
+                                             "ready_timeout_s)",
                                              k);
         }
         const char *name = json_string_value(json_object_get(body, "name"));
@@ -424,6 +466,9 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
         if (ts && (!json_is_integer(ts) || json_integer_value(ts) < 1 ||
                    json_integer_value(ts) > 6 * 3600))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "timeout_s must be 1..21600");
+        __attribute__((cleanup(jdecp))) json_t *extra = NULL;
+        if (run_fields(body, &extra, err) < 0)
+                return -1;
         char *auth = NULL;
         json_t *ra = json_object_get(body, "registry_auth");
         if (ra) {
@@ -477,6 +522,8 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
         b->context_len = ctx_len;
         b->egress = json_incref(egress);
         b->build_args = json_incref(bargs);
+        b->extra = extra;
+        extra = NULL;
         b->created_ms = cove_now_ms();
         b->spec = (struct cove_image_spec){
             .tenant = b->tenant,
@@ -488,6 +535,7 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
             .max_bytes =
                 ms ? (uint64_t)json_integer_value(ms) << 20 : COVE_TEMPLATE_MAX_BYTES_DEFAULT,
             .timeout_s = ts ? (int)json_integer_value(ts) : COVE_TEMPLATE_PULL_TIMEOUT_S,
+            .extra = b->extra,
             .event = on_event,
             .event_arg = b,
             .cancel = &b->cancel,
@@ -541,6 +589,10 @@ static json_t *meta_json(json_t *m)
             "built_at", json_object_get(m, "built_at"), "config", json_object_get(m, "config"));
         if (o)
                 json_object_set(o, "layers", json_object_get(m, "layers"));
+        static const char *const run[] = {"start_cmd", "ready_cmd", "ready_timeout_s"};
+        for (size_t i = 0; o && i < 3; i++)
+                if (json_object_get(m, run[i]))
+                        json_object_set(o, run[i], json_object_get(m, run[i]));
         return o;
 }
 
@@ -741,4 +793,32 @@ json_t *coved_template_config(struct coved *d, const char *tenant, const char *n
                 return NULL;
         }
         return c;
+}
+
+json_t *coved_template_run(struct coved *d, const char *tenant, const char *name)
+{
+        if (cove_template_known(name))
+                return NULL;
+        json_t *m = NULL;
+        if (cove_template_meta(d->templates_dir, tenant, name, &m, NULL) != 0)
+                return NULL;
+        json_t *o = json_object();
+        static const char *const run[] = {"start_cmd", "ready_cmd", "ready_timeout_s"};
+        for (size_t i = 0; i < 3; i++) {
+                json_t *v = json_object_get(m, run[i]);
+                if (i < 2 ? json_is_string(v) && json_string_length(v) > 0 : json_is_integer(v))
+                        json_object_set(o, run[i], v);
+        }
+        if (json_object_size(o) && !json_object_get(o, "ready_timeout_s"))
+                json_object_set_new(o, "ready_timeout_s",
+                                    json_integer(COVE_TEMPLATE_READY_TIMEOUT_S));
+        json_t *cfg = json_object_get(m, "config");
+        if (json_object_size(o) && json_is_object(cfg))
+                json_object_set(o, "config", cfg);
+        json_decref(m);
+        if (!json_object_size(o)) {
+                json_decref(o);
+                return NULL;
+        }
+        return o;
 }

@@ -633,6 +633,7 @@ int coved_dockerfile_build(struct coved *d, const struct coved_df_build *in, str
             .tree_fd = ufd,
             .max_bytes = in->max_bytes,
             .config = f.config,
+            .extra = in->extra,
         };
         (void)t;
         rc = ufd < 0 ? cove_err_set(err, errno, "open %s", up)
