@@ -607,3 +607,111 @@ def test_dockerfile_run_has_no_network_by_default(node):
                                       "FROM busybox\nRUN nslookup deb.debian.org\n"}})
     assert t["state"] == "failed" and "line 2: RUN exited with" in t["error"]["message"], t
     c.ok("DELETE", "/v1/templates/dfnet")
+
+
+def test_dockerfile_from_a_registry_image(node, registry, base_tar):
+    """FROM REGISTRY/REPO:TAG pulls the image as from: {image} does (insecure for this plain
+    HTTP registry), once: a second build of it finds the pull cached; the image's config
+    is the starting config."""
+    c = node.client
+    ref = push_image(registry, base_tar, "df/fromimg", workdir="/app")
+    df = f"FROM {ref}\nRUN cat hello.txt > again.txt\n"
+    t = build(c, "dfimg", **{"from": {"dockerfile": df}, "insecure": True})
+    assert t["state"] == "ready", t
+    assert t["config"]["workdir"] == "/app", t
+    ev = list(c.stream("/v1/templates/dfimg/build/events", max_events=10000))
+    assert [e["state"] for e in ev if e.get("type") == "step" and e["op"] == "FROM"] \
+        == ["running", "done"], ev
+    assert [e for e in ev if e.get("type") == "layer"], ev  # the pull's own events
+    sb = c.create(template="dfimg")
+    try:
+        r = c.exec(sb["id"], "pwd; cat again.txt")
+        assert r["stdout"] == "/app\nhello from the image\n", r
+    finally:
+        c.remove(sb["id"])
+    t = build(c, "dfimg2", **{"from": {"dockerfile": df}, "insecure": True})
+    assert t["state"] == "ready", t
+    ev = list(c.stream("/v1/templates/dfimg2/build/events", max_events=10000))
+    assert [e["state"] for e in ev if e.get("type") == "step"] == ["cached", "cached"], ev
+    # a registry that is not there: the line and the reference in the error
+    t = build(c, "dfimg3", **{"from": {"dockerfile": "FROM 127.0.0.1:9/no/such:1\n"},
+                              "insecure": True, "timeout_s": 30})
+    assert t["state"] == "failed", t
+    assert "Dockerfile line 1: FROM 127.0.0.1:9/no/such:1" in t["error"]["message"], t
+    for n in ("dfimg", "dfimg2", "dfimg3"):
+        c.ok("DELETE", f"/v1/templates/{n}")
+
+
+def _context_raw(add):
+    import base64
+    return base64.b64encode(oci.tar_bytes(add)).decode()
+
+
+def test_dockerfile_add_unpacks_a_local_archive(node):
+    """ADD of a tar (plain or gzip) from the context unpacks it into DEST, as Docker does;
+    COPY of the same file copies it as it is."""
+    import gzip
+    inner = oci.tar_bytes(lambda t: (oci.file_entry(t, "pkg", kind=tarfile.DIRTYPE, mode=0o755),
+                                     oci.file_entry(t, "pkg/a.txt", b"from the archive\n")))
+
+    def add(t):
+        oci.file_entry(t, "plain.tar", inner)
+        oci.file_entry(t, "zipped.tar.gz", gzip.compress(inner))
+    ctx = _context_raw(add)
+    df = ("FROM busybox\nADD plain.tar /opt/p/\nADD zipped.tar.gz /opt/z\n"
+          "COPY plain.tar /opt/c/\n")
+    c = node.client
+    t = build(c, "dfadd", **{"from": {"dockerfile": df, "context_b64": ctx}})
+    assert t["state"] == "ready", t
+    sb = c.create(template="dfadd")
+    try:
+        r = c.exec(sb["id"], "cat /opt/p/pkg/a.txt /opt/z/pkg/a.txt; ls /opt/c")
+        assert r["stdout"] == "from the archive\nfrom the archive\nplain.tar\n", r
+    finally:
+        c.remove(sb["id"])
+    c.ok("DELETE", "/v1/templates/dfadd")
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "hardlink_out", "device", "bomb"])
+def test_dockerfile_add_of_a_hostile_archive_is_refused(node, tdir, kind):
+    """ADD unpacks with the layer unpacker's refusals and the build's size bound (a
+    decompression bomb: a small gzip that unpacks past it)."""
+    import gzip
+    blob = _hostile(kind)
+    if kind == "bomb":
+        blob = gzip.compress(blob)
+
+    def add(t):
+        oci.file_entry(t, "evil.tar", blob)
+    ctx = _context_raw(add)
+    c = node.client
+    body = {"from": {"dockerfile": "FROM busybox\nADD evil.tar /x/\n", "context_b64": ctx}}
+    if kind == "bomb":
+        body["max_size_mb"] = 2
+    name = f"dfevil-{kind.replace('_', '-')}"
+    t = build(c, name, **body)
+    assert t["state"] == "failed", t
+    msg = t["error"]["message"].replace('\\"', '"')
+    assert "Dockerfile line 2: ADD: archive evil.tar: " in msg, msg
+    assert HOSTILE[kind].replace('\\"', '"') in msg, msg
+    assert not os.path.exists("/tmp/escape.txt") and not os.path.exists("/etc/escape.txt")
+    assert debris(tdir) == []
+    c.ok("DELETE", f"/v1/templates/{name}")
+
+
+def test_dockerfile_template_keeps_its_start_and_ready_commands(node):
+    """start_cmd/ready_cmd given with a Dockerfile build go with the named template (not its
+    step caches); CMD is not started."""
+    c = node.client
+    df = ("FROM busybox\nWORKDIR /www\nCMD [\"sh\", \"-c\", \"touch /tmp/cmd-ran\"]\n")
+    t = build(c, "dfsrv", **{"from": {"dockerfile": df},
+                             "start_cmd": "echo up > index.html && exec httpd -f -p 8000",
+                             "ready_cmd": "wget -q -O - http://127.0.0.1:8000/"})
+    assert t["state"] == "ready" and t["ready_cmd"].startswith("wget"), t
+    sb = c.create(template="dfsrv")
+    try:
+        r = c.exec(sb["id"], "wget -q -O - http://127.0.0.1:8000/; ls /tmp")
+        assert r["stdout"] == "up\n", r
+    finally:
+        c.remove(sb["id"])
+    c.ok("DELETE", "/v1/templates/dfsrv")

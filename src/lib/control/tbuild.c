@@ -223,6 +223,8 @@ static void *build_main(void *arg)
                     .egress = b->egress,
                     .build_args = b->build_args,
                     .extra = b->extra,
+                    .insecure = b->spec.insecure,
+                    .pull_timeout_s = b->spec.timeout_s,
                     .max_bytes = b->spec.max_bytes,
                     .event = on_event,
                     .event_arg = b,
