@@ -715,3 +715,74 @@ def test_dockerfile_template_keeps_its_start_and_ready_commands(node):
     finally:
         c.remove(sb["id"])
     c.ok("DELETE", "/v1/templates/dfsrv")
+
+
+def _fcap(caps, effective=True, rev=2, rootid=0):
+    """A security.capability value: struct vfs_cap_data revision 2 (or 3 with a rootid)."""
+    import struct
+    magic = (rev << 24) | (1 if effective else 0)
+    v = struct.pack("<IIIII", magic, caps & 0xffffffff, 0, caps >> 32, 0)
+    return v + (struct.pack("<I", rootid) if rev == 3 else b"")
+
+
+def _cap_entry(t, name, data, value):
+    ti = tarfile.TarInfo(name)
+    ti.mode, ti.uid, ti.gid, ti.size, ti.mtime = 0o755, 0, 0, len(data), 1700000000
+    # a binary PAX value, as buildkit and tar --xattrs write it
+    ti.pax_headers = {"SCHILY.xattr.security.capability":
+                      value.decode("utf-8", "surrogateescape"),
+                      "SCHILY.xattr.user.overlay.opaque": "y"}
+    t.addfile(ti, __import__("io").BytesIO(data))
+
+
+def test_file_capabilities_of_an_image_are_kept_and_never_effective(node, registry, base_tar,
+                                                                     tdir):
+    """security.capability from a layer's PAX records: kept on the file as the image says
+    (a revision 3 value made revision 2), never reachable by a host user, and not in effect
+    in a sandbox either (its processes run with no_new_privs: exec gains no privilege, as
+    for setuid files); other xattrs (user.overlay.*, which overlayfs would obey) are
+    dropped."""
+    NET_RAW = 1 << 13
+    with open("/bin/busybox", "rb") as f:
+        bb = f.read()
+    layer = oci.tar_bytes(lambda t: (
+        oci.file_entry(t, "app", kind=tarfile.DIRTYPE, mode=0o755),
+        oci.file_entry(t, "app/v2", kind=tarfile.DIRTYPE, mode=0o755),
+        oci.file_entry(t, "app/v3", kind=tarfile.DIRTYPE, mode=0o755),
+        _cap_entry(t, "app/v2/busybox", bb, _fcap(NET_RAW)),
+        _cap_entry(t, "app/v3/busybox", bb, _fcap(NET_RAW, rev=3, rootid=100000))))
+    ref = push_image(registry, base_tar, "caps/app", layers=[base_tar, layer])
+    c = node.client
+    t = build(c, "capapp", **{"from": {"image": ref}, "insecure": True})
+    assert t["state"] == "ready", t
+    root = os.path.join(tdir, "tenants", "default", "capapp", "rootfs", "app")
+    for n in ("v2/busybox", "v3/busybox"):
+        assert os.getxattr(os.path.join(root, n), "security.capability") == _fcap(NET_RAW)
+        assert "user.overlay.opaque" not in os.listxattr(os.path.join(root, n))
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "/bin/sh", "-c", f"exec {os.path.join(root, n)} true"],
+                           capture_output=True, text=True)
+        assert r.returncode == 126 and "Permission denied" in r.stderr, r
+    sb = c.create(template="capapp")
+    try:
+        for n in ("v2/busybox", "v3/busybox"):
+            r = c.exec(sb["id"], [f"/app/{n}", "grep", "^CapEff", "/proc/self/status"],
+                       user="1000")
+            assert r["exit_code"] == 0, r
+            assert int(r["stdout"].split()[1], 16) == 0, r
+    finally:
+        c.remove(sb["id"])
+    c.ok("DELETE", "/v1/templates/capapp")
+
+
+@pytest.mark.parametrize("value", [b"\x00\x00\x00\x02" + b"\0" * 15,      # short
+                                   b"\x01\x00\x00\x01" + b"\0" * 8,       # revision 1
+                                   b"\x03\x00\x00\x02" + b"\0" * 16])     # unknown flag
+def test_malformed_file_capability_is_refused_naming_the_layer(node, registry, base_tar, value):
+    layer = oci.tar_bytes(lambda t: _cap_entry(t, "capx", b"x", value))
+    ref = push_image(registry, base_tar, "caps/bad", layers=[base_tar, layer])
+    t = build(node.client, "capbad", **{"from": {"image": ref}, "insecure": True})
+    assert t["state"] == "failed", t
+    msg = t["error"]["message"]
+    assert "layer 2 (sha256:" in msg and "bad PAX value for SCHILY.xattr.security.c" in msg, msg
+    node.client.ok("DELETE", "/v1/templates/capbad")
