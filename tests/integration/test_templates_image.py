@@ -786,3 +786,43 @@ def test_malformed_file_capability_is_refused_naming_the_layer(node, registry, b
     msg = t["error"]["message"]
     assert "layer 2 (sha256:" in msg and "bad PAX value for SCHILY.xattr.security.c" in msg, msg
     node.client.ok("DELETE", "/v1/templates/capbad")
+
+
+def _metric(c, name):
+    body = c.request("GET", "/metrics", auth=False).body.decode()
+    return int(float([l.split()[1] for l in body.splitlines() if l.startswith(name + " ")][0]))
+
+
+def test_template_warm_pool_is_filled_taken_kept_over_restarts_and_dropped(build_dir, tdir,
+                                                                           log_dir):
+    """pool: N keeps N warm sandboxes of the template (a create takes one), again after a
+    restart of coved; deleting the template stops them."""
+    data = tempfile.mkdtemp(prefix="cove-pool-data-")
+    d = Coved(build_dir, data_dir=data, templates_dir=tdir, log_dir=log_dir,
+              extra_args=["--pool", "0"])
+    try:
+        c = d.client
+        assert _metric(c, "cove_pool_ready") == 0
+        sb = c.create(template="busybox")
+        c.exec(sb["id"], "echo pooled > /etc/which")
+        t = build(c, "pooled", **{"from": {"sandbox": sb["id"]}, "pool": 1})
+        c.remove(sb["id"])
+        assert t["state"] == "ready" and t["pool"] == 1, t
+        poll(lambda: _metric(c, "cove_pool_ready") == 1, timeout=120, what="pool filled")
+        s2 = c.create(template="pooled")
+        assert _metric(c, "cove_pool_taken_total") == 1
+        assert c.exec(s2["id"], "cat /etc/which")["stdout"] == "pooled\n"
+        c.remove(s2["id"])
+        poll(lambda: _metric(c, "cove_pool_ready") == 1, timeout=120, what="pool refilled")
+        d.stop()
+        d = Coved(build_dir, data_dir=data, templates_dir=tdir, log_dir=log_dir,
+                  extra_args=["--pool", "0"])
+        c = d.client
+        poll(lambda: _metric(c, "cove_pool_ready") == 1, timeout=120, what="pool restored")
+        c.ok("DELETE", "/v1/templates/pooled")
+        assert _metric(c, "cove_pool_ready") == 0
+        c.expect_error("POST", "/v1/templates", 400, "bad_request",
+                       {"name": "x", "from": {"sandbox": "sbx_x"}, "pool": 17})
+    finally:
+        d.stop()
+        shutil.rmtree(data, ignore_errors=True)

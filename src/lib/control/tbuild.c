@@ -1,6 +1,7 @@
 /* Tenant template builds on their own threads, their events and outcome (tbuild.h). */
 #include "control/tbuild.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -205,6 +206,56 @@ static int tree_cb(void *arg, int tree_fd, struct cove_err *err)
         return cove_template_tree_build(t->b->owner->tdir, &ts, err);
 }
 
+/* The template's own warm pool (meta.json "pool" > 0): plain instances of its rootfs in the
+ * default shape on the node's default runtime, refilled by the node like --pool's. */
+static void pool_start(struct coved *d, const char *tenant, const char *name)
+{
+        json_t *m = NULL;
+        char rootfs[4096];
+        if (cove_template_meta(d->templates_dir, tenant, name, &m, NULL) != 0)
+                return;
+        json_int_t n = json_integer_value(json_object_get(m, "pool"));
+        json_decref(m);
+        if (n <= 0 || n > COVE_TEMPLATE_POOL_MAX ||
+            cove_template_lookup_for(d->templates_dir, tenant, name, rootfs, sizeof rootfs, NULL) !=
+                0)
+                return;
+        struct cove_err e;
+        if (cove_node_pool_add(d->node, cove_node_runtime_name(d->node), rootfs, COVE_DEFAULT_CPUS,
+                               COVE_DEFAULT_MEMORY_MB, COVE_DEFAULT_DISK_MB, (int)n, NULL, &e) < 0)
+                cove_warn(&d->log, "pool", "template %s of %s: %s", name, tenant, e.msg);
+        else
+                cove_info(&d->log, "pool", "keeping %d warm sandboxes of template %s of %s", (int)n,
+                          name, tenant);
+}
+
+static int pool_restore_one(void *arg, json_t *meta)
+{
+        struct coved *d = ((void **)arg)[0];
+        const char *tenant = ((void **)arg)[1];
+        const char *name = json_string_value(json_object_get(meta, "name"));
+        if (name && strncmp(name, "cache..", 7) &&
+            json_integer_value(json_object_get(meta, "pool")) > 0)
+                pool_start(d, tenant, name);
+        return 0;
+}
+
+void coved_template_pools_restore(struct coved *d)
+{
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/tenants", d->templates_dir);
+        DIR *dh = opendir(dir);
+        struct dirent *de;
+        while (dh && (de = readdir(dh))) {
+                if (de->d_name[0] == '.')
+                        continue;
+                void *arg[2] = {d, de->d_name};
+                cove_template_list_for(d->templates_dir, de->d_name, pool_restore_one, arg, NULL);
+        }
+        if (dh)
+                closedir(dh);
+}
+
 static void *build_main(void *arg)
 {
         struct coved_tbuild *b = arg;
@@ -242,6 +293,8 @@ static void *build_main(void *arg)
         }
         if (rc < 0) /* layers unpacked whole for nothing: not kept */
                 cove_template_gc(b->owner->tdir, NULL);
+        else
+                pool_start(b->d, b->tenant, b->name);
         /* the credential is not needed any more */
         if (b->auth) {
                 OPENSSL_cleanse(b->auth, strlen(b->auth));
@@ -351,6 +404,18 @@ static int run_fields(json_t *body, json_t **extra, struct cove_err *err)
                 }
                 json_object_set(x, "ready_timeout_s", rt);
         }
+        json_t *pl = json_object_get(body, "pool");
+        if (pl && !json_is_null(pl)) {
+                if (!json_is_integer(pl) || json_integer_value(pl) < 0 ||
+                    json_integer_value(pl) > COVE_TEMPLATE_POOL_MAX) {
+                        json_decref(x);
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "pool must be an integer 0..%d (warm sandboxes "
+                                             "of the template)",
+                                             COVE_TEMPLATE_POOL_MAX);
+                }
+                json_object_set(x, "pool", pl);
+        }
         if (!json_object_size(x)) {
                 json_decref(x);
                 x = NULL;
@@ -363,8 +428,8 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
                           json_t **out, struct cove_err *err)
 {
         static const char *const keys[] = {
-            "name",   "from",       "insecure",  "registry_auth", "max_size_mb",    "timeout_s",
-            "egress", "build_args", "start_cmd", "ready_cmd",     "ready_timeout_s"};
+            "name",   "from",       "insecure",  "registry_auth", "max_size_mb",     "timeout_s",
+            "egress", "build_args", "start_cmd", "ready_cmd",     "ready_timeout_s", "pool"};
         const char *k;
         json_t *v;
         json_object_foreach(body, k, v)
@@ -377,7 +442,7 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
                                              "unknown or unsupported field \"%.64s\" (name, from, "
                                              "insecure, registry_auth, max_size_mb, timeout_s, "
                                              "egress, build_args, start_cmd, ready_cmd, "
-                                             "ready_timeout_s)",
+                                             "ready_timeout_s, pool)",
                                              k);
         }
         const char *name = json_string_value(json_object_get(body, "name"));
@@ -591,8 +656,8 @@ static json_t *meta_json(json_t *m)
             "built_at", json_object_get(m, "built_at"), "config", json_object_get(m, "config"));
         if (o)
                 json_object_set(o, "layers", json_object_get(m, "layers"));
-        static const char *const run[] = {"start_cmd", "ready_cmd", "ready_timeout_s"};
-        for (size_t i = 0; o && i < 3; i++)
+        static const char *const run[] = {"start_cmd", "ready_cmd", "ready_timeout_s", "pool"};
+        for (size_t i = 0; o && i < 4; i++)
                 if (json_object_get(m, run[i]))
                         json_object_set(o, run[i], json_object_get(m, run[i]));
         return o;
@@ -731,6 +796,10 @@ int coved_template_delete(struct coved *d, const char *tenant, const char *name,
         /* warm instances of the tenant's own pools may sit on this rootfs: they go first (the
          * pools are made again on the next miss) */
         cove_node_pool_drop(d->node, tenant);
+        char rootfs[4096]; /* and its own pool */
+        if (cove_template_lookup_for(d->templates_dir, tenant, name, rootfs, sizeof rootfs, NULL) ==
+            0)
+                cove_node_pool_drop_rootfs(d->node, rootfs);
         if (cove_template_remove(d->templates_dir, tenant, name, err) < 0) {
                 if (err->kind == COVE_E_NOT_FOUND && had_record)
                         return 0; /* a failed build: its record was all there was */

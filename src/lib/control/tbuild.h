@@ -49,6 +49,9 @@ void coved_tbuild_unref(struct coved_tbuild *b);
 json_t *coved_template_config(struct coved *d, const char *tenant, const char *name);
 
 #define COVE_TEMPLATE_CMD_MAX 4096
+#define COVE_TEMPLATE_POOL_MAX 16
+/* At start: the warm pools of the tenant templates that ask for one ("pool" > 0). */
+void coved_template_pools_restore(struct coved *d);
 #define COVE_TEMPLATE_READY_TIMEOUT_S 60
 /* The template's start and ready commands: {start_cmd?, ready_cmd?, ready_timeout_s,
  * config?} or NULL when it has neither (built-ins never). New reference. */
