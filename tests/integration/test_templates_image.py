@@ -397,10 +397,12 @@ def test_cli_template_build_ls_inspect_rm(node, registry, base_tar, build_dir):
         return subprocess.run([cove, *a], capture_output=True, text=True, env=env, timeout=300)
 
     ref = push_image(registry, base_tar, "cli/app", workdir="/app")
-    r = run("template", "build", "cliapp", "--image", ref, "--insecure")
+    r = run("template", "build", "cliapp", "--image", ref, "--insecure",
+            "--start-cmd", "sleep 1000", "--ready-cmd", "true", "--ready-timeout", "30")
     assert r.returncode == 0, r.stderr
     t = json.loads(r.stdout)
     assert t["name"] == "cliapp" and t["state"] == "ready" and t["config"]["workdir"] == "/app"
+    assert (t["start_cmd"], t["ready_cmd"], t["ready_timeout_s"]) == ("sleep 1000", "true", 30)
     r = run("template", "ls")
     assert r.returncode == 0 and "cliapp" in [x["name"] for x in json.loads(r.stdout)["templates"]]
     r = run("template", "inspect", "cliapp")
