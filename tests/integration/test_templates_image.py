@@ -397,10 +397,12 @@ def test_cli_template_build_ls_inspect_rm(node, registry, base_tar, build_dir):
         return subprocess.run([cove, *a], capture_output=True, text=True, env=env, timeout=300)
 
     ref = push_image(registry, base_tar, "cli/app", workdir="/app")
-    r = run("template", "build", "cliapp", "--image", ref, "--insecure")
+    r = run("template", "build", "cliapp", "--image", ref, "--insecure",
+            "--start-cmd", "sleep 1000", "--ready-cmd", "true", "--ready-timeout", "30")
     assert r.returncode == 0, r.stderr
     t = json.loads(r.stdout)
     assert t["name"] == "cliapp" and t["state"] == "ready" and t["config"]["workdir"] == "/app"
+    assert (t["start_cmd"], t["ready_cmd"], t["ready_timeout_s"]) == ("sleep 1000", "true", 30)
     r = run("template", "ls")
     assert r.returncode == 0 and "cliapp" in [x["name"] for x in json.loads(r.stdout)["templates"]]
     r = run("template", "inspect", "cliapp")
@@ -607,3 +609,222 @@ def test_dockerfile_run_has_no_network_by_default(node):
                                       "FROM busybox\nRUN nslookup deb.debian.org\n"}})
     assert t["state"] == "failed" and "line 2: RUN exited with" in t["error"]["message"], t
     c.ok("DELETE", "/v1/templates/dfnet")
+
+
+def test_dockerfile_from_a_registry_image(node, registry, base_tar):
+    """FROM REGISTRY/REPO:TAG pulls the image as from: {image} does (insecure for this plain
+    HTTP registry), once: a second build of it finds the pull cached; the image's config
+    is the starting config."""
+    c = node.client
+    ref = push_image(registry, base_tar, "df/fromimg", workdir="/app")
+    df = f"FROM {ref}\nRUN cat hello.txt > again.txt\n"
+    t = build(c, "dfimg", **{"from": {"dockerfile": df}, "insecure": True})
+    assert t["state"] == "ready", t
+    assert t["config"]["workdir"] == "/app", t
+    ev = list(c.stream("/v1/templates/dfimg/build/events", max_events=10000))
+    assert [e["state"] for e in ev if e.get("type") == "step" and e["op"] == "FROM"] \
+        == ["running", "done"], ev
+    assert [e for e in ev if e.get("type") == "layer"], ev  # the pull's own events
+    sb = c.create(template="dfimg")
+    try:
+        r = c.exec(sb["id"], "pwd; cat again.txt")
+        assert r["stdout"] == "/app\nhello from the image\n", r
+    finally:
+        c.remove(sb["id"])
+    t = build(c, "dfimg2", **{"from": {"dockerfile": df}, "insecure": True})
+    assert t["state"] == "ready", t
+    ev = list(c.stream("/v1/templates/dfimg2/build/events", max_events=10000))
+    assert [e["state"] for e in ev if e.get("type") == "step"] == ["cached", "cached"], ev
+    # a registry that is not there: the line and the reference in the error
+    t = build(c, "dfimg3", **{"from": {"dockerfile": "FROM 127.0.0.1:9/no/such:1\n"},
+                              "insecure": True, "timeout_s": 30})
+    assert t["state"] == "failed", t
+    assert "Dockerfile line 1: FROM 127.0.0.1:9/no/such:1" in t["error"]["message"], t
+    for n in ("dfimg", "dfimg2", "dfimg3"):
+        c.ok("DELETE", f"/v1/templates/{n}")
+
+
+def _context_raw(add):
+    import base64
+    return base64.b64encode(oci.tar_bytes(add)).decode()
+
+
+def test_dockerfile_add_unpacks_a_local_archive(node):
+    """ADD of a tar (plain or gzip) from the context unpacks it into DEST, as Docker does;
+    COPY of the same file copies it as it is."""
+    import gzip
+    inner = oci.tar_bytes(lambda t: (oci.file_entry(t, "pkg", kind=tarfile.DIRTYPE, mode=0o755),
+                                     oci.file_entry(t, "pkg/a.txt", b"from the archive\n")))
+
+    def add(t):
+        oci.file_entry(t, "plain.tar", inner)
+        oci.file_entry(t, "zipped.tar.gz", gzip.compress(inner))
+    ctx = _context_raw(add)
+    df = ("FROM busybox\nADD plain.tar /opt/p/\nADD zipped.tar.gz /opt/z\n"
+          "COPY plain.tar /opt/c/\n")
+    c = node.client
+    t = build(c, "dfadd", **{"from": {"dockerfile": df, "context_b64": ctx}})
+    assert t["state"] == "ready", t
+    sb = c.create(template="dfadd")
+    try:
+        r = c.exec(sb["id"], "cat /opt/p/pkg/a.txt /opt/z/pkg/a.txt; ls /opt/c")
+        assert r["stdout"] == "from the archive\nfrom the archive\nplain.tar\n", r
+    finally:
+        c.remove(sb["id"])
+    c.ok("DELETE", "/v1/templates/dfadd")
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "hardlink_out", "device", "bomb"])
+def test_dockerfile_add_of_a_hostile_archive_is_refused(node, tdir, kind):
+    """ADD unpacks with the layer unpacker's refusals and the build's size bound (a
+    decompression bomb: a small gzip that unpacks past it)."""
+    import gzip
+    blob = _hostile(kind)
+    if kind == "bomb":
+        blob = gzip.compress(blob)
+
+    def add(t):
+        oci.file_entry(t, "evil.tar", blob)
+    ctx = _context_raw(add)
+    c = node.client
+    body = {"from": {"dockerfile": "FROM busybox\nADD evil.tar /x/\n", "context_b64": ctx}}
+    if kind == "bomb":
+        body["max_size_mb"] = 2
+    name = f"dfevil-{kind.replace('_', '-')}"
+    t = build(c, name, **body)
+    assert t["state"] == "failed", t
+    msg = t["error"]["message"].replace('\\"', '"')
+    assert "Dockerfile line 2: ADD: archive evil.tar: " in msg, msg
+    assert HOSTILE[kind].replace('\\"', '"') in msg, msg
+    assert not os.path.exists("/tmp/escape.txt") and not os.path.exists("/etc/escape.txt")
+    assert debris(tdir) == []
+    c.ok("DELETE", f"/v1/templates/{name}")
+
+
+def test_dockerfile_template_keeps_its_start_and_ready_commands(node):
+    """start_cmd/ready_cmd given with a Dockerfile build go with the named template (not its
+    step caches); CMD is not started."""
+    c = node.client
+    df = ("FROM busybox\nWORKDIR /www\nCMD [\"sh\", \"-c\", \"touch /tmp/cmd-ran\"]\n")
+    t = build(c, "dfsrv", **{"from": {"dockerfile": df},
+                             "start_cmd": "echo up > index.html && exec httpd -f -p 8000",
+                             "ready_cmd": "wget -q -O - http://127.0.0.1:8000/"})
+    assert t["state"] == "ready" and t["ready_cmd"].startswith("wget"), t
+    sb = c.create(template="dfsrv")
+    try:
+        r = c.exec(sb["id"], "wget -q -O - http://127.0.0.1:8000/; ls /tmp")
+        assert r["stdout"] == "up\n", r
+    finally:
+        c.remove(sb["id"])
+    c.ok("DELETE", "/v1/templates/dfsrv")
+
+
+def _fcap(caps, effective=True, rev=2, rootid=0):
+    """A security.capability value: struct vfs_cap_data revision 2 (or 3 with a rootid)."""
+    import struct
+    magic = (rev << 24) | (1 if effective else 0)
+    v = struct.pack("<IIIII", magic, caps & 0xffffffff, 0, caps >> 32, 0)
+    return v + (struct.pack("<I", rootid) if rev == 3 else b"")
+
+
+def _cap_entry(t, name, data, value):
+    ti = tarfile.TarInfo(name)
+    ti.mode, ti.uid, ti.gid, ti.size, ti.mtime = 0o755, 0, 0, len(data), 1700000000
+    # a binary PAX value, as buildkit and tar --xattrs write it
+    ti.pax_headers = {"SCHILY.xattr.security.capability":
+                      value.decode("utf-8", "surrogateescape"),
+                      "SCHILY.xattr.user.overlay.opaque": "y"}
+    t.addfile(ti, __import__("io").BytesIO(data))
+
+
+def test_file_capabilities_of_an_image_are_kept_and_never_effective(node, registry, base_tar,
+                                                                     tdir):
+    """security.capability from a layer's PAX records: kept on the file as the image says
+    (a revision 3 value made revision 2), never reachable by a host user, and not in effect
+    in a sandbox either (its processes run with no_new_privs: exec gains no privilege, as
+    for setuid files); other xattrs (user.overlay.*, which overlayfs would obey) are
+    dropped."""
+    NET_RAW = 1 << 13
+    with open("/bin/busybox", "rb") as f:
+        bb = f.read()
+    layer = oci.tar_bytes(lambda t: (
+        oci.file_entry(t, "app", kind=tarfile.DIRTYPE, mode=0o755),
+        oci.file_entry(t, "app/v2", kind=tarfile.DIRTYPE, mode=0o755),
+        oci.file_entry(t, "app/v3", kind=tarfile.DIRTYPE, mode=0o755),
+        _cap_entry(t, "app/v2/busybox", bb, _fcap(NET_RAW)),
+        _cap_entry(t, "app/v3/busybox", bb, _fcap(NET_RAW, rev=3, rootid=100000))))
+    ref = push_image(registry, base_tar, "caps/app", layers=[base_tar, layer])
+    c = node.client
+    t = build(c, "capapp", **{"from": {"image": ref}, "insecure": True})
+    assert t["state"] == "ready", t
+    root = os.path.join(tdir, "tenants", "default", "capapp", "rootfs", "app")
+    for n in ("v2/busybox", "v3/busybox"):
+        assert os.getxattr(os.path.join(root, n), "security.capability") == _fcap(NET_RAW)
+        assert "user.overlay.opaque" not in os.listxattr(os.path.join(root, n))
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            "/bin/sh", "-c", f"exec {os.path.join(root, n)} true"],
+                           capture_output=True, text=True)
+        assert r.returncode == 126 and "Permission denied" in r.stderr, r
+    sb = c.create(template="capapp")
+    try:
+        for n in ("v2/busybox", "v3/busybox"):
+            r = c.exec(sb["id"], [f"/app/{n}", "grep", "^CapEff", "/proc/self/status"],
+                       user="1000")
+            assert r["exit_code"] == 0, r
+            assert int(r["stdout"].split()[1], 16) == 0, r
+    finally:
+        c.remove(sb["id"])
+    c.ok("DELETE", "/v1/templates/capapp")
+
+
+@pytest.mark.parametrize("value", [b"\x00\x00\x00\x02" + b"\0" * 15,      # short
+                                   b"\x01\x00\x00\x01" + b"\0" * 8,       # revision 1
+                                   b"\x03\x00\x00\x02" + b"\0" * 16])     # unknown flag
+def test_malformed_file_capability_is_refused_naming_the_layer(node, registry, base_tar, value):
+    layer = oci.tar_bytes(lambda t: _cap_entry(t, "capx", b"x", value))
+    ref = push_image(registry, base_tar, "caps/bad", layers=[base_tar, layer])
+    t = build(node.client, "capbad", **{"from": {"image": ref}, "insecure": True})
+    assert t["state"] == "failed", t
+    msg = t["error"]["message"]
+    assert "layer 2 (sha256:" in msg and "bad PAX value for SCHILY.xattr.security.c" in msg, msg
+    node.client.ok("DELETE", "/v1/templates/capbad")
+
+
+def _metric(c, name):
+    body = c.request("GET", "/metrics", auth=False).body.decode()
+    return int(float([l.split()[1] for l in body.splitlines() if l.startswith(name + " ")][0]))
+
+
+def test_template_warm_pool_is_filled_taken_kept_over_restarts_and_dropped(build_dir, tdir,
+                                                                           log_dir):
+    """pool: N keeps N warm sandboxes of the template (a create takes one), again after a
+    restart of coved; deleting the template stops them."""
+    data = tempfile.mkdtemp(prefix="cove-pool-data-")
+    d = Coved(build_dir, data_dir=data, templates_dir=tdir, log_dir=log_dir,
+              extra_args=["--pool", "0"])
+    try:
+        c = d.client
+        assert _metric(c, "cove_pool_ready") == 0
+        sb = c.create(template="busybox")
+        c.exec(sb["id"], "echo pooled > /etc/which")
+        t = build(c, "pooled", **{"from": {"sandbox": sb["id"]}, "pool": 1})
+        c.remove(sb["id"])
+        assert t["state"] == "ready" and t["pool"] == 1, t
+        poll(lambda: _metric(c, "cove_pool_ready") == 1, timeout=120, what="pool filled")
+        s2 = c.create(template="pooled")
+        assert _metric(c, "cove_pool_taken_total") == 1
+        assert c.exec(s2["id"], "cat /etc/which")["stdout"] == "pooled\n"
+        c.remove(s2["id"])
+        poll(lambda: _metric(c, "cove_pool_ready") == 1, timeout=120, what="pool refilled")
+        d.stop()
+        d = Coved(build_dir, data_dir=data, templates_dir=tdir, log_dir=log_dir,
+                  extra_args=["--pool", "0"])
+        c = d.client
+        poll(lambda: _metric(c, "cove_pool_ready") == 1, timeout=120, what="pool restored")
+        c.ok("DELETE", "/v1/templates/pooled")
+        assert _metric(c, "cove_pool_ready") == 0
+        c.expect_error("POST", "/v1/templates", 400, "bad_request",
+                       {"name": "x", "from": {"sandbox": "sbx_x"}, "pool": 17})
+    finally:
+        d.stop()
+        shutil.rmtree(data, ignore_errors=True)

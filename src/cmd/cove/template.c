@@ -29,6 +29,10 @@ enum {
         O_TIMEOUT,
         O_NO_WAIT,
         O_EGRESS_ALLOW,
+        O_START_CMD,
+        O_READY_CMD,
+        O_READY_TIMEOUT,
+        O_POOL,
 };
 
 static void help(void)
@@ -48,6 +52,9 @@ static void help(void)
              "        [--max-size-mb N] [--timeout S] [--no-wait]\n"
              "                               waits for the build (a spinner on a terminal),\n"
              "                               prints the template (JSON with --json)\n"
+             "        [--start-cmd CMD] [--ready-cmd CMD] [--ready-timeout S] [--pool N]\n"
+             "                               start CMD in every new sandbox, which is running\n"
+             "                               once the ready CMD exits 0; keep N warm\n"
              "  ls                           the built-ins and your templates\n"
              "  inspect NAME                 one template as JSON\n"
              "  rm NAME...                   delete templates (refused while a sandbox uses one)\n"
@@ -171,6 +178,10 @@ static int build(struct cli *c, int argc, char **argv)
             {"timeout", required_argument, NULL, O_TIMEOUT},
             {"no-wait", no_argument, NULL, O_NO_WAIT},
             {"allow", required_argument, NULL, O_EGRESS_ALLOW},
+            {"start-cmd", required_argument, NULL, O_START_CMD},
+            {"ready-cmd", required_argument, NULL, O_READY_CMD},
+            {"ready-timeout", required_argument, NULL, O_READY_TIMEOUT},
+            {"pool", required_argument, NULL, O_POOL},
             CLI_GLOBAL_OPTIONS,
             {0},
         };
@@ -242,6 +253,21 @@ static int build(struct cli *c, int argc, char **argv)
                         break;
                 case O_NO_WAIT:
                         nowait = true;
+                        break;
+                case O_START_CMD:
+                case O_READY_CMD:
+                        json_object_set_new(body, opt == O_START_CMD ? "start_cmd" : "ready_cmd",
+                                            json_string(optarg));
+                        break;
+                case O_READY_TIMEOUT:
+                case O_POOL:
+                        if (!cli_parse_uint(optarg, 3600, &v)) {
+                                rc = cli_usage_error("template", "expected a number, got '%s'",
+                                                     optarg);
+                                goto out;
+                        }
+                        json_object_set_new(body, opt == O_POOL ? "pool" : "ready_timeout_s",
+                                            json_integer(v));
                         break;
                 default:
                         rc = cli_usage_error("template", "bad option");

@@ -446,6 +446,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         if (d->role == COVED_ROLE_ALL && o->vm_pool_size > 0 &&
             start_pools(d, "vm", o->templates ? o->templates : "busybox", o->vm_pool_size, err) < 0)
                 goto fail;
+        coved_template_pools_restore(d); /* tenant templates with "pool" */
         int e = pthread_create(&d->timer, NULL, coved_timer_main, d);
         if (e) {
                 cove_err_set(err, e, "timer thread");

@@ -116,7 +116,8 @@ static int instruction(const char *kw, const char *rest, int line, int nsteps, j
         if (nsteps > 0 && !strcmp(op, "FROM"))
                 return bad(err, line, "a second FROM: multi-stage builds are not supported%s",
                            NULL);
-        if (!strcmp(op, "ADD"))
+        int add = !strcmp(op, "ADD"); /* COPY that unpacks local archives */
+        if (add)
                 op = "COPY";
         json_t *args = json_array();
         int shell = 0, rc = 0;
@@ -221,8 +222,11 @@ static int instruction(const char *kw, const char *rest, int line, int nsteps, j
                 json_decref(args);
                 return -1;
         }
-        json_array_append_new(steps, json_pack("{s:i, s:s, s:o, s:b}", "line", line, "op", op,
-                                               "args", args, "shell", shell));
+        json_t *st =
+            json_pack("{s:i, s:s, s:o, s:b}", "line", line, "op", op, "args", args, "shell", shell);
+        if (st && add) /* only then: COPY's cache keys stay what they were */
+                json_object_set_new(st, "add", json_true());
+        json_array_append_new(steps, st);
         return 0;
 }
 

@@ -14,9 +14,9 @@
 
 /* Parse text into *steps, a JSON array (caller decrefs) of {line, op, args: [strings],
  * shell: bool}: op is one of FROM RUN COPY ENV ARG WORKDIR USER EXPOSE CMD ENTRYPOINT (ADD
- * is COPY; ENV args are alternating names and values; shell: a RUN/CMD/ENTRYPOINT in shell
- * form, args then holds the one command line). FROM is first and only once, with one name.
- * -1 with COVE_E_BAD_REQUEST "line N: …" otherwise. */
+ * is COPY with "add": true: it unpacks local archives; ENV args are alternating names and values;
+ * shell: a RUN/CMD/ENTRYPOINT in shell form, args then holds the one command line). FROM is first
+ * and only once, with one name. -1 with COVE_E_BAD_REQUEST "line N: …" otherwise. */
 int cove_dockerfile_parse(const char *text, size_t len, json_t **steps, struct cove_err *err);
 
 #endif

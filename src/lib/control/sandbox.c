@@ -369,7 +369,10 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
         }
         s.created_at = cove_now_ms();
         s.expires_at = s.created_at + (int64_t)s.timeout_s * 1000;
-        snprintf(s.state, sizeof(s.state), pooled ? "running" : "starting");
+        /* a template with start/ready commands: "starting" until ready (a warm instance too:
+         * it is handed out only once its ready_cmd passed, below) */
+        json_t *run = coved_template_run(d, tenant, s.template_name);
+        snprintf(s.state, sizeof(s.state), pooled && !run ? "running" : "starting");
         int ins = d->cat_ops->sandbox_insert(d->cat, &s, err);
         coved_quota_unlock(d); /* the row counts from here on */
         if (ins < 0) {
@@ -378,6 +381,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                         cove_node_stop(d->node, s.id, 1, &e2); /* releases its uid range */
                 else
                         cove_node_uid_release(d->node, s.uid_base);
+                json_decref(run);
                 cove_sandbox_row_clear(&s);
                 return -1;
         }
@@ -412,13 +416,14 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                         d->m.create_failures++;
                         pthread_mutex_unlock(&d->mu);
                         cove_warn(&d->log, "sandbox.create", "%s", err->msg);
+                        json_decref(run);
                         cove_sandbox_row_clear(&s);
                         if (err->kind == COVE_E_INTERNAL)
                                 err->kind = COVE_E_UNAVAILABLE;
                         return -1;
                 }
-                snprintf(s.state, sizeof(s.state), "running");
-                if (d->cat_ops->sandbox_update(d->cat, &s, err) != 0) {
+                snprintf(s.state, sizeof(s.state), run ? "starting" : "running");
+                if (!run && d->cat_ops->sandbox_update(d->cat, &s, err) != 0) {
                         struct cove_err e2;
                         cove_node_stop(d->node, s.id, 1, &e2);
                         d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
@@ -431,8 +436,31 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 cove_node_stop(d->node, s.id, 1, &e2);
                 d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
                 coved_egress_forget(d, s.id);
+                json_decref(run);
                 cove_sandbox_row_clear(&s);
                 return cove_err_wrap(err, "egress");
+        }
+        /* start_cmd, then running once ready_cmd passed (egress attached first: the start
+         * command may need it); else the sandbox goes whole */
+        if (run) {
+                int ok = coved_template_start(d, &s, run, err) == 0;
+                json_decref(run);
+                if (ok) {
+                        snprintf(s.state, sizeof(s.state), "running");
+                        ok = d->cat_ops->sandbox_update(d->cat, &s, err) == 0;
+                }
+                if (!ok) {
+                        struct cove_err e2;
+                        cove_node_stop(d->node, s.id, 1, &e2);
+                        d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
+                        coved_egress_forget(d, s.id);
+                        pthread_mutex_lock(&d->mu);
+                        d->m.create_failures++;
+                        pthread_mutex_unlock(&d->mu);
+                        cove_warn(&d->log, "sandbox.create", "sandbox %s: %s", s.id, err->msg);
+                        cove_sandbox_row_clear(&s);
+                        return -1;
+                }
         }
         int64_t dt = cove_mono_ns() - t0;
         pthread_mutex_lock(&d->mu);

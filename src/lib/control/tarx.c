@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -214,6 +215,14 @@ static int src_skip(struct tsrc *s, uint64_t n, struct cove_err *err)
 
 /* ---- tar headers ------------------------------------------------------------------- */
 
+/* File capabilities: struct vfs_cap_data, revision 2 (magic_etc, then permitted and
+ * inheritable for two 32-bit words: 20 bytes) or 3 (a rootid after them: 24). */
+#define FCAP_LEN 20
+#define FCAP_REV_MASK 0xff000000u
+#define FCAP_REV2 0x02000000u
+#define FCAP_REV3 0x03000000u
+#define FCAP_FLAGS 0x000001u /* VFS_CAP_FLAGS_EFFECTIVE, the only flag */
+
 struct entry {
         char path[PATH_LEN_MAX + 1];
         char link[PATH_LEN_MAX + 1];
@@ -221,6 +230,8 @@ struct entry {
         uint64_t size;
         uint64_t mode, uid, gid, devmajor, devminor;
         int64_t mtime;
+        unsigned char fcap[FCAP_LEN]; /* security.capability (v2) of a regular file */
+        int has_fcap;
 };
 
 /* Printable copy of a hostile name for messages. */
@@ -303,7 +314,28 @@ struct pax {
         int has_path, has_link, has_size, has_uid, has_gid, has_mtime;
         uint64_t size, uid, gid;
         int64_t mtime;
+        unsigned char fcap[FCAP_LEN];
+        int has_fcap;
 };
+
+/* An image's SCHILY.xattr.security.capability value, as stored for the template: revision
+ * 2 kept, revision 3 made revision 2 (its rootid named the image builder's namespace, not
+ * ours: the sandbox's root is the file's root); anything else, or unknown flag or
+ * capability bits beyond the kernel's two words, refused. 0 or -1. */
+static int fcap_parse(const unsigned char *v, size_t vl, unsigned char out[FCAP_LEN])
+{
+        if (vl != 20 && vl != 24)
+                return -1;
+        uint32_t magic =
+            (uint32_t)v[0] | (uint32_t)v[1] << 8 | (uint32_t)v[2] << 16 | (uint32_t)v[3] << 24;
+        uint32_t rev = magic & FCAP_REV_MASK;
+        if ((vl == 20 && rev != FCAP_REV2) || (vl == 24 && rev != FCAP_REV3) ||
+            (magic & ~FCAP_REV_MASK & ~FCAP_FLAGS))
+                return -1;
+        memcpy(out, v, FCAP_LEN);
+        out[3] = (unsigned char)(FCAP_REV2 >> 24);
+        return 0;
+}
 
 static int pax_num(const char *v, size_t vl, uint64_t *out)
 {
@@ -368,7 +400,10 @@ static int pax_parse(const char *d, size_t n, struct pax *p, struct cove_err *er
                                 p->mtime = (int64_t)t;
                                 p->has_mtime = 1;
                         }
-                } /* other keys (xattrs, atime, comments…) are not kept */
+                } else if (kl == 32 && !memcmp(k, "SCHILY.xattr.security.capability", 32)) {
+                        bad = fcap_parse((const unsigned char *)v, vl, p->fcap) < 0;
+                        p->has_fcap = !bad;
+                } /* other keys (other xattrs, atime, comments…) are not kept */
                 if (bad)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "bad PAX value for %.*s",
                                              (int)(kl < 32 ? kl : 32), k);
@@ -467,6 +502,10 @@ static int next_entry(struct tsrc *s, struct entry *e, struct cove_err *err)
                                 e->gid = px.gid;
                         if (px.has_mtime)
                                 e->mtime = px.mtime;
+                        if (px.has_fcap) {
+                                memcpy(e->fcap, px.fcap, FCAP_LEN);
+                                e->has_fcap = 1;
+                        }
                 }
                 if (e->uid > 0xfffffffeULL || e->gid > 0xfffffffeULL)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
@@ -671,6 +710,12 @@ static int entry_apply(struct tsrc *s, int root, struct entry *e, const char *re
                 /* chown before chmod: chown clears the setuid and setgid bits */
                 if (fchown(fd, uid, gid) < 0 || fchmod(fd, mode) < 0)
                         return cove_err_set(err, errno, "\"%s\": owner and mode",
+                                            shown(rel, sh, sizeof sh));
+                /* file capabilities as the image says, after chown (which clears them): in
+                 * effect in a sandbox (for its root, through the idmapped template); on the
+                 * host the file is below 0700 directories only root reaches */
+                if (e->has_fcap && fsetxattr(fd, "security.capability", e->fcap, FCAP_LEN, 0) < 0)
+                        return cove_err_set(err, errno, "\"%s\": security.capability",
                                             shown(rel, sh, sizeof sh));
                 futimens(fd, ts);
                 return 0;

@@ -1,6 +1,7 @@
 /* Tenant template builds on their own threads, their events and outcome (tbuild.h). */
 #include "control/tbuild.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -198,10 +199,61 @@ static int tree_cb(void *arg, int tree_fd, struct cove_err *err)
             .source_id = t->b->ref,
             .tree_fd = tree_fd,
             .max_bytes = t->b->spec.max_bytes,
+            .extra = t->b->extra,
             .event = on_event,
             .event_arg = t->b,
         };
         return cove_template_tree_build(t->b->owner->tdir, &ts, err);
+}
+
+/* The template's own warm pool (meta.json "pool" > 0): plain instances of its rootfs in the
+ * default shape on the node's default runtime, refilled by the node like --pool's. */
+static void pool_start(struct coved *d, const char *tenant, const char *name)
+{
+        json_t *m = NULL;
+        char rootfs[4096];
+        if (cove_template_meta(d->templates_dir, tenant, name, &m, NULL) != 0)
+                return;
+        json_int_t n = json_integer_value(json_object_get(m, "pool"));
+        json_decref(m);
+        if (n <= 0 || n > COVE_TEMPLATE_POOL_MAX ||
+            cove_template_lookup_for(d->templates_dir, tenant, name, rootfs, sizeof rootfs, NULL) !=
+                0)
+                return;
+        struct cove_err e;
+        if (cove_node_pool_add(d->node, cove_node_runtime_name(d->node), rootfs, COVE_DEFAULT_CPUS,
+                               COVE_DEFAULT_MEMORY_MB, COVE_DEFAULT_DISK_MB, (int)n, NULL, &e) < 0)
+                cove_warn(&d->log, "pool", "template %s of %s: %s", name, tenant, e.msg);
+        else
+                cove_info(&d->log, "pool", "keeping %d warm sandboxes of template %s of %s", (int)n,
+                          name, tenant);
+}
+
+static int pool_restore_one(void *arg, json_t *meta)
+{
+        struct coved *d = ((void **)arg)[0];
+        const char *tenant = ((void **)arg)[1];
+        const char *name = json_string_value(json_object_get(meta, "name"));
+        if (name && strncmp(name, "cache..", 7) &&
+            json_integer_value(json_object_get(meta, "pool")) > 0)
+                pool_start(d, tenant, name);
+        return 0;
+}
+
+void coved_template_pools_restore(struct coved *d)
+{
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/tenants", d->templates_dir);
+        DIR *dh = opendir(dir);
+        struct dirent *de;
+        while (dh && (de = readdir(dh))) {
+                if (de->d_name[0] == '.')
+                        continue;
+                void *arg[2] = {d, de->d_name};
+                cove_template_list_for(d->templates_dir, de->d_name, pool_restore_one, arg, NULL);
+        }
+        if (dh)
+                closedir(dh);
 }
 
 static void *build_main(void *arg)
@@ -221,6 +273,9 @@ static void *build_main(void *arg)
                     .context_len = b->context_len,
                     .egress = b->egress,
                     .build_args = b->build_args,
+                    .extra = b->extra,
+                    .insecure = b->spec.insecure,
+                    .pull_timeout_s = b->spec.timeout_s,
                     .max_bytes = b->spec.max_bytes,
                     .event = on_event,
                     .event_arg = b,
@@ -238,6 +293,8 @@ static void *build_main(void *arg)
         }
         if (rc < 0) /* layers unpacked whole for nothing: not kept */
                 cove_template_gc(b->owner->tdir, NULL);
+        else
+                pool_start(b->d, b->tenant, b->name);
         /* the credential is not needed any more */
         if (b->auth) {
                 OPENSSL_cleanse(b->auth, strlen(b->auth));
@@ -317,6 +374,56 @@ static int registry_host(const char *ref, char *out, size_t cap)
         return 0;
 }
 
+/* start_cmd, ready_cmd, ready_timeout_s of a POST: checked, and *extra {those present}
+ * (NULL when none) for the template's meta.json. */
+static int run_fields(json_t *body, json_t **extra, struct cove_err *err)
+{
+        static const char *const cmds[] = {"start_cmd", "ready_cmd"};
+        json_t *x = json_object();
+        for (size_t i = 0; i < 2; i++) {
+                json_t *v = json_object_get(body, cmds[i]);
+                if (!v || json_is_null(v))
+                        continue;
+                if (!json_is_string(v) || json_string_length(v) == 0 ||
+                    json_string_length(v) > COVE_TEMPLATE_CMD_MAX ||
+                    strlen(json_string_value(v)) != json_string_length(v)) {
+                        json_decref(x);
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "%s must be a shell command of 1..%d bytes", cmds[i],
+                                             COVE_TEMPLATE_CMD_MAX);
+                }
+                json_object_set(x, cmds[i], v);
+        }
+        json_t *rt = json_object_get(body, "ready_timeout_s");
+        if (rt && !json_is_null(rt)) {
+                if (!json_is_integer(rt) || json_integer_value(rt) < 1 ||
+                    json_integer_value(rt) > 3600 || !json_object_get(x, "ready_cmd")) {
+                        json_decref(x);
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "ready_timeout_s must be 1..3600, with ready_cmd");
+                }
+                json_object_set(x, "ready_timeout_s", rt);
+        }
+        json_t *pl = json_object_get(body, "pool");
+        if (pl && !json_is_null(pl)) {
+                if (!json_is_integer(pl) || json_integer_value(pl) < 0 ||
+                    json_integer_value(pl) > COVE_TEMPLATE_POOL_MAX) {
+                        json_decref(x);
+                        return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                             "pool must be an integer 0..%d (warm sandboxes "
+                                             "of the template)",
+                                             COVE_TEMPLATE_POOL_MAX);
+                }
+                json_object_set(x, "pool", pl);
+        }
+        if (!json_object_size(x)) {
+                json_decref(x);
+                x = NULL;
+        }
+        *extra = x;
+        return 0;
+}
+
 int coved_template_create(struct coved *d, const char *tenant, int admin, json_t *body,
                           json_t **out, struct cove_err *err)
 {
@@ -324,8 +431,9 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                                      "templates are built on nodes: a control replica does not "
                                      "build them yet (start each node with --templates)");
-        static const char *const keys[] = {"name",          "from",        "insecure",
-                                           "registry_auth", "max_size_mb", "timeout_s"};
+        static const char *const keys[] = {
+            "name",   "from",       "insecure",  "registry_auth", "max_size_mb",     "timeout_s",
+            "egress", "build_args", "start_cmd", "ready_cmd",     "ready_timeout_s", "pool"};
         const char *k;
         json_t *v;
         json_object_foreach(body, k, v)
@@ -337,7 +445,8 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                              "unknown or unsupported field \"%.64s\" (name, from, "
                                              "insecure, registry_auth, max_size_mb, timeout_s, "
-                                             "egress, build_args)",
+                                             "egress, build_args, start_cmd, ready_cmd, "
+                                             "ready_timeout_s, pool)",
                                              k);
         }
         const char *name = json_string_value(json_object_get(body, "name"));
@@ -428,6 +537,9 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
         if (ts && (!json_is_integer(ts) || json_integer_value(ts) < 1 ||
                    json_integer_value(ts) > 6 * 3600))
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "timeout_s must be 1..21600");
+        __attribute__((cleanup(jdecp))) json_t *extra = NULL;
+        if (run_fields(body, &extra, err) < 0)
+                return -1;
         char *auth = NULL;
         json_t *ra = json_object_get(body, "registry_auth");
         if (ra) {
@@ -481,6 +593,8 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
         b->context_len = ctx_len;
         b->egress = json_incref(egress);
         b->build_args = json_incref(bargs);
+        b->extra = extra;
+        extra = NULL;
         b->created_ms = cove_now_ms();
         b->spec = (struct cove_image_spec){
             .tenant = b->tenant,
@@ -492,6 +606,7 @@ int coved_template_create(struct coved *d, const char *tenant, int admin, json_t
             .max_bytes =
                 ms ? (uint64_t)json_integer_value(ms) << 20 : COVE_TEMPLATE_MAX_BYTES_DEFAULT,
             .timeout_s = ts ? (int)json_integer_value(ts) : COVE_TEMPLATE_PULL_TIMEOUT_S,
+            .extra = b->extra,
             .event = on_event,
             .event_arg = b,
             .cancel = &b->cancel,
@@ -545,6 +660,10 @@ static json_t *meta_json(json_t *m)
             "built_at", json_object_get(m, "built_at"), "config", json_object_get(m, "config"));
         if (o)
                 json_object_set(o, "layers", json_object_get(m, "layers"));
+        static const char *const run[] = {"start_cmd", "ready_cmd", "ready_timeout_s", "pool"};
+        for (size_t i = 0; o && i < 4; i++)
+                if (json_object_get(m, run[i]))
+                        json_object_set(o, run[i], json_object_get(m, run[i]));
         return o;
 }
 
@@ -680,8 +799,13 @@ int coved_template_delete(struct coved *d, const char *tenant, const char *name,
                                      name, u.by);
         /* warm instances of the tenant's own pools may sit on this rootfs: they go first (the
          * pools are made again on the next miss) */
-        if (d->node) /* role control: no pools here */
+        if (d->node) { /* role control: no pools here */
                 cove_node_pool_drop(d->node, tenant);
+                char rootfs[4096]; /* and its own pool */
+                if (cove_template_lookup_for(d->templates_dir, tenant, name, rootfs, sizeof rootfs,
+                                             NULL) == 0)
+                        cove_node_pool_drop_rootfs(d->node, rootfs);
+        }
         if (cove_template_remove(d->templates_dir, tenant, name, err) < 0) {
                 if (err->kind == COVE_E_NOT_FOUND && had_record)
                         return 0; /* a failed build: its record was all there was */
@@ -746,4 +870,32 @@ json_t *coved_template_config(struct coved *d, const char *tenant, const char *n
                 return NULL;
         }
         return c;
+}
+
+json_t *coved_template_run(struct coved *d, const char *tenant, const char *name)
+{
+        if (cove_template_known(name))
+                return NULL;
+        json_t *m = NULL;
+        if (cove_template_meta(d->templates_dir, tenant, name, &m, NULL) != 0)
+                return NULL;
+        json_t *o = json_object();
+        static const char *const run[] = {"start_cmd", "ready_cmd", "ready_timeout_s"};
+        for (size_t i = 0; i < 3; i++) {
+                json_t *v = json_object_get(m, run[i]);
+                if (i < 2 ? json_is_string(v) && json_string_length(v) > 0 : json_is_integer(v))
+                        json_object_set(o, run[i], v);
+        }
+        if (json_object_size(o) && !json_object_get(o, "ready_timeout_s"))
+                json_object_set_new(o, "ready_timeout_s",
+                                    json_integer(COVE_TEMPLATE_READY_TIMEOUT_S));
+        json_t *cfg = json_object_get(m, "config");
+        if (json_object_size(o) && json_is_object(cfg))
+                json_object_set(o, "config", cfg);
+        json_decref(m);
+        if (!json_object_size(o)) {
+                json_decref(o);
+                return NULL;
+        }
+        return o;
 }

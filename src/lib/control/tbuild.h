@@ -48,4 +48,21 @@ void coved_tbuild_unref(struct coved_tbuild *b);
  * (built-ins, none). New reference. */
 json_t *coved_template_config(struct coved *d, const char *tenant, const char *name);
 
+#define COVE_TEMPLATE_CMD_MAX 4096
+#define COVE_TEMPLATE_POOL_MAX 16
+/* At start: the warm pools of the tenant templates that ask for one ("pool" > 0). */
+void coved_template_pools_restore(struct coved *d);
+#define COVE_TEMPLATE_READY_TIMEOUT_S 60
+/* The template's start and ready commands: {start_cmd?, ready_cmd?, ready_timeout_s,
+ * config?} or NULL when it has neither (built-ins never). New reference. */
+json_t *coved_template_run(struct coved *d, const char *tenant, const char *name);
+
+struct cove_sandbox_row;
+/* For a new sandbox of a template with run (coved_template_run's): start start_cmd as a
+ * process tagged "start" (not awaited), then run ready_cmd every 200 ms until it exits 0,
+ * for at most run.ready_timeout_s. 0 when ready; -1 with err (COVE_E_UNAVAILABLE, the
+ * last attempt's exit code and output tail) otherwise. The caller removes the sandbox. */
+int coved_template_start(struct coved *d, const struct cove_sandbox_row *s, json_t *run,
+                         struct cove_err *err);
+
 #endif

@@ -209,7 +209,48 @@ static const char *base_of(const char *p)
         return s ? s + 1 : p;
 }
 
-static int step_copy(struct df *f, json_t *args, const char *name, struct cove_err *err)
+#define ADD_ENTRIES_MAX (1u << 20)
+
+/* Whether the file at fd (a regular file of the context) is a tar archive ADD unpacks:
+ * gzip or zstd magic, or a ustar header. The offset is left at 0. */
+static int is_archive(int fd)
+{
+        unsigned char b[512];
+        ssize_t n = pread(fd, b, sizeof b, 0);
+        if (n >= 2 && b[0] == 0x1f && b[1] == 0x8b)
+                return 1;
+        if (n >= 4 && b[0] == 0x28 && b[1] == 0xb5 && b[2] == 0x2f && b[3] == 0xfd)
+                return 1;
+        return n == 512 && !memcmp(b + 257, "ustar", 5);
+}
+
+/* ADD of a local archive: unpacked as an image layer is (tarx.c: the same refusals of
+ * "..", absolute paths, links out, device nodes; the build's size bound), then copied into
+ * the destination directory dfd. */
+static int add_archive(struct df *f, int sfd, int dfd, const char *src, struct cove_err *err)
+{
+        char one[4096];
+        if (tmp_dir(f, one, sizeof one, err) < 0)
+                return -1;
+        int tmp = open(one, O_RDONLY | O_DIRECTORY | O_CLOEXEC), rc = -1;
+        struct cove_tarx_budget budget = {.bytes_left = f->in->max_bytes,
+                                          .entries_left = ADD_ENTRIES_MAX};
+        struct cove_tarx_result res;
+        if (tmp < 0)
+                cove_err_set(err, errno, "open %s", one);
+        else if (lseek(sfd, 0, SEEK_SET) < 0)
+                cove_err_set(err, errno, "ADD %.200s", src);
+        else if (cove_tarx_unpack(sfd, tmp, &budget, NULL, NULL, &res, err) < 0)
+                cove_err_wrap(err, "archive %.200s", src);
+        else
+                rc = cove_template_copy_tree(tmp, dfd, f->in->max_bytes, err);
+        if (tmp >= 0)
+                close(tmp);
+        cove_rm_rf(one, NULL);
+        return rc;
+}
+
+static int step_copy(struct df *f, json_t *args, int add, const char *name, struct cove_err *err)
 {
         if (f->ctx_fd < 0)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
@@ -256,6 +297,18 @@ static int step_copy(struct df *f, json_t *args, const char *name, struct cove_e
                         cove_err_setk(err, COVE_E_BAD_REQUEST, errno,
                                       "COPY %.200s: not in the build context", src);
                         goto out;
+                }
+                if (add && S_ISREG(st.st_mode) && is_archive(sfd)) {
+                        int dfd = mkdirs(ufd, abs, err);
+                        int r = dfd < 0 ? -1 : add_archive(f, sfd, dfd, src, err);
+                        if (dfd >= 0)
+                                close(dfd);
+                        close(sfd);
+                        if (spfd >= 0)
+                                close(spfd);
+                        if (r < 0)
+                                goto out;
+                        continue;
                 }
                 char target[4096];
                 if (S_ISDIR(st.st_mode))
@@ -502,6 +555,47 @@ static int open_context(struct df *f, struct cove_err *err)
         return 0;
 }
 
+/* FROM an image reference: the tenant's template cache..<sha256 of "image\n" REF>, pulled
+ * as from: {image} does (same checks, bounds and events) unless it exists. A tag is
+ * resolved once: the cache stays until deleted by name (pin a digest to be exact). */
+static int from_image(struct df *f, const char *ref, char *name, struct cove_err *err)
+{
+        int line =
+            (int)json_integer_value(json_object_get(json_array_get(f->in->steps, 0), "line"));
+        unsigned char h[32];
+        unsigned int hl;
+        char hex[65], k[4200];
+        snprintf(k, sizeof k, "image\n%s", ref);
+        EVP_Digest(k, strlen(k), h, &hl, EVP_sha256(), NULL);
+        cove_hex(h, 32, hex);
+        snprintf(name, COVE_TEMPLATE_NAME_MAX, "cache..%.40s", hex);
+        if (cached(f, name)) {
+                ev(f, json_pack("{s:s, s:i, s:s, s:s}", "type", "step", "line", line, "op", "FROM",
+                                "state", "cached"));
+                return 0;
+        }
+        ev(f, json_pack("{s:s, s:i, s:s, s:s}", "type", "step", "line", line, "op", "FROM", "state",
+                        "running"));
+        struct cove_image_spec s = {
+            .tenant = f->in->tenant,
+            .name = name,
+            .source_kind = "image",
+            .ref = ref,
+            .insecure = f->in->insecure,
+            .max_bytes = f->in->max_bytes,
+            .timeout_s =
+                f->in->pull_timeout_s > 0 ? f->in->pull_timeout_s : COVE_TEMPLATE_PULL_TIMEOUT_S,
+            .event = f->in->event,
+            .event_arg = f->in->event_arg,
+            .cancel = f->in->cancel,
+        };
+        if (cove_template_image_build(f->in->tdir, &s, err) < 0 && err->kind != COVE_E_CONFLICT)
+                return cove_err_wrap(err, "Dockerfile line %d: FROM %.200s", line, ref);
+        ev(f, json_pack("{s:s, s:i, s:s, s:s}", "type", "step", "line", line, "op", "FROM", "state",
+                        "done"));
+        return 0;
+}
+
 int coved_dockerfile_build(struct coved *d, const struct coved_df_build *in, struct cove_err *err)
 {
         struct df f = {.in = in, .d = d, .ctx_fd = -1};
@@ -510,7 +604,12 @@ int coved_dockerfile_build(struct coved *d, const struct coved_df_build *in, str
         json_t *steps = in->steps;
         json_t *from = json_array_get(json_object_get(json_array_get(steps, 0), "args"), 0);
         const char *parent = json_string_value(from);
-        char rootfs[4096];
+        char rootfs[4096], iname[COVE_TEMPLATE_NAME_MAX];
+        if (strchr(parent, '/')) { /* REGISTRY/REPO[:TAG][@DIGEST]: pulled once, kept as a cache */
+                if (from_image(&f, parent, iname, err) < 0)
+                        goto out;
+                parent = iname;
+        }
         if (cove_template_lookup_for(in->tdir, in->tenant, parent, rootfs, sizeof rootfs, NULL)) {
                 cove_err_setk(
                     err, COVE_E_BAD_REQUEST, 0,
@@ -605,12 +704,15 @@ int coved_dockerfile_build(struct coved *d, const struct coved_df_build *in, str
                                          op, "state", "running"));
                         int r = !strcmp(op, "RUN") ? step_run(&f, st, cname, err)
                                 : !strcmp(op, "COPY")
-                                    ? step_copy(&f, args, cname, err)
+                                    ? step_copy(&f, args, json_is_true(json_object_get(st, "add")),
+                                                cname, err)
                                     : step_workdir(&f, json_string_value(json_array_get(args, 0)),
                                                    cname, err);
                         if (r < 0) {
                                 if (strncmp(err->msg, "Dockerfile line", 15))
-                                        cove_err_wrap(err, "Dockerfile line %d: %s", line, op);
+                                        cove_err_wrap(
+                                            err, "Dockerfile line %d: %s", line,
+                                            json_is_true(json_object_get(st, "add")) ? "ADD" : op);
                                 goto out;
                         }
                         ev(&f, json_pack("{s:s, s:i, s:s, s:s}", "type", "step", "line", line, "op",
@@ -633,6 +735,7 @@ int coved_dockerfile_build(struct coved *d, const struct coved_df_build *in, str
             .tree_fd = ufd,
             .max_bytes = in->max_bytes,
             .config = f.config,
+            .extra = in->extra,
         };
         (void)t;
         rc = ufd < 0 ? cove_err_set(err, errno, "open %s", up)

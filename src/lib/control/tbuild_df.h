@@ -19,6 +19,9 @@ struct coved_df_build {
         size_t context_len;
         json_t *egress;     /* the RUN sandboxes' egress policy, NULL: none (deny all) */
         json_t *build_args; /* {NAME: value} for ARG, may be NULL */
+        json_t *extra;      /* keys for the named template's meta.json (start_cmd…), or NULL */
+        int insecure;       /* FROM an image: plain HTTP or unverified TLS to its registry */
+        int pull_timeout_s; /* FROM an image: the pull's deadline */
         uint64_t max_bytes;
         cove_template_event_fn event;
         void *event_arg;

@@ -124,6 +124,7 @@ struct cove_tree_spec {
         int tree_fd;
         uint64_t max_bytes;
         json_t *config; /* the template's config; NULL: the parent's (borrowed) */
+        json_t *extra;  /* keys added to meta.json (start_cmd…), borrowed; may be NULL */
         cove_template_event_fn event;
         void *event_arg;
 };

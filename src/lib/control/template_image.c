@@ -1216,6 +1216,11 @@ int cove_template_tree_build(const char *tdir, const struct cove_tree_spec *s, s
                 json_object_set_new(meta, "base_builtin", json_string(builtin));
         if (meta)
                 json_object_set_new(meta, "parent", json_string(s->parent));
+        if (meta && s->extra) {
+                const char *xk;
+                json_t *xv;
+                json_object_foreach(s->extra, xk, xv) json_object_set(meta, xk, xv);
+        }
         if (!meta || write_meta(build, meta, err) < 0) {
                 json_decref(meta);
                 goto fail;

@@ -1270,17 +1270,17 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
         return r;
 }
 
-int cove_node_pool_drop(struct cove_node *n, const char *owner)
+/* Drop the pools of owner (non-NULL), or of rootfs (non-NULL, any owner). */
+static int pool_drop_matching(struct cove_node *n, const char *owner, const char *rootfs)
 {
-        if (!owner || !*owner)
-                return 0;
         /* the pools stay listed (the refill thread may be starting one of their instances
          * right now; it stops that one itself when it sees dropped), empty and never taken */
         char(*ids)[64] = NULL;
         size_t nids = 0, cap = 0;
         pthread_mutex_lock(&n->mu);
         for (struct pool *p = n->pools; p; p = p->next) {
-                if (strcmp(p->owner, owner) != 0)
+                const char *want = owner ? owner : rootfs, *have = owner ? p->owner : p->rootfs;
+                if (!want || strcmp(have, want) != 0)
                         continue;
                 p->dropped = 1;
                 p->target = 0;
@@ -1306,6 +1306,20 @@ int cove_node_pool_drop(struct cove_node *n, const char *owner)
         }
         free(ids);
         return (int)nids;
+}
+
+int cove_node_pool_drop(struct cove_node *n, const char *owner)
+{
+        if (!owner || !*owner)
+                return 0;
+        return pool_drop_matching(n, owner, NULL);
+}
+
+int cove_node_pool_drop_rootfs(struct cove_node *n, const char *rootfs)
+{
+        if (!rootfs || !*rootfs)
+                return 0;
+        return pool_drop_matching(n, NULL, rootfs);
 }
 
 /* Mark sandbox_id's running instance busy (a stop waits for busy to drop to 0) for a

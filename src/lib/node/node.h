@@ -118,6 +118,9 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
  * purged now, nothing is refilled or taken until a cove_node_pool_add() of it. Returns how
  * many instances were stopped. */
 int cove_node_pool_drop(struct cove_node *n, const char *owner);
+/* The same for every pool of a template rootfs (any owner, runtime and shape): before the
+ * template is removed. */
+int cove_node_pool_drop_rootfs(struct cove_node *n, const char *rootfs);
 /* Time machine passthroughs to the runtime (runtime.h documents them). snapshot: -1 with
  * UNAVAILABLE when the runtime cannot, CONFLICT when the sandbox has no instance. */
 int cove_node_layer_snapshot(struct cove_node *n, const char *sandbox_id, const char *dest_image,
