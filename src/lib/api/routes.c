@@ -290,5 +290,7 @@ const struct cove_route cove_routes[] = {
     {"POST", "/v1/keys", cove_h_keys_add, NULL, 0},
     {"POST", "/v1/keys/rotate", cove_h_keys_rotate, NULL, 0},
     {"POST", "/v1/keys/revoke", cove_h_keys_revoke, NULL, 0},
+    {"GET", "/ui", cove_h_ui, NULL, COVE_ROUTE_PUBLIC},
+    {"GET", "/ui/{file}", cove_h_ui, NULL, COVE_ROUTE_PUBLIC},
 };
 const size_t cove_nroutes = sizeof(cove_routes) / sizeof(cove_routes[0]);
