@@ -1,0 +1,83 @@
+"""The operator console in a real browser: headless Chromium (Debian's `chromium`, driven by
+the playwright-core pinned in tests/browser/package-lock.json) against a real coved: log in
+with the admin key, see a sandbox, run a command in the console's terminal, set the timeline
+to an earlier snapshot and see its diff, fork from it, approve a pending credential lease,
+see a denied egress attempt in the audit view; every console answer carries a CSP that
+refuses other origins. coved runs contained (tests/lib/egressenv.py), and so does the
+browser, in coved's network namespace. Screenshots are kept under
+build/test-artifacts/console/. Skips, saying why, without node, npm, chromium or the npm
+registry, or without xterm.js in the build."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from egressenv import running
+from test_ports_browser import SRC, browser_dir  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.root
+CSP = "default-src 'self'"
+
+
+def test_console_end_to_end(browser_dir, build_dir, templates_dir, log_dir):  # noqa: F811
+    d_, node, chromium = browser_dir
+    shutil.copy(os.path.join(SRC, "console.mjs"), os.path.join(d_, "console.mjs"))
+    if not os.path.exists(os.path.join(build_dir, "ui", "xterm.mjs")):
+        pytest.skip("xterm.js is not in build/ui (npm was missing or failed at build time)")
+    shots = os.path.join(build_dir, "test-artifacts", "console")
+    shutil.rmtree(shots, ignore_errors=True)
+    os.makedirs(shots)
+    with running(build_dir, templates_dir, log_dir, "console") as (d, up):
+        c = d.client
+        c.put("/v1/secrets/GH", {"value": "ghp_console_" + os.urandom(8).hex(),
+                                 "hosts": ["allowed.test"],
+                                 "inject": {"header": "Authorization", "format": "Bearer {value}"}})
+        sid = c.create(template="base", egress={"allow": ["allowed.test"]})["id"]
+        forks = []
+        try:
+            c.exec(sid, ["/bin/sh", "-c", "echo kept > /root/kept.txt"])
+            early = c.post(f"/v1/sandboxes/{sid}/snapshots", {"label": "early", "kind": "files"})
+            c.exec(sid, ["/bin/sh", "-c", "echo 'added in the console test' > /root/added.txt"])
+            c.post(f"/v1/sandboxes/{sid}/snapshots", {"label": "later", "kind": "files"})
+            r = c.exec(sid, ["cove-guest", "request-credential", "GH", "--reason", "console",
+                             "--ttl", "600"])
+            assert r["exit_code"] == 0, r
+            # refused by the gateway: other.test is not allowed (contained: nothing leaves)
+            c.exec(sid, ["/bin/sh", "-c", "curl -sS -m 5 http://other.test/ ; "
+                                          "curl -sS -m 5 http://10.1.2.3/"], timeout=60)
+            base = f"http://127.0.0.1:{d.port}"
+            env = dict(os.environ, CHROMIUM=chromium, COVE_KEY=c.key)
+            p = subprocess.run(d.in_netns([node, "console.mjs", base, sid, early["id"], shots]),
+                               cwd=d_, env=env, capture_output=True, text=True, timeout=900)
+            assert p.returncode == 0, p.stderr[-3000:]
+            out = json.loads(p.stdout.strip().splitlines()[-1])
+            print("console first load:", out.get("firstLoad"))
+            assert "failure" not in out, out
+            # the only request to another origin is the CSP probe, refused by the browser
+            assert out["errors"] == [] and set(out["offOrigin"]) <= {"http://127.0.0.2:9/x.js"}
+            assert out["csp"] and all(v and v.startswith(CSP) for v in out["csp"].values()), \
+                out["csp"]
+            assert out["cspBlocked"] and "127.0.0.2" in out["cspBlocked"]
+            assert out["keyInSession"] == "kept"
+            assert "console-42" in out["terminal"].splitlines() or \
+                any(line.strip() == "console-42" for line in out["terminal"].splitlines())
+            assert out["selected"] == early["id"]
+            assert "/root/added.txt" in out["diff"] and "/root/kept.txt" not in out["diff"]
+            assert "+added in the console test" in out["fileDiff"]
+            forks.append(out["fork"])
+            assert c.get(f"/v1/sandboxes/{out['fork']}")["state"] == "running"
+            got = c.exec(out["fork"], ["/bin/sh", "-c", "ls /root"])["stdout"].split()
+            assert "kept.txt" in got and "added.txt" not in got  # forked from the early one
+            lease = [x for x in c.get(f"/v1/sandboxes/{sid}/leases")["leases"]
+                     if x["secret"] == "GH"]
+            assert lease and lease[0]["state"] == "active"
+            assert any(sid in row for row in out["denied"]), out["denied"]
+            assert out["verify"].startswith("chain intact")
+            for n in ("1-sandboxes", "2-terminal", "3-diff", "4-fork", "5-audit"):
+                assert os.path.getsize(os.path.join(shots, f"{n}.png")) > 0
+        finally:
+            for f in forks:
+                c.remove(f, purge=True)
+            c.remove(sid, purge=True)
