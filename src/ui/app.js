@@ -154,7 +154,17 @@ async function terminal(id, box) {
     if (!r.ok) { t.write(`exec failed: ${r.status}\r\n`); return; }
     const rd = r.body.getReader(), dec = new TextDecoder();
     let buf = '', pid = null;
-    t.onData(d => pid && fetch(`/v1/sandboxes/${id}/processes/${pid}/stdin`, { method: 'POST', headers: { Authorization: `Bearer ${key}` }, body: d }));
+    // keystrokes go one POST at a time, in order (concurrent POSTs could arrive reordered);
+    // what is typed while one is in flight goes in the next
+    let pending = '', sending = false;
+    const flush = async () => {
+      if (sending || !pending || !pid) return;
+      sending = true;
+      const d = pending; pending = '';
+      try { await fetch(`/v1/sandboxes/${id}/processes/${pid}/stdin`, { method: 'POST', headers: { Authorization: `Bearer ${key}` }, body: d }); }
+      finally { sending = false; flush(); }
+    };
+    t.onData(d => { pending += d; flush(); });
     t.onResize(({ cols, rows }) => pid && post(`/v1/sandboxes/${id}/processes/${pid}/resize`, { cols, rows }));
     t.focus();
     try {

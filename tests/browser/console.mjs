@@ -6,6 +6,7 @@ import { chromium } from 'playwright-core';
 
 const [base, sid, early, shots] = process.argv.slice(2);
 const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox'] });
+let page = null;
 const out = { offOrigin: [], csp: {}, errors: [] };
 const shot = (page, n) => page.screenshot({ path: `${shots}/${n}.png`, fullPage: true });
 try {
@@ -20,7 +21,7 @@ try {
   out.firstLoad = { ms: Date.now() - t0, bytes, files };
   await ctx0.close();
 
-  const page = await browser.newPage();
+  page = await browser.newPage();
   page.on('dialog', (d) => d.accept());
   page.on('pageerror', (e) => out.errors.push(String(e)));
   page.on('request', (r) => { if (!r.url().startsWith(base)) out.offOrigin.push(r.url()); });
@@ -83,6 +84,7 @@ try {
   await shot(page, '5-audit');
 } catch (e) {
   out.failure = String(e && e.stack || e);
+  try { out.terminalAtFailure = await page.evaluate(() => window.coveTerm && [...Array(window.coveTerm.buffer.active.length).keys()].map(i => window.coveTerm.buffer.active.getLine(i).translateToString(true)).join('\n')); } catch (_) { /* no page */ }
 } finally {
   await browser.close();
 }

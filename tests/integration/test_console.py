@@ -81,3 +81,32 @@ def test_console_end_to_end(browser_dir, build_dir, templates_dir, log_dir):  # 
             for f in forks:
                 c.remove(f, purge=True)
             c.remove(sid, purge=True)
+
+
+def test_console_files_are_public_with_csp_and_nothing_else_is_served(client, build_dir):
+    """The console's files need no key and carry the CSP and nosniff; a name outside the
+    console's directory (traversal, a dotfile, a symlink, an unknown type) is 404, and the
+    API itself still refuses a request without a key."""
+    ui = os.path.join(build_dir, "ui")
+    for path, ctype in (("/ui", "text/html"), ("/ui/", "text/html"),
+                        ("/ui/index.html", "text/html"), ("/ui/app.js", "text/javascript"),
+                        ("/ui/style.css", "text/css")):
+        r = client.request("GET", path, auth=False)
+        assert r.status == 200, path
+        assert r.headers["content-type"].startswith(ctype), path
+        assert r.headers["content-security-policy"].startswith(CSP), path
+        assert r.headers["x-content-type-options"] == "nosniff"
+    assert client.request("GET", "/ui/app.js", auth=False).body == \
+        open(os.path.join(ui, "app.js"), "rb").read()
+    link = os.path.join(ui, "leak.js")
+    os.symlink("/etc/passwd", link)
+    try:
+        for path in ("/ui/leak.js", "/ui/..%2f..%2fbuild.ninja", "/ui/%2e%2e", "/ui/.hidden.js",
+                     "/ui/../build.ninja", "/ui/package.json", "/ui/nope.js",
+                     "/ui/" + "a" * 80 + ".js"):
+            r = client.request("GET", path, auth=False)
+            assert r.status == 404, path
+            assert b"root:" not in r.body and b"ninja" not in r.body
+    finally:
+        os.unlink(link)
+    assert client.request("GET", "/v1/sandboxes", auth=False).status == 401
