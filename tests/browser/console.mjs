@@ -13,12 +13,13 @@ try {
   // first load: bytes and time of everything the login page loads, in a fresh context
   const ctx0 = await browser.newContext();
   const p0 = await ctx0.newPage();
-  let bytes = 0, files = 0;
-  p0.on('response', async (r) => { try { bytes += (await r.body()).length; files++; } catch (_) { /* redirect */ } });
   const t0 = Date.now();
   await p0.goto(`${base}/ui`, { waitUntil: 'load' });
   await p0.waitForSelector('#login:not([hidden])');
-  out.firstLoad = { ms: Date.now() - t0, bytes, files };
+  const ms = Date.now() - t0;
+  out.firstLoad = await p0.evaluate(() => { const e = [...performance.getEntriesByType('navigation'), ...performance.getEntriesByType('resource')];
+    return { bytes: e.reduce((n, x) => n + x.encodedBodySize, 0), files: e.length }; });
+  out.firstLoad.ms = ms;
   await ctx0.close();
 
   page = await browser.newPage();
