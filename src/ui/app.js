@@ -49,17 +49,29 @@ const ask = (what) => window.confirm(what);
 async function pageSandboxes() {
   const box = h('div');
   view.replaceChildren(h('h2', {}, 'Sandboxes'), box);
+  const last = new Map();
   return every(async () => {
     const { sandboxes } = await get('/v1/sandboxes');
     const procs = await Promise.all(sandboxes.map(s => s.state === 'running'
       ? get(`/v1/sandboxes/${s.id}/processes`).then(p => p.processes.filter(x => x.running).length, () => '')
       : ''));
-    sandboxes.forEach((s, i) => { s._procs = procs[i]; });
+    const use = await Promise.all(sandboxes.map(s => s.state === 'running'
+      ? get(`/v1/sandboxes/${s.id}/usage`).catch(() => null) : null));
+    const now = performance.now();
+    sandboxes.forEach((s, i) => {
+      s._procs = procs[i];
+      const u = use[i], p = last.get(s.id);
+      s._mem = u ? size(u.memory_bytes) : '';
+      // CPU: the share of one CPU used since the previous poll
+      s._cpu = u && p && u.cpu_usec >= p.cpu ? `${(((u.cpu_usec - p.cpu) / 1000) / (now - p.t) * 100).toFixed(0)}%` : '';
+      if (u) last.set(s.id, { cpu: u.cpu_usec, t: now });
+    });
     box.replaceChildren(table([
       ['id', s => h('a', { href: `#/sandbox/${s.id}`, class: 'sbx' }, s.id)],
       ['state', s => s.state + (s.error ? ` (${s.error})` : '')], ['template', s => s.template],
       ['runtime', s => s.runtime], ['node', s => s.node || ''], ['age', s => age(s.created_at)],
       ['resources', s => `${s.cpus} cpu, ${s.memory_mb} MB, ${s.disk_mb} MB disk`],
+      ['CPU now', s => h('span', { class: 'cpu' }, s._cpu)], ['memory now', s => h('span', { class: 'mem' }, s._mem)],
       ['running processes', s => s._procs],
     ], sandboxes));
   }, 3000);

@@ -37,6 +37,9 @@ try {
   await page.fill('#key', process.env.COVE_KEY);
   await page.click('#login button');
   await page.waitForSelector(`a.sbx:text("${sid}")`, { timeout: 60000 });
+  // live usage: the memory column of the sandbox's row fills in
+  await page.waitForFunction((id) => [...document.querySelectorAll('tr')].some((r) => r.textContent.includes(id) && /\d/.test(r.querySelector('.mem')?.textContent || '')), sid, { timeout: 60000 });
+  out.usageRow = await page.$eval(`tr:has(a.sbx:text("${sid}")) .mem`, (e) => e.textContent);
   out.keyInSession = await page.evaluate(() => sessionStorage.getItem('cove_key') === null ? 'missing' : 'kept');
   await shot(page, '1-sandboxes');
 

@@ -61,6 +61,7 @@ def test_console_end_to_end(browser_dir, build_dir, templates_dir, log_dir):  # 
                 out["csp"]
             assert out["cspBlocked"] and "127.0.0.2" in out["cspBlocked"]
             assert out["keyInSession"] == "kept"
+            assert out["usageRow"].endswith(("KiB", "MiB")), out["usageRow"]
             assert "console-42" in out["terminal"].splitlines() or \
                 any(line.strip() == "console-42" for line in out["terminal"].splitlines())
             assert out["selected"] == early["id"]
@@ -110,3 +111,17 @@ def test_console_files_are_public_with_csp_and_nothing_else_is_served(client, bu
     finally:
         os.unlink(link)
     assert client.request("GET", "/v1/sandboxes", auth=False).status == 401
+
+
+def test_usage_of_a_running_sandbox(client, sandbox):
+    """GET …/usage gives the memory charged to a running sandbox and its CPU time, which grows
+    while it computes; a paused sandbox has none (409), another id is 404."""
+    sid = sandbox["id"]
+    u0 = client.get(f"/v1/sandboxes/{sid}/usage")
+    assert u0["memory_bytes"] > 0 and u0["cpu_usec"] >= 0
+    client.exec(sid, ["/bin/sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done"])
+    u1 = client.get(f"/v1/sandboxes/{sid}/usage")
+    assert u1["cpu_usec"] > u0["cpu_usec"]
+    client.expect_error("GET", "/v1/sandboxes/sbx_aaaaaaaaaaaaaaaaaaaa/usage", 404, "not_found")
+    client.post(f"/v1/sandboxes/{sid}/pause")
+    client.expect_error("GET", f"/v1/sandboxes/{sid}/usage", 409, "conflict")

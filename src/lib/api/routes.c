@@ -161,6 +161,23 @@ static int h_get(void *app, struct cove_req *r)
         return cove_reply_json(r, 200, o);
 }
 
+/* live figures of a running sandbox's instance (its cgroup): memory now, CPU time so far */
+static int h_usage(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        if (cove_sandbox_load(d, r->tenant, r->params[0], &row, &err) < 0)
+                return cove_reply_err(r, &err);
+        cove_sandbox_row_clear(&row);
+        uint64_t mem = 0, cpu = 0;
+        if (cove_node_usage(d->node, r->params[0], &mem, &cpu, &err) < 0)
+                return cove_reply_err(r, &err);
+        return cove_reply_json(
+            r, 200,
+            json_pack("{s:I,s:I}", "memory_bytes", (json_int_t)mem, "cpu_usec", (json_int_t)cpu));
+}
+
 struct list_ctx {
         json_t *arr;
         json_t *meta; /* required metadata key/values */
@@ -233,6 +250,7 @@ const struct cove_route cove_routes[] = {
     {"GET", "/v1/sandboxes/{id}", h_get, NULL, 0},
     {"DELETE", "/v1/sandboxes/{id}", h_delete, NULL, 0},
     {"POST", "/v1/sandboxes/{id}/timeout", h_timeout, NULL, 0},
+    {"GET", "/v1/sandboxes/{id}/usage", h_usage, NULL, 0},
     {"POST", "/v1/sandboxes/{id}/exec", cove_h_exec, NULL, 0},
     {"GET", "/v1/sandboxes/{id}/processes", cove_h_processes, NULL, 0},
     {"GET", "/v1/sandboxes/{id}/processes/{pid}/events", cove_h_events, NULL, 0},
