@@ -156,7 +156,7 @@ async function terminal(id, box) {
   btn.addEventListener('click', async () => {
     if (ctl) ctl.abort();
     el.replaceChildren();
-    const t = new Terminal({ cols: 100, rows: 18, convertEol: false });
+    const t = new Terminal({ cols: 100, rows: 18, theme: { background: '#000000', foreground: '#e8e8e8', cursor: '#e8e8e8' } });
     t.open(el);
     window.coveTerm = t; // for tests: the buffer's text
     ctl = new AbortController();
@@ -210,7 +210,7 @@ async function fileBrowser(id, box, path) {
         const r = await fetch(`/v1/sandboxes/${id}/files?path=${encodeURIComponent(e.path)}`, { headers: { Authorization: `Bearer ${key}` } });
         const b = new Uint8Array(await r.arrayBuffer());
         body.textContent = b.includes(0) ? `(binary, ${b.length} bytes)` : new TextDecoder().decode(b.slice(0, 65536)); } }, e.name) : e.name],
-    ['type', e => e.type], ['size', e => size(e.size)], ['mode', e => e.mode], ['modified', e => e.mtime]], entries), body);
+    ['type', e => e.type], ['size', e => size(e.size)], ['mode', e => typeof e.mode === 'number' ? e.mode.toString(8).padStart(4, '0') : e.mode], ['modified', e => e.mtime]], entries), body);
 }
 
 // ---- egress and audit ----
