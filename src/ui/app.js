@@ -50,12 +50,18 @@ async function pageSandboxes() {
   const box = h('div');
   view.replaceChildren(h('h2', {}, 'Sandboxes'), box);
   const last = new Map();
+  // an admin key sees every tenant's sandboxes (by-id pages open only its own tenant's)
+  const tenants = await get('/v1/tenants').then(t => t.tenants.map(x => x.id), () => null);
   return every(async () => {
-    const { sandboxes } = await get('/v1/sandboxes');
-    const procs = await Promise.all(sandboxes.map(s => s.state === 'running'
+    const lists = tenants ? await Promise.all(tenants.map(t => get(`/v1/sandboxes?tenant=${encodeURIComponent(t)}`)
+      .then(l => l.sandboxes.map(s => ({ ...s, _tenant: t }))))) : [(await get('/v1/sandboxes')).sandboxes];
+    const mine = tenants ? (await get('/v1/sandboxes')).sandboxes.map(s => s.id) : null;
+    const sandboxes = lists.flat();
+    sandboxes.forEach(s => { s._own = !mine || mine.includes(s.id); });
+    const procs = await Promise.all(sandboxes.map(s => s.state === 'running' && s._own
       ? get(`/v1/sandboxes/${s.id}/processes`).then(p => p.processes.filter(x => x.running).length, () => '')
       : ''));
-    const use = await Promise.all(sandboxes.map(s => s.state === 'running'
+    const use = await Promise.all(sandboxes.map(s => s.state === 'running' && s._own
       ? get(`/v1/sandboxes/${s.id}/usage`).catch(() => null) : null));
     const now = performance.now();
     sandboxes.forEach((s, i) => {
@@ -67,7 +73,8 @@ async function pageSandboxes() {
       if (u) last.set(s.id, { cpu: u.cpu_usec, t: now });
     });
     box.replaceChildren(table([
-      ['id', s => h('a', { href: `#/sandbox/${s.id}`, class: 'sbx' }, s.id)],
+      ['id', s => s._own ? h('a', { href: `#/sandbox/${s.id}`, class: 'sbx' }, s.id) : h('span', { title: 'open it with its tenant\'s key' }, s.id)],
+      ...(tenants ? [['tenant', s => s._tenant]] : []),
       ['state', s => s.state + (s.error ? ` (${s.error})` : '')], ['template', s => s.template],
       ['runtime', s => s.runtime], ['node', s => s.node || ''], ['age', s => age(s.created_at)],
       ['resources', s => `${s.cpus} cpu, ${s.memory_mb} MB, ${s.disk_mb} MB disk`],
@@ -217,7 +224,10 @@ async function fileBrowser(id, box, path) {
 async function pageAudit() {
   const leases = h('section'), ver = h('section'), log = h('section');
   const kind = h('select', { id: 'kind' }, ['', 'egress', 'dns', 'lease', 'control', 'port', 'key', 'tenant', 'api_key'].map(k => h('option', { value: k }, k || 'all kinds')));
-  view.replaceChildren(h('h2', {}, 'Egress and audit'), leases, ver, h('div', {}, 'Show ', kind), log);
+  const tenants = await get('/v1/tenants').then(t => t.tenants.map(x => x.id), () => null);
+  const tsel = h('select', { id: 'tenant' }, (tenants || []).map(t => h('option', { value: t }, t)));
+  if (tenants) tsel.value = (await get('/v1/keys').catch(() => ({}))).tenant || tenants[0];
+  view.replaceChildren(h('h2', {}, 'Egress and audit'), leases, ver, h('div', {}, 'Show ', kind, tenants ? [' of tenant ', tsel] : ''), log);
   ver.replaceChildren(h('button', { id: 'verify', onclick: async () => {
     const v = await get('/v1/audit/verify');
     ver.append(h('div', { id: 'verifyout', class: v.ok ? 'allow' : 'deny' }, v.ok ? `chain intact: ${v.checked} events checked`
@@ -232,7 +242,7 @@ async function pageAudit() {
         h('button', { class: 'approve', onclick: async () => { if (ask(`Give ${l.sandbox} the secret ${l.secret} for ${l.ttl_s}s?`)) { await post(`/v1/leases/${l.id}/approve`); load(); } } }, 'Approve'), ' ',
         h('button', { class: 'deny', onclick: async () => { if (ask(`Deny ${l.sandbox} the secret ${l.secret}?`)) { await post(`/v1/leases/${l.id}/deny`); load(); } } }, 'Deny'))],
     ], ls));
-    const q = kind.value ? `&kind=${kind.value}` : '';
+    const q = (kind.value ? `&kind=${kind.value}` : '') + (tenants ? `&tenant=${encodeURIComponent(tsel.value)}` : '');
     let events = [];
     for (let after = 0; ;) { // oldest first: page to the end, keep the newest 200
       const p = await get(`/v1/audit?limit=1000${q}&after=${after}`);
@@ -246,6 +256,7 @@ async function pageAudit() {
       ['detail', e => describe(e)]], events.slice().reverse()));
   };
   kind.addEventListener('change', load);
+  tsel.addEventListener('change', load);
   return every(load, 4000);
 }
 function describe(e) {

@@ -40,6 +40,9 @@ try {
   // live usage: the memory column of the sandbox's row fills in
   await page.waitForFunction((id) => [...document.querySelectorAll('tr')].some((r) => r.textContent.includes(id) && /\d/.test(r.querySelector('.mem')?.textContent || '')), sid, { timeout: 60000 });
   out.usageRow = await page.$eval(`tr:has(a.sbx:text("${sid}")) .mem`, (e) => e.textContent);
+  // an admin sees every tenant's sandboxes: the other tenant's row, with its tenant
+  await page.waitForSelector(`tr:has-text("${process.env.OTHER_SANDBOX}")`, { timeout: 60000 });
+  out.otherRow = await page.textContent(`tr:has-text("${process.env.OTHER_SANDBOX}")`);
   out.keyInSession = await page.evaluate(() => sessionStorage.getItem('cove_key') === null ? 'missing' : 'kept');
   await shot(page, '1-sandboxes');
 

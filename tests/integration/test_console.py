@@ -35,6 +35,10 @@ def test_console_end_to_end(browser_dir, build_dir, templates_dir, log_dir):  # 
                                  "hosts": ["allowed.test"],
                                  "inject": {"header": "Authorization", "format": "Bearer {value}"}})
         sid = c.create(template="base", egress={"allow": ["allowed.test"]})["id"]
+        # another tenant's sandbox: the admin's console lists it too
+        ten = c.post("/v1/tenants", {"name": "console other"}, expect=201)["id"]
+        tc = c.with_key(c.post(f"/v1/tenants/{ten}/api-keys", {}, expect=201)["key"])
+        other = tc.create(template="busybox")["id"]
         forks = []
         try:
             c.exec(sid, ["/bin/sh", "-c", "echo kept > /root/kept.txt"])
@@ -49,6 +53,7 @@ def test_console_end_to_end(browser_dir, build_dir, templates_dir, log_dir):  # 
                                           "curl -sS -m 5 http://10.1.2.3/"], timeout=60)
             base = f"http://127.0.0.1:{d.port}"
             env = dict(os.environ, CHROMIUM=chromium, COVE_KEY=c.key)
+            env["OTHER_SANDBOX"] = other
             p = subprocess.run(d.in_netns([node, "console.mjs", base, sid, early["id"], shots]),
                                cwd=d_, env=env, capture_output=True, text=True, timeout=900)
             assert p.returncode == 0, p.stderr[-3000:]
@@ -61,6 +66,7 @@ def test_console_end_to_end(browser_dir, build_dir, templates_dir, log_dir):  # 
                 out["csp"]
             assert out["cspBlocked"] and "127.0.0.2" in out["cspBlocked"]
             assert out["keyInSession"] == "kept"
+            assert ten in out["otherRow"] and "console other" not in out["otherRow"]
             assert out["usageRow"].endswith(("KiB", "MiB")), out["usageRow"]
             assert "console-42" in out["terminal"].splitlines() or \
                 any(line.strip() == "console-42" for line in out["terminal"].splitlines())
@@ -82,6 +88,8 @@ def test_console_end_to_end(browser_dir, build_dir, templates_dir, log_dir):  # 
             for f in forks:
                 c.remove(f, purge=True)
             c.remove(sid, purge=True)
+            tc.remove(other, purge=True)
+            c.delete(f"/v1/tenants/{ten}")
 
 
 def test_console_files_are_public_with_csp_and_nothing_else_is_served(client, build_dir):
@@ -125,3 +133,19 @@ def test_usage_of_a_running_sandbox(client, sandbox):
     client.expect_error("GET", "/v1/sandboxes/sbx_aaaaaaaaaaaaaaaaaaaa/usage", 404, "not_found")
     client.post(f"/v1/sandboxes/{sid}/pause")
     client.expect_error("GET", f"/v1/sandboxes/{sid}/usage", 409, "conflict")
+
+
+def test_admin_lists_another_tenants_sandboxes(client):
+    """?tenant= on the sandbox list: an admin key reads any tenant's list, a tenant key naming
+    another tenant gets 404 and its own list never shows another tenant's sandbox."""
+    ten = client.post("/v1/tenants", {}, expect=201)["id"]
+    tc = client.with_key(client.post(f"/v1/tenants/{ten}/api-keys", {}, expect=201)["key"])
+    sid = tc.create(template="busybox")["id"]
+    try:
+        assert [s["id"] for s in client.get(f"/v1/sandboxes?tenant={ten}")["sandboxes"]] == [sid]
+        assert sid not in [s["id"] for s in client.get("/v1/sandboxes")["sandboxes"]]
+        tc.expect_error("GET", "/v1/sandboxes?tenant=default", 404, "not_found")
+        assert [s["id"] for s in tc.get(f"/v1/sandboxes?tenant={ten}")["sandboxes"]] == [sid]
+    finally:
+        tc.remove(sid, purge=True)
+        client.delete(f"/v1/tenants/{ten}")

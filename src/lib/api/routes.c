@@ -207,9 +207,16 @@ static int h_list(void *app, struct cove_req *r)
         struct list_ctx x = {.arr = json_array(), .meta = json_object()};
         MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, collect_meta, &x);
         const char *state = cove_req_query(r, "state");
+        /* an admin lists any tenant's sandboxes with ?tenant=; a tenant key only its own */
+        const char *tenant = cove_req_scoped_tenant(r, NULL);
+        if (!tenant) {
+                json_decref(x.meta);
+                json_decref(x.arr);
+                return 0;
+        }
         struct cove_err err;
-        int rc = d->cat_ops->sandbox_list(d->cat, r->tenant, state && *state ? state : NULL,
-                                          list_one, &x, &err);
+        int rc = d->cat_ops->sandbox_list(d->cat, tenant, state && *state ? state : NULL, list_one,
+                                          &x, &err);
         json_decref(x.meta);
         if (rc < 0) {
                 json_decref(x.arr);
