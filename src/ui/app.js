@@ -8,7 +8,8 @@ let stopPage = () => {};
 function h(tag, attrs = {}, ...kids) {
   const el = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
-    if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+    if (k === 'onclick' && tag === 'a') el.addEventListener('click', (e) => { e.preventDefault(); v(e); });
+    else if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
     else if (v !== undefined && v !== null && v !== false) el.setAttribute(k, v);
   }
   for (const k of kids.flat()) el.append(k instanceof Node ? k : document.createTextNode(String(k ?? '')));
@@ -144,7 +145,7 @@ async function diffNow(id, s, out) {
   const one = h('pre', { id: 'filediff' });
   out.append(h('div', { id: 'diff' }, h('h3', {}, `${s.id} → now (${now.id}): ${d.added.length} added, ${d.changed.length} changed, ${d.removed.length} removed${d.truncated ? ', truncated' : ''}`),
     table([['', r => h('span', { class: r[0] }, r[0])],
-      ['path', r => r[1].type === 'file' ? h('a', { href: 'javascript:void 0', class: 'diffpath', onclick: async () => {
+      ['path', r => r[1].type === 'file' ? h('a', { href: '#', class: 'diffpath', onclick: async () => {
         const f = await get(`/v1/snapshots/${s.id}/diff/${now.id}/file?path=${encodeURIComponent(r[1].path)}`);
         one.textContent = f.diff; } }, r[1].path) : r[1].path + (r[1].renamed_from ? ` (from ${r[1].renamed_from})` : '')],
       ['type', r => r[1].type], ['before', r => size(r[1].size_before)], ['after', r => size(r[1].size_after)]], rows), one));
@@ -210,10 +211,10 @@ async function fileBrowser(id, box, path) {
   try { ({ entries } = await get(`/v1/sandboxes/${id}/fs?path=${encodeURIComponent(path)}&depth=1`)); } catch (e) {
     box.replaceChildren(h('h3', {}, 'Files'), String(e.message)); return; }
   const body = h('pre');
-  const up = path === '/' ? '' : h('a', { href: 'javascript:void 0', onclick: () => fileBrowser(id, box, path.replace(/\/[^/]+\/?$/, '') || '/') }, '..');
+  const up = path === '/' ? '' : h('a', { href: '#', onclick: () => fileBrowser(id, box, path.replace(/\/[^/]+\/?$/, '') || '/') }, '..');
   box.replaceChildren(h('h3', {}, `Files ${path}`), up, table([
-    ['name', e => e.type === 'dir' ? h('a', { href: 'javascript:void 0', onclick: () => fileBrowser(id, box, e.path) }, e.name + '/')
-      : e.type === 'file' ? h('a', { href: 'javascript:void 0', onclick: async () => {
+    ['name', e => e.type === 'dir' ? h('a', { href: '#', onclick: () => fileBrowser(id, box, e.path) }, e.name + '/')
+      : e.type === 'file' ? h('a', { href: '#', onclick: async () => {
         const r = await fetch(`/v1/sandboxes/${id}/files?path=${encodeURIComponent(e.path)}`, { headers: { Authorization: `Bearer ${key}` } });
         const b = new Uint8Array(await r.arrayBuffer());
         body.textContent = b.includes(0) ? `(binary, ${b.length} bytes)` : new TextDecoder().decode(b.slice(0, 65536)); } }, e.name) : e.name],
