@@ -169,6 +169,23 @@ static int h_get(void *app, struct cove_req *r)
         return cove_reply_json(r, 200, o);
 }
 
+/* live figures of a running sandbox's instance (its cgroup): memory now, CPU time so far */
+static int h_usage(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        if (cove_sandbox_load(d, r->tenant, r->params[0], &row, &err) < 0)
+                return cove_reply_err(r, &err);
+        cove_sandbox_row_clear(&row);
+        uint64_t mem = 0, cpu = 0;
+        if (cove_node_usage(d->node, r->params[0], &mem, &cpu, &err) < 0)
+                return cove_reply_err(r, &err);
+        return cove_reply_json(
+            r, 200,
+            json_pack("{s:I,s:I}", "memory_bytes", (json_int_t)mem, "cpu_usec", (json_int_t)cpu));
+}
+
 struct list_ctx {
         json_t *arr;
         json_t *meta; /* required metadata key/values */
@@ -198,9 +215,16 @@ static int h_list(void *app, struct cove_req *r)
         struct list_ctx x = {.arr = json_array(), .meta = json_object()};
         MHD_get_connection_values(r->conn, MHD_GET_ARGUMENT_KIND, collect_meta, &x);
         const char *state = cove_req_query(r, "state");
+        /* an admin lists any tenant's sandboxes with ?tenant=; a tenant key only its own */
+        const char *tenant = cove_req_scoped_tenant(r, NULL);
+        if (!tenant) {
+                json_decref(x.meta);
+                json_decref(x.arr);
+                return 0;
+        }
         struct cove_err err;
-        int rc = d->cat_ops->sandbox_list(d->cat, r->tenant, state && *state ? state : NULL,
-                                          list_one, &x, &err);
+        int rc = d->cat_ops->sandbox_list(d->cat, tenant, state && *state ? state : NULL, list_one,
+                                          &x, &err);
         json_decref(x.meta);
         if (rc < 0) {
                 json_decref(x.arr);
@@ -246,6 +270,7 @@ const struct cove_route cove_routes[] = {
     {"GET", "/v1/sandboxes/{id}", h_get, NULL, 0},
     {"DELETE", "/v1/sandboxes/{id}", h_delete, NULL, 0},
     {"POST", "/v1/sandboxes/{id}/timeout", h_timeout, NULL, 0},
+    {"GET", "/v1/sandboxes/{id}/usage", h_usage, NULL, COVE_ROUTE_SANDBOX},
     {"POST", "/v1/sandboxes/{id}/exec", cove_h_exec, NULL, COVE_ROUTE_SANDBOX},
     {"GET", "/v1/sandboxes/{id}/processes", cove_h_processes, NULL, COVE_ROUTE_SANDBOX},
     {"GET", "/v1/sandboxes/{id}/processes/{pid}/events", cove_h_events, NULL, COVE_ROUTE_SANDBOX},
@@ -318,5 +343,7 @@ const struct cove_route cove_routes[] = {
     {"POST", "/v1/nodes/{name}/cordon", cove_h_node_cordon, NULL, 0},
     {"POST", "/v1/nodes/{name}/uncordon", cove_h_node_uncordon, NULL, 0},
     {"POST", "/v1/nodes/{name}/drain", cove_h_node_drain, NULL, 0},
+    {"GET", "/ui", cove_h_ui, NULL, COVE_ROUTE_PUBLIC},
+    {"GET", "/ui/{file}", cove_h_ui, NULL, COVE_ROUTE_PUBLIC},
 };
 const size_t cove_nroutes = sizeof(cove_routes) / sizeof(cove_routes[0]);

@@ -52,6 +52,7 @@ int cove_h_resume(void *app, struct cove_req *r);
 int cove_h_rewind(void *app, struct cove_req *r);
 int cove_h_fork(void *app, struct cove_req *r);
 int cove_h_snapshot_diff(void *app, struct cove_req *r); /* routes_diff.c */
+int cove_h_ui(void *app, struct cove_req *r);            /* routes_ui.c: the console's files */
 int cove_h_snapshot_diff_file(void *app, struct cove_req *r);
 /* tenants, API keys, data keys (routes_tenants.c) */
 int cove_h_templates_list(void *app, struct cove_req *r);
