@@ -478,11 +478,21 @@ int coved_cluster_resume(struct coved *d, const char *tenant, const char *id, js
         cove_sandbox_row_clear(&row);
         if (load(d, tenant, id, &row, err) < 0) /* as of that generation or newer */
                 return -1;
+        struct cove_err e2;
         if (strcmp(row.state, "paused") && strcmp(row.state, "stopped") &&
             strcmp(row.state, "error"))
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0,
                                   "sandbox %s is %s: only a paused or stopped sandbox resumes", id,
                                   row.state);
+        /* placed to run and not reported by its node yet: another call's resume is under
+         * way (its node has not started on it; the row still says paused). Unless that node
+         * is gone: then a new placement may take it over. */
+        else if (pr == 0 && !strcmp(pl.desired_state, "running") && !pl.observed_state[0] &&
+                 !node_gone(d, pl.node, "resume", id, &e2))
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "sandbox %s is being resumed by another call (on node %s): "
+                                  "not resumed twice",
+                                  id, pl.node);
         /* the node that ran it last holds its chunks in its cache */
         if (r == 0)
                 r = place(d, &row, row.node[0] ? row.node : NULL, node, err);
