@@ -568,6 +568,10 @@ static void run_job(struct cove_agent *a, struct cove_job_row *j)
                 snprintf(state, sizeof(state), "%s", row.state);
                 cove_sandbox_row_clear(&row);
         }
+        /* what it observes now: a resume under way (a control's resume of the same
+         * sandbox meanwhile answers 409 instead of placing it again) */
+        if ((!strcmp(j->kind, "resume") || !strcmp(j->kind, "recover")) && strcmp(state, "running"))
+                snprintf(state, sizeof(state), "resuming");
         if (d->cat_ops->placement_observe(d->cat, j->sandbox_id, d->node_name, epoch, j->generation,
                                           state, &err) < 0 &&
             err.kind == COVE_E_CONFLICT) {

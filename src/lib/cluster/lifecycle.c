@@ -484,10 +484,12 @@ int coved_cluster_resume(struct coved *d, const char *tenant, const char *id, js
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0,
                                   "sandbox %s is %s: only a paused or stopped sandbox resumes", id,
                                   row.state);
-        /* placed to run and not reported by its node yet: another call's resume is under
-         * way (its node has not started on it; the row still says paused). Unless that node
-         * is gone: then a new placement may take it over. */
-        else if (pr == 0 && !strcmp(pl.desired_state, "running") && !pl.observed_state[0] &&
+        /* placed to run and not reported done by its node yet (observed nothing since the
+         * placement, or "resuming" while its node runs the job): another call's resume is
+         * under way although the row still says paused. Unless that node is gone: then a
+         * new placement may take it over. */
+        else if (pr == 0 && !strcmp(pl.desired_state, "running") &&
+                 (!pl.observed_state[0] || !strcmp(pl.observed_state, "resuming")) &&
                  !node_gone(d, pl.node, "resume", id, &e2))
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0,
                                   "sandbox %s is being resumed by another call (on node %s): "
