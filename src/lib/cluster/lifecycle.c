@@ -24,7 +24,7 @@
 /* How long a caller waits for its node's outcome, per job kind (docs/cluster.md "Jobs"):
  * a start boots an instance; a stop only ends one; pause, snapshot, resume and the rest
  * move a sandbox's files (and memory) to or from the store. A node whose lease lapsed is
- * not waited for at all (node_gone): 503 at once. */
+ * not waited for (node_gone): 503 at once, but for a start. */
 #define START_TIMEOUT_MS 120000
 #define STOP_TIMEOUT_MS 60000
 #define OP_TIMEOUT_MS 180000
@@ -196,7 +196,8 @@ static int node_gone(struct coved *d, const char *node, const char *kind, const 
 }
 
 /* Wait for job_id's outcome: 0 with *result (done), -1 with the node's error (failed) or
- * UNAVAILABLE after timeout_ms, or as soon as node (the one the job is for) lost its lease. */
+ * UNAVAILABLE after timeout_ms, or (but for a start) as soon as node, the one the job is
+ * for, lost its lease. */
 static int wait_job(struct coved *d, int64_t job_id, const char *sandbox_id, const char *kind,
                     const char *node, int timeout_ms, json_t **result, struct cove_err *err)
 {
@@ -251,7 +252,10 @@ static int wait_job(struct coved *d, int64_t job_id, const char *sandbox_id, con
                 char who[64];
                 snprintf(who, sizeof(who), "%s", j.claimed_by[0] ? j.claimed_by : "");
                 cove_job_row_clear(&j);
-                if (node && node[0] && node_gone(d, node, kind, sandbox_id, err))
+                /* a start waits its whole timeout: a node killed after it started the
+                 * instance takes the job back when it restarts and converges */
+                if (node && node[0] && strcmp(kind, "start") &&
+                    node_gone(d, node, kind, sandbox_id, err))
                         return -1;
                 int64_t left = (until - cove_mono_ns()) / 1000000;
                 if (left <= 0)
