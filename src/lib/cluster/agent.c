@@ -279,8 +279,8 @@ static void fence(struct cove_agent *a, const char *why)
         }
         a->fenced = 1;
         pthread_mutex_unlock(&a->mu);
-        /* TODO(cl-guestfence): cove_node_heartbeat_pause(d->node, 1) here, so each guest
-         * freezes itself too when this process cannot (it is stopped). */
+        /* each guest freezes itself too when this process cannot (it is stopped) */
+        cove_node_heartbeat_pause(d->node, 1);
         size_t n;
         struct owned *o = own_copy(a, &n);
         size_t frozen = 0;
@@ -294,6 +294,19 @@ static void fence(struct cove_agent *a, const char *why)
                   "node %s fenced itself (%s): %zu of %zu sandboxes frozen, no job is claimed "
                   "until the lease is confirmed",
                   d->node_name, why, frozen, n);
+}
+
+/* Lift the self-freeze of each guest in o[0..n) that fenced itself (the ping answers
+ * "fenced"; a guest that did not is left alone). Called only once the lease is confirmed and
+ * each of them is still placed here. */
+static void thaw_guests(struct cove_agent *a, const struct owned *o, size_t n)
+{
+        struct coved *d = a->d;
+        for (size_t i = 0; o && i < n; i++) {
+                struct cove_err e;
+                if (cove_node_thaw_fenced(d->node, o[i].id, &e) < 0 && e.kind != COVE_E_CONFLICT)
+                        cove_warn(&d->log, "cluster.fence", "thaw of %s: %s", o[i].id, e.msg);
+        }
 }
 
 /* After the lease is confirmed again: keep (thaw) what is still placed here at the
@@ -324,7 +337,7 @@ static void unfence(struct cove_agent *a, int same_epoch)
                 }
                 if (keep) {
                         cove_node_freeze(d->node, o[i].id, 0, &e);
-                        kept++;
+                        o[kept++] = o[i]; /* the guests to thaw below */
                 } else {
                         /* not ours any more: stop it, write nothing (its row is another
                          * node's now) */
@@ -334,13 +347,16 @@ static void unfence(struct cove_agent *a, int same_epoch)
                         stopped++;
                 }
         }
+        /* heartbeats again, then the guests that fenced themselves (the kept ones only: a
+         * moved one stays frozen until its stop above ends it) */
+        cove_node_heartbeat_pause(d->node, 0);
+        thaw_guests(a, o, kept);
         free(o);
         pthread_mutex_lock(&a->mu);
         a->fenced = 0;
         a->recheck = 0;
         pthread_cond_broadcast(&a->cv);
         pthread_mutex_unlock(&a->mu);
-        /* TODO(cl-guestfence): cove_node_heartbeat_pause(d->node, 0) (and thaw frames) */
         cove_info(&d->log, "cluster.fence",
                   "node %s: lease confirmed again%s: %zu sandboxes kept, %zu stopped (placed "
                   "elsewhere or at a newer generation)",
@@ -372,12 +388,23 @@ static void *lease_main(void *arg)
                         if (failing)
                                 cove_info(&d->log, "cluster.lease", "node %s: lease renewed again",
                                           d->node_name);
-                        failing = 0;
                         /* after a new epoch, only what is still placed here is kept */
-                        if (was)
+                        if (was) {
                                 unfence(a, !recheck);
+                        } else if (failing) {
+                                /* the lease never lapsed: every guest is still ours; one
+                                 * that missed its heartbeats meanwhile fenced itself */
+                                cove_node_heartbeat_pause(d->node, 0);
+                                size_t n;
+                                struct owned *o = own_copy(a, &n);
+                                thaw_guests(a, o, n);
+                                free(o);
+                        }
+                        failing = 0;
                         continue;
                 }
+                /* no heartbeat while the lease is not confirmed */
+                cove_node_heartbeat_pause(d->node, 1);
                 if (err.kind != COVE_E_CONFLICT) {
                         if (!failing)
                                 cove_warn(&d->log, "cluster.lease",
@@ -541,6 +568,10 @@ static void run_job(struct cove_agent *a, struct cove_job_row *j)
                 snprintf(state, sizeof(state), "%s", row.state);
                 cove_sandbox_row_clear(&row);
         }
+        /* what it observes now: a resume under way (a control's resume of the same
+         * sandbox meanwhile answers 409 instead of placing it again) */
+        if ((!strcmp(j->kind, "resume") || !strcmp(j->kind, "recover")) && strcmp(state, "running"))
+                snprintf(state, sizeof(state), "resuming");
         if (d->cat_ops->placement_observe(d->cat, j->sandbox_id, d->node_name, epoch, j->generation,
                                           state, &err) < 0 &&
             err.kind == COVE_E_CONFLICT) {
@@ -635,6 +666,54 @@ static void *job_main(void *arg)
         return NULL;
 }
 
+/* ---- the node's own writes about its sandboxes ---- */
+
+int coved_cluster_writable(struct coved *d)
+{
+        if (d->role == COVED_ROLE_ALL)
+                return 1;
+        if (d->role != COVED_ROLE_NODE)
+                return 0;
+        pthread_mutex_lock(&d->mu);
+        int ok = 0;
+        struct cove_agent *a = !d->quitting && d->cl ? d->cl->agent : NULL;
+        if (a) {
+                pthread_mutex_lock(&a->mu);
+                ok = a->epoch > 0 && !a->fenced && cove_mono_ns() < a->deadline_ns;
+                pthread_mutex_unlock(&a->mu);
+        }
+        pthread_mutex_unlock(&d->mu);
+        return ok;
+}
+
+int coved_cluster_observe(struct coved *d, const char *sandbox_id, const char *state,
+                          struct cove_err *err)
+{
+        if (d->role == COVED_ROLE_ALL)
+                return 0;
+        if (d->role != COVED_ROLE_NODE || !d->cl || !d->cl->agent)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s: no lease", sandbox_id);
+        struct cove_agent *a = d->cl->agent;
+        pthread_mutex_lock(&a->mu);
+        int64_t epoch = a->fenced ? 0 : a->epoch;
+        pthread_mutex_unlock(&a->mu);
+        if (!epoch)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "sandbox %s: node %s holds no confirmed lease", sandbox_id,
+                                     d->node_name);
+        struct cove_placement_row pl;
+        int r = d->cat_ops->placement_get(d->cat, sandbox_id, &pl, err);
+        if (r < 0)
+                return -1;
+        if (r == 1 || strcmp(pl.node, d->node_name))
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "sandbox %s is placed on %s, not on node %s", sandbox_id,
+                                     r == 1 ? "no node" : pl.node, d->node_name);
+        /* refused unless (this node, its live epoch, the generation just read) */
+        return d->cat_ops->placement_observe(d->cat, sandbox_id, d->node_name, epoch, pl.generation,
+                                             state, err);
+}
+
 /* ---- open, close ---- */
 
 int cove_agent_open(struct coved *d, struct coved_cluster *cl, struct cove_err *err)
@@ -649,7 +728,9 @@ int cove_agent_open(struct coved *d, struct coved_cluster *cl, struct cove_err *
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
         pthread_cond_init(&a->cv, &ca);
         pthread_condattr_destroy(&ca);
+        pthread_mutex_lock(&d->mu); /* coved_cluster_writable reads it under d->mu */
         cl->agent = a;
+        pthread_mutex_unlock(&d->mu);
         describe(a);
         cove_info(&d->log, "cluster.node", "node %s at %s announces %s", d->node_name, d->advertise,
                   a->row.features);
@@ -658,6 +739,10 @@ int cove_agent_open(struct coved *d, struct coved_cluster *cl, struct cove_err *
                                      "node %s: stopped before its "
                                      "lease was acquired",
                                      d->node_name);
+        /* the lease is confirmed: heartbeats to the guests, then settle what the catalog
+         * still calls live here (its writes are fenced by the lease: coved_cluster_observe) */
+        cove_node_heartbeat_pause(d->node, 0);
+        coved_reconcile(d);
         int e = pthread_create(&a->fence_thr, NULL, fence_main, a);
         if (!e) {
                 a->fence_started = 1;

@@ -21,8 +21,13 @@
 #include "util/util.h"
 
 #define POLL_MS 1000
+/* How long a caller waits for its node's outcome, per job kind (docs/cluster.md "Jobs"):
+ * a start boots an instance; a stop only ends one; pause, snapshot, resume and the rest
+ * move a sandbox's files (and memory) to or from the store. A node whose lease lapsed is
+ * not waited for (node_gone): 503 at once, but for a start. */
 #define START_TIMEOUT_MS 120000
-#define OP_TIMEOUT_MS 300000
+#define STOP_TIMEOUT_MS 60000
+#define OP_TIMEOUT_MS 180000
 
 static const char *const codes[] = {
     [COVE_E_INTERNAL] = "internal",       [COVE_E_BAD_REQUEST] = "bad_request",
@@ -110,7 +115,9 @@ int coved_cluster_open(struct coved *d, struct cove_err *err)
                 return cove_err_set(err, ENOMEM, "cluster");
         pthread_mutex_init(&cl->mu, NULL);
         pthread_cond_init(&cl->cv, NULL);
+        pthread_mutex_lock(&d->mu); /* coved_cluster_writable reads it under d->mu */
         d->cl = cl;
+        pthread_mutex_unlock(&d->mu);
         if (d->role == COVED_ROLE_NODE)
                 return cove_agent_open(d, cl, err);
         /* the first call starts listening, so no finish after this is missed */
@@ -143,10 +150,56 @@ void coved_cluster_close(struct coved *d)
         d->cl = NULL;
 }
 
+struct node_find {
+        const char *name;
+        struct cove_node_row row;
+        int found;
+};
+
+static int node_find_cb(const struct cove_node_row *row, void *arg)
+{
+        struct node_find *f = arg;
+        if (strcmp(row->name, f->name))
+                return 0;
+        f->row = *row;
+        f->found = 1;
+        return -1; /* found: stop */
+}
+
+/* 1 with err (UNAVAILABLE, naming the node) when node cannot run a job now: its lease
+ * lapsed (killed, stopped, cut off) or it is marked lost; 0 when it holds a live lease or
+ * the catalog cannot tell (the wait goes on until its timeout). */
+static int node_gone(struct coved *d, const char *node, const char *kind, const char *sandbox_id,
+                     struct cove_err *err)
+{
+        struct node_find f = {.name = node};
+        struct cove_err e2;
+        if (d->cat_ops->node_list(d->cat, node_find_cb, &f, &e2) < 0 && !f.found)
+                return 0;
+        if (!f.found) {
+                cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                              "%s of sandbox %s: its node %s is not known to the catalog", kind,
+                              sandbox_id, node);
+                return 1;
+        }
+        int64_t now = cove_now_ms();
+        if (strcmp(f.row.state, "lost") && f.row.lease_expires_at > now)
+                return 0;
+        cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
+                      "%s of sandbox %s: its node %s is unavailable (%s%lld s ago); the job runs "
+                      "if the node comes back with the sandbox still placed on it",
+                      kind, sandbox_id, node,
+                      strcmp(f.row.state, "lost") ? "its lease lapsed "
+                                                  : "marked lost, its lease lapsed ",
+                      (long long)((now - f.row.lease_expires_at) / 1000));
+        return 1;
+}
+
 /* Wait for job_id's outcome: 0 with *result (done), -1 with the node's error (failed) or
- * UNAVAILABLE after timeout_ms. */
+ * UNAVAILABLE after timeout_ms, or (but for a start) as soon as node, the one the job is
+ * for, lost its lease. */
 static int wait_job(struct coved *d, int64_t job_id, const char *sandbox_id, const char *kind,
-                    int timeout_ms, json_t **result, struct cove_err *err)
+                    const char *node, int timeout_ms, json_t **result, struct cove_err *err)
 {
         struct coved_cluster *cl = d->cl;
         int64_t until = cove_mono_ns() + (int64_t)timeout_ms * 1000000;
@@ -199,6 +252,11 @@ static int wait_job(struct coved *d, int64_t job_id, const char *sandbox_id, con
                 char who[64];
                 snprintf(who, sizeof(who), "%s", j.claimed_by[0] ? j.claimed_by : "");
                 cove_job_row_clear(&j);
+                /* a start waits its whole timeout: a node killed after it started the
+                 * instance takes the job back when it restarts and converges */
+                if (node && node[0] && strcmp(kind, "start") &&
+                    node_gone(d, node, kind, sandbox_id, err))
+                        return -1;
                 int64_t left = (until - cove_mono_ns()) / 1000000;
                 if (left <= 0)
                         return cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
@@ -246,6 +304,16 @@ int coved_cluster_step(struct coved *d, const char *sandbox_id, const char *plac
         if (args && !txt)
                 return cove_err_set(err, ENOMEM, "job arguments");
         int64_t gen = 0, job = 0;
+        /* the node the job is for: the one it is placed on now, or the new one */
+        char node[64] = "";
+        if (place_on) {
+                snprintf(node, sizeof(node), "%s", place_on);
+        } else if (kind) {
+                struct cove_placement_row pl;
+                struct cove_err e2;
+                if (d->cat_ops->placement_get(d->cat, sandbox_id, &pl, &e2) == 0)
+                        snprintf(node, sizeof(node), "%s", pl.node);
+        }
         int r = d->cat_ops->placement_write(d->cat, sandbox_id, place_on, desired, kind, txt,
                                             expect_generation, &gen, &job, err);
         free(txt);
@@ -258,7 +326,7 @@ int coved_cluster_step(struct coved *d, const char *sandbox_id, const char *plac
         cove_debug(&d->log, "cluster.job", "job %lld: %s of %s (generation %lld%s%s)",
                    (long long)job, kind, sandbox_id, (long long)gen, place_on ? " on " : "",
                    place_on ? place_on : "");
-        return wait_job(d, job, sandbox_id, kind, timeout_ms, result, err);
+        return wait_job(d, job, sandbox_id, kind, node, timeout_ms, result, err);
 }
 
 /* ---- the lifecycle calls (role control) ---- */
@@ -362,8 +430,8 @@ int coved_cluster_delete(struct coved *d, const char *tenant, const char *id, in
                 return -1;
         cove_sandbox_row_clear(&row);
         json_t *args = json_pack("{s:b}", "purge", purge != 0), *res = NULL;
-        int r =
-            coved_cluster_step(d, id, NULL, "stopped", "stop", args, -1, OP_TIMEOUT_MS, &res, err);
+        int r = coved_cluster_step(d, id, NULL, "stopped", "stop", args, -1, STOP_TIMEOUT_MS, &res,
+                                   err);
         json_decref(args);
         json_decref(res);
         if (r < 0)
@@ -399,11 +467,38 @@ int coved_cluster_resume(struct coved *d, const char *tenant, const char *id, js
                 return -1;
         int r = 0;
         char node[64];
+        /* the placement's generation before the state is judged: placing it is a compare-
+         * and-set on it, so of two replicas resuming it at once one places it, the other
+         * gets 409 conflict (it does not wait for the winner: the sandbox is placed once) */
+        struct cove_placement_row pl;
+        int64_t gen = 0;
+        int pr = d->cat_ops->placement_get(d->cat, id, &pl, err);
+        if (pr < 0) {
+                cove_sandbox_row_clear(&row);
+                return -1;
+        }
+        if (pr == 0)
+                gen = pl.generation;
+        cove_sandbox_row_clear(&row);
+        if (load(d, tenant, id, &row, err) < 0) /* as of that generation or newer */
+                return -1;
+        struct cove_err e2;
         if (strcmp(row.state, "paused") && strcmp(row.state, "stopped") &&
             strcmp(row.state, "error"))
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0,
                                   "sandbox %s is %s: only a paused or stopped sandbox resumes", id,
                                   row.state);
+        /* placed to run and not reported done by its node yet (observed nothing since the
+         * placement, or "resuming" while its node runs the job): another call's resume is
+         * under way although the row still says paused. Unless that node is gone: then a
+         * new placement may take it over. */
+        else if (pr == 0 && !strcmp(pl.desired_state, "running") &&
+                 (!pl.observed_state[0] || !strcmp(pl.observed_state, "resuming")) &&
+                 !node_gone(d, pl.node, "resume", id, &e2))
+                r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                  "sandbox %s is being resumed by another call (on node %s): "
+                                  "not resumed twice",
+                                  id, pl.node);
         /* the node that ran it last holds its chunks in its cache */
         if (r == 0)
                 r = place(d, &row, row.node[0] ? row.node : NULL, node, err);
@@ -411,9 +506,15 @@ int coved_cluster_resume(struct coved *d, const char *tenant, const char *id, js
         if (r < 0)
                 return -1;
         json_t *res = NULL;
-        if (coved_cluster_step(d, id, node, "running", "resume", body, -1, OP_TIMEOUT_MS, &res,
-                               err) < 0)
+        if (coved_cluster_step(d, id, node, "running", "resume", body, gen, OP_TIMEOUT_MS, &res,
+                               err) < 0) {
+                if (err->kind == COVE_E_CONFLICT && strstr(err->msg, "generation"))
+                        cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                      "sandbox %s is being resumed by another call (placed "
+                                      "meanwhile): not resumed twice",
+                                      id);
                 return -1;
+        }
         json_t *sb = json_object_get(res, "sandbox");
         if (!json_is_object(sb)) {
                 json_decref(res);

@@ -59,6 +59,17 @@ int coved_cluster_snapshot(struct coved *d, const char *tenant, const char *id, 
  * retention act only on those); always 1 in role all. */
 int coved_cluster_mine(const struct coved *d, const struct cove_sandbox_row *row);
 
+/* Role node: 1 while the node holds a confirmed lease (not fenced), so it may write about
+ * its own sandboxes (timers, instance deaths); role all: always 1; role control: 0. */
+int coved_cluster_writable(struct coved *d);
+/* Before a node writes sandbox_id's row on its own (not for a job: those are fenced by
+ * job_finish): records state as observed through the fenced placement_observe, under the
+ * node's current epoch and the sandbox's current generation. 0 when accepted (the sandbox
+ * is placed on this node, whose lease is live), -1 with err (CONFLICT: not this node's to
+ * write now). Role all: 0, nothing written. */
+int coved_cluster_observe(struct coved *d, const char *sandbox_id, const char *state,
+                          struct cove_err *err);
+
 /* Job results and errors on the wire (jobs.result_json): {"error":{"code","message"}}
  * with the API's error codes. */
 json_t *coved_job_error_json(const struct cove_err *err);

@@ -420,10 +420,24 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         d->node = cove_node_new(&nc, err);
         if (!d->node)
                 goto fail;
-        if (o->cluster.guest_fence_ttl_ms > 0) /* before any instance starts (pools, restores) */
+        /* before any instance starts (pools, restores). Role node: each guest fences itself
+         * after the lease TTL without a heartbeat, sent every renew interval while the lease
+         * is confirmed (none until the agent holds it: cluster/agent.c) */
+        if (d->role == COVED_ROLE_NODE) {
+                cove_node_fence_config(
+                    d->node,
+                    o->cluster.guest_fence_ttl_ms > 0 ? o->cluster.guest_fence_ttl_ms
+                                                      : d->lease_ttl_ms,
+                    o->cluster.guest_fence_ttl_ms > 0 ? o->cluster.guest_fence_beat_ms
+                                                      : d->lease_renew_ms);
+                cove_node_heartbeat_pause(d->node, 1);
+        } else if (o->cluster.guest_fence_ttl_ms > 0) {
                 cove_node_fence_config(d->node, o->cluster.guest_fence_ttl_ms,
                                        o->cluster.guest_fence_beat_ms);
-        coved_reconcile(d);
+        }
+        /* role node: its agent reconciles once it holds its lease (its writes are fenced) */
+        if (d->role != COVED_ROLE_NODE)
+                coved_reconcile(d);
         struct cove_node_tm_config tc = {
             .log = &d->log,
             .data_dir = d->data_dir,

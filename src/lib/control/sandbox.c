@@ -777,6 +777,12 @@ void coved_on_instance_dead(void *arg, const char *id, const char *why)
         struct cove_err err;
         if (cove_node_stop(d->node, id, 0, &err) < 0)
                 cove_warn(&d->log, "sandbox.dead", "%s", err.msg);
+        /* role node: the row is written only while it is this node's, under its lease */
+        if (coved_cluster_observe(d, id, "error", &err) < 0) {
+                cove_info(&d->log, "sandbox.dead", "sandbox %s: row left as it is: %s", id,
+                          err.msg);
+                return;
+        }
         mark(d, id, "error", why);
 }
 
@@ -819,8 +825,10 @@ void *coved_timer_main(void *arg)
                 pthread_mutex_unlock(&d->mu);
                 struct expire_ctx x = {.d = d, .now = cove_now_ms()};
                 struct cove_err err;
-                if (d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_expired, &x, &err) <
-                    0)
+                /* role node: nothing ends while its lease is not confirmed (next tick) */
+                if (coved_cluster_writable(d) &&
+                    d->cat_ops->sandbox_list(d->cat, NULL, "running", collect_expired, &x, &err) <
+                        0)
                         cove_warn(&d->log, "timer", "%s", err.msg);
                 for (size_t i = 0; i < x.n; i++) {
                         struct cove_sandbox_row row;
@@ -920,6 +928,13 @@ void coved_reconcile(struct coved *d)
                 int snap = d->cat_ops->sandbox_get(d->cat, NULL, x.ids[i], &row, &err) == 0 &&
                            row.last_snapshot_id[0];
                 cove_sandbox_row_clear(&row);
+                /* role node: only a sandbox still placed here, under the live lease (the
+                 * fenced observe first); another node's now is left alone */
+                if (coved_cluster_observe(d, x.ids[i], snap ? "paused" : "stopped", &err) < 0) {
+                        cove_info(&d->log, "reconcile", "sandbox %s left as it is: %s", x.ids[i],
+                                  err.msg);
+                        continue;
+                }
                 /* a paused sandbox owns no instance, layer or uid range */
                 if (cove_node_stop(d->node, x.ids[i], snap, &err) < 0)
                         cove_warn(&d->log, "reconcile", "%s", err.msg);
