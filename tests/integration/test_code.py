@@ -379,4 +379,4 @@ def test_e2b_code_interpreter_sdk(ci, ci_sdk):
     out = r.stdout + r.stderr
     summary = [x for x in out.splitlines() if x.startswith(("# pass", "# fail"))]
     assert r.returncode == 0, f"code interpreter SDK tests failed ({summary}):\n{out[-12000:]}"
-    assert summary and int(summary[0].split()[2]) >= 9, out[-3000:]
+    assert summary and int(summary[0].split()[2]) >= 8, out[-3000:]
