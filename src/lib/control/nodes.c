@@ -49,38 +49,7 @@ static void move_failed(struct coved *d, const char *id)
 
 /* ---- reading the catalog ---- */
 
-struct node_rows {
-        struct cove_node_row *v;
-        size_t n, cap;
-};
-
-static int collect_node(const struct cove_node_row *row, void *arg)
-{
-        struct node_rows *x = arg;
-        if (x->n == x->cap) {
-                size_t nc = x->cap ? x->cap * 2 : 8;
-                struct cove_node_row *nv = realloc(x->v, nc * sizeof(*nv));
-                if (!nv)
-                        return -1;
-                x->v = nv;
-                x->cap = nc;
-        }
-        x->v[x->n++] = *row;
-        return 0;
-}
-
-static int nodes_read(struct coved *d, struct node_rows *x, struct cove_err *err)
-{
-        memset(x, 0, sizeof(*x));
-        if (d->cat_ops->node_list(d->cat, collect_node, x, err) < 0) {
-                free(x->v);
-                x->v = NULL;
-                return -1;
-        }
-        return 0;
-}
-
-static const struct cove_node_row *node_find(const struct node_rows *x, const char *name)
+static const struct cove_node_row *node_find(const struct coved_node_rows *x, const char *name)
 {
         for (size_t i = 0; i < x->n; i++)
                 if (!strcmp(x->v[i].name, name))
@@ -172,8 +141,8 @@ int coved_nodes_list(struct coved *d, json_t **out, struct cove_err *err)
                 *out = json_pack("{s:[]}", "nodes");
                 return 0;
         }
-        struct node_rows x;
-        if (nodes_read(d, &x, err) < 0)
+        struct coved_node_rows x;
+        if (coved_nodes_read(d, &x, err) < 0)
                 return -1;
         struct sbx_ids c = {NULL, json_object()};
         if (d->cat_ops->sandbox_list(d->cat, NULL, LIVE_STATES, collect_sbx, &c, err) < 0) {
@@ -224,8 +193,8 @@ int coved_node_admin(struct coved *d, const char *name, const char *action, cons
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0,
                                      "no such node (names are 1 to %d of a-z, 0-9 and -)",
                                      COVE_NODE_NAME_MAX);
-        struct node_rows x;
-        if (nodes_read(d, &x, err) < 0)
+        struct coved_node_rows x;
+        if (coved_nodes_read(d, &x, err) < 0)
                 return -1;
         const struct cove_node_row *r = node_find(&x, name);
         if (!r) {
@@ -445,8 +414,8 @@ static int move_running(struct coved *d, const struct cove_node_row *n, struct c
 
 int coved_nodes_drain_step(struct coved *d, const char *node, struct cove_err *err)
 {
-        struct node_rows x;
-        if (nodes_read(d, &x, err) < 0)
+        struct coved_node_rows x;
+        if (coved_nodes_read(d, &x, err) < 0)
                 return -1;
         const struct cove_node_row *found = node_find(&x, node);
         if (!found || strcmp(found->state, "draining") != 0) {
@@ -631,8 +600,8 @@ static int recover_node(struct coved *d, const struct cove_node_row *n, struct c
 
 int coved_nodes_sweep(struct coved *d, int64_t now_ms, struct cove_err *err)
 {
-        struct node_rows x;
-        if (nodes_read(d, &x, err) < 0)
+        struct coved_node_rows x;
+        if (coved_nodes_read(d, &x, err) < 0)
                 return -1;
         int64_t grace = d->nodes_opt.lost_grace_ms > 0 ? d->nodes_opt.lost_grace_ms : 5000;
         int64_t ttl = d->lease_ttl_ms > 0 ? d->lease_ttl_ms : 10000;
@@ -652,8 +621,8 @@ int coved_nodes_sweep(struct coved *d, int64_t now_ms, struct cove_err *err)
                         }
                         /* it may have taken its lease again between the list and the write:
                          * then it is not lost (a new epoch), and keeps its former state */
-                        struct node_rows y;
-                        if (nodes_read(d, &y, err) < 0) {
+                        struct coved_node_rows y;
+                        if (coved_nodes_read(d, &y, err) < 0) {
                                 rc = -1;
                                 break;
                         }
@@ -742,8 +711,8 @@ static void *drain_main(void *arg)
                 pthread_mutex_unlock(&n->mu);
                 struct cove_err err;
                 int more = 0;
-                struct node_rows x;
-                if (nodes_read(d, &x, &err) == 0) {
+                struct coved_node_rows x;
+                if (coved_nodes_read(d, &x, &err) == 0) {
                         for (size_t i = 0; i < x.n; i++) {
                                 if (strcmp(x.v[i].state, "draining") != 0)
                                         continue;

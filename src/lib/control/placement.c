@@ -230,14 +230,9 @@ int coved_place_rows(const struct cove_node_row *rows, size_t n, const int *star
         return 1;
 }
 
-struct rows {
-        struct cove_node_row *v;
-        size_t n, cap;
-};
-
 static int collect_node(const struct cove_node_row *row, void *arg)
 {
-        struct rows *x = arg;
+        struct coved_node_rows *x = arg;
         if (x->n == x->cap) {
                 size_t nc = x->cap ? x->cap * 2 : 16;
                 struct cove_node_row *nv = realloc(x->v, nc * sizeof(*nv));
@@ -250,8 +245,19 @@ static int collect_node(const struct cove_node_row *row, void *arg)
         return 0;
 }
 
+int coved_nodes_read(struct coved *d, struct coved_node_rows *x, struct cove_err *err)
+{
+        memset(x, 0, sizeof(*x));
+        if (d->cat_ops->node_list(d->cat, collect_node, x, err) < 0) {
+                free(x->v);
+                x->v = NULL;
+                return -1;
+        }
+        return 0;
+}
+
 struct starts {
-        struct rows *nodes;
+        struct coved_node_rows *nodes;
         int *count;
 };
 
@@ -267,11 +273,9 @@ static int count_start(const char *node, int64_t n, void *arg)
 int coved_place(struct coved *d, const struct coved_place_want *w, char node[64], char *why,
                 size_t why_cap, struct cove_err *err)
 {
-        struct rows x = {0};
-        if (d->cat_ops->node_list(d->cat, collect_node, &x, err) < 0) {
-                free(x.v);
+        struct coved_node_rows x;
+        if (coved_nodes_read(d, &x, err) < 0)
                 return -1;
-        }
         int *count = x.n ? calloc(x.n, sizeof(*count)) : NULL;
         if (x.n && !count) {
                 free(x.v);

@@ -29,6 +29,14 @@ struct coved_place_want {
  * unavailable with why; -1 on error (the catalog). Reads the nodes and the starts in flight
  * (open start, resume and recover jobs per node: job_counts) from the catalog; K, the cap
  * and the cpu overcommit (a node takes cpu_overcommit × its cpus) are in d->nodes_opt. */
+/* Every node row of the catalog (node_list), copied: free(x->v) when done. 0, or -1 with
+ * err (x->v NULL). */
+struct coved_node_rows {
+        struct cove_node_row *v;
+        size_t n, cap;
+};
+int coved_nodes_read(struct coved *d, struct coved_node_rows *x, struct cove_err *err);
+
 int coved_place(struct coved *d, const struct coved_place_want *w, char node[64], char *why,
                 size_t why_cap, struct cove_err *err);
 
