@@ -6,7 +6,6 @@ sandbox (the interpreter runs there, so its answers are untrusted)."""
 import base64
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -14,6 +13,7 @@ import time
 import pytest
 
 from cove import Coved, free_port, poll
+from npmdir import npm_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CI_SRC = os.path.join(ROOT, "tests", "e2b-ci")
@@ -344,28 +344,10 @@ def test_hostile_server_without_a_head(ci):
 
 @pytest.fixture(scope="module")
 def ci_sdk(build_dir):
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        pytest.skip("node and npm are needed for the code interpreter SDK test "
-                    "(apt install nodejs npm)")
-    d = os.path.join(build_dir, "e2b-ci-sdk")
-    os.makedirs(d, exist_ok=True)
-    stale = not os.path.isdir(os.path.join(d, "node_modules", "@e2b", "code-interpreter"))
-    for f in ("package.json", "package-lock.json", "code_interpreter.test.mjs"):
-        new = open(os.path.join(CI_SRC, f), "rb").read()
-        dst = os.path.join(d, f)
-        if not os.path.exists(dst) or open(dst, "rb").read() != new:
-            stale = stale or not f.endswith(".mjs")
-            with open(dst, "wb") as o:
-                o.write(new)
-    if stale:
-        r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=d, capture_output=True,
-                           text=True, timeout=600)
-        if r.returncode != 0:
-            shutil.rmtree(os.path.join(d, "node_modules"), ignore_errors=True)
-            pytest.skip("npm ci failed (is the npm registry reachable?): "
-                        + (r.stderr or r.stdout).strip()[-400:])
-    return d
+    return npm_dir(build_dir, CI_SRC, ("package.json", "package-lock.json",
+                                       "code_interpreter.test.mjs"),
+                   "e2b-ci-sdk", os.path.join("@e2b", "code-interpreter"),
+                   "code interpreter SDK test")
 
 
 def test_e2b_code_interpreter_sdk(ci, ci_sdk):

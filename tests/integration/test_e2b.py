@@ -6,12 +6,12 @@ free ports and the base template, and runs tests/e2b/e2b.test.mjs with node's bu
 test runner. Skips, saying why, when node/npm are missing or `npm ci` fails (no registry).
 """
 import os
-import shutil
 import subprocess
 
 import pytest
 
 from cove import free_port
+from npmdir import npm_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = os.path.join(ROOT, "tests", "e2b")
@@ -25,34 +25,7 @@ def e2b_key(cove_key):
 
 @pytest.fixture(scope="module")
 def sdk_dir(build_dir):
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if not node or not npm:
-        pytest.skip("node and npm are needed for the E2B SDK tests (apt install nodejs npm)")
-    out = subprocess.run([node, "--version"], capture_output=True, text=True)
-    major = int(out.stdout.strip().lstrip("v").split(".")[0] or 0)
-    if major < 18:
-        pytest.skip(f"node {out.stdout.strip()} is too old for the e2b SDK (needs >= 18)")
-    d = os.path.join(build_dir, "e2b-sdk")
-    os.makedirs(d, exist_ok=True)
-    stale = not os.path.isdir(os.path.join(d, "node_modules", "e2b"))
-    for f in FILES:
-        src, dst = os.path.join(SRC, f), os.path.join(d, f)
-        with open(src, "rb") as a:
-            new = a.read()
-        old = open(dst, "rb").read() if os.path.exists(dst) else None
-        if old != new:
-            if not f.endswith(".test.mjs"):
-                stale = True
-            with open(dst, "wb") as b:
-                b.write(new)
-    if stale:
-        r = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=d, capture_output=True,
-                           text=True, timeout=600)
-        if r.returncode != 0:
-            shutil.rmtree(os.path.join(d, "node_modules"), ignore_errors=True)
-            pytest.skip(f"npm ci failed (is the npm registry reachable?): "
-                        f"{(r.stderr or r.stdout).strip()[-400:]}")
-    return d
+    return npm_dir(build_dir, SRC, FILES, "e2b-sdk", "e2b", "E2B SDK tests")
 
 
 def test_e2b_sdk(sdk_dir, coved_factory):
