@@ -201,10 +201,13 @@ int cove_code_head(const char *buf, size_t len, int *status, size_t *body_off)
 {
         size_t n = len < HEAD_MAX ? len : HEAD_MAX;
         const char *end = memmem(buf, n, "\r\n\r\n", 4);
-        if (n >= 12 && (memcmp(buf, "HTTP/1.0 ", 9) && memcmp(buf, "HTTP/1.1 ", 9)))
+        size_t pre = n < 9 ? n : 9;
+        if (memcmp(buf, "HTTP/1.0 ", pre) && memcmp(buf, "HTTP/1.1 ", pre))
                 return -1;
         if (!end)
                 return len >= HEAD_MAX ? -1 : 0;
+        if (end - buf < 12) /* no room for "HTTP/1.x NNN" before the blank line */
+                return -1;
         int st = 0;
         for (int i = 9; i < 12; i++) {
                 if (buf[i] < '0' || buf[i] > '9')
