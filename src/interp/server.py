@@ -142,13 +142,18 @@ class PythonKernel:
             restore = ("for __k, __v in __cove_saved.items():\n"
                        "    __cove_os.environ.pop(__k, None) if __v is None else "
                        "__cove_os.environ.__setitem__(__k, __v)\n")
-            mid = self.kc.execute(setup, silent=True, store_history=False)
+            mid = self.kc.execute(setup, silent=True, store_history=False, stop_on_error=False)
             self._drain(mid, Out(lambda x: None), 0, lambda: None)
-        mid = self.kc.execute(code, store_history=True)
+        # stop_on_error=False: after a cell's error (an interrupt is one) ipykernel otherwise
+        # aborts, unrun, the requests that reach it within a short window, and the next cell
+        # (sent as soon as the interrupted one lets go of the context) can fall into it.
+        # Cells of a context never queue in the kernel here (the context's lock), so
+        # there is nothing that abort should drop.
+        mid = self.kc.execute(code, store_history=True, stop_on_error=False)
         deadline = time.monotonic() + timeout_s if timeout_s else 0
         timed_out = self._drain(mid, out, deadline, interrupt)
         if restore:
-            r = self.kc.execute(restore, silent=True, store_history=False)
+            r = self.kc.execute(restore, silent=True, store_history=False, stop_on_error=False)
             self._drain(r, Out(lambda x: None), 0, lambda: None)
         return timed_out
 
