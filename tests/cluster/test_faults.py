@@ -269,13 +269,21 @@ def test_kill9_node_during_drain(cl, desired):
     moved): every one of its sandboxes ends running on another node, its files intact,
     none on two nodes at any sampled moment."""
     c = cl.client(1)
-    sids = [new_sandbox(cl, c, desired, f"drain-{i}\n".encode()) for i in range(3)]
-    counts = {}
-    for s in sids:
-        counts.setdefault(cl.node_of(s).name, []).append(s)
-    name, mine = max(counts.items(), key=lambda kv: len(kv[1]))
-    node = cl.node(name)
     nodes_route(c)
+    node = next(n for n in cl.nodes if n.alive())
+    name = node.name
+    others = [n.name for n in cl.nodes if n.name != name]
+    for o in others:  # all three on the node to drain
+        assert c.request("POST", f"/v1/nodes/{o}/cordon", {}).status == 200
+    try:
+        sids = [new_sandbox(cl, c, desired, f"drain-{i}\n".encode()) for i in range(3)]
+        for s in sids:  # something committed to recover from, whatever the drain reached
+            snapshot(c, s)
+    finally:
+        for o in others:
+            c.request("POST", f"/v1/nodes/{o}/uncordon", {})
+    assert all(cl.node_of(s).name == name for s in sids)
+    mine = sids
     with cl.watch():
         t, box = background(lambda: c.request("POST", f"/v1/nodes/{name}/drain", {},
                                               timeout=900))

@@ -218,18 +218,76 @@ static int sparse_copy(const char *src, int dfd, const char *dst, struct cove_er
  * away as soon as the filesystem is gone: when the detached mount's last fd is closed (also by
  * the kernel when coved dies), or when an attached mount is unmounted. ro: read-only device
  * and mount. */
+/* A detached mount of the filesystem (fstype) on loop device dev; -1 with errno. */
+static int dev_fsmount(const char *dev, const char *fstype, int ro)
+{
+        cleanup_close int fs = fsopen(fstype, FSOPEN_CLOEXEC);
+        if (fs < 0)
+                return -1;
+        if (fsconfig(fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
+            (!strcmp(fstype, "ext4") && !ro &&
+             fsconfig(fs, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0) ||
+            (ro && fsconfig(fs, FSCONFIG_SET_FLAG, "ro", NULL, 0) < 0) ||
+            fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+                return -1;
+        return fsmount(fs, FSMOUNT_CLOEXEC,
+                       MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME |
+                           (ro ? MOUNT_ATTR_RDONLY : 0));
+}
+
+/* A loop device already bound to the file open as img with the same read-only flag (a mount
+ * of it outlived the coved that made it: a sandbox's mount namespace still holds it after a
+ * kill -9, or after a stop in a private mount namespace): its number, or -1. Mounting that
+ * device again gets the kernel's existing superblock; a second loop device on the same file
+ * would be a second, independent filesystem on the same bytes (XFS refuses it by its UUID;
+ * ext4 would corrupt the image). */
+static int loop_bound_to(int img, int ro)
+{
+        struct stat want;
+        if (fstat(img, &want) < 0)
+                return -1;
+        cleanup_dir DIR *d = opendir("/sys/block");
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+                int n;
+                char extra;
+                if (sscanf(de->d_name, "loop%d%c", &n, &extra) != 1)
+                        continue;
+                char p[300];
+                snprintf(p, sizeof(p), "/sys/block/%s/loop/backing_file", de->d_name);
+                if (access(p, F_OK) < 0)
+                        continue; /* unbound */
+                snprintf(p, sizeof(p), "/dev/loop%d", n);
+                cleanup_close int lfd = open(p, O_RDONLY | O_CLOEXEC);
+                struct loop_info64 li;
+                if (lfd < 0 || ioctl(lfd, LOOP_GET_STATUS64, &li) < 0)
+                        continue;
+                if (li.lo_device == (uint64_t)want.st_dev && li.lo_inode == (uint64_t)want.st_ino &&
+                    !(li.lo_flags & LO_FLAGS_READ_ONLY) == !ro)
+                        return n;
+        }
+        return -1;
+}
+
 static int loop_fsmount_fd(int img, const char *name, const char *fstype, int ro,
                            struct cove_err *err)
 {
+        char dev[64];
+        int bound = loop_bound_to(img, ro);
+        if (bound >= 0) {
+                snprintf(dev, sizeof(dev), "/dev/loop%d", bound);
+                int m = dev_fsmount(dev, fstype, ro);
+                if (m >= 0)
+                        return m;
+                /* it let go of the file meanwhile (autoclear): bind a free device below */
+        }
         cleanup_close int ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC);
         if (ctl < 0)
                 return cove_err_set(err, errno, "open /dev/loop-control");
-        int ext4 = !strcmp(fstype, "ext4");
         for (int tries = 0; tries < 50; tries++) {
                 int n = ioctl(ctl, LOOP_CTL_GET_FREE);
                 if (n < 0)
                         return cove_err_set(err, errno, "LOOP_CTL_GET_FREE");
-                char dev[64];
                 snprintf(dev, sizeof(dev), "/dev/loop%d", n);
                 cleanup_close int lfd = open(dev, O_RDWR | O_CLOEXEC);
                 if (lfd < 0)
@@ -243,20 +301,9 @@ static int loop_fsmount_fd(int img, const char *name, const char *fstype, int ro
                                 continue; /* raced with another user of loop devices */
                         return cove_err_set(err, errno, "LOOP_CONFIGURE %s", dev);
                 }
-                cleanup_close int fs = fsopen(fstype, FSOPEN_CLOEXEC);
-                if (fs < 0)
-                        return cove_err_set(err, errno, "fsopen %s", fstype);
-                if (fsconfig(fs, FSCONFIG_SET_STRING, "source", dev, 0) < 0 ||
-                    (ext4 && !ro &&
-                     fsconfig(fs, FSCONFIG_SET_FLAG, "noinit_itable", NULL, 0) < 0) ||
-                    (ro && fsconfig(fs, FSCONFIG_SET_FLAG, "ro", NULL, 0) < 0) ||
-                    fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
-                        return cove_err_set(err, errno, "mount %s of %s on %s", fstype, name, dev);
-                int m = fsmount(fs, FSMOUNT_CLOEXEC,
-                                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOATIME |
-                                    (ro ? MOUNT_ATTR_RDONLY : 0));
+                int m = dev_fsmount(dev, fstype, ro);
                 if (m < 0)
-                        return cove_err_set(err, errno, "fsmount %s", dev);
+                        return cove_err_set(err, errno, "mount %s of %s on %s", fstype, name, dev);
                 return m;
         }
         return cove_err_set(err, EBUSY, "no free loop device");
@@ -526,8 +573,9 @@ static int pool_reclaim(struct cove_layers *l, struct cove_err *err)
 
 /* The layer filesystem: one sparse XFS image with reflinks (<ns_dir>/layerfs.img), formatted
  * once and loop-mounted at <ns_dir>/lfs; a mount that outlived a crashed coved is reused as it
- * is (XFS also refuses a second mount of the same filesystem, so two coveds cannot both mount
- * it). Its size is the free space of ns_dir's filesystem at creation (capped at 1 TiB): it is
+ * is, and a loop device still bound to the image (a sandbox's mount namespace holding the
+ * filesystem) is mounted again rather than a second one (loop_bound_to). coved.lock keeps a
+ * second coved off the same data directory. Its size is the free space of ns_dir's filesystem at creation (capped at 1 TiB): it is
  * sparse, the host only pays for what is written. Without mkfs.xfs lfs stays a plain directory
  * and every clone becomes a copy of allocated extents (slower snapshots, same results). */
 static int layerfs_setup(struct cove_layers *l, const char *ns_dir, struct cove_err *err)
