@@ -402,13 +402,14 @@ static void fence_freezes_without_heartbeat_until_thaw(void **state)
 static void fence_blocked_writes_with_live_node_do_not_freeze(void **state)
 {
         struct node *n = *state;
-        json_t *r = call(n, json_pack("{s:s, s:i}", "op", "fence", "ttl_ms", 300));
+        /* a TTL a loaded machine's scheduling delays stay well under */
+        json_t *r = call(n, json_pack("{s:s, s:i}", "op", "fence", "ttl_ms", 1000));
         assert_ok(r);
         json_decref(r);
         int pid = start(n, json_pack("{s:s, s:[s,s,s]}", "op", "exec", "cmd", "sh", "-c",
                                      "head -c 200000000 /dev/zero"));
         struct cove_err err;
-        for (int i = 0; i < 40; i++) { /* 2 s: several TTLs, nothing read meanwhile */
+        for (int i = 0; i < 80; i++) { /* 4 s: several TTLs, nothing read meanwhile */
                 assert_int_equal(cove_frame_write(n->fd, COVE_F_HEARTBEAT, 0, 0, NULL, 0, &err), 0);
                 usleep(50000);
         }
