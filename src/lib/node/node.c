@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/statvfs.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -20,7 +21,8 @@
 
 #define HELLO_TIMEOUT_MS 10000
 /* Heartbeat: a guest silent this long (ms) although pinged, none of whose threads is
- * runnable or in uninterruptible sleep, in a cgroup that is not frozen, is hung. A guest
+ * runnable or in uninterruptible sleep, in a cgroup that is not frozen, and none of whose
+ * bytes wait unread on its channel (a node too loaded to read them in time), is hung. A guest
  * starved by load stays runnable ('R') and one waiting on a slow disk sleeps in 'D', so
  * neither is taken for hung however long it takes; the figure only bounds how long a truly
  * stuck guest (stopped, deadlocked) holds requests. A vm's init is its VMM, whose threads
@@ -324,8 +326,10 @@ static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, i
         pthread_mutex_unlock(&n->mu);
         for (int i = 0; i < m; i++) {
                 int64_t silent = cove_chan_heartbeat(hb[i].c, now);
-                if (silent >= hb[i].limit && hb[i].pid > 0 && !guest_active(hb[i].pid) &&
-                    *ndead < cap && !cove_chan_is_closed(hb[i].c)) {
+                int unread = 0; /* bytes from the guest this thread has not read yet */
+                if (silent >= hb[i].limit && hb[i].pid > 0 &&
+                    (ioctl(cove_chan_fd(hb[i].c), FIONREAD, &unread) < 0 || unread == 0) &&
+                    !guest_active(hb[i].pid) && *ndead < cap && !cove_chan_is_closed(hb[i].c)) {
                         struct dead_inst *d = &dead[(*ndead)++];
                         snprintf(d->id, sizeof(d->id), "%s", hb[i].id);
                         snprintf(d->why, sizeof(d->why),
