@@ -780,6 +780,12 @@ static int read_head(struct fwd *c, struct cove_req *r, struct cove_fwd_head *h)
         size_t pl = strlen(r->route->pattern);
         int no_deadline = pl >= 5 && !strcmp(r->route->pattern + pl - 5, "/exec");
         int64_t deadline = (cove_mono_ns() / 1000000) + o->head_timeout_ms;
+        /* the code interpreter's calls first start its server in the sandbox (up to 60 s on
+         * the node, api/routes_code.c): that wait comes on top */
+        const char *pat = r->route->pattern;
+        if ((pl >= 5 && !strcmp(pat + pl - 5, "/code")) || strstr(pat, "/execute") ||
+            strstr(pat, "/contexts"))
+                deadline += 60000;
         c->in = malloc(COVE_FWD_BUF);
         if (!c->in)
                 return fail(c, COVE_E_INTERNAL, "out of memory%s%s", "", "");
