@@ -134,6 +134,16 @@ static const struct cove_fwd_options *fwd_o(struct coved *d)
         return d->fwd ? &d->fwd->o : &dflt;
 }
 
+/* The exposed ports' routes: the node's answer has URLs, of this replica's preview address */
+static int fwd_ports_h(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        const char *via = coved_ports_via(d);
+        const char *h[2] = {"X-Cove-Ports-Via", via};
+        struct cove_fwd_req q = {.hdrs = h, .nhdrs = via[0] ? 1 : 0};
+        return cove_forward_ex(d, r, r->params[0], &q);
+}
+
 const struct cove_route *cove_fwd_routes(struct cove_fwd *f, enum coved_role role,
                                          const struct cove_route *base, size_t n,
                                          const struct cove_route *extra, size_t nextra,
@@ -148,7 +158,9 @@ const struct cove_route *cove_fwd_routes(struct cove_fwd *f, enum coved_role rol
                 struct cove_route rt = base[i];
                 int sandbox = rt.flags & COVE_ROUTE_SANDBOX;
                 if (role == COVED_ROLE_CONTROL && sandbox) {
-                        rt.handler = cove_fwd_h;
+                        rt.handler = strncmp(rt.pattern, "/v1/sandboxes/{id}/ports", 24)
+                                         ? cove_fwd_h
+                                         : fwd_ports_h;
                         rt.upload = rt.upload ? cove_fwd_up : NULL;
                 } else if (role == COVED_ROLE_NODE) {
                         if (!strcmp(rt.pattern, "/healthz"))
