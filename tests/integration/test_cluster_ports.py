@@ -5,7 +5,8 @@ answers them, name the control's address and work there: HTTP with keep-alive an
 a WebSocket echo and an SSE stream, a private port refused without its token or with a
 wrong one. A node's own listener answers only what a control replica relays (signed with
 the node's token). After a drain moves the sandbox to the other node, the same URL and
-token reach it there."""
+token reach it there, and after it moves back the node it left only knows the
+exposures it has now."""
 import http.client
 import json
 import socket
@@ -165,4 +166,23 @@ def test_preview_urls_through_the_control_and_after_a_drain(pcluster):
     cc.delete(f"/v1/sandboxes/{sid}/ports/{HTTP}")
     st, _, _ = get(pport, "/", host=host, headers={"X-Cove-Port-Token": tok})
     assert st == 404
+
+    # exposed again (a new token) on na, then moved back to nb, which still remembers the
+    # old token from before: there only the new one works
+    tok2 = cc.ok("POST", f"/v1/sandboxes/{sid}/ports", {"port": HTTP}, expect=(201,))["token"]
+    assert cc.post("/v1/nodes/nb/uncordon")["state"] == "ready"
+    r = cc.request("POST", "/v1/nodes/na/drain")
+    assert r.status == 202, r.body[:300]
+
+    def back():
+        sb = cc.get(f"/v1/sandboxes/{sid}")
+        return sb["node"] == "nb" and sb["state"] == "running"
+    poll(back, timeout=300, what="the sandbox running on nb again")
+    st, _, body = get(pport, "/", host=host, headers={"X-Cove-Port-Token": tok2})
+    if st == 502:
+        start_app(cc, sid)
+        st, _, body = get(pport, "/", host=host, headers={"X-Cove-Port-Token": tok2})
+    assert st == 200 and b"hello from the sandbox" in body, (st, body[:300])
+    st, _, body = get(pport, "/", host=host, headers={"X-Cove-Port-Token": tok})
+    assert st == 403, (st, body[:300])  # the removed token stays removed
     cc.remove(sid)
