@@ -134,7 +134,7 @@ class Cluster:
                 f.write(out)
         return path
 
-    def start_node(self, name, data=None, port=None):
+    def start_node(self, name, data=None, port=None, extra=()):
         own = data is None  # a restart reuses the data dir its first process owns
         data = data or tempfile.mkdtemp(prefix=f"cove-{name}-")
         octet = 64 + (os.getpid() * 7 + len(self.members) * 13) % 180
@@ -145,7 +145,7 @@ class Cluster:
                                self.token(name), "--lease-ttl", str(TTL_S), "--lease-renew",
                                str(RENEW_S), "--pool", "0", "--egress-pool",
                                f"10.{octet}.0.0/16", "--test-hooks", self.hooks,
-                               *self.store_args()])
+                               *self.store_args(), *extra])
         m.fixed_port = port
         m.own_data = own
         m.start()

@@ -145,12 +145,53 @@ static void test_refusals(void **state)
         assert_int_equal(cove_ports_head_len((const uint8_t *)"GET / HTTP/1.1\r\n\r", 17), 0);
 }
 
+/* A control replica's relayed head: as sent but for client-sent relay headers, with the
+ * replica's lines; the node's rewrite drops them before the sandbox. */
+static void test_relay_head(void **state)
+{
+        (void)state;
+        const char *h = "POST /p/sbx_a/80/x?cove_token=QQQ HTTP/1.1\r\nHost: n\r\n"
+                        "X-Cove-Relay: forged\r\nx-cove-client: 6.6.6.6\r\n"
+                        "Content-Length: 3\r\n\r\n";
+        assert_int_equal(parse(h, NULL), 0);
+        char v[64];
+        assert_int_equal(cove_ports_req_header(h, &rq, "X-Cove-Relay", v, sizeof(v)), 1);
+        assert_string_equal(v, "forged");
+        assert_int_equal(cove_ports_req_header(h, &rq, "X-Nothing", v, sizeof(v)), 0);
+        assert_int_equal(cove_ports_req_header(h, &rq, "X-Cove-Relay", v, 4), -1);
+        struct cove_bytes o = {0};
+        assert_int_equal(
+            cove_ports_relay_head(h, &rq, "X-Cove-Relay: R\r\nX-Cove-Client: 1.2.3.4\r\n", &o), 0);
+        char *r = calloc(1, o.len + 1);
+        memcpy(r, o.b, o.len);
+        cove_bytes_free(&o);
+        /* the target and the token stay (the node checks it); the client's relay lines go */
+        assert_non_null(strstr(r, "POST /p/sbx_a/80/x?cove_token=QQQ HTTP/1.1\r\n"));
+        assert_null(strstr(r, "forged"));
+        assert_null(strstr(r, "6.6.6.6"));
+        assert_non_null(strstr(r, "Content-Length: 3\r\n"));
+        assert_non_null(strstr(r, "X-Cove-Client: 1.2.3.4\r\n\r\n"));
+        /* the node: one of each, and its rewrite keeps neither from the sandbox */
+        assert_int_equal(parse(r, NULL), 0);
+        assert_int_equal(cove_ports_req_header(r, &rq, "X-Cove-Client", v, sizeof(v)), 1);
+        assert_string_equal(v, "1.2.3.4");
+        char *w = rewrite(r);
+        assert_null(strstr(w, "X-Cove-"));
+        free(w);
+        free(r);
+        /* twice is refused */
+        h = "GET / HTTP/1.1\r\nHost: n\r\nX-Cove-Relay: a\r\nX-Cove-Relay: b\r\n\r\n";
+        assert_int_equal(parse(h, NULL), 0);
+        assert_int_equal(cove_ports_req_header(h, &rq, "X-Cove-Relay", v, sizeof(v)), -1);
+}
+
 int main(void)
 {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test(test_routes),
             cmocka_unit_test(test_tokens_never_reach_the_sandbox),
             cmocka_unit_test(test_refusals),
+            cmocka_unit_test(test_relay_head),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

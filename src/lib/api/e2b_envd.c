@@ -1769,8 +1769,12 @@ static struct cove_chan *interp_target(struct cove_e2b *e, struct cove_req *r,
         cove_e2b_traffic_token(e, id, tt);
         const char *a = cove_req_header(r, "X-Access-Token");
         const char *t = cove_req_header(r, "E2B-Traffic-Access-Token");
-        int ok = (a && strlen(a) == strlen(tok) && !CRYPTO_memcmp(a, tok, strlen(tok))) ||
+        /* forwarded by a control replica, which checked the token (it holds the secret) */
+        int ok = trusted(r) ||
+                 (a && strlen(a) == strlen(tok) && !CRYPTO_memcmp(a, tok, strlen(tok))) ||
                  (t && strlen(t) == strlen(tt) && !CRYPTO_memcmp(t, tt, strlen(tt)));
+        OPENSSL_cleanse(tok, sizeof(tok));
+        OPENSSL_cleanse(tt, sizeof(tt));
         if (!ok) {
                 http_error(r, 401, "missing or wrong access token for the code interpreter");
                 return NULL;
@@ -1981,12 +1985,55 @@ static int ctl_files_post(void *app, struct cove_req *r)
         return cove_forward_ex(e->d, r, id, &q);
 }
 
+/* The code interpreter's routes (port 49999): its access checked here as one process checks
+ * it (the envd token or the traffic token, with the sandbox running), then forwarded to
+ * the node under /e2b with the sandbox and the port in E2b-Sandbox-Id / -Port. */
+static int ctl_interp(void *app, struct cove_req *r)
+{
+        struct cove_e2b *e = app;
+        char id[64];
+        long port;
+        target(r, id, sizeof(id), &port);
+        if (!id[0] || port != COVE_E2B_INTERP_PORT)
+                return http_error(r, 404, "no route %s %s on port %ld", r->method, r->url, port);
+        char tok[COVE_E2B_TOKEN_HEX], tt[80];
+        cove_e2b_token(e, id, tok);
+        cove_e2b_traffic_token(e, id, tt);
+        const char *a = cove_req_header(r, "X-Access-Token");
+        const char *t = cove_req_header(r, "E2B-Traffic-Access-Token");
+        int ok = (a && strlen(a) == strlen(tok) && !CRYPTO_memcmp(a, tok, strlen(tok))) ||
+                 (t && strlen(t) == strlen(tt) && !CRYPTO_memcmp(t, tt, strlen(tt)));
+        OPENSSL_cleanse(tok, sizeof(tok));
+        OPENSSL_cleanse(tt, sizeof(tt));
+        if (!ok)
+                return http_error(r, 401, "missing or wrong access token for the code interpreter");
+        struct cove_sandbox_row row;
+        struct cove_err err;
+        if (cove_sandbox_load(e->d, NULL, id, &row, &err) < 0)
+                return reply_gone(r, id);
+        int running = !strcmp(row.state, "running");
+        cove_sandbox_row_clear(&row);
+        if (!running)
+                return reply_gone(r, id);
+        char pstr[8];
+        snprintf(pstr, sizeof(pstr), "%d", COVE_E2B_INTERP_PORT);
+        const char *h[4] = {"E2b-Sandbox-Id", id, "E2b-Sandbox-Port", pstr};
+        struct cove_fwd_req q = {
+            .prefix = "/e2b", .any_tenant = 1, .hdrs = h, .nhdrs = 2, .reply_err = fwd_err_http};
+        return cove_forward_ex(e->d, r, id, &q);
+}
+
 const struct cove_route cove_e2b_envd_ctl_routes[] = {
     {"GET", "/health", h_health, NULL, COVE_ROUTE_PUBLIC},
     {"GET", "/files", ctl_files_get, NULL, COVE_ROUTE_PUBLIC},
     {"POST", "/files", ctl_files_post, ctl_up_files, COVE_ROUTE_PUBLIC},
     {"POST", "/process.Process/{method}", ctl_rpc, NULL, COVE_ROUTE_PUBLIC},
     {"POST", "/filesystem.Filesystem/{method}", ctl_rpc, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/execute", ctl_interp, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/contexts", ctl_interp, NULL, COVE_ROUTE_PUBLIC},
+    {"GET", "/contexts", ctl_interp, NULL, COVE_ROUTE_PUBLIC},
+    {"DELETE", "/contexts/{cid}", ctl_interp, NULL, COVE_ROUTE_PUBLIC},
+    {"POST", "/contexts/{cid}/restart", ctl_interp, NULL, COVE_ROUTE_PUBLIC},
 };
 const size_t cove_e2b_envd_ctl_nroutes =
     sizeof(cove_e2b_envd_ctl_routes) / sizeof(cove_e2b_envd_ctl_routes[0]);
@@ -2018,10 +2065,40 @@ static int node_files_post(void *app, struct cove_req *r)
         return h_files_post(((struct coved *)app)->e2b, r);
 }
 
+static int node_interp_execute(void *app, struct cove_req *r)
+{
+        return h_interp_execute(((struct coved *)app)->e2b, r);
+}
+
+static int node_interp_ctx_create(void *app, struct cove_req *r)
+{
+        return h_interp_ctx_create(((struct coved *)app)->e2b, r);
+}
+
+static int node_interp_ctx_list(void *app, struct cove_req *r)
+{
+        return h_interp_ctx_list(((struct coved *)app)->e2b, r);
+}
+
+static int node_interp_ctx_delete(void *app, struct cove_req *r)
+{
+        return h_interp_ctx_delete(((struct coved *)app)->e2b, r);
+}
+
+static int node_interp_ctx_restart(void *app, struct cove_req *r)
+{
+        return h_interp_ctx_restart(((struct coved *)app)->e2b, r);
+}
+
 const struct cove_route cove_e2b_node_routes[] = {
     {"GET", "/e2b/files", node_files_get, NULL, COVE_ROUTE_E2B},
     {"POST", "/e2b/files", node_files_post, node_up_files, COVE_ROUTE_E2B},
     {"POST", "/e2b/process.Process/{method}", node_process, NULL, COVE_ROUTE_E2B},
     {"POST", "/e2b/filesystem.Filesystem/{method}", node_filesystem, NULL, COVE_ROUTE_E2B},
+    {"POST", "/e2b/execute", node_interp_execute, NULL, COVE_ROUTE_E2B},
+    {"POST", "/e2b/contexts", node_interp_ctx_create, NULL, COVE_ROUTE_E2B},
+    {"GET", "/e2b/contexts", node_interp_ctx_list, NULL, COVE_ROUTE_E2B},
+    {"DELETE", "/e2b/contexts/{cid}", node_interp_ctx_delete, NULL, COVE_ROUTE_E2B},
+    {"POST", "/e2b/contexts/{cid}/restart", node_interp_ctx_restart, NULL, COVE_ROUTE_E2B},
 };
 const size_t cove_e2b_node_nroutes = sizeof(cove_e2b_node_routes) / sizeof(cove_e2b_node_routes[0]);

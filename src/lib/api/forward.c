@@ -134,6 +134,16 @@ static const struct cove_fwd_options *fwd_o(struct coved *d)
         return d->fwd ? &d->fwd->o : &dflt;
 }
 
+/* The exposed ports' routes: the node's answer has URLs, of this replica's preview address */
+static int fwd_ports_h(void *app, struct cove_req *r)
+{
+        struct coved *d = app;
+        const char *via = coved_ports_via(d);
+        const char *h[2] = {"X-Cove-Ports-Via", via};
+        struct cove_fwd_req q = {.hdrs = h, .nhdrs = via[0] ? 1 : 0};
+        return cove_forward_ex(d, r, r->params[0], &q);
+}
+
 const struct cove_route *cove_fwd_routes(struct cove_fwd *f, enum coved_role role,
                                          const struct cove_route *base, size_t n,
                                          const struct cove_route *extra, size_t nextra,
@@ -148,7 +158,9 @@ const struct cove_route *cove_fwd_routes(struct cove_fwd *f, enum coved_role rol
                 struct cove_route rt = base[i];
                 int sandbox = rt.flags & COVE_ROUTE_SANDBOX;
                 if (role == COVED_ROLE_CONTROL && sandbox) {
-                        rt.handler = cove_fwd_h;
+                        rt.handler = strncmp(rt.pattern, "/v1/sandboxes/{id}/ports", 24)
+                                         ? cove_fwd_h
+                                         : fwd_ports_h;
                         rt.upload = rt.upload ? cove_fwd_up : NULL;
                 } else if (role == COVED_ROLE_NODE) {
                         if (!strcmp(rt.pattern, "/healthz"))
@@ -780,6 +792,12 @@ static int read_head(struct fwd *c, struct cove_req *r, struct cove_fwd_head *h)
         size_t pl = strlen(r->route->pattern);
         int no_deadline = pl >= 5 && !strcmp(r->route->pattern + pl - 5, "/exec");
         int64_t deadline = (cove_mono_ns() / 1000000) + o->head_timeout_ms;
+        /* the code interpreter's calls first start its server in the sandbox (up to 60 s on
+         * the node, api/routes_code.c): that wait comes on top */
+        const char *pat = r->route->pattern;
+        if ((pl >= 5 && !strcmp(pat + pl - 5, "/code")) || strstr(pat, "/execute") ||
+            strstr(pat, "/contexts"))
+                deadline += 60000;
         c->in = malloc(COVE_FWD_BUF);
         if (!c->in)
                 return fail(c, COVE_E_INTERNAL, "out of memory%s%s", "", "");

@@ -207,6 +207,8 @@ static void describe(struct cove_agent *a)
         json_t *f = json_pack("{s:o, s:s, s:s, s:s, s:s, s:o}", "runtimes", rt, "full",
                               full == 1 ? "ok" : (why[0] ? why : "unavailable"), "criu", criu,
                               "kernel", u.release, "cpu", cpu, "templates", tpl);
+        if (f && d->ports_advertise[0]) /* where control replicas relay preview requests */
+                json_object_set_new(f, "ports", json_string(d->ports_advertise));
         char *txt = f ? json_dumps(f, JSON_COMPACT) : NULL;
         if (txt && strlen(txt) < sizeof(n->features))
                 snprintf(n->features, sizeof(n->features), "%s", txt);
@@ -472,6 +474,7 @@ static int run(struct cove_agent *a, const struct cove_job_row *j, json_t *args,
                         own_set(a, id, j->generation);
                         started = 1;
                         out = json_pack("{s:o}", "sandbox", out);
+                        coved_ports_adopt(d, id); /* its exposed ports, if any */
                 }
         } else if (!strcmp(k, "stop")) {
                 r = load_any(d, id, &row, &err);
@@ -517,6 +520,7 @@ static int run(struct cove_agent *a, const struct cove_job_row *j, json_t *args,
                 if (r == 0) {
                         own_set(a, id, j->generation);
                         started = !done;
+                        coved_ports_adopt(d, id); /* its exposed ports come with it */
                 }
         } else if (!strcmp(k, "snapshot")) {
                 struct cove_snapshot_row snap;

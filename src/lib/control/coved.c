@@ -279,6 +279,18 @@ static int cluster_identity(struct coved *d, const struct coved_options *o, stru
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                                              "--role node needs --listen (its node API) or "
                                              "--advertise URL");
+                /* where control replicas relay preview requests: the port listener's
+                 * address, its host the advertised one's when it listens on every address */
+                const char *pl = o->ports.listen;
+                if (pl && !strncmp(pl, "0.0.0.0:", 8)) {
+                        const char *h = strstr(d->advertise, "://");
+                        h = h ? h + 3 : d->advertise;
+                        size_t n = strcspn(h, ":/");
+                        snprintf(d->ports_advertise, sizeof(d->ports_advertise), "%.*s%s",
+                                 (int)(n < 64 ? n : 64), h, pl + 7);
+                } else if (pl) {
+                        snprintf(d->ports_advertise, sizeof(d->ports_advertise), "%s", pl);
+                }
                 return 0;
         }
         return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "unknown role");

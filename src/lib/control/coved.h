@@ -154,8 +154,9 @@ struct coved {
         char node_token[65];     /* node role: its token (hex) */
         uint8_t cluster_key[32]; /* control role: the cluster key */
         int has_cluster_key;
-        char control_url[256]; /* node role */
-        char advertise[256];   /* node role: its node API URL */
+        char control_url[256];    /* node role */
+        char advertise[256];      /* node role: its node API URL */
+        char ports_advertise[96]; /* node role: its port listener, HOST:PORT ("" none) */
         int lease_ttl_ms, lease_renew_ms;
         struct coved_cluster *cl;       /* the cluster side (control/cluster.h); NULL in role all */
         struct cove_fwd *fwd;           /* control: forwarding options; node: the node API's replay

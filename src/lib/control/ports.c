@@ -12,6 +12,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include "cluster/nodeauth.h"
 #include "control/audit.h"
 #include "control/coved.h"
 #include "control/egress.h"
@@ -184,6 +185,164 @@ static int load_one(const char *tenant, const char *key, const char *owner, cons
         return 0;
 }
 
+/* ---- in a cluster (docs/cluster.md "Exposed ports") ---- */
+
+struct node_find {
+        const char *name;
+        struct cove_node_row row;
+        int found;
+};
+
+static int node_one(const struct cove_node_row *row, void *arg)
+{
+        struct node_find *f = arg;
+        if (strcmp(row->name, f->name) != 0)
+                return 0;
+        f->row = *row;
+        f->found = 1;
+        return -1;
+}
+
+/* Role control: the port listener of the node the sandbox is placed on (its row's
+ * features "ports", HOST:PORT). */
+static int relay_hop(void *arg, const char *sandbox, struct cove_ports_hop *hop)
+{
+        struct coved *d = arg;
+        struct cove_placement_row pl;
+        struct cove_err e;
+        int rc = d->cat_ops->placement_get(d->cat, sandbox, &pl, &e);
+        if (rc != 0 || !pl.node[0] || !strcmp(pl.desired_state, "stopped")) {
+                hop->status = rc < 0 ? 502 : 404;
+                snprintf(hop->why, sizeof(hop->why), "%s",
+                         rc < 0 ? "the catalog did not answer: retry"
+                                : "no exposed port of that sandbox (it does not exist or is not "
+                                  "placed on a node)");
+                return -1;
+        }
+        snprintf(hop->node, sizeof(hop->node), "%s", pl.node);
+        struct node_find nf = {.name = pl.node};
+        if (d->cat_ops->node_list(d->cat, node_one, &nf, &e) < 0 || !nf.found) {
+                hop->status = 502;
+                snprintf(hop->why, sizeof(hop->why), "node %s of sandbox %s is unknown", pl.node,
+                         sandbox);
+                return -1;
+        }
+        if (!strcmp(nf.row.state, "lost")) {
+                hop->status = 502;
+                snprintf(hop->why, sizeof(hop->why),
+                         "sandbox %s: its node %s is lost (it will be recovered elsewhere)",
+                         sandbox, pl.node);
+                return -1;
+        }
+        json_error_t je;
+        json_t *f = json_loads(nf.row.features[0] ? nf.row.features : "{}", 0, &je);
+        const char *a = json_string_value(json_object_get(f, "ports"));
+        char host[64] = "";
+        const char *colon = a ? strrchr(a, ':') : NULL;
+        long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+        struct in_addr ia;
+        if (colon && (size_t)(colon - a) < sizeof(host)) {
+                memcpy(host, a, (size_t)(colon - a));
+                host[colon - a] = '\0';
+        }
+        json_decref(f);
+        if (!host[0] || port < 1 || port > 65535 || inet_pton(AF_INET, host, &ia) != 1) {
+                hop->status = 502;
+                snprintf(hop->why, sizeof(hop->why),
+                         "node %s serves no exposed ports (start it with --ports-listen "
+                         "HOST:PORT)",
+                         pl.node);
+                return -1;
+        }
+        hop->addr = ntohl(ia.s_addr);
+        hop->port = (uint16_t)port;
+        return 0;
+}
+
+static void relay_req(struct cove_nodeauth_req *q, char *path, size_t cap, const char *sandbox,
+                      uint16_t port, const char *client_ip)
+{
+        snprintf(path, cap, "/%s/%u/%s", sandbox, (unsigned)port, client_ip);
+        *q = (struct cove_nodeauth_req){.method = "PORT", .path_query = path, .tenant = ""};
+}
+
+/* Role control: the proof for one relayed head (signed with the node's token). */
+static int relay_sign(void *arg, const char *node, const char *sandbox, uint16_t port,
+                      const char *client_ip, char *out, size_t cap)
+{
+        struct coved *d = arg;
+        char tok[COVE_NODEAUTH_TOKEN_HEX], path[160], authz[COVE_NODEAUTH_HDR_MAX];
+        struct cove_nodeauth_req q;
+        struct cove_err e;
+        relay_req(&q, path, sizeof(path), sandbox, port, client_ip);
+        int rc = !d->has_cluster_key || cove_nodeauth_token(d->cluster_key, node, tok, &e) < 0 ||
+                         cove_nodeauth_sign(tok, node, &q, cove_now_ms(), authz, sizeof(authz),
+                                            NULL, &e) < 0
+                     ? -1
+                     : 0;
+        OPENSSL_cleanse(tok, sizeof(tok));
+        if (rc == 0 && (size_t)snprintf(out, cap, "X-Cove-Relay: %s\r\nX-Cove-Client: %s\r\n",
+                                        authz, client_ip) >= cap)
+                rc = -1;
+        return rc;
+}
+
+/* Role node: a relayed head's proof, signed for this node within the time window. */
+static int relay_verify(void *arg, const char *sandbox, uint16_t port, const char *proof,
+                        const char *client_ip)
+{
+        struct coved *d = arg;
+        struct cove_nodeauth_hdr h;
+        struct cove_nodeauth_req q;
+        char path[160];
+        struct cove_err e;
+        relay_req(&q, path, sizeof(path), sandbox, port, client_ip);
+        if (cove_nodeauth_parse(proof, &h, &e) < 0 || strcmp(h.name, d->node_name) != 0)
+                return -1;
+        return cove_nodeauth_verify(d->node_token, &h, &q, cove_now_ms(), &e);
+}
+
+static int load_one(const char *tenant, const char *key, const char *owner, const char *json,
+                    void *arg);
+
+static int load_missing(const char *tenant, const char *key, const char *owner, const char *json,
+                        void *arg)
+{
+        struct coved *d = arg;
+        json_error_t je;
+        json_t *o = json_loads(json, 0, &je);
+        int has = o && cove_ports_has(d->ports->p, owner,
+                                      (uint16_t)json_integer_value(json_object_get(o, "port")));
+        json_decref(o);
+        return has ? 0 : load_one(tenant, key, owner, json, arg);
+}
+
+/* Role node: a route with no exposure here, of a sandbox running here. */
+static void reload(void *arg, const char *sandbox)
+{
+        struct coved *d = arg;
+        struct cove_err e;
+        if (!d->node || cove_node_pid(d->node, sandbox) <= 0)
+                return;
+        if (d->cat_ops->doc_list(d->cat, DOC_KIND, NULL, sandbox, load_missing, d, &e) < 0)
+                cove_warn(&d->log, "ports", "load the exposed ports of %s: %s", sandbox, e.msg);
+}
+
+void coved_ports_adopt(struct coved *d, const char *id)
+{
+        if (!d->ports || d->role != COVED_ROLE_NODE)
+                return;
+        struct cove_err e;
+        cove_ports_unexpose(d->ports->p, id, -1);
+        if (d->cat_ops->doc_list(d->cat, DOC_KIND, NULL, id, load_one, d, &e) < 0)
+                cove_warn(&d->log, "ports", "load the exposed ports of %s: %s", id, e.msg);
+}
+
+const char *coved_ports_via(struct coved *d)
+{
+        return d->ports && d->role == COVED_ROLE_CONTROL ? d->ports->url_host : "";
+}
+
 int coved_ports_open(struct coved *d, const struct coved_ports_options *o, struct cove_err *err)
 {
         if (!o || !o->listen)
@@ -207,6 +366,17 @@ int coved_ports_open(struct coved *d, const struct coved_ports_options *o, struc
             .audit = audit_sink,
             .arg = d,
         };
+        if (d->role == COVED_ROLE_CONTROL) { /* a relay to the nodes' listeners */
+                pc.locate = NULL;
+                pc.tenant_of = NULL;
+                pc.resume = NULL;
+                pc.audit = NULL; /* the node audits */
+                pc.relay = relay_hop;
+                pc.relay_sign = relay_sign;
+        } else if (d->role == COVED_ROLE_NODE) {
+                pc.relay_verify = relay_verify;
+                pc.reload = reload;
+        }
         d->ports = cp;
         cp->p = cove_ports_new(&pc, err);
         if (!cp->p) {
@@ -221,7 +391,10 @@ int coved_ports_open(struct coved *d, const struct coved_ports_options *o, struc
                 snprintf(cp->url_host, sizeof(cp->url_host), "127.0.0.1:%u", cp->listen_port);
         else
                 snprintf(cp->url_host, sizeof(cp->url_host), "%s", b);
-        if (d->cat_ops->doc_list(d->cat, DOC_KIND, NULL, NULL, load_one, d, err) < 0) {
+        /* role all: every stored exposure; a node loads a sandbox's when it comes
+         * (coved_ports_adopt, reload); a relay holds none */
+        if (d->role == COVED_ROLE_ALL &&
+            d->cat_ops->doc_list(d->cat, DOC_KIND, NULL, NULL, load_one, d, err) < 0) {
                 coved_ports_close(d);
                 return cove_err_wrap(err, "load exposed ports");
         }
@@ -261,16 +434,21 @@ static int need_ports(struct coved *d, struct cove_err *err)
         return 0;
 }
 
-static json_t *url_of(struct coved_ports *cp, const char *id, unsigned port, const char *token)
+/* via: the preview address of the control replica the call came through (HOST:PORT), NULL:
+ * this listener's own. */
+static json_t *url_of(struct coved_ports *cp, const char *id, unsigned port, const char *token,
+                      const char *via)
 {
         char url[512];
+        const char *vc = via ? strrchr(via, ':') : NULL;
+        unsigned lport = vc ? (unsigned)atoi(vc + 1) : cp->listen_port;
         if (cp->domain[0]) {
                 char pp[16] = "";
-                if (cp->listen_port != 80)
-                        snprintf(pp, sizeof(pp), ":%u", cp->listen_port);
+                if (lport != 80)
+                        snprintf(pp, sizeof(pp), ":%u", lport);
                 snprintf(url, sizeof(url), "http://%u-%s.%s%s/", port, id, cp->domain, pp);
         } else {
-                snprintf(url, sizeof(url), "http://%s/p/%s/%u/", cp->url_host, id, port);
+                snprintf(url, sizeof(url), "http://%s/p/%s/%u/", vc ? via : cp->url_host, id, port);
         }
         if (token) {
                 size_t n = strlen(url);
@@ -324,6 +502,8 @@ static int expose(struct coved *d, const struct cove_sandbox_row *row, unsigned 
         free(text);
         if (r < 0)
                 return -1;
+        if (d->role == COVED_ROLE_CONTROL)
+                return 0; /* stored: the sandbox's node loads it (a relay holds none) */
         return cove_ports_expose(d->ports->p, row->tenant, row->id, (uint16_t)port, pub,
                                  auto_resume, target_addr(row->runtime), pub ? NULL : h, err);
 }
@@ -353,8 +533,8 @@ static int port_body(json_t *body, unsigned *port, int *pub, int *ar, struct cov
         return 0;
 }
 
-int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *body, json_t **out,
-                   struct cove_err *err)
+int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *body,
+                   const char *via, json_t **out, struct cove_err *err)
 {
         /* another tenant's id answers 404 before anything is said about the body or about
          * what this node serves */
@@ -371,7 +551,7 @@ int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *
         int r = expose(d, &row, port, pub, ar, NULL, token, sizeof(token), err);
         if (r == 0) {
                 *out = json_pack("{s:i, s:o, s:o, s:b, s:b}", "port", (int)port, "url",
-                                 url_of(d->ports, id, port, pub ? NULL : token), "token",
+                                 url_of(d->ports, id, port, pub ? NULL : token, via), "token",
                                  pub ? json_null() : json_string(token), "public", pub,
                                  "auto_resume", ar);
                 coved_audit_control(d, row.tenant, id, "port.add",
@@ -386,6 +566,7 @@ int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *
 struct list_ctx {
         struct coved *d;
         json_t *arr;
+        const char *via;
 };
 
 static int list_one(const char *tenant, const char *key, const char *owner, const char *json,
@@ -399,11 +580,11 @@ static int list_one(const char *tenant, const char *key, const char *owner, cons
         if (!o)
                 return 0;
         unsigned port = (unsigned)json_integer_value(json_object_get(o, "port"));
-        json_t *item = json_pack("{s:i, s:o, s:O, s:O, s:O}", "port", (int)port, "url",
-                                 port ? url_of(l->d->ports, owner, port, NULL) : json_null(),
-                                 "public", json_object_get(o, "public"), "auto_resume",
-                                 json_object_get(o, "auto_resume"), "created_at",
-                                 json_object_get(o, "created_at"));
+        json_t *item = json_pack(
+            "{s:i, s:o, s:O, s:O, s:O}", "port", (int)port, "url",
+            port ? url_of(l->d->ports, owner, port, NULL, l->via) : json_null(), "public",
+            json_object_get(o, "public"), "auto_resume", json_object_get(o, "auto_resume"),
+            "created_at", json_object_get(o, "created_at"));
         if (item)
                 json_array_append_new(l->arr, item);
         json_decref(o);
@@ -417,13 +598,13 @@ static int by_port(const void *a, const void *b)
         return x < y ? -1 : x > y;
 }
 
-int coved_port_list(struct coved *d, const char *tenant, const char *id, json_t **out,
-                    struct cove_err *err)
+int coved_port_list(struct coved *d, const char *tenant, const char *id, const char *via,
+                    json_t **out, struct cove_err *err)
 {
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
                 return -1;
-        struct list_ctx l = {d, json_array()};
+        struct list_ctx l = {d, json_array(), via};
         int r = d->ports ? d->cat_ops->doc_list(d->cat, DOC_KIND, row.tenant, id, list_one, &l, err)
                          : 0;
         cove_sandbox_row_clear(&row);

@@ -25,10 +25,12 @@ void coved_ports_close(struct coved *d);
 
 /* POST …/ports {port, public?, auto_resume?} → {port, url, token|null, public, auto_resume}.
  * Exposing a port again replaces it (a new token; connections made with the old end). */
-int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *body, json_t **out,
-                   struct cove_err *err);
-int coved_port_list(struct coved *d, const char *tenant, const char *id, json_t **out,
-                    struct cove_err *err);
+int coved_port_add(struct coved *d, const char *tenant, const char *id, json_t *body,
+                   const char *via, json_t **out, struct cove_err *err);
+/* via: the preview address (HOST:PORT) of the control replica a call came through, for the
+ * URLs (NULL: this listener's own). */
+int coved_port_list(struct coved *d, const char *tenant, const char *id, const char *via,
+                    json_t **out, struct cove_err *err);
 /* -1 NOT_FOUND when the port is not exposed. */
 int coved_port_delete(struct coved *d, const char *tenant, const char *id, unsigned port,
                       struct cove_err *err);
@@ -38,6 +40,12 @@ int coved_ports_expose_all(struct coved *d, const char *tenant, const char *id, 
                            const char *token, struct cove_err *err);
 /* The sandbox is deleted: forget its ports. */
 void coved_ports_forget(struct coved *d, const char *tenant, const char *id);
+/* Role node: the sandbox id came to this node (started or resumed here): its exposures
+ * are loaded from the catalog, replacing what this node held of it. */
+void coved_ports_adopt(struct coved *d, const char *id);
+/* Role control: this replica's preview address (HOST:PORT) for the nodes' URLs, "" when it
+ * has no port listener. */
+const char *coved_ports_via(struct coved *d);
 /* The domain of host routes ("" when none), for E2B's create answer. */
 const char *coved_ports_domain(struct coved *d);
 

@@ -57,8 +57,8 @@ int coved_daemon_open(struct coved *d, const struct coved_options *o, struct cov
                 }
         }
         /* the exposed ports' listener (control/ports.h) before the API listeners; a control
-         * replica runs no sandbox, so it has none */
-        if (d->node && coved_ports_open(d, &o->ports, err) < 0)
+         * replica's relays to the nodes' listeners */
+        if ((d->node || d->role == COVED_ROLE_CONTROL) && coved_ports_open(d, &o->ports, err) < 0)
                 goto fail;
         d->http = cove_http_start(&hc, o->listen, sock, err);
         if (!d->http)

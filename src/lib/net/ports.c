@@ -70,6 +70,7 @@ struct pc {
         int pub;
         uint64_t egen; /* the exposure's gen when bound */
         int e2b;       /* answers in E2B's error shape */
+        char node[64]; /* relay: the node the upstream goes to */
         /* client → sandbox */
         uint8_t *in;
         size_t ioff, ilen, icap;
@@ -380,6 +381,16 @@ int cove_ports_expose(struct cove_ports *p, const char *tenant, const char *sand
         return 0;
 }
 
+int cove_ports_has(struct cove_ports *p, const char *sandbox, uint16_t port)
+{
+        pthread_mutex_lock(&p->mu);
+        int has = 0;
+        for (int i = 0; i < p->nexpo; i++)
+                has |= !strcmp(p->expos[i].sandbox, sandbox) && p->expos[i].port == port;
+        pthread_mutex_unlock(&p->mu);
+        return has;
+}
+
 void cove_ports_unexpose(struct cove_ports *p, const char *sandbox, int port)
 {
         pthread_mutex_lock(&p->mu);
@@ -504,6 +515,34 @@ static void up_open(struct cove_ports *p, struct pc *c, const struct expo *e)
         c->deadline = now_ms() + CONNECT_MS;
 }
 
+/* Relay: connect c to the port listener of the node hop names (its head was routed). */
+static void relay_open(struct cove_ports *p, struct pc *c, const struct cove_ports_hop *hop)
+{
+        int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons(hop->port),
+                                .sin_addr.s_addr = htonl(hop->addr)};
+        if (s >= 0) {
+                int one = 1;
+                setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
+        if (s < 0 || (connect(s, (struct sockaddr *)&a, sizeof(a)) < 0 && errno != EINPROGRESS)) {
+                if (s >= 0)
+                        close(s);
+                char why[200];
+                snprintf(why, sizeof(why), "node %s, which runs sandbox %s, is unreachable",
+                         hop->node, c->sandbox);
+                refuse(p, c, 502, why, NULL, NULL, c->port);
+                return;
+        }
+        c->ufd = s;
+        c->uev = (struct ev){3, c};
+        c->umask = EPOLLOUT;
+        ep(p, EPOLL_CTL_ADD, s, EPOLLOUT, &c->uev);
+        c->st = S_CONNECTING;
+        c->deadline = now_ms() + CONNECT_MS;
+}
+
 /* ---- heads ---- */
 
 static int token_ok(const struct expo *e, const char *tok)
@@ -538,17 +577,71 @@ static int on_head(struct cove_ports *p, struct pc *c, size_t hl)
                        NULL, NULL, 0);
                 return 1;
         }
+        if (p->cfg.relay_verify) {
+                /* a node's listener: only what a control replica relays, for the client it
+                 * names */
+                char proof[320], ip[INET_ADDRSTRLEN];
+                struct in_addr ia;
+                if (cove_ports_req_header(head, &rq, "X-Cove-Relay", proof, sizeof(proof)) != 1 ||
+                    cove_ports_req_header(head, &rq, "X-Cove-Client", ip, sizeof(ip)) != 1 ||
+                    inet_pton(AF_INET, ip, &ia) != 1 ||
+                    p->cfg.relay_verify(p->cfg.arg, rq.sandbox, rq.port, proof, ip) < 0) {
+                        refuse(p, c, 403,
+                               "this node's port listener answers control replicas only: use "
+                               "the preview address of a control replica",
+                               NULL, NULL, rq.port);
+                        return 1;
+                }
+                snprintf(c->ip, sizeof(c->ip), "%s", ip);
+        }
         int same = c->bound && !strcmp(c->sandbox, rq.sandbox) && c->port == rq.port;
         if (same && c->st == S_OPEN)
                 goto forward;
         if (c->st == S_CONNECTING || c->st == S_RESUME)
                 return 0;
+        if (p->cfg.relay) {
+                struct cove_ports_hop hop;
+                memset(&hop, 0, sizeof(hop));
+                if (p->cfg.relay(p->cfg.arg, rq.sandbox, &hop) < 0) {
+                        refuse(p, c, hop.status ? hop.status : 502,
+                               hop.why[0] ? hop.why : "the sandbox is not placed on a node", NULL,
+                               NULL, rq.port);
+                        return 1;
+                }
+                int n;
+                count_sandbox(p, rq.sandbox, &n);
+                if (n - (c->bound && !strcmp(c->sandbox, rq.sandbox)) >= p->cfg.max_conns) {
+                        refuse(p, c, 429, "too many open connections to this sandbox", NULL, NULL,
+                               rq.port);
+                        return 1;
+                }
+                if (c->ufd >= 0) {
+                        if (c->inpipe || c->toc.len || c->uhead.len)
+                                return 0;
+                        up_close(p, c, "the client moved to another port");
+                }
+                c->tenant[0] = '\0';
+                snprintf(c->sandbox, sizeof(c->sandbox), "%s", rq.sandbox);
+                snprintf(c->node, sizeof(c->node), "%s", hop.node);
+                c->port = rq.port;
+                relay_open(p, c, &hop);
+                return c->st == S_CLOSING ? 1 : 0;
+        }
         pthread_mutex_lock(&p->mu);
         struct expo *ep_ = expo_find(p, rq.sandbox, rq.port);
         struct expo e;
         if (ep_)
                 e = *ep_;
         pthread_mutex_unlock(&p->mu);
+        if (!ep_ && p->cfg.reload) {
+                /* it may have come to this node since its exposures were loaded */
+                p->cfg.reload(p->cfg.arg, rq.sandbox);
+                pthread_mutex_lock(&p->mu);
+                ep_ = expo_find(p, rq.sandbox, rq.port);
+                if (ep_)
+                        e = *ep_;
+                pthread_mutex_unlock(&p->mu);
+        }
         if (!ep_) {
                 char m[160];
                 snprintf(m, sizeof(m), "port %u of sandbox %s is not exposed", (unsigned)rq.port,
@@ -602,7 +695,16 @@ forward:;
         if (c->olen + c->ooff + hl + 1024 > OUT_CAP)
                 return 0; /* room first */
         struct cove_bytes o = {0};
-        if (cove_ports_rewrite(head, &rq, c->ip, &o) < 0 || c->ooff + c->olen + o.len > OUT_CAP) {
+        int bad;
+        if (p->cfg.relay) {
+                char extra[768];
+                bad = p->cfg.relay_sign(p->cfg.arg, c->node, rq.sandbox, rq.port, c->ip, extra,
+                                        sizeof(extra)) < 0 ||
+                      cove_ports_relay_head(head, &rq, extra, &o) < 0;
+        } else {
+                bad = cove_ports_rewrite(head, &rq, c->ip, &o) < 0;
+        }
+        if (bad || c->ooff + c->olen + o.len > OUT_CAP) {
                 cove_bytes_free(&o);
                 refuse(p, c, 431, "request head too large once rewritten", c->tenant, c->sandbox,
                        c->port);
@@ -614,7 +716,7 @@ forward:;
         c->ioff += hl;
         c->ilen -= hl;
         c->head_at = 0;
-        if (rq.tsrc == COVE_PORTS_TOK_QUERY && !c->pub) {
+        if (rq.tsrc == COVE_PORTS_TOK_QUERY && !c->pub && !p->cfg.relay) {
                 c->cookie = 1;
                 snprintf(c->cookie_tok, sizeof(c->cookie_tok), "%s", rq.token);
                 if (rq.mode == COVE_PORTS_PATH)
@@ -993,8 +1095,14 @@ static void on_up_event(struct cove_ports *p, struct pc *c, uint32_t events)
                 getsockopt(c->ufd, SOL_SOCKET, SO_ERROR, &e, &el);
                 if (e || (events & (EPOLLERR | EPOLLHUP))) {
                         char why[200];
-                        snprintf(why, sizeof(why), "nothing listens on port %u in sandbox %s",
-                                 (unsigned)c->port, c->sandbox);
+                        if (p->cfg.relay)
+                                snprintf(why, sizeof(why),
+                                         "node %s, which runs sandbox %s, is unreachable", c->node,
+                                         c->sandbox);
+                        else
+                                snprintf(why, sizeof(why),
+                                         "nothing listens on port %u in sandbox %s",
+                                         (unsigned)c->port, c->sandbox);
                         char t[64], s[64];
                         snprintf(t, sizeof(t), "%s", c->tenant);
                         snprintf(s, sizeof(s), "%s", c->sandbox);
@@ -1061,6 +1169,8 @@ static void on_accept(struct cove_ports *p)
 /* Exposures changed, or a sandbox was paused/resumed: recheck every connection. */
 static void recheck(struct cove_ports *p)
 {
+        if (p->cfg.relay)
+                return; /* a relay holds no exposures: the node ends what it unexposes */
         struct pc *next;
         for (struct pc *c = p->conns; c; c = next) {
                 next = c->next;

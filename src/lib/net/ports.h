@@ -41,6 +41,16 @@ struct cove_ports_where {
         char why[160]; /* not running: said to the client */
 };
 
+/* Role control (docs/cluster.md "Exposed ports"): where the node that runs a sandbox serves
+ * its port listener, filled by the relay callback. */
+struct cove_ports_hop {
+        uint32_t addr; /* IPv4, host order */
+        uint16_t port;
+        char node[64]; /* its name (what the proof is signed for) */
+        int status;    /* when there is none: the answer (404, 502) */
+        char why[160];
+};
+
 struct cove_ports_config {
         const struct cove_log *log;
         const char *listen; /* "HOST:PORT" */
@@ -60,6 +70,23 @@ struct cove_ports_config {
         /* kind "port", action "open" / "close" / "refuse"; detail handed over. Must not block. */
         void (*audit)(void *arg, const char *tenant, const char *sandbox, const char *action,
                       const char *verdict, json_t *detail);
+        /* Role control: a relay. Each head is routed and checked as above, but no exposure
+         * or token is checked here: relay() says where the sandbox's node serves its port
+         * listener (0, or -1 with hop->status and why), and the head goes there unchanged
+         * but for the lines relay_sign() writes into out ("Name: value\r\n"…, the proof
+         * that a control replica sent it and the client's address; 0 or -1). The node then
+         * applies every rule itself. Called on the ports thread. */
+        int (*relay)(void *arg, const char *sandbox, struct cove_ports_hop *hop);
+        int (*relay_sign)(void *arg, const char *node, const char *sandbox, uint16_t port,
+                          const char *client_ip, char *out, size_t cap);
+        /* Role node: every head must carry a control replica's proof (X-Cove-Relay, for
+         * X-Cove-Client's address): 0 when relay_verify accepts it; refused 403 otherwise.
+         * The client's address for X-Forwarded-For is then X-Cove-Client. */
+        int (*relay_verify)(void *arg, const char *sandbox, uint16_t port, const char *proof,
+                            const char *client_ip);
+        /* Role node: a head for a sandbox with no exposure here: load its exposures (it
+         * may have come to this node since), then the route is looked up once more. */
+        void (*reload)(void *arg, const char *sandbox);
         void *arg;
 };
 
@@ -74,6 +101,8 @@ const char *cove_ports_bound(const struct cove_ports *p);
 int cove_ports_expose(struct cove_ports *p, const char *tenant, const char *sandbox, uint16_t port,
                       int public_, int auto_resume, uint32_t addr,
                       const uint8_t hash[COVE_PORTS_TOKEN_HASH], struct cove_err *err);
+/* 1 when exactly this exposure (sandbox, port) is held. */
+int cove_ports_has(struct cove_ports *p, const char *sandbox, uint16_t port);
 /* Remove an exposure (port 0: the every-port one; -1: all of the sandbox) and close its
  * open connections (audited). */
 void cove_ports_unexpose(struct cove_ports *p, const char *sandbox, int port);

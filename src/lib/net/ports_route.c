@@ -394,7 +394,8 @@ static int dropped(const char *n, size_t l)
                                             "E2b-Sandbox-Id",    "E2b-Sandbox-Port",
                                             "X-Forwarded-For",   "X-Forwarded-Proto",
                                             "X-Forwarded-Host",  "X-Forwarded-Prefix",
-                                            "Forwarded",         "X-Real-IP"};
+                                            "Forwarded",         "X-Real-IP",
+                                            "X-Cove-Relay",      "X-Cove-Client"};
         for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
                 if (eq(n, l, names[i]))
                         return 1;
@@ -447,4 +448,38 @@ int cove_ports_rewrite(const char *head, const struct cove_ports_req *rq, const 
              add(out, head + rq->target.off, rq->prefix) < 0 || adds(out, "\r\n") < 0))
                 return -1;
         return adds(out, "\r\n");
+}
+
+int cove_ports_req_header(const char *head, const struct cove_ports_req *rq, const char *name,
+                          char *out, size_t cap)
+{
+        int found = 0;
+        for (int i = 0; i < rq->nh; i++) {
+                if (!eq(head + rq->hname[i].off, rq->hname[i].len, name))
+                        continue;
+                if (found || rq->hval[i].len >= cap)
+                        return -1;
+                memcpy(out, head + rq->hval[i].off, rq->hval[i].len);
+                out[rq->hval[i].len] = '\0';
+                found = 1;
+        }
+        return found;
+}
+
+int cove_ports_relay_head(const char *head, const struct cove_ports_req *rq, const char *extra,
+                          struct cove_bytes *out)
+{
+        const char *eol = strstr(head, "\r\n");
+        if (!eol || add(out, head, (size_t)(eol - head) + 2) < 0)
+                return -1;
+        for (int i = 0; i < rq->nh; i++) {
+                const char *n = head + rq->hname[i].off, *v = head + rq->hval[i].off;
+                size_t nl = rq->hname[i].len, vl = rq->hval[i].len;
+                if (eq(n, nl, "X-Cove-Relay") || eq(n, nl, "X-Cove-Client"))
+                        continue;
+                if (add(out, n, nl) < 0 || adds(out, ": ") < 0 || add(out, v, vl) < 0 ||
+                    adds(out, "\r\n") < 0)
+                        return -1;
+        }
+        return adds(out, extra) < 0 ? -1 : adds(out, "\r\n");
 }

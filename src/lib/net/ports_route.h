@@ -77,4 +77,13 @@ int cove_ports_parse(const char *head, size_t len, const char *domain, struct co
 int cove_ports_rewrite(const char *head, const struct cove_ports_req *rq, const char *client_ip,
                        struct cove_bytes *out);
 
+/* The value of header name in a parsed head into out: 1 found once, 0 absent, -1 more than
+ * once or longer than cap - 1. */
+int cove_ports_req_header(const char *head, const struct cove_ports_req *rq, const char *name,
+                          char *out, size_t cap);
+/* The head a control replica relays to a node (net/ports.h relay): the request line and
+ * headers as sent, but for client-sent X-Cove-Relay and X-Cove-Client, with the lines extra
+ * ("Name: value\r\n"…) added. 0, or -1 on ENOMEM. */
+int cove_ports_relay_head(const char *head, const struct cove_ports_req *rq, const char *extra,
+                          struct cove_bytes *out);
 #endif
