@@ -330,7 +330,8 @@ def main():
     with open(os.path.join(a.out, "soak.md"), "w") as f:
         f.write(md)
     with open(os.path.join(a.out, "soak.json"), "w") as f:
-        json.dump({**s.res, "minutes": s.minutes, "errors": s.errors, "ops": s.ops}, f,
+        json.dump({**s.res, "minutes": s.minutes, "errors": s.errors, "ops": s.ops,
+                   "verdict": "PASS" if not fails else "FAIL", "fails": fails}, f,
                   indent=1, default=str)
     print(md)
     sys.exit(1 if fails else 0)
