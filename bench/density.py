@@ -76,7 +76,9 @@ class Density:
         s = {"alive": n, "mem_available": hc.meminfo("MemAvailable"), "coved_rss": c["rss"],
              "coved_fds": c["fds"], "coved_threads": c["threads"],
              "loops": hc.loops_under(d.data), "mounts": hc.mounts_under(d.data),
-             "load": loadavg(), "t": time.time()}
+             "load": loadavg(), "t": time.time(),
+             "kernel": {k: hc.meminfo(k) for k in ("Slab", "SUnreclaim", "KernelStack",
+                                                  "PageTables", "Shmem", "Buffers")}}
         return s
 
     def ramp_to(self, goal):
@@ -227,6 +229,11 @@ class Density:
                 f"{base['coved_fds']} → {st['coved_fds']}, threads {base['coved_threads']} → "
                 f"{st['coved_threads']}; {st['loops']} loop devices, {st['mounts']} mounts "
                 f"(machine shared: others' use moves this)")
+            kb, ks = base.get("kernel"), st.get("kernel")
+            if kb and ks:
+                row(f"kernel memory per idle sandbox, {st['alive']} alive (KiB)",
+                    ", ".join(f"{k} {(ks[k] - kb[k]) / st['alive'] / 1024:.0f}" for k in kb),
+                    "(info)", None, "growth of /proc/meminfo fields over the ramp / alive")
         c0 = r["checkpoints"].get(0)
         for k in sorted(k for k in r["checkpoints"] if k):
             cp = r["checkpoints"][k]
