@@ -34,6 +34,7 @@ from bench import Bench, KA, log, machine  # noqa: E402
 from benchlib import loadavg, pct  # noqa: E402
 import hostcount as hc  # noqa: E402
 
+KEPT_FINISHED = 64  # coved keeps this many finished processes per sandbox (docs/api.md)
 SHELL_LOOP = ("i=0; : > /tmp/soak; while [ $i -lt 20 ]; do echo \"$i {tag}\" >> /tmp/soak; "
               "i=$((i+1)); done; cp /tmp/soak /root/soak.copy; md5sum < /root/soak.copy")
 
@@ -56,6 +57,9 @@ class Soak:
         self.stop = threading.Event()
         self.minutes = []
         self.res = {}
+        self.execs = {}  # sandbox id -> execs done
+        self.ids = []
+        self.phase = "warm-up"
 
     def err(self, what):
         with self.lock:
@@ -63,9 +67,11 @@ class Soak:
             if len(self.errors) >= self.a.max_errors:
                 self.stop.set()
 
-    def count(self, op, ms):
+    def count(self, op, ms, sid=None):
         with self.lock:
             self.ops[op] += 1
+            if sid is not None:
+                self.execs[sid] = self.execs.get(sid, 0) + 1
             if len(self.lat[op]) < 200000:
                 self.lat[op].append(ms)
 
@@ -96,13 +102,13 @@ class Soak:
         want = expected_sum(tag)
         if st != 200 or j.get("exit_code") != 0 or (j.get("stdout") or "").strip() != want:
             return self.err(f"exec loop {sid}: {st} {b[:300]!r} (want stdout {want})")
-        self.count("exec_loop", (time.perf_counter() - t0) * 1e3)
+        self.count("exec_loop", (time.perf_counter() - t0) * 1e3, sid)
         # 3. a bare exec
         t0 = time.perf_counter()
         st, b = ka.req("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"], "wait": True})
         if st != 200 or b'"exit_code":0' not in b.replace(b" ", b""):
             return self.err(f"exec true {sid}: {st} {b[:200]!r}")
-        self.count("exec_true", (time.perf_counter() - t0) * 1e3)
+        self.count("exec_true", (time.perf_counter() - t0) * 1e3, sid)
 
     @staticmethod
     def put(ka, sid, path, body):
@@ -151,13 +157,15 @@ class Soak:
     def sample(self, minute):
         c = hc.coved_counts(self.b.d.proc.pid)
         with self.lock:
-            s = {"minute": minute, **c, "ops": dict(self.ops), "errors": len(self.errors),
+            least = min((self.execs.get(i, 0) for i in self.ids), default=0)
+            s = {"minute": minute, "phase": self.phase, "least_execs": least, **c,
+                 "ops": dict(self.ops), "errors": len(self.errors),
                  "load": loadavg(), "mem_available": hc.meminfo("MemAvailable")}
         self.minutes.append(s)
-        log(f"minute {minute}: coved RSS {c['rss'] / 2**20:.1f} MiB, {c['fds']} fds, "
+        log(f"{self.phase} minute {minute}: coved RSS {c['rss'] / 2**20:.1f} MiB, {c['fds']} fds, "
             f"{c['threads']} threads; ops {sum(s['ops'].values())} "
             f"({', '.join(f'{k} {v}' for k, v in s['ops'].items())}); errors {s['errors']}; "
-            f"load {s['load']}")
+            f"load {s['load']}; fewest execs in one sandbox {least}")
 
     def run(self):
         a, b = self.a, self.b
@@ -181,7 +189,31 @@ class Soak:
         shares = [ids[i::a.threads] for i in range(a.threads)]
         ts = [threading.Thread(target=self.worker, args=(i, s), daemon=True)
               for i, s in enumerate(shares)]
+        self.t_work0 = time.monotonic()
         [t.start() for t in ts]
+        # Warm-up: coved keeps the last KEPT_FINISHED finished processes of every sandbox
+        # (with their events) for reconnects, so its RSS grows by design until each sandbox
+        # has run that many; the soak's minutes (and the flatness check) start after.
+        wdeadline = time.monotonic() + a.warmup_max_minutes * 60
+        minute = 0
+        while not self.stop.is_set() and time.monotonic() < wdeadline:
+            with self.lock:
+                least = min(self.execs.get(i, 0) for i in ids)
+            if least > KEPT_FINISHED:
+                break
+            self.stop.wait(min(5.0, max(0.0, wdeadline - time.monotonic())))
+            if time.monotonic() >= (minute + 1) * 60 + self.t_work0:
+                minute += 1
+                self.sample(minute)
+        with self.lock:
+            least = min(self.execs.get(i, 0) for i in ids)
+        if least <= KEPT_FINISHED and not self.stop.is_set():
+            self.err(f"warm-up: after {a.warmup_max_minutes} min a sandbox had run only "
+                     f"{least} execs (the retention of {KEPT_FINISHED} finished processes is "
+                     f"not full: RSS flatness cannot be judged)")
+        self.res["warmup_s"] = time.monotonic() - self.t_work0
+        self.phase = "soak"
+        self.sample(0)
         end = time.monotonic() + a.minutes * 60
         minute = 0
         while not self.stop.is_set():
@@ -220,9 +252,10 @@ class Soak:
             fails.append(f"{len(self.errors)} errors, first: {self.errors[0]}")
         if r.get("workers_stuck"):
             fails.append(f"{r['workers_stuck']} client threads did not stop within 120 s")
-        # growth from the first minute's sample (allocator warm) to the last
-        ref = m[1] if len(m) > 2 else (m[0] if m else None)
-        last = m[-1] if m else None
+        # growth from the soak's start (retention full) to its last sample
+        sm = [x for x in m if x.get("phase") == "soak"]
+        ref = sm[0] if sm else None
+        last = sm[-1] if len(sm) > 1 else None
         if ref and last:
             grow = last["rss"] - ref["rss"]
             if grow > a.rss_growth_mib * 2**20:
@@ -250,10 +283,10 @@ class Soak:
         lines = [f"cove soak, {r['date']}, {r['machine']}; load average before / after: "
                  f"{load0} / {load1}; {self.a.sandboxes} sandboxes, {self.a.threads} client "
                  f"threads, {self.a.minutes} min", "",
-                 "| minute | coved RSS MiB | fds | threads | ops so far | errors | load |",
-                 "|---|---|---|---|---|---|---|"]
+                 "| phase | minute | coved RSS MiB | fds | threads | ops so far | errors | load |",
+                 "|---|---|---|---|---|---|---|---|"]
         for s in m:
-            lines.append(f"| {s['minute']} | {s['rss'] / 2**20:.1f} | {s['fds']} | "
+            lines.append(f"| {s.get('phase')} | {s['minute']} | {s['rss'] / 2**20:.1f} | {s['fds']} | "
                          f"{s['threads']} | {sum(s['ops'].values())} | {s['errors']} | "
                          f"{s['load']} |")
         lines += ["", "| operation | count | p50 ms | p99 ms |", "|---|---|---|---|"]
@@ -277,6 +310,11 @@ class Soak:
                          f"{left['mounts']} mounts, {left['cgroups']} cgroups of the run left; "
                          f"host loop devices bound {r['host_loops_before']} before, "
                          f"{left['host_loops_after']} after (other users included)")
+        if "warmup_s" in r:
+            lines.append(f"- warm-up (until every sandbox ran more than {KEPT_FINISHED} execs, "
+                         f"the finished processes coved keeps per sandbox): "
+                         f"{r['warmup_s']:.0f} s; the soak's minutes and its RSS and fd "
+                         f"checks start after it")
         lines.append(f"- {ops} operations, {len(self.errors)} errors"
                      + (": " + "; ".join(self.errors[:5]) if self.errors else ""))
         lines.append("")
@@ -298,6 +336,9 @@ def main():
     ap.add_argument("--fd-growth", type=int, default=8,
                     help="fail when coved's fd count grows more from minute 1 to the end")
     ap.add_argument("--max-errors", type=int, default=50, help="stop early after this many")
+    ap.add_argument("--warmup-max-minutes", type=float, default=20,
+                    help="longest warm-up (until every sandbox ran more execs than coved "
+                         "keeps finished processes)")
     a = ap.parse_args()
     a.out = a.out or os.path.join(a.build, "bench")
     os.makedirs(a.out, exist_ok=True)
