@@ -3,7 +3,7 @@
 BUILD ?= build
 MESON_OPTS ?=
 
-.PHONY: all test unit bench bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster bench-ports bench-templates bench-code asan fuzz format lint clean
+.PHONY: all test unit bench bench-density soak bench-store bench-s3 bench-tm bench-full bench-vm bench-cluster bench-ports bench-templates bench-code asan fuzz format lint clean
 all: $(BUILD)/build.ninja
 	ninja -C $(BUILD)
 
@@ -18,6 +18,17 @@ test: all
 
 bench: bench-store
 	BUILD=$(BUILD) bench/run
+
+# density (bench/density.py): idle busybox sandboxes ramped up to 5,000 (stops at the first
+# failed create, or when MemAvailable falls under 4 GiB), MemAvailable per sandbox, create→ready
+# at 1k/2k/5k alive; BENCH_DENSITY_ARGS e.g. --target 2000 --snapshot-interval 0
+bench-density: all
+	/usr/bin/python3 bench/density.py --build $(BUILD) $(BENCH_DENSITY_ARGS)
+
+# the soak (bench/soak.py): 200 sandboxes busy with file writes and exec loops for 10 minutes,
+# coved's RSS and fds per minute, nothing left after; SOAK_ARGS e.g. --minutes 2 --sandboxes 50
+soak: all
+	/usr/bin/python3 bench/soak.py --build $(BUILD) $(SOAK_ARGS)
 
 # time machine through the API (bench/timemachine.py): snapshot pause, pause/resume, fork of 10
 bench-tm: all

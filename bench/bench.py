@@ -607,6 +607,48 @@ class Bench:
                 f"{m['memavailable_drop_bytes'] / 2**20:.0f} MiB "
                 f"({m['memavailable_drop_bytes'] / 2**20 / max(1, m['alive']):.2f}/sandbox); "
                 f"{m['loop_devices']} loop devices")
+        # -- density and soak (goals 8 and 10): their own runs (make bench-density, make
+        # soak) write OUT/density.json and OUT/soak.json; shown here with their date and load
+        for name in ("density", "soak"):
+            try:
+                with open(os.path.join(self.a.out, f"{name}.json")) as f:
+                    j = json.load(f)
+            except (OSError, ValueError):
+                continue
+            when = f"{name} run of {j.get('date')}"
+            if name == "density" and j.get("settled") and j.get("base"):
+                st, base = j["settled"], j["base"]
+                n = st["alive"]
+                per = (base["mem_available"] - st["mem_available"]) / max(1, n) / 2**20
+                row(f"idle sandboxes alive at once ({when})", f"{n}", "≥ 5,000", n >= 5000,
+                    f"stopped: {j.get('stop_reason') or 'target reached'}")
+                row(f"MemAvailable per idle sandbox, {n} alive ({when})", f"{per:.3f} MiB",
+                    "≤ 1 MiB", per <= 1, f"load {st.get('load')}")
+                cps = j.get("checkpoints", {})
+                c0 = (cps.get("0") or {}).get("ready")
+                for k in sorted((int(k) for k in cps if int(k)), key=int):
+                    rd = cps[str(k)].get("ready")
+                    if rd:
+                        row(f"create→ready p50 / p90 ms with {k} alive ({when})",
+                            f"{rd['p50']:.2f} / {rd['p90']:.2f}", "p50 ≤ 5, p90 ≤ 5",
+                            rd["p50"] <= 5 and rd["p90"] <= 5,
+                            (f"0 alive, same run: {c0['p50']:.2f} / {c0['p90']:.2f}; "
+                             if c0 else "") + f"load {cps[str(k)].get('load')}")
+            if name == "soak" and j.get("minutes"):
+                m = j["minutes"]
+                errs = len(j.get("errors") or [])
+                left = j.get("left") or {}
+                ops = sum(m[-1]["ops"].values())
+                rss = " → ".join(f"{x['rss'] / 2**20:.0f}" for x in m)
+                fds = " → ".join(str(x["fds"]) for x in m)
+                clean = left and not (left.get("loops") or left.get("mounts") or
+                                      left.get("cgroups"))
+                row(f"soak: {ops} ops over {m[-1]['minute']} min ({when})",
+                    f"{errs} errors", "0 errors, RSS and fds flat, nothing left",
+                    errs == 0 and bool(clean) and j.get("verdict") != "FAIL",
+                    f"coved RSS MiB per minute {rss}; fds {fds}; left: "
+                    f"{left.get('loops')} loops / {left.get('mounts')} mounts / "
+                    f"{left.get('cgroups')} cgroups")
         out = ["| measure | value | goal | pass | comparison / detail |",
                "|---|---|---|---|---|"]
         out += [f"| {a} | {b} | {g} | {p} | {d} |" for a, b, g, p, d in rows]

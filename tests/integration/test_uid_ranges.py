@@ -71,3 +71,32 @@ def test_two_coveds_on_one_host_never_share_a_uid_range(coved_factory):
     assert all(held_elsewhere(ranges[s][0][0]) for s in sb[5:])
     for s in sb[5:]:
         b.client.remove(s)
+
+
+def test_a_host_has_more_than_4096_uid_ranges(coved_factory):
+    """With the first 4,096 ranges held by someone else on this host (every one of them that
+    is free is locked here, as another coved would hold it), a create still gets a range of
+    its own, above them, instead of failing with "no free uid range": a host is not bound to
+    4,096 live sandboxes. The locks are held only for the one create."""
+    c = coved_factory(extra_args=("--pool", "0"))
+    F_OFD_SETLK = 37
+    fd = os.open(LOCK_FILE, os.O_RDWR)
+    sid = None
+    try:
+        held = 0
+        for slot in range(4096):
+            fl = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, slot, 1, 0) + b"\0" * 4
+            try:
+                fcntl.fcntl(fd, F_OFD_SETLK, fl)
+                held += 1
+            except OSError:
+                pass  # held by a coved of another test run: taken all the same
+        assert held > 0, "could not hold any of the first 4,096 uid ranges"
+        sid = c.client.create(template="busybox")["id"]
+    finally:
+        os.close(fd)  # drops every lock of this open file description
+    rows = uid_map(guest_pid(c.client, sid))
+    assert rows and all(o >= UID_FIRST + 4096 * UID_RANGE for _, o, _ in rows), rows
+    assert held_elsewhere(rows[0][1]), "the range above 4,096 is held host-wide"
+    c.client.remove(sid)
+    assert not held_elsewhere(rows[0][1]), "and released on remove"

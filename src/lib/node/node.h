@@ -14,7 +14,11 @@
 
 #define COVE_UID_RANGE 65536u
 #define COVE_UID_FIRST 0x10000000u /* first host uid handed to sandboxes */
-#define COVE_UID_SLOTS 4096u
+/* Ranges handed out host-wide (all coveds of the host together): 16,384 of 65,536 uids, so
+ * host uids 0x10000000..0x4fffffff; the last one stays below 2^31 (catalogs keep uid_base in
+ * a signed 32-bit column) and inside systemd's container range (0x00080000..0x6fffffff).
+ * 4,096 bounded a host to 4,096 live sandboxes. */
+#define COVE_UID_SLOTS 16384u
 /* Slot s of the uid ranges is held host-wide by the coved holding an OFD write lock on
  * byte s of this file (so several coveds of one host never share a range). */
 #define COVE_UID_LOCK_FILE "/run/cove/uid-slots.lock"
