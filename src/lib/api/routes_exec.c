@@ -124,12 +124,19 @@ struct evstream {
         char *line;
         size_t len, off;
         int done;
-        int fd; /* the client's socket, looked at while idle */
+        int fd;                      /* the client's socket, looked at while idle */
+        struct cove_stream_hup *hup; /* ends the wait when the client goes */
 };
+
+static void evstream_wake(void *c)
+{
+        cove_chan_wake(c);
+}
 
 static void evstream_free(void *ctx)
 {
         struct evstream *s = ctx;
+        cove_stream_hup_release(s->hup);
         free(s->line);
         if (s->w)
                 cove_chan_watch_free(s->w);
@@ -147,8 +154,9 @@ static int evstream_next(struct evstream *s, int wait_ms)
         struct cove_ev *ev = NULL;
         uint64_t lost = 0;
         struct cove_err err;
-        int r = s->w ? cove_chan_watch_next(s->w, s->after, &ev, &lost, wait_ms, &err)
-                     : cove_chan_proc_next(s->c, s->pid, s->after, &ev, &lost, wait_ms, &err);
+        const int *gone = cove_stream_hup_flag(s->hup);
+        int r = s->w ? cove_chan_watch_wait(s->w, s->after, &ev, &lost, wait_ms, gone, &err)
+                     : cove_chan_proc_wait(s->c, s->pid, s->after, &ev, &lost, wait_ms, gone, &err);
         if (r == 0)
                 return 0;
         if (r == 3 || r < 0)
@@ -171,7 +179,8 @@ static int evstream_next(struct evstream *s, int wait_ms)
 }
 
 /* Fills buf with as many whole events as are ready (a replay goes out in few large chunks,
- * not one write per event); blocks up to 1 s only when nothing is ready. */
+ * not one write per event); when nothing is ready, waits for an event, the client's going or
+ * the server's stop (bounded: COVE_STREAM_IDLE_MS). */
 static ssize_t evstream_read(void *ctx, uint64_t pos, char *buf, size_t max)
 {
         struct evstream *s = ctx;
@@ -181,8 +190,9 @@ static ssize_t evstream_read(void *ctx, uint64_t pos, char *buf, size_t max)
                         free(s->line);
                         s->line = NULL;
                         s->len = s->off = 0;
-                        int r = evstream_next(s, n ? 0 : 1000);
-                        if (r == 0 && !n && cove_sock_closed(s->fd))
+                        int r = evstream_next(s, n ? 0 : COVE_STREAM_IDLE_MS);
+                        if (r == 0 && !n &&
+                            (cove_stream_hup_gone(s->hup) || cove_sock_closed(s->fd)))
                                 return -2; /* client gone: free the thread and the watch */
                         if (r == 0)
                                 break;
@@ -218,6 +228,7 @@ int cove_reply_events(struct coved *d, struct cove_req *r, struct cove_chan *c,
         s->pid = pid;
         s->after = after;
         s->fd = cove_req_sockfd(r);
+        s->hup = cove_req_hup(r, evstream_wake, c);
         return cove_reply_stream(r, 200, "application/x-ndjson", -1, evstream_read, evstream_free,
                                  s);
 }
