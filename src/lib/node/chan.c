@@ -1107,19 +1107,38 @@ static int ev_copy(const struct cove_ev *ev, struct cove_ev **out, struct cove_e
         if (!e)
                 return cove_err_set(err, ENOMEM, "event");
         memcpy(e, ev, sizeof(*e) + ev->len);
+        e->line = NULL; /* the cached line stays with the buffer's event */
+        e->line_len = 0;
         *out = e;
         return 1;
 }
 
+/* Under c->mu: every event after `after` that is held, oldest first, to fn until it says
+ * stop. */
+static void replay_visit(struct cove_replay *rb, uint64_t after, cove_ev_visit_fn fn, void *arg)
+{
+        const struct cove_ev *ev;
+        uint64_t lost;
+        while (cove_replay_next(rb, after, &ev, &lost) == 1) {
+                if (fn(arg, (struct cove_ev *)ev))
+                        break;
+                after = ev->seq;
+        }
+}
+
 static int replay_wait(struct cove_chan *c, struct cove_replay *rb, uint64_t after,
-                       struct cove_ev **out, uint64_t *lost, int timeout_ms, const int *cancel,
-                       struct cove_err *err)
+                       struct cove_ev **out, cove_ev_visit_fn fn, void *arg, uint64_t *lost,
+                       int timeout_ms, const int *cancel, struct cove_err *err)
 {
         struct timespec dl;
         abs_deadline(&dl, timeout_ms);
         for (;;) {
                 const struct cove_ev *ev;
                 int r = cove_replay_next(rb, after, &ev, lost);
+                if (r == 1 && fn) {
+                        replay_visit(rb, after, fn, arg);
+                        return 1;
+                }
                 if (r == 1)
                         return ev_copy(ev, out, err);
                 if (r == 2)
@@ -1140,9 +1159,27 @@ int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struc
         return cove_chan_proc_wait(c, pid, after, out, lost_through, timeout_ms, NULL, err);
 }
 
+static int proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
+                     cove_ev_visit_fn fn, void *arg, uint64_t *lost_through, int timeout_ms,
+                     const int *cancel, struct cove_err *err);
+
 int cove_chan_proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
                         uint64_t *lost_through, int timeout_ms, const int *cancel,
                         struct cove_err *err)
+{
+        return proc_wait(c, pid, after, out, NULL, NULL, lost_through, timeout_ms, cancel, err);
+}
+
+int cove_chan_proc_visit(struct cove_chan *c, uint32_t pid, uint64_t after, cove_ev_visit_fn fn,
+                         void *arg, uint64_t *lost_through, int timeout_ms, const int *cancel,
+                         struct cove_err *err)
+{
+        return proc_wait(c, pid, after, NULL, fn, arg, lost_through, timeout_ms, cancel, err);
+}
+
+static int proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
+                     cove_ev_visit_fn fn, void *arg, uint64_t *lost_through, int timeout_ms,
+                     const int *cancel, struct cove_err *err)
 {
         pthread_mutex_lock(&c->mu);
         int r;
@@ -1152,14 +1189,15 @@ int cove_chan_proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struc
                         r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "process %u not found", pid);
                         break;
                 }
-                r = replay_wait(c, &p->rb, after, out, lost_through, timeout_ms, cancel, err);
+                r = replay_wait(c, &p->rb, after, out, fn, arg, lost_through, timeout_ms, cancel,
+                                err);
                 /* the proc may have been trimmed while we waited: look it up again */
                 if (r != 0 || find_proc(c, pid) == p)
                         break;
         }
         void (*notify)(void *, struct cove_chan *) = NULL;
         void *narg = NULL;
-        struct proc *p = r == 1 ? find_proc(c, pid) : NULL;
+        struct proc *p = r == 1 && out ? find_proc(c, pid) : NULL;
         if (p && p->hold && (*out)->seq > p->held_seq) {
                 p->held_seq = (*out)->seq;
                 p->unread = p->unread > (*out)->len ? p->unread - (*out)->len : 0;
@@ -1607,7 +1645,19 @@ int cove_chan_watch_wait(struct cove_watch *w, uint64_t after, struct cove_ev **
                          struct cove_err *err)
 {
         pthread_mutex_lock(&w->c->mu);
-        int r = replay_wait(w->c, &w->rb, after, out, lost_through, timeout_ms, cancel, err);
+        int r = replay_wait(w->c, &w->rb, after, out, NULL, NULL, lost_through, timeout_ms, cancel,
+                            err);
+        pthread_mutex_unlock(&w->c->mu);
+        return r;
+}
+
+int cove_chan_watch_visit(struct cove_watch *w, uint64_t after, cove_ev_visit_fn fn, void *arg,
+                          uint64_t *lost_through, int timeout_ms, const int *cancel,
+                          struct cove_err *err)
+{
+        pthread_mutex_lock(&w->c->mu);
+        int r =
+            replay_wait(w->c, &w->rb, after, NULL, fn, arg, lost_through, timeout_ms, cancel, err);
         pthread_mutex_unlock(&w->c->mu);
         return r;
 }
