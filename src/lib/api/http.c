@@ -251,6 +251,20 @@ int cove_reply_text(struct cove_req *r, unsigned status, const char *ctype, cons
         return queue(r, status, resp);
 }
 
+int cove_reply_buffer(struct cove_req *r, unsigned status, const char *ctype, char *data,
+                      size_t len)
+{
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
+        if (!resp) {
+                free(data);
+                return -1;
+        }
+        if (ctype)
+                MHD_add_response_header(resp, "Content-Type", ctype);
+        return queue(r, status, resp);
+}
+
 int cove_reply_json(struct cove_req *r, unsigned status, json_t *obj)
 {
         char *s = json_dumps(obj, JSON_COMPACT);

@@ -130,6 +130,10 @@ int cove_reply_empty(struct cove_req *r, unsigned status);
 int cove_reply_result(struct cove_req *r, int rc, unsigned status, json_t *out,
                       const struct cove_err *err);
 int cove_reply_text(struct cove_req *r, unsigned status, const char *ctype, const char *text);
+/* An answer of len bytes from data (malloc'd; taken, freed when sent): one buffer written as
+ * it is, with its Content-Length. */
+int cove_reply_buffer(struct cove_req *r, unsigned status, const char *ctype, char *data,
+                      size_t len);
 
 /* Streaming body. read() fills buf (at most max bytes) and returns the count, 0 for "nothing
  * yet, call again" (after blocking on its source: libmicrohttpd calls it again at once; see

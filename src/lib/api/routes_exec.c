@@ -263,6 +263,62 @@ static ssize_t evstream_read(void *ctx, uint64_t pos, char *buf, size_t max)
         return (ssize_t)f.n;
 }
 
+/* The rest of a finished process's events, gathered into one buffer (its cached lines, no
+ * per-event work): a reconnect to a process that ended is answered with one write. */
+struct evall {
+        uint32_t pid;
+        char *buf;
+        size_t len, cap;
+        int done, failed;
+};
+
+#define EVALL_MAX (8u << 20) /* more than a replay buffer holds */
+
+static int evall_ev(void *arg, struct cove_ev *ev)
+{
+        struct evall *a = arg;
+        size_t len;
+        const char *l = cove_replay_line(ev, encode_ev, &a->pid, &len);
+        if (!l || a->len + len > EVALL_MAX) {
+                a->failed = 1;
+                return 1;
+        }
+        if (a->len + len > a->cap) {
+                size_t ncap = a->cap ? a->cap : 4096;
+                while (ncap < a->len + len)
+                        ncap *= 2;
+                char *nb = realloc(a->buf, ncap);
+                if (!nb) {
+                        a->failed = 1;
+                        return 1;
+                }
+                a->buf = nb;
+                a->cap = ncap;
+        }
+        memcpy(a->buf + a->len, l, len);
+        a->len += len;
+        if (ev->type == COVE_EV_EXIT || ev->type == COVE_EV_ERROR)
+                a->done = 1;
+        return a->done;
+}
+
+/* 1 answered from memory (the process ended and every event after `after` is held), 0 not
+ * (the caller streams). */
+static int events_from_memory(struct cove_req *r, struct cove_chan *c, uint32_t pid, uint64_t after)
+{
+        struct evall a = {.pid = pid};
+        uint64_t lost;
+        struct cove_err err;
+        int rc = cove_chan_proc_visit(c, pid, after, evall_ev, &a, &lost, 0, NULL, &err);
+        if (rc != 1 || !a.done || a.failed) {
+                free(a.buf);
+                return 0;
+        }
+        cove_chan_unref(c);
+        cove_reply_buffer(r, 200, "application/x-ndjson", a.buf, a.len);
+        return 1;
+}
+
 int cove_reply_events(struct coved *d, struct cove_req *r, struct cove_chan *c,
                       struct cove_watch *w, uint32_t pid, uint64_t after)
 {
@@ -612,6 +668,8 @@ int cove_h_events(void *app, struct cove_req *r)
                 cove_chan_unref(c);
                 return cove_reply_error(r, 404, "not_found", "process %u not found", pid);
         }
+        if (events_from_memory(r, c, pid, after))
+                return 0;
         return cove_reply_events(d, r, c, NULL, pid, after);
 }
 
