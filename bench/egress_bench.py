@@ -1,8 +1,10 @@
 """Egress gateway figures (docs/egress.md): run as root from the checkout,
-    BUILD=build python3 bench/egress_bench.py [--host-netns] [--json]
+    BUILD=build python3 bench/egress_bench.py [--host-netns] [--goals] [--json]
 Upstream servers in a netns of their own (tests/lib/egressenv.py); 'proxy' = a client in a
 sandbox of template base, 'direct' = the same client on the node side (one veth hop to the
-upstreams, no proxy). Prints a table (proxy, direct, added ms or ratio) and the JSON.
+upstreams, no proxy). Prints a table (proxy, direct, added ms or ratio), the goal rows
+(PASS/FAIL next to the same-run direct anchor and the load) and the JSON. --goals runs only
+the two goal figures (latency and download rounds).
 
 By default everything runs in a fresh network namespace (coved, its nftables table, the
 upstream link): every nftables table in a namespace is evaluated for every packet, so tables
@@ -217,6 +219,35 @@ def table(res):
     return "\n".join(rows)
 
 
+# the goals (issue 18, goal 9): what the proxy may add over the direct client of the same run
+GOAL_ADDED_MS = 0.15
+GOAL_RATIO = 0.95
+
+
+def goal_rows(res):
+    """PASS/FAIL of the two goal figures next to their direct anchor (same run) and the load."""
+    def g(col, key, q):
+        return (res.get(col) or {}).get(key, {}).get(q)
+
+    out = ["| goal | proxy | direct anchor (same run) | figure | goal | result |",
+           "|---|---|---|---|---|---|"]
+    a, b = g("proxy", "latency", "p50_ms"), g("direct", "latency", "p50_ms")
+    if a is not None and b is not None:
+        out.append(f"| connect + GET p50 added | {a:.3f} ms | {b:.3f} ms | {a - b:+.3f} ms | "
+                   f"≤ +{GOAL_ADDED_MS} ms | {'PASS' if a - b <= GOAL_ADDED_MS else 'FAIL'} |")
+    else:
+        out.append("| connect + GET p50 added | - | - | - | | FAIL (no figure) |")
+    a, b = g("proxy", "download", "MB_s"), g("direct", "download", "MB_s")
+    if a and b:
+        out.append(f"| download throughput | {a:.0f} MB/s | {b:.0f} MB/s | {100 * a / b:.0f}% | "
+                   f"≥ {100 * GOAL_RATIO:.0f}% | {'PASS' if a / b >= GOAL_RATIO else 'FAIL'} |")
+    else:
+        out.append("| download throughput | - | - | - | | FAIL (no figure) |")
+    out.append(f"| load average (1, 5, 15 min) | before {res.get('load_before')} | "
+               f"after {res.get('load_after')} | | | |")
+    return "\n".join(out)
+
+
 class RoutedNetns:
     """A client namespace with the sandbox's path minus the proxy: a veth pair to this
     (bench-owned) namespace, which routes it to the upstreams. Only made in the bench's own
@@ -248,6 +279,7 @@ class RoutedNetns:
 
 def main():
     host_netns = "--host-netns" in sys.argv[1:]
+    goals_only = "--goals" in sys.argv[1:]
     if not host_netns and not os.environ.get("COVE_BENCH_OWN_NETNS"):
         env = dict(os.environ, COVE_BENCH_OWN_NETNS="1")
         sys.exit(subprocess.run(["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"',
@@ -336,13 +368,15 @@ def main():
         for col in cols:
             runs = sorted(v for v in dl[col] if v)
             res[col]["download"] = {"MB_s": runs[len(runs) // 2] if runs else None, "runs": dl[col]}
-        for phase in ("concurrent_1000", "https_keepalive",
-                      "https_keepalive_spliced", "https_new_conn", "https_new_conn_spliced"):
+        for phase in () if goals_only else ("concurrent_1000", "https_keepalive",
+                                            "https_keepalive_spliced", "https_new_conn",
+                                            "https_new_conn_spliced"):
             keep("proxy", phase, in_sandbox(phase))
             keep("direct", phase, on_node(phase))
             if routed:
                 keep("routed", phase, on_node(phase, routed.ns))
-        keep("proxy", "dns,dns_lookup", in_sandbox("dns,dns_lookup"))
+        if not goals_only:
+            keep("proxy", "dns,dns_lookup", in_sandbox("dns,dns_lookup"))
         tables = nft_tables()
         c.remove(sb)
         res.update({"load_before": load0, "load_after": loadavg(),
@@ -351,6 +385,8 @@ def main():
             print(f"egress bench: load average {load0} before, {res['load_after']} after; "
                   f"{res['netns']} network namespace with {tables} nftables table(s)")
             print(table(res))
+            print()
+            print(goal_rows(res))
         print(json.dumps(res, indent=1))
     finally:
         if routed:
