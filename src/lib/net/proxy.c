@@ -229,22 +229,20 @@ static void early_connect(struct cove_gateway *gw, struct pconn *c)
                 c->early = 1;
 }
 
-/* An early connect at decision time: established (early = 2), failed (dropped), or still in
- * progress (left as it is: the caller waits for EPOLLOUT). */
+/* An early connect at decision time: established (early = 2), failed or already closed by
+ * the upstream (which may give up on a slow sandbox meanwhile: dropped, the decision connects
+ * again), or still in progress (left as it is: the caller waits for EPOLLOUT). One poll. */
 static void early_drop(struct cove_gateway *gw, struct pconn *c);
 static void early_poll(struct cove_gateway *gw, struct pconn *c)
 {
         if (c->early != 1)
                 return;
-        struct pollfd pf = {.fd = c->ufd, .events = POLLOUT};
+        struct pollfd pf = {.fd = c->ufd, .events = POLLOUT | POLLRDHUP};
         if (poll(&pf, 1, 0) == 0)
                 return;
-        int e = 0;
-        socklen_t el = sizeof(e);
-        if ((pf.revents & (POLLERR | POLLHUP)) ||
-            getsockopt(c->ufd, SOL_SOCKET, SO_ERROR, &e, &el) < 0 || e)
+        if (pf.revents & (POLLERR | POLLHUP | POLLRDHUP))
                 early_drop(gw, c);
-        else
+        else if (pf.revents & POLLOUT)
                 c->early = 2;
 }
 
@@ -265,12 +263,6 @@ static void start_connect(struct cove_gateway *gw, struct pconn *c)
         gw_audit(gw, &c->v, "egress", "connect", "allow", detail(c, NULL));
         gw_stat_add(gw, &gw->st.conns_allowed, 1);
         early_poll(gw, c);
-        if (c->early == 2) { /* the upstream may have given up on a slow sandbox meanwhile */
-                char b;
-                ssize_t n = recv(c->ufd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
-                        early_drop(gw, c);
-        }
         c->u2c.b = malloc(GW_BUF);
         if (!c->u2c.b || (c->ufd < 0 && up_connect(gw, c, EPOLLOUT) < 0)) {
                 pc_free(gw, c, 1);
@@ -822,14 +814,8 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
         if (c->dead)
                 return;
         if (c->state == PC_PEEK) {
-                if (up) { /* the early connect finished (or failed) */
-                        int e = 0;
-                        socklen_t el = sizeof(e);
-                        getsockopt(c->ufd, SOL_SOCKET, SO_ERROR, &e, &el);
-                        if (e || (events & (EPOLLERR | EPOLLHUP)))
-                                early_drop(gw, c);
-                        else
-                                c->early = 2;
+                if (up) { /* the early connect failed (it is registered for errors only) */
+                        early_drop(gw, c);
                         update(gw, c);
                         return;
                 }
