@@ -232,10 +232,9 @@ def test_vm_sandbox_egress_by_name_and_denied(env):
 
 
 def test_gateway_thread_runs_at_a_raised_priority(env):
-    """The proxy's thread (cove-egress) runs at nice -10 with a 100 us scheduler slice (where
-    the kernel has slices per task), so its wake-ups on a busy node preempt rather than queue
-    behind other work; it stays a normal-class thread (not real-time): it still shares the
-    CPU."""
+    """The proxy's thread (cove-egress) runs at nice -10, so its wake-ups on a busy node do not
+    queue behind sandboxes' and other work at the default priority; it stays a normal-class
+    thread (not real-time), so it still shares the CPU."""
     d, _ = env
     pid = d.proc.pid
     found = []
@@ -246,9 +245,6 @@ def test_gateway_thread_runs_at_a_raised_priority(env):
         with open(f"/proc/{pid}/task/{tid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
         found.append((int(fields[16]), int(fields[38])))  # nice, policy (stat fields 19, 41)
-        with open(f"/proc/{pid}/task/{tid}/sched") as f:
-            sl = [ln.split(":")[1].strip() for ln in f if ln.startswith("se.slice")]
-        assert sl in ([], ["100000"]), sl  # EEVDF kernels show the slice in ns
     assert found == [(-10, 0)], found  # one gateway thread, nice -10, SCHED_OTHER
     with open(f"/proc/{pid}/stat") as f:  # the main thread: not raised with it
         assert int(f.read().rsplit(")", 1)[1].split()[16]) == 0

@@ -13,9 +13,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sched.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -211,16 +209,8 @@ static void wake(struct cove_gateway *gw)
 static void *gw_main(void *arg)
 {
         struct cove_gateway *gw = arg;
-        /* this thread's own priority and slice (per thread on Linux): see GW_NICE, GW_SLICE_NS */
-        struct { /* the kernel's struct sched_attr, first version (glibc has no wrapper) */
-                uint32_t size, policy;
-                uint64_t flags;
-                int32_t nice;
-                uint32_t prio;
-                uint64_t runtime, deadline, period;
-        } sa = {.size = sizeof(sa), .policy = SCHED_OTHER, .nice = GW_NICE, .runtime = GW_SLICE_NS};
-        if (syscall(SYS_sched_setattr, 0, &sa, 0) < 0 &&
-            setpriority(PRIO_PROCESS, (id_t)gettid(), GW_NICE) < 0)
+        /* this thread's own priority (a nice value applies per thread on Linux): see GW_NICE */
+        if (setpriority(PRIO_PROCESS, (id_t)gettid(), GW_NICE) < 0)
                 cove_warn(gw->cfg.log, "egress.priority",
                           "egress gateway thread left at the default priority (nice %d refused: "
                           "%s): proxied connections wait longer on a busy node",

@@ -27,14 +27,9 @@
  * behind the node's other work (0.1-0.5 ms each at load 25 on two cores, /proc schedstat).
  * A raised nice, not a real-time class: it still shares the CPU (a flood through the proxy
  * takes at most this one thread), and SCHED_FIFO made the bench's latency worse (it
- * preempts the very clients it serves). */
+ * preempts the very clients it serves). The end-to-end gain measured on a shared 2-core box
+ * is small and load-dependent (docs/egress.md, "Closer to the wire"). */
 #define GW_NICE (-10)
-/* ... and its scheduler slice (sched_attr.sched_runtime; EEVDF, Linux 6.12+): a short slice
- * lets its wake-ups preempt the running task instead of waiting for that task's slice to
- * end. Alternating each second in one bench run (load ~25-65): 289 us of run-queue wait per
- * wake-up at 100 us against 564 us at the default slice; nice alone made no difference
- * (2.41 against 2.24 ms at load ~100). Older kernels ignore it (nice still applies). */
-#define GW_SLICE_NS 100000ULL
 
 enum ev_kind {
         EV_WAKE = 1,
