@@ -1,8 +1,10 @@
 """Egress gateway figures (docs/egress.md): run as root from the checkout,
-    BUILD=build python3 bench/egress_bench.py [--host-netns] [--json]
+    BUILD=build python3 bench/egress_bench.py [--host-netns] [--goals] [--json]
 Upstream servers in a netns of their own (tests/lib/egressenv.py); 'proxy' = a client in a
 sandbox of template base, 'direct' = the same client on the node side (one veth hop to the
-upstreams, no proxy). Prints a table (proxy, direct, added ms or ratio) and the JSON.
+upstreams, no proxy). Prints a table (proxy, direct, added ms or ratio), the goal rows
+(PASS/FAIL next to the same-run direct anchor and the load) and the JSON. --goals runs only
+the two goal figures (latency and download rounds).
 
 By default everything runs in a fresh network namespace (coved, its nftables table, the
 upstream link): every nftables table in a namespace is evaluated for every packet, so tables
@@ -155,17 +157,20 @@ def nft_tables():
 
 
 
-COLS = (("proxy", "proxy (sandbox)"), ("routed", "direct, routed netns"),
-        ("direct", "direct (node side)"))
+COLS = (("proxy", "proxy (sandbox)"), ("routed_cg", "routed netns, sandbox's cgroups"),
+        ("routed", "direct, routed netns"), ("direct", "direct (node side)"))
 
 
 def table(res):
     """The figures as a markdown table: each column, and what the proxy adds (ms or ratio)
-    over the node-side client and over the routed netns client (the sandbox's hops, no
+    over the node-side client, over the routed netns client (the sandbox's hops, no proxy)
+    and over that client in the sandbox's CPU cgroups (its hops and its CPU share, no
     proxy)."""
     cols = [(k, label) for k, label in COLS if k in res]
+    refs = [k for k in ("direct", "routed", "routed_cg") if k in res]
     rows = ["| | " + " | ".join(label for _, label in cols) + " | added vs node side"
-            + (" / vs routed |" if "routed" in res else " |"),
+            + ("".join({"routed": " / vs routed", "routed_cg": " / vs routed in the sandbox's "
+                        "cgroups"}.get(k, "") for k in refs)) + " |",
             "|---|" + "---|" * (len(cols) + 1)]
 
     def get(o, *path):
@@ -178,7 +183,7 @@ def table(res):
     def added(key, q, ratio=False):
         a = get(res["proxy"], key, q)
         out = []
-        for ref in ("direct", "routed"):
+        for ref in refs:
             b = get(res.get(ref), key, q)
             if a is None or b is None:
                 continue
@@ -201,7 +206,7 @@ def table(res):
     row("1 GiB download, MB/s (median of 3)", "download", "MB_s", ratio=True)
     rows.append("| 1,000 concurrent connections, ok / errors | " + " | ".join(
         f"{get(res[k], 'concurrent_1000', 'ok')} / {get(res[k], 'concurrent_1000', 'errors')}"
-        for k, _ in cols) + " | |")
+        if get(res[k], "concurrent_1000", "ok") is not None else "-" for k, _ in cols) + " | |")
     for key, label in (("https_keepalive", "HTTPS keep-alive request, intercepted"),
                        ("https_keepalive_spliced", "HTTPS keep-alive request, spliced"),
                        ("https_new_conn", "HTTPS new connection + request, intercepted"),
@@ -215,6 +220,41 @@ def table(res):
                 f"{get(res['proxy'], 'dns_lookup', 'p50_ms')} / "
                 f"{get(res['proxy'], 'dns_lookup', 'p99_ms')}{blank} |")
     return "\n".join(rows)
+
+
+# the goals (issue 18, goal 9): what the proxy may add over the direct client of the same run
+GOAL_ADDED_MS = 0.15
+GOAL_RATIO = 0.95
+
+
+def goal_rows(res):
+    """PASS/FAIL of the two goal figures next to their direct anchor (same run) and the load."""
+    def g(col, key, q):
+        return (res.get(col) or {}).get(key, {}).get(q)
+
+    out = ["| goal | proxy | direct anchor (same run) | figure | goal | result |",
+           "|---|---|---|---|---|---|"]
+    a, b = g("proxy", "latency", "p50_ms"), g("direct", "latency", "p50_ms")
+    if a is not None and b is not None:
+        out.append(f"| connect + GET p50 added | {a:.3f} ms | {b:.3f} ms | {a - b:+.3f} ms | "
+                   f"≤ +{GOAL_ADDED_MS} ms | {'PASS' if a - b <= GOAL_ADDED_MS else 'FAIL'} |")
+    else:
+        out.append("| connect + GET p50 added | - | - | - | | FAIL (no figure) |")
+    a, b = g("proxy", "download", "MB_s"), g("direct", "download", "MB_s")
+    if a and b:
+        out.append(f"| download throughput | {a:.0f} MB/s | {b:.0f} MB/s | {100 * a / b:.0f}% | "
+                   f"≥ {100 * GOAL_RATIO:.0f}% | {'PASS' if a / b >= GOAL_RATIO else 'FAIL'} |")
+    else:
+        out.append("| download throughput | - | - | - | | FAIL (no figure) |")
+    c, d = g("routed_cg", "latency", "p50_ms"), g("routed_cg", "download", "MB_s")
+    if c is not None and a and d:
+        pa = g("proxy", "latency", "p50_ms")
+        out.append(f"| (where the gap is) vs the routed client in the sandbox's cgroups | "
+                   f"{pa:.3f} ms, {a:.0f} MB/s | {c:.3f} ms, {d:.0f} MB/s | {pa - c:+.3f} ms, "
+                   f"{100 * a / d:.0f}% | (info) | — |")
+    out.append(f"| load average (1, 5, 15 min) | before {res.get('load_before')} | "
+               f"after {res.get('load_after')} | | | |")
+    return "\n".join(out)
 
 
 class RoutedNetns:
@@ -246,8 +286,36 @@ class RoutedNetns:
         subprocess.run(["ip", "link", "del", self.h], capture_output=True)
 
 
+def sandbox_cgroups(sandbox_id):
+    """The cgroup.procs files of the CPU controllers (v1: cpu, cpuacct, cpuset; v2: the unified
+    directory) a process of the sandbox is in, found from the host's /proc: a client moved there
+    competes for the CPU as the sandbox's own processes do (its CPU set, its group's share)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            lines = open(f"/proc/{pid}/cgroup").read().splitlines()
+        except OSError:
+            continue
+        if not any(sandbox_id in ln for ln in lines):
+            continue
+        out = []
+        for ln in lines:
+            _, ctrls, path = ln.split(":", 2)
+            if sandbox_id not in path:
+                continue
+            if not ctrls:
+                out.append(f"/sys/fs/cgroup{path}/cgroup.procs")
+            for ctrl in ctrls.split(","):
+                if ctrl in ("cpu", "cpuacct", "cpuset"):
+                    out.append(f"/sys/fs/cgroup/{ctrl}{path}/cgroup.procs")
+        return [f for f in out if os.path.exists(f)]
+    return []
+
+
 def main():
     host_netns = "--host-netns" in sys.argv[1:]
+    goals_only = "--goals" in sys.argv[1:]
     if not host_netns and not os.environ.get("COVE_BENCH_OWN_NETNS"):
         env = dict(os.environ, COVE_BENCH_OWN_NETNS="1")
         sys.exit(subprocess.run(["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"',
@@ -289,10 +357,18 @@ def main():
             r = c.exec(sb, ["/bin/sh", "-c", "cat /tmp/out.json; cat /tmp/err.txt >&2"])
             return json.loads(r["stdout"]) if r["stdout"].strip() else {"error": r["stderr"][-2000:]}
 
-        def on_node(phases, netns=None):
+        # the routed client again, inside the sandbox's CPU cgroups: what of the proxy column's
+        # gap is the sandbox's share of the CPU (its CPU set, its group) rather than the proxy
+        cg = sandbox_cgroups(sb) if routed else []
+
+        def on_node(phases, netns=None, cgroups=()):
             argv = [sys.executable, path, "host", direct_names, phases]
             if netns:
                 argv = ["ip", "netns", "exec", netns] + argv
+            if cgroups:
+                argv = ["sh", "-c", 'for f in "$@"; do echo $$ > "$f" || exit 1; shift; '
+                        'case "$1" in --) shift; break;; esac; done; exec "$@"', "sh"] + \
+                    list(cgroups) + ["--"] + argv
             try:
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
                 return json.loads(r.stdout) if r.stdout.strip() else {"error": r.stderr[-2000:]}
@@ -304,17 +380,20 @@ def main():
         res = {"proxy": {}, "direct": {}}
         if routed:
             res["routed"] = {}
+        if cg:
+            res["routed_cg"] = {}
 
         def keep(col, phases, got):
             for k in phases.split(","):
                 res[col][k] = got.get(k, got)  # a failed run: its error under each phase
 
-        cols = ["proxy", "direct"] + (["routed"] if routed else [])
+        cols = ["proxy", "direct"] + (["routed"] if routed else []) + (["routed_cg"] if cg else [])
 
         def run(col, phases):
             if col == "proxy":
                 return in_sandbox(phases)
-            return on_node(phases, routed.ns if col == "routed" else None)
+            return on_node(phases, routed.ns if col.startswith("routed") else None,
+                           cg if col == "routed_cg" else ())
 
         # the two goal figures in short rounds, the columns taking turns: a burst of load
         # from elsewhere then hits all of them alike (10 x 100 connections, 3 x 1 GiB)
@@ -336,13 +415,15 @@ def main():
         for col in cols:
             runs = sorted(v for v in dl[col] if v)
             res[col]["download"] = {"MB_s": runs[len(runs) // 2] if runs else None, "runs": dl[col]}
-        for phase in ("concurrent_1000", "https_keepalive",
-                      "https_keepalive_spliced", "https_new_conn", "https_new_conn_spliced"):
+        for phase in () if goals_only else ("concurrent_1000", "https_keepalive",
+                                            "https_keepalive_spliced", "https_new_conn",
+                                            "https_new_conn_spliced"):
             keep("proxy", phase, in_sandbox(phase))
             keep("direct", phase, on_node(phase))
             if routed:
                 keep("routed", phase, on_node(phase, routed.ns))
-        keep("proxy", "dns,dns_lookup", in_sandbox("dns,dns_lookup"))
+        if not goals_only:
+            keep("proxy", "dns,dns_lookup", in_sandbox("dns,dns_lookup"))
         tables = nft_tables()
         c.remove(sb)
         res.update({"load_before": load0, "load_after": loadavg(),
@@ -351,6 +432,8 @@ def main():
             print(f"egress bench: load average {load0} before, {res['load_after']} after; "
                   f"{res['netns']} network namespace with {tables} nftables table(s)")
             print(table(res))
+            print()
+            print(goal_rows(res))
         print(json.dumps(res, indent=1))
     finally:
         if routed:

@@ -2,6 +2,7 @@
 exactly the names it allows, over HTTP (Host) and TLS (SNI), by name through the node
 resolver; everything else fails and is audited; a policy can change live; the audit chain
 verifies. Upstream servers live in their own network namespace (tests/lib/egressenv.py)."""
+import os
 import time
 
 import pytest
@@ -228,3 +229,22 @@ def test_vm_sandbox_egress_by_name_and_denied(env):
         assert "hello" not in out, out
     finally:
         c.remove(sid)
+
+
+def test_gateway_thread_runs_at_a_raised_priority(env):
+    """The proxy's thread (cove-egress) runs at nice -10, so its wake-ups on a busy node do not
+    queue behind sandboxes' and other work at the default priority; it stays a normal-class
+    thread (not real-time), so it still shares the CPU."""
+    d, _ = env
+    pid = d.proc.pid
+    found = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            if f.read().strip() != "cove-egress":
+                continue
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        found.append((int(fields[16]), int(fields[38])))  # nice, policy (stat fields 19, 41)
+    assert found == [(-10, 0)], found  # one gateway thread, nice -10, SCHED_OTHER
+    with open(f"/proc/{pid}/stat") as f:  # the main thread: not raised with it
+        assert int(f.read().rsplit(")", 1)[1].split()[16]) == 0

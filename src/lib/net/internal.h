@@ -22,6 +22,14 @@
 #define GW_TLS_BUF (256 * 1024) /* intercepted: bound of each BIO and plaintext buffer */
 #define GW_PIPE (256 * 1024)    /* spliced: pipe size per direction */
 #define GW_PIPE_POOL 32         /* empty pipes kept for the next spliced connections */
+/* The gateway thread's nice value. It is on the path of every byte of every sandbox: at the
+ * default priority each of its wake-ups (two per proxied request) waits in the run queue
+ * behind the node's other work (0.1-0.5 ms each at load 25 on two cores, /proc schedstat).
+ * A raised nice, not a real-time class: it still shares the CPU (a flood through the proxy
+ * takes at most this one thread), and SCHED_FIFO made the bench's latency worse (it
+ * preempts the very clients it serves). The end-to-end gain measured on a shared 2-core box
+ * is small and load-dependent (docs/egress.md, "Closer to the wire"). */
+#define GW_NICE (-10)
 
 enum ev_kind {
         EV_WAKE = 1,

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -158,9 +159,7 @@ static void update(struct cove_gateway *gw, struct pconn *c)
 {
         uint32_t cm = 0, um = 0;
         if (c->state == PC_PEEK) {
-                cm = EPOLLIN;
-                if (c->early == 1)
-                        um = EPOLLOUT;
+                cm = EPOLLIN; /* an early connect: errors only (early_connect) */
         } else if (c->state == PC_CONNECTING) {
                 um = EPOLLOUT;
         } else if (c->state == PC_TLS) {
@@ -196,9 +195,9 @@ static void update(struct cove_gateway *gw, struct pconn *c)
         set_mask(gw, c->ufd, &c->uev, &c->umask, um);
 }
 
-/* A non-blocking connect to the original destination, registered for EPOLLOUT; -1 when it
- * failed at once. */
-static int up_connect(struct cove_gateway *gw, struct pconn *c)
+/* A non-blocking connect to the original destination, registered for want (EPOLLOUT, or 0
+ * for errors only); -1 when it failed at once. */
+static int up_connect(struct cove_gateway *gw, struct pconn *c, uint32_t want)
 {
         c->ufd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (c->ufd < 0)
@@ -213,19 +212,38 @@ static int up_connect(struct cove_gateway *gw, struct pconn *c)
                 return -1;
         }
         c->uev = (struct ev){EV_PROXY_UP, c};
-        c->umask = EPOLLOUT;
-        gw_epoll(gw, EPOLL_CTL_ADD, c->ufd, EPOLLOUT, &c->uev);
+        c->umask = want;
+        gw_epoll(gw, EPOLL_CTL_ADD, c->ufd, want, &c->uev);
         return 0;
 }
 
 /* The destination is reachable only under a name rule, once the sandbox has announced the
  * name and the name's pin matches the address. If some name this sandbox resolved to this
  * address is allowed on this port, the upstream TCP handshake overlaps the wait for the
- * first bytes: not a byte goes upstream before the decision, and a refusal resets it. */
+ * first bytes: not a byte goes upstream before the decision, and a refusal resets it. Its
+ * completion is not waited for (no wake-up of its own): the decision polls it (early_poll);
+ * only a failure wakes the thread before that (EPOLLERR/EPOLLHUP are always reported). */
 static void early_connect(struct cove_gateway *gw, struct pconn *c)
 {
-        if (gw_pinned_allowed(gw, &c->v, c->dst, c->dport) && up_connect(gw, c) == 0)
+        if (gw_pinned_allowed(gw, &c->v, c->dst, c->dport) && up_connect(gw, c, 0) == 0)
                 c->early = 1;
+}
+
+/* An early connect at decision time: established (early = 2), failed or already closed by
+ * the upstream (which may give up on a slow sandbox meanwhile: dropped, the decision connects
+ * again), or still in progress (left as it is: the caller waits for EPOLLOUT). One poll. */
+static void early_drop(struct cove_gateway *gw, struct pconn *c);
+static void early_poll(struct cove_gateway *gw, struct pconn *c)
+{
+        if (c->early != 1)
+                return;
+        struct pollfd pf = {.fd = c->ufd, .events = POLLOUT | POLLRDHUP};
+        if (poll(&pf, 1, 0) == 0)
+                return;
+        if (pf.revents & (POLLERR | POLLHUP | POLLRDHUP))
+                early_drop(gw, c);
+        else if (pf.revents & POLLOUT)
+                c->early = 2;
 }
 
 /* An early connect that failed before the decision is dropped quietly: the decision, if it
@@ -244,14 +262,9 @@ static void start_connect(struct cove_gateway *gw, struct pconn *c)
 {
         gw_audit(gw, &c->v, "egress", "connect", "allow", detail(c, NULL));
         gw_stat_add(gw, &gw->st.conns_allowed, 1);
-        if (c->early == 2) { /* the upstream may have given up on a slow sandbox meanwhile */
-                char b;
-                ssize_t n = recv(c->ufd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-                if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK))
-                        early_drop(gw, c);
-        }
+        early_poll(gw, c);
         c->u2c.b = malloc(GW_BUF);
-        if (!c->u2c.b || (c->ufd < 0 && up_connect(gw, c) < 0)) {
+        if (!c->u2c.b || (c->ufd < 0 && up_connect(gw, c, EPOLLOUT) < 0)) {
                 pc_free(gw, c, 1);
                 return;
         }
@@ -669,20 +682,24 @@ static int do_write(int fd, struct xbuf *x)
 }
 
 /* One direction through its pipe: src → pipe → dst; EOF on src becomes shutdown(SHUT_WR)
- * on dst once the pipe is empty. -1 on an error. */
+ * on dst once the pipe is empty. A read shorter than asked ends the round (the socket is
+ * most likely empty: epoll, level-triggered, reports it again if not), which spares the
+ * EAGAIN splice a small message would otherwise cost per hop. -1 on an error. */
 static int splice_dir(int src, int dst, int p[2], size_t *inpipe, struct xbuf *x, uint64_t *ctr)
 {
         for (int round = 0; round < 16; round++) {
-                int moved = 0;
+                int moved = 0, shortread = 0;
                 if (!x->eof && !x->len && *inpipe < GW_PIPE) {
-                        ssize_t n = splice(src, NULL, p[1], NULL, GW_PIPE - *inpipe,
-                                           SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+                        size_t want = GW_PIPE - *inpipe;
+                        ssize_t n =
+                            splice(src, NULL, p[1], NULL, want, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
                         if (n == 0) {
                                 x->eof = 1;
                         } else if (n > 0) {
                                 *inpipe += (size_t)n;
                                 __atomic_fetch_add(ctr, (uint64_t)n, __ATOMIC_RELAXED);
                                 moved = 1;
+                                shortread = (size_t)n < want;
                         } else if (errno != EAGAIN && errno != EINTR) {
                                 return -1;
                         }
@@ -697,7 +714,7 @@ static int splice_dir(int src, int dst, int p[2], size_t *inpipe, struct xbuf *x
                                 return -1;
                         }
                 }
-                if (!moved)
+                if (!moved || (shortread && !*inpipe))
                         break;
         }
         if (x->eof && !*inpipe && !x->len && !x->shut) {
@@ -719,12 +736,19 @@ static void splice_begin(struct cove_gateway *gw, struct pconn *c)
 static void pump(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events)
 {
         if (c->pc[0] >= 0) {
+                /* only the directions this event can move (its fd's input on IN, the other
+                 * direction's output on OUT): the other fd's readiness comes as an event of
+                 * its own (level-triggered). ERR/HUP try both, so a dead socket is found by
+                 * whichever splice touches it, and never reported again for nothing. */
+                int both = (events & (EPOLLERR | EPOLLHUP)) != 0;
+                int c2u = both || (events & (up ? EPOLLOUT : EPOLLIN));
+                int u2c = both || (events & (up ? EPOLLIN : EPOLLOUT));
                 /* the bytes read while deciding go first, by copy; then the pipes */
                 int bad = c->c2u.len && do_write(c->ufd, &c->c2u) < 0;
-                bad =
-                    bad || splice_dir(c->cfd, c->ufd, c->pc, &c->nc, &c->c2u, &gw->st.bytes_up) < 0;
-                bad = bad ||
-                      splice_dir(c->ufd, c->cfd, c->pu, &c->nu, &c->u2c, &gw->st.bytes_down) < 0;
+                bad = bad || (c2u && splice_dir(c->cfd, c->ufd, c->pc, &c->nc, &c->c2u,
+                                                &gw->st.bytes_up) < 0);
+                bad = bad || (u2c && splice_dir(c->ufd, c->cfd, c->pu, &c->nu, &c->u2c,
+                                                &gw->st.bytes_down) < 0);
                 if (bad) {
                         pc_free(gw, c, 1);
                         return;
@@ -779,7 +803,10 @@ static void on_connected(struct cove_gateway *gw, struct pconn *c)
                 return;
         }
         splice_begin(gw, c);
-        pump(gw, c, 1, EPOLLOUT);
+        if (c->c2u.len || c->c2u.eof) /* the rest (or the EOF) of the peeked bytes */
+                pump(gw, c, 1, EPOLLOUT);
+        else /* nothing to move yet: both sides' next bytes come as events */
+                update(gw, c);
 }
 
 void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t events)
@@ -787,14 +814,8 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
         if (c->dead)
                 return;
         if (c->state == PC_PEEK) {
-                if (up) { /* the early connect finished (or failed) */
-                        int e = 0;
-                        socklen_t el = sizeof(e);
-                        getsockopt(c->ufd, SOL_SOCKET, SO_ERROR, &e, &el);
-                        if (e || (events & (EPOLLERR | EPOLLHUP)))
-                                early_drop(gw, c);
-                        else
-                                c->early = 2;
+                if (up) { /* the early connect failed (it is registered for errors only) */
+                        early_drop(gw, c);
                         update(gw, c);
                         return;
                 }
@@ -836,8 +857,8 @@ void proxy_on_event(struct cove_gateway *gw, struct pconn *c, int up, uint32_t e
 void proxy_on_accept(struct cove_gateway *gw)
 {
         for (int k = 0; k < 64; k++) {
-                struct sockaddr_in src, dst, local;
-                socklen_t sl = sizeof(src), dl = sizeof(dst), ll = sizeof(local);
+                struct sockaddr_in src, dst;
+                socklen_t sl = sizeof(src), dl = sizeof(dst);
                 int fd = accept4(gw->proxy_fd, (struct sockaddr *)&src, &sl,
                                  SOCK_NONBLOCK | SOCK_CLOEXEC);
                 if (fd < 0)
@@ -850,8 +871,7 @@ void proxy_on_accept(struct cove_gateway *gw)
                 struct pconn *c = calloc(1, sizeof(*c));
                 if (c)
                         c->c2u.b = malloc(GW_BUF);
-                if (!c || !c->c2u.b || getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &dst, &dl) < 0 ||
-                    getsockname(fd, (struct sockaddr *)&local, &ll) < 0) {
+                if (!c || !c->c2u.b || getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &dst, &dl) < 0) {
                         if (c)
                                 free(c->c2u.b);
                         free(c);
@@ -859,9 +879,7 @@ void proxy_on_accept(struct cove_gateway *gw)
                         close(fd);
                         continue;
                 }
-                int one = 1;
-                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-                c->cfd = fd;
+                c->cfd = fd; /* TCP_NODELAY inherited from the listener */
                 c->ufd = -1;
                 c->pc[0] = c->pc[1] = c->pu[0] = c->pu[1] = -1;
                 c->gw = gw;
@@ -879,8 +897,8 @@ void proxy_on_accept(struct cove_gateway *gw)
                 gw_epoll(gw, EPOLL_CTL_ADD, fd, EPOLLIN, &c->cev);
                 c->deadline_ms = gw_now_ms() + GW_PEEK_MS;
                 uint32_t h = ntohl(c->dst);
-                if ((c->dst == local.sin_addr.s_addr && c->dport == gw->proxy_port) ||
-                    gw_internal_addr(gw, h)) {
+                /* the proxy's own address (the host end of a link) is in the link pool */
+                if (gw_internal_addr(gw, h)) {
                         deny(gw, c, "node-internal address (loopback, link pool, multicast)");
                         continue;
                 }
