@@ -49,6 +49,8 @@ struct cove_agent {
         int recheck;         /* a new epoch whose placements could not be read yet */
         struct owned *own;
         size_t nown, cap;
+        char job_sbx[64]; /* the sandbox of the job being run, "" between jobs */
+        int64_t job_gen;  /* and the generation the job was written for */
         pthread_t lease_thr, fence_thr, job_thr;
         int lease_started, fence_started, job_started;
         struct cove_node_row row; /* what it announces */
@@ -580,7 +582,14 @@ static void run_job(struct cove_agent *a, struct cove_job_row *j)
                 json_decref(args);
                 return;
         }
+        pthread_mutex_lock(&a->mu); /* its row writes are fenced at the job's generation */
+        snprintf(a->job_sbx, sizeof(a->job_sbx), "%s", j->sandbox_id);
+        a->job_gen = j->generation;
+        pthread_mutex_unlock(&a->mu);
         started = run(a, j, args, &res, &ok);
+        pthread_mutex_lock(&a->mu);
+        a->job_sbx[0] = '\0';
+        pthread_mutex_unlock(&a->mu);
         json_decref(args);
         int64_t hold = cove_testhooks_job_hold_ms();
         if (hold > 0) { /* until the time is up or the hook is taken away */
@@ -712,6 +721,41 @@ int coved_cluster_observe(struct coved *d, const char *sandbox_id, const char *s
         /* refused unless (this node, its live epoch, the generation just read) */
         return d->cat_ops->placement_observe(d->cat, sandbox_id, d->node_name, epoch, pl.generation,
                                              state, err);
+}
+
+int coved_cluster_sandbox_update(struct coved *d, const struct cove_sandbox_row *s,
+                                 struct cove_err *err)
+{
+        if (d->role != COVED_ROLE_NODE)
+                return d->cat_ops->sandbox_update(d->cat, s, err);
+        struct cove_agent *a = d->cl ? d->cl->agent : NULL;
+        if (!a)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s: no lease", s->id);
+        int64_t epoch, gen = 0;
+        pthread_mutex_lock(&a->mu);
+        epoch = a->fenced ? 0 : a->epoch;
+        if (a->job_sbx[0] && !strcmp(a->job_sbx, s->id))
+                gen = a->job_gen;
+        for (size_t i = 0; !gen && i < a->nown; i++)
+                if (!strcmp(a->own[i].id, s->id))
+                        gen = a->own[i].gen;
+        pthread_mutex_unlock(&a->mu);
+        if (!epoch)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "sandbox %s: node %s holds no confirmed lease", s->id,
+                                     d->node_name);
+        if (!gen) { /* not one it runs or works on: the generation it is placed here at now */
+                struct cove_placement_row pl;
+                int r = d->cat_ops->placement_get(d->cat, s->id, &pl, err);
+                if (r < 0)
+                        return -1;
+                if (r == 1 || strcmp(pl.node, d->node_name))
+                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                             "sandbox %s is placed on %s, not on node %s", s->id,
+                                             r == 1 ? "no node" : pl.node, d->node_name);
+                gen = pl.generation;
+        }
+        return d->cat_ops->sandbox_update_fenced(d->cat, s, d->node_name, epoch, gen, err);
 }
 
 /* ---- open, close ---- */
