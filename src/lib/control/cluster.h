@@ -43,8 +43,8 @@ int coved_cluster_create(struct coved *d, const char *tenant, struct cove_sandbo
                          json_t *egress, json_t **out, struct cove_err *err);
 int coved_cluster_delete(struct coved *d, const char *tenant, const char *id, int purge,
                          struct cove_err *err);
-int coved_cluster_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
-                        struct cove_err *err);
+int coved_cluster_pause(struct coved *d, const char *tenant, const char *id, const char *kind,
+                        json_t **out, struct cove_err *err);
 int coved_cluster_resume(struct coved *d, const char *tenant, const char *id, json_t *body,
                          json_t **out, struct cove_err *err);
 int coved_cluster_rewind(struct coved *d, const char *tenant, const char *id, json_t *body,

@@ -403,7 +403,7 @@ int cove_sandbox_pause_kind(struct coved *d, const char *tenant, const char *id,
                             json_t **out, struct cove_err *err)
 {
         if (d->role == COVED_ROLE_CONTROL) /* its node pauses it (a job) */
-                return coved_cluster_pause(d, tenant, id, out, err);
+                return coved_cluster_pause(d, tenant, id, kind, out, err);
         struct cove_sandbox_row row;
         if (op_begin(d, tenant, id, &row, err) < 0)
                 return -1;
