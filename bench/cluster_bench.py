@@ -245,9 +245,13 @@ def part_drain(a, cl, d):
     t.start()
     t0 = time.monotonic()
     r = cc.request("POST", f"/v1/nodes/{src}/drain", {}, timeout=3600)
-    if r.status in (200, 202):
-        for s in sids:
-            cc.wait_state(s, "running", timeout=600)
+    if r.status in (200, 202):  # done when each runs on another node (not just "running")
+        deadline = time.monotonic() + 1800
+        left = list(sids)
+        while left and time.monotonic() < deadline:
+            left = [s for s in left if (cl.placement(s) or (src,))[0] == src
+                    or cc.get(f"/v1/sandboxes/{s}")["state"] != "running"]
+            time.sleep(0.2)
     wall = time.monotonic() - t0
     stop.set()
     t.join()
