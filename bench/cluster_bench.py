@@ -34,6 +34,7 @@ import pgserver  # noqa: E402
 from cove import CoveError  # noqa: E402
 
 PARTS = ("placement", "create", "resume", "drain", "idle")
+COVE_CPUS = 1  # cpus of each drained sandbox (small ones)
 HOG = ("nohup python3 -c 'import os, time; b = os.urandom({mb} << 20);"
        " open(\"/tmp/ready\", \"w\").write(\"1\"); time.sleep(1e9)' >/dev/null 2>&1 &")
 
@@ -91,8 +92,11 @@ def single(a, extra=()):
 
 def cluster(a, nodes=2):
     from cluster import Cluster
+    # --cpu-overcommit: placement counts each node's cpus that many times, so one node of
+    # this small machine takes the drain's sandboxes (the default, 4, fits 8 on 2 cpus)
     return Cluster(a.build_abs, a.templates, None, nodes=nodes, controls=1, lease_ttl=10,
-                   lease_renew=2)
+                   lease_renew=2,
+                   control_args=["--cpu-overcommit", str(max(4, a.drain * COVE_CPUS))])
 
 
 def create_ready(c, n):
@@ -222,9 +226,10 @@ def part_drain(a, cl, d):
         print(f"| drain | SKIP: cordon: {r.status} {r.body[:160]!r} | | | |")
         return
     sids, full = [], ""
-    for _ in range(a.drain):  # a node here has room for as many sandboxes as it has CPUs
-        r = cc.request("POST", "/v1/sandboxes", {"template": "busybox",
-                                                 "snapshot_interval_s": 0}, timeout=300)
+    for _ in range(a.drain):  # room for a.drain with the control's --cpu-overcommit
+        r = cc.request("POST", "/v1/sandboxes", {"template": "busybox", "cpus": COVE_CPUS,
+                                                 "memory_mb": 256, "snapshot_interval_s": 0},
+                       timeout=300)
         if r.status == 503:
             full = r.error.get("message", "")
             break
@@ -240,9 +245,13 @@ def part_drain(a, cl, d):
     t.start()
     t0 = time.monotonic()
     r = cc.request("POST", f"/v1/nodes/{src}/drain", {}, timeout=3600)
-    if r.status in (200, 202):
-        for s in sids:
-            cc.wait_state(s, "running", timeout=600)
+    if r.status in (200, 202):  # done when each runs on another node (not just "running")
+        deadline = time.monotonic() + 1800
+        left = list(sids)
+        while left and time.monotonic() < deadline:
+            left = [s for s in left if (cl.placement(s) or (src,))[0] == src
+                    or cc.get(f"/v1/sandboxes/{s}")["state"] != "running"]
+            time.sleep(0.2)
     wall = time.monotonic() - t0
     stop.set()
     t.join()
@@ -253,7 +262,8 @@ def part_drain(a, cl, d):
     if r.status not in (200, 202):
         print(f"| drain | SKIP: {r.status} {r.body[:160]!r} | | | |")
         return
-    ds = [d.client.create(template="busybox", snapshot_interval_s=0)["id"] for _ in range(a.drain)]
+    ds = [d.client.create(template="busybox", cpus=COVE_CPUS, memory_mb=256,
+                          snapshot_interval_s=0)["id"] for _ in range(a.drain)]
     longest, t1 = 0.0, time.monotonic()
     for s in ds:
         d.client.wait_state(s, "running", timeout=300)

@@ -118,6 +118,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int v;
         R->schema_version(c, &v, &err);
         R->sandbox_update(c, &s, &err);
+        R->sandbox_update_fenced(c, &s, "n1", 1, 1, &err);
         R->wait_wakeup(c, "n1", 0, &err);
         R->close(c);
         return 0;

@@ -831,6 +831,96 @@ static void lease_race_and_fencing(void **state)
         ops->close(c2);
 }
 
+static void expect_state(struct cove_catalog *c, const char *id, const char *state)
+{
+        struct cove_sandbox_row got;
+        struct cove_err err = {0};
+        assert_int_equal(ops->sandbox_get(c, NULL, id, &got, &err), 0);
+        assert_string_equal(got.state, state);
+        cove_sandbox_row_clear(&got);
+}
+
+/* A node's write of a sandbox row is applied only while, in the same statement, the
+ * sandbox is placed on that node at that generation and the node's lease is live with that
+ * epoch: a lease that lapsed (even before anyone took it again), an older epoch, an older
+ * generation or another node change nothing; a missing row is "absent", not a conflict. */
+static void fenced_sandbox_update(void **state)
+{
+        struct fx *f = *state;
+        struct cove_catalog *c = f->c = open_ok(f);
+        struct cove_err err = {0};
+        int64_t e2 = acquire_ok(c, "n2", 60000);
+        int64_t e1 = acquire_ok(c, "n1", 300);
+        add_tenant(c, "t1");
+        struct cove_sandbox_row row;
+        mkrow(&row, "sbx_1", "t1", "starting", 1);
+        strcpy(row.node, "n1");
+        assert_int_equal(ops->sandbox_insert(c, &row, &err), 0);
+        int64_t gen = 0;
+        assert_int_equal(
+            ops->placement_write(c, "sbx_1", "n1", "running", "start", NULL, 0, &gen, NULL, &err),
+            0);
+        assert_int_equal(gen, 1);
+
+        strcpy(row.state, "running");
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n1", e1, gen, &err), 0);
+        expect_state(c, "sbx_1", "running");
+        strcpy(row.state, "error");
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n1", e1, gen + 1, &err), -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n2", e2, gen, &err), -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        expect_state(c, "sbx_1", "running");
+
+        /* n1's lease lapses: refused before any other process acquires it */
+        int64_t deadline = cove_mono_ns() + 30000000000LL;
+        int r;
+        while ((r = ops->sandbox_update_fenced(c, &row, "n1", e1, gen, &err)) == 0) {
+                strcpy(row.state, "running"); /* still live: put it back, try again */
+                assert_int_equal(ops->sandbox_update_fenced(c, &row, "n1", e1, gen, &err), 0);
+                strcpy(row.state, "error");
+                assert_true(cove_mono_ns() < deadline);
+                usleep(20000); /* the condition is the clock: poll it */
+        }
+        assert_int_equal(r, -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        expect_state(c, "sbx_1", "running");
+
+        /* taken again (a new epoch): the old epoch stays refused, the new one writes */
+        int64_t e1b = acquire_ok(c, "n1", 60000);
+        assert_int_equal(e1b, e1 + 1);
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n1", e1, gen, &err), -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        expect_state(c, "sbx_1", "running");
+        strcpy(row.state, "paused");
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n1", e1b, gen, &err), 0);
+        expect_state(c, "sbx_1", "paused");
+
+        /* moved to n2 (generation + 1): n1 can no longer write, n2 can */
+        assert_int_equal(ops->placement_write(c, "sbx_1", "n2", "running", "resume", NULL, gen,
+                                              &gen, NULL, &err),
+                         0);
+        strcpy(row.state, "error");
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n1", e1b, gen - 1, &err), -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        expect_state(c, "sbx_1", "paused");
+        strcpy(row.node, "n2");
+        strcpy(row.state, "running");
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n2", e2, gen, &err), 0);
+        expect_state(c, "sbx_1", "running");
+
+        /* absent (other id, other tenant): 1, not a conflict; bad rows are still refused */
+        struct cove_sandbox_row other;
+        mkrow(&other, "sbx_none", "t1", "running", 1);
+        assert_int_equal(ops->sandbox_update_fenced(c, &other, "n2", e2, gen, &err), 1);
+        strcpy(row.tenant, "t2");
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n2", e2, gen, &err), 1);
+        strcpy(row.tenant, "t1");
+        strcpy(row.state, "bogus");
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n2", e2, gen, &err), -1);
+        assert_int_equal(err.kind, COVE_E_BAD_REQUEST);
+}
+
 static int count_nodes(const struct cove_node_row *n, void *arg)
 {
         struct cove_node_row *out = arg;
@@ -1342,6 +1432,7 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(tenant_quotas_delete_and_key_list, setup, teardown),
             cmocka_unit_test_setup_teardown(lease_race_and_fencing, setup, teardown),
             cmocka_unit_test_setup_teardown(placement_jobs_and_generations, setup, teardown),
+            cmocka_unit_test_setup_teardown(fenced_sandbox_update, setup, teardown),
             cmocka_unit_test_setup_teardown(concurrent_claimers_take_each_job_once, setup,
                                             teardown),
             cmocka_unit_test_setup_teardown(placement_wakes_waiter, setup, teardown),

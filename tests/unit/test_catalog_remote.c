@@ -111,6 +111,7 @@ static int every_op(struct cove_catalog *c)
         TRY(R->apikey_count(c, &i64, &err));
         TRY(R->sandbox_insert(c, &s, &err));
         TRY(R->sandbox_update(c, &s, &err));
+        TRY(R->sandbox_update_fenced(c, &s, "n1", 1, 1, &err));
         struct cove_sandbox_row got = {0};
         int rc = R->sandbox_get(c, NULL, "sbx_x", &got, &err);
         if (rc == 0) {
@@ -503,6 +504,14 @@ static void *wait_thread(void *arg)
         return NULL;
 }
 
+static void expect_denied(int rc, struct cove_err *err, const char *what)
+{
+        if (rc != -1)
+                fail_msg("%s: not refused (rc %d)", what, rc);
+        if (err->kind != COVE_E_UNAUTHORIZED)
+                fail_msg("%s: refused with kind %d, not 403: %s", what, err->kind, err->msg);
+}
+
 static void node_works_on_its_own_rows(void **state)
 {
         (void)state;
@@ -515,16 +524,16 @@ static void node_works_on_its_own_rows(void **state)
         struct cove_tenant_row t;
         assert_int_equal(R->tenant_get(L.n1, L.ten, &t, &err), 0);
         assert_string_equal(t.name, "remote test");
-        /* its own sandbox: read, update; lists show only it */
+        /* its own sandbox: read; written only under its fence (below), never by a plain
+         * update; lists show only it */
         struct cove_sandbox_row s = {0};
         assert_int_equal(R->sandbox_get(L.n1, NULL, L.sa, &s, &err), 0);
         assert_string_equal(s.node, "n1");
-        snprintf(s.state, sizeof(s.state), "running");
-        if (R->sandbox_update(L.n1, &s, &err) != 0)
-                fail_msg("update own sandbox: %s", err.msg);
+        snprintf(s.state, sizeof(s.state), "error");
+        expect_denied(R->sandbox_update(L.n1, &s, &err), &err, "plain update of own sandbox");
         cove_sandbox_row_clear(&s);
         assert_int_equal(cove_catalog_pg.sandbox_get(L.db, NULL, L.sa, &s, &err), 0);
-        assert_string_equal(s.state, "running");
+        assert_string_not_equal(s.state, "error");
         cove_sandbox_row_clear(&s);
         struct ids x = {0};
         assert_int_equal(R->sandbox_list(L.n1, L.ten, NULL, collect_sbx, &x, &err), 0);
@@ -541,6 +550,25 @@ static void node_works_on_its_own_rows(void **state)
         assert_string_equal(j.kind, "start");
         assert_int_equal(
             R->placement_observe(L.n1, L.sa, "n1", L.e1, j.generation, "running", &err), 0);
+        /* its row under its fence: the live epoch writes; a stale epoch or generation
+         * changes nothing (refused by the catalog, in the control's statement) */
+        assert_int_equal(cove_catalog_pg.sandbox_get(L.db, NULL, L.sa, &s, &err), 0);
+        snprintf(s.state, sizeof(s.state), "paused");
+        if (R->sandbox_update_fenced(L.n1, &s, "n1", L.e1, j.generation, &err) != 0)
+                fail_msg("fenced update of own sandbox: %s", err.msg);
+        snprintf(s.state, sizeof(s.state), "error");
+        assert_int_equal(R->sandbox_update_fenced(L.n1, &s, "n1", L.e1 + 1, j.generation, &err),
+                         -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        assert_int_equal(R->sandbox_update_fenced(L.n1, &s, "n1", L.e1, j.generation + 1, &err),
+                         -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        snprintf(s.state, sizeof(s.state), "running");
+        assert_int_equal(R->sandbox_update_fenced(L.n1, &s, "n1", L.e1, j.generation, &err), 0);
+        cove_sandbox_row_clear(&s);
+        assert_int_equal(cove_catalog_pg.sandbox_get(L.db, NULL, L.sa, &s, &err), 0);
+        assert_string_equal(s.state, "running");
+        cove_sandbox_row_clear(&s);
         assert_int_equal(
             R->job_finish(L.n1, j.id, "n1", L.e1, j.generation, 1, "{\"ok\":true}", &err), 0);
         struct cove_job_row j2 = {0};
@@ -664,14 +692,6 @@ static void node_works_on_its_own_rows(void **state)
         cove_job_row_clear(&j);
 }
 
-static void expect_denied(int rc, struct cove_err *err, const char *what)
-{
-        if (rc != -1)
-                fail_msg("%s: not refused (rc %d)", what, rc);
-        if (err->kind != COVE_E_UNAUTHORIZED)
-                fail_msg("%s: refused with kind %d, not 403: %s", what, err->kind, err->msg);
-}
-
 static void cross_node_access_refused(void **state)
 {
         (void)state;
@@ -695,6 +715,12 @@ static void cross_node_access_refused(void **state)
         expect_denied(R->sandbox_update(L.n1, &s, &err), &err, "update n2's sandbox");
         snprintf(s.node, sizeof(s.node), "n2");
         expect_denied(R->sandbox_update(L.n1, &s, &err), &err, "update n2's sandbox as n2");
+        expect_denied(R->sandbox_update_fenced(L.n1, &s, "n2", L.e2, 1, &err), &err,
+                      "fenced update as n2");
+        snprintf(s.node, sizeof(s.node), "n1");
+        expect_denied(R->sandbox_update_fenced(L.n1, &s, "n1", L.e1, 1, &err), &err,
+                      "fenced update of n2's sandbox");
+        snprintf(s.node, sizeof(s.node), "n2");
         expect_denied(R->sandbox_delete(L.n1, L.sb, &err), &err, "delete n2's sandbox");
         sandbox_row(&s, "sbx_new_unplaced", "n1");
         expect_denied(R->sandbox_insert(L.n1, &s, &err), &err, "insert an unplaced sandbox");

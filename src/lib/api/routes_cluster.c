@@ -135,7 +135,10 @@ static int o_tenant_list(struct cx *x, json_t *in, json_t **out, struct cove_err
         return OK;
 }
 
-static int o_sandbox_write(struct cx *x, json_t *in, json_t **out, struct cove_err *err, int insert)
+/* fence: NULL, or the node (the caller itself) whose epoch and generation the update must
+ * hold under (sandbox_update_fenced) */
+static int o_sandbox_write(struct cx *x, json_t *in, json_t **out, struct cove_err *err, int insert,
+                           const char *fence, int64_t epoch, int64_t generation)
 {
         struct cove_sandbox_row s;
         if (cove_wire_sandbox_from(json_object_get(in, "sandbox"), &s, err) < 0)
@@ -146,7 +149,9 @@ static int o_sandbox_write(struct cx *x, json_t *in, json_t **out, struct cove_e
                           x->node, s.node);
         if (rc == OK) {
                 rc = insert ? x->ops->sandbox_insert(x->cat, &s, err)
-                            : x->ops->sandbox_update(x->cat, &s, err);
+                     : fence
+                         ? x->ops->sandbox_update_fenced(x->cat, &s, fence, epoch, generation, err)
+                         : x->ops->sandbox_update(x->cat, &s, err);
                 if (rc >= 0)
                         *out = insert ? json_object() : found(rc == 0);
                 rc = rc < 0 ? FAIL : OK;
@@ -157,12 +162,17 @@ static int o_sandbox_write(struct cx *x, json_t *in, json_t **out, struct cove_e
 
 static int o_sandbox_insert(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
-        return o_sandbox_write(x, in, out, err, 1);
+        return o_sandbox_write(x, in, out, err, 1, NULL, 0, 0);
 }
 
+/* A node writes a sandbox row only under its fence (sandbox_update_fenced): a plain update
+ * would land even after its lease lapsed or the sandbox moved. */
 static int o_sandbox_update(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
-        return o_sandbox_write(x, in, out, err, 0);
+        (void)in;
+        (void)out;
+        return deny(err, "node %s may write a sandbox row only %s", x->node,
+                    "under its fence (sandbox_update_fenced)");
 }
 
 static int o_sandbox_get(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -820,6 +830,16 @@ static int o_placement_observe(struct cx *x, json_t *in, json_t **out, struct co
         return OK;
 }
 
+static int o_sandbox_update_fenced(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
+{
+        STR_IN(node, 64);
+        I64_IN(epoch, 0, INT64_MAX);
+        I64_IN(generation, 0, INT64_MAX);
+        if (self_only(x, node, "fenced update", err) != OK)
+                return DENY;
+        return o_sandbox_write(x, in, out, err, 0, node, epoch, generation);
+}
+
 static int o_job_claim(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
         STR_IN(node, 64);
@@ -917,6 +937,7 @@ static const struct {
     {"placement_write", o_forbidden},
     {"placement_get", o_placement_get},
     {"placement_observe", o_placement_observe},
+    {"sandbox_update_fenced", o_sandbox_update_fenced},
     {"job_claim", o_job_claim},
     {"job_finish", o_job_finish},
     {"job_get", o_job_get},

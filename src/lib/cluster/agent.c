@@ -49,6 +49,9 @@ struct cove_agent {
         int recheck;         /* a new epoch whose placements could not be read yet */
         struct owned *own;
         size_t nown, cap;
+        char job_sbx[64]; /* the sandbox of the job being run, "" between jobs */
+        int64_t job_gen;  /* and the generation the job was written for */
+        int job_fork;     /* that job is a fork (it inserts sandboxes not placed yet) */
         pthread_t lease_thr, fence_thr, job_thr;
         int lease_started, fence_started, job_started;
         struct cove_node_row row; /* what it announces */
@@ -500,8 +503,10 @@ static int run(struct cove_agent *a, const struct cove_job_row *j, json_t *args,
                         out = json_pack("{s:o}", "sandbox", cove_sandbox_json(&row));
                 if (r == 0)
                         cove_sandbox_row_clear(&row);
+                /* the snapshot kind asked for ("full", "files"; null: the node's default) */
+                const char *pk = json_string_value(json_object_get(args, "kind"));
                 if (r == 0 && !done)
-                        r = cove_sandbox_pause(d, NULL, id, &out, &err);
+                        r = cove_sandbox_pause_kind(d, NULL, id, pk, &out, &err);
                 if (r == 0)
                         own_del(a, id);
         } else if (!strcmp(k, "resume") || !strcmp(k, "recover")) {
@@ -584,7 +589,15 @@ static void run_job(struct cove_agent *a, struct cove_job_row *j)
                 json_decref(args);
                 return;
         }
+        pthread_mutex_lock(&a->mu); /* its row writes are fenced at the job's generation */
+        snprintf(a->job_sbx, sizeof(a->job_sbx), "%s", j->sandbox_id);
+        a->job_gen = j->generation;
+        a->job_fork = !strcmp(j->kind, "fork");
+        pthread_mutex_unlock(&a->mu);
         started = run(a, j, args, &res, &ok);
+        pthread_mutex_lock(&a->mu);
+        a->job_sbx[0] = '\0';
+        pthread_mutex_unlock(&a->mu);
         json_decref(args);
         int64_t hold = cove_testhooks_job_hold_ms();
         if (hold > 0) { /* until the time is up or the hook is taken away */
@@ -716,6 +729,48 @@ int coved_cluster_observe(struct coved *d, const char *sandbox_id, const char *s
         /* refused unless (this node, its live epoch, the generation just read) */
         return d->cat_ops->placement_observe(d->cat, sandbox_id, d->node_name, epoch, pl.generation,
                                              state, err);
+}
+
+int coved_cluster_sandbox_update(struct coved *d, const struct cove_sandbox_row *s,
+                                 struct cove_err *err)
+{
+        if (d->role != COVED_ROLE_NODE)
+                return d->cat_ops->sandbox_update(d->cat, s, err);
+        struct cove_agent *a = d->cl ? d->cl->agent : NULL;
+        if (!a)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s: no lease", s->id);
+        int64_t epoch, gen = 0;
+        int forking;
+        pthread_mutex_lock(&a->mu);
+        epoch = a->fenced ? 0 : a->epoch;
+        forking = a->job_sbx[0] && a->job_fork;
+        if (a->job_sbx[0] && !strcmp(a->job_sbx, s->id))
+                gen = a->job_gen;
+        for (size_t i = 0; !gen && i < a->nown; i++)
+                if (!strcmp(a->own[i].id, s->id))
+                        gen = a->own[i].gen;
+        pthread_mutex_unlock(&a->mu);
+        if (!epoch)
+                return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                     "sandbox %s: node %s holds no confirmed lease", s->id,
+                                     d->node_name);
+        if (!gen) { /* not one it runs or works on: the generation it is placed here at now */
+                struct cove_placement_row pl;
+                int r = d->cat_ops->placement_get(d->cat, s->id, &pl, err);
+                if (r < 0)
+                        return -1;
+                /* a fork's new sandboxes are placed by the control once the fork job is
+                 * reported (that report is fenced): until then their rows have no
+                 * placement to fence against */
+                if (r == 1 && forking)
+                        return d->cat_ops->sandbox_update(d->cat, s, err);
+                if (r == 1 || strcmp(pl.node, d->node_name))
+                        return cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                             "sandbox %s is placed on %s, not on node %s", s->id,
+                                             r == 1 ? "no node" : pl.node, d->node_name);
+                gen = pl.generation;
+        }
+        return d->cat_ops->sandbox_update_fenced(d->cat, s, d->node_name, epoch, gen, err);
 }
 
 /* ---- open, close ---- */

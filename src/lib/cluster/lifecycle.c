@@ -442,8 +442,8 @@ int coved_cluster_delete(struct coved *d, const char *tenant, const char *id, in
         return 0;
 }
 
-int coved_cluster_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
-                        struct cove_err *err)
+int coved_cluster_pause(struct coved *d, const char *tenant, const char *id, const char *kind,
+                        json_t **out, struct cove_err *err)
 {
         struct cove_sandbox_row row;
         if (load(d, tenant, id, &row, err) < 0)
@@ -455,8 +455,13 @@ int coved_cluster_pause(struct coved *d, const char *tenant, const char *id, jso
         cove_sandbox_row_clear(&row);
         if (!running)
                 return -1;
-        return coved_cluster_step(d, id, NULL, "paused", "pause", NULL, -1, OP_TIMEOUT_MS, out,
-                                  err);
+        /* the user's pause: desired "paused" (a drain's pause keeps "running": nodes.c) */
+        json_t *args = json_pack("{s:s, s:o}", "reason", "user", "kind",
+                                 kind ? json_string(kind) : json_null());
+        int r =
+            coved_cluster_step(d, id, NULL, "paused", "pause", args, -1, OP_TIMEOUT_MS, out, err);
+        json_decref(args);
+        return r;
 }
 
 int coved_cluster_resume(struct coved *d, const char *tenant, const char *id, json_t *body,

@@ -43,8 +43,8 @@ int coved_cluster_create(struct coved *d, const char *tenant, struct cove_sandbo
                          json_t *egress, json_t **out, struct cove_err *err);
 int coved_cluster_delete(struct coved *d, const char *tenant, const char *id, int purge,
                          struct cove_err *err);
-int coved_cluster_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
-                        struct cove_err *err);
+int coved_cluster_pause(struct coved *d, const char *tenant, const char *id, const char *kind,
+                        json_t **out, struct cove_err *err);
 int coved_cluster_resume(struct coved *d, const char *tenant, const char *id, json_t *body,
                          json_t **out, struct cove_err *err);
 int coved_cluster_rewind(struct coved *d, const char *tenant, const char *id, json_t *body,
@@ -69,6 +69,15 @@ int coved_cluster_writable(struct coved *d);
  * write now). Role all: 0, nothing written. */
 int coved_cluster_observe(struct coved *d, const char *sandbox_id, const char *state,
                           struct cove_err *err);
+
+/* Every write of a sandbox row that may run on a node goes through here. Role node: the
+ * catalog's sandbox_update_fenced under the node's live epoch and the generation it works
+ * at (the job's being run for that sandbox, else the one its instance runs for, else the
+ * current placement's on this node): refused (COVE_E_CONFLICT, nothing written) when the
+ * lease lapsed or the sandbox was placed again meanwhile. Other roles: sandbox_update.
+ * Answers as sandbox_update (1: absent). */
+int coved_cluster_sandbox_update(struct coved *d, const struct cove_sandbox_row *s,
+                                 struct cove_err *err);
 
 /* Job results and errors on the wire (jobs.result_json): {"error":{"code","message"}}
  * with the API's error codes. */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "control/audit.h"
+#include "control/cluster.h"
 #include "control/coved.h"
 #include "control/secrets.h"
 #include "node/egress.h"
@@ -207,7 +208,7 @@ static int set_env(struct coved *d, const char *tenant, const char *id, json_t *
         if (text) {
                 free(row.env_json);
                 row.env_json = text;
-                r = d->cat_ops->sandbox_update(d->cat, &row, err);
+                r = coved_cluster_sandbox_update(d, &row, err);
                 if (r == 1)
                         r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %s not found", id);
         } else {

@@ -352,9 +352,14 @@ static int move_running(struct coved *d, const struct cove_node_row *n, struct c
                 return r == 1 ? 2 : -1;
         json_t *res = NULL;
         json_t *args =
-            json_pack("{s:o}", "kind", full_ok(n->features) ? json_string("full") : json_null());
+            json_pack("{s:o, s:s}", "kind",
+                      full_ok(n->features) ? json_string("full") : json_null(), "reason", "drain");
         int64_t tp = mono_ms();
-        r = coved_cluster_step(d, s->id, NULL, "paused", "pause", args, p->generation,
+        /* the drain's pause, not the user's: the desired state stays "running", so a node
+         * lost in the middle of the move has the sandbox recovered running elsewhere (from
+         * this pause's snapshot once it committed), and a drain step that finds it paused
+         * here moves it on (the pause job of a paused sandbox is done at once) */
+        r = coved_cluster_step(d, s->id, NULL, "running", "pause", args, p->generation,
                                COVED_MOVE_TIMEOUT_MS, &res, err);
         json_decref(args);
         if (r < 0) {
@@ -474,14 +479,30 @@ static int recover_one(struct coved *d, const struct cove_node_row *n, struct co
                        const struct cove_placement_row *p, struct cove_err *err)
 {
         char why[512], target[64];
-        if (!strcmp(p->desired_state, "paused")) {
-                int r = move_paused(d, s, p, "node lost", err);
-                return r < 0 ? -1 : r == 0;
-        }
         struct cove_snapshot_row snap;
         int r = newest_snapshot(d, s->id, &snap, err);
         if (r < 0)
                 return -1;
+        /* paused by its user: it stays paused, moved to a node that can take it, at the
+         * pause's snapshot; a pause the node did not finish leaves it at the newest
+         * committed one (none: stopped, below) */
+        if (!strcmp(p->desired_state, "paused") && r == 0) {
+                if (strcmp(s->state, "paused") != 0 || !s->last_snapshot_id[0]) {
+                        char msg[160];
+                        snprintf(msg, sizeof(msg),
+                                 "node %s was lost while pausing it: paused at its last "
+                                 "snapshot",
+                                 n->name);
+                        snprintf(s->state, sizeof(s->state), "paused");
+                        snprintf(s->last_snapshot_id, sizeof(s->last_snapshot_id), "%s", snap.id);
+                        s->uid_base = 0;
+                        s->expires_at = 0;
+                        free(s->error);
+                        s->error = strdup(msg);
+                }
+                r = move_paused(d, s, p, "node lost", err);
+                return r < 0 ? -1 : r == 0;
+        }
         if (r == 1) {
                 if (place_write(d, s->id, NULL, "stopped", NULL, NULL, p->generation, NULL, err) <
                     0)

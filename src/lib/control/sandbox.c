@@ -423,7 +423,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                         return -1;
                 }
                 snprintf(s.state, sizeof(s.state), run ? "starting" : "running");
-                if (!run && d->cat_ops->sandbox_update(d->cat, &s, err) != 0) {
+                if (!run && coved_cluster_sandbox_update(d, &s, err) != 0) {
                         struct cove_err e2;
                         cove_node_stop(d->node, s.id, 1, &e2);
                         d->cat_ops->sandbox_delete(d->cat, s.id, &e2);
@@ -447,7 +447,7 @@ int cove_sandbox_create(struct coved *d, const char *tenant, json_t *body, json_
                 json_decref(run);
                 if (ok) {
                         snprintf(s.state, sizeof(s.state), "running");
-                        ok = d->cat_ops->sandbox_update(d->cat, &s, err) == 0;
+                        ok = coved_cluster_sandbox_update(d, &s, err) == 0;
                 }
                 if (!ok) {
                         struct cove_err e2;
@@ -544,7 +544,7 @@ int cove_sandbox_start_placed(struct coved *d, const char *id, json_t *egress, j
                 free(s.error);
                 s.error = NULL;
                 s.expires_at = cove_now_ms() + (int64_t)s.timeout_s * 1000;
-                r = d->cat_ops->sandbox_update(d->cat, &s, err);
+                r = coved_cluster_sandbox_update(d, &s, err);
                 if (r == 1)
                         r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %s was deleted", id);
         }
@@ -690,7 +690,7 @@ int cove_sandbox_set_timeout(struct coved *d, const char *tenant, const char *id
         }
         row.timeout_s = t;
         row.expires_at = cove_now_ms() + (int64_t)t * 1000;
-        int r = d->cat_ops->sandbox_update(d->cat, &row, err);
+        int r = coved_cluster_sandbox_update(d, &row, err);
         if (r == 0)
                 *out = cove_sandbox_json(&row);
         else if (r == 1)
@@ -713,7 +713,7 @@ static void mark(struct coved *d, const char *id, const char *state, const char 
         snprintf(row.state, sizeof(row.state), "%s", state);
         free(row.error);
         row.error = why ? strdup(why) : NULL;
-        if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
+        if (coved_cluster_sandbox_update(d, &row, &err) < 0)
                 cove_warn(&d->log, "sandbox.state", "sandbox %s: %s", id, err.msg);
         cove_sandbox_row_clear(&row);
 }
@@ -737,7 +737,7 @@ void cove_sandbox_settle(struct coved *d, const char *id, const char *why_paused
         }
         free(row.error);
         row.error = strdup(snap ? why_paused : why_stopped);
-        if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
+        if (coved_cluster_sandbox_update(d, &row, &err) < 0)
                 cove_warn(&d->log, "sandbox.state", "sandbox %s: %s", id, err.msg);
         cove_info(&d->log, "sandbox.state", "sandbox %s %s", id, snap ? "paused" : "stopped");
         cove_sandbox_row_clear(&row);
@@ -763,7 +763,7 @@ void cove_sandbox_stop_purge(struct coved *d, const char *id, const char *why)
                 snprintf(row.state, sizeof(row.state), "stopped");
                 free(row.error);
                 row.error = strdup(why);
-                if (d->cat_ops->sandbox_update(d->cat, &row, &err) < 0)
+                if (coved_cluster_sandbox_update(d, &row, &err) < 0)
                         cove_warn(&d->log, "sandbox.stop", "sandbox %s: %s", id, err.msg);
         }
         cove_sandbox_row_clear(&row);

@@ -118,7 +118,7 @@ static int reload(struct coved *d, const char *id, struct cove_sandbox_row *row,
 
 static int row_write(struct coved *d, struct cove_sandbox_row *row, struct cove_err *err)
 {
-        int r = d->cat_ops->sandbox_update(d->cat, row, err);
+        int r = coved_cluster_sandbox_update(d, row, err);
         if (r == 1)
                 return cove_err_setk(err, COVE_E_NOT_FOUND, 0, "sandbox %s not found", row->id);
         return r;
@@ -403,7 +403,7 @@ int cove_sandbox_pause_kind(struct coved *d, const char *tenant, const char *id,
                             json_t **out, struct cove_err *err)
 {
         if (d->role == COVED_ROLE_CONTROL) /* its node pauses it (a job) */
-                return coved_cluster_pause(d, tenant, id, out, err);
+                return coved_cluster_pause(d, tenant, id, kind, out, err);
         struct cove_sandbox_row row;
         if (op_begin(d, tenant, id, &row, err) < 0)
                 return -1;

@@ -318,6 +318,15 @@ struct cove_catalog_ops {
         int (*placement_observe)(struct cove_catalog *c, const char *sandbox_id, const char *node,
                                  int64_t epoch, int64_t generation, const char *observed_state,
                                  struct cove_err *err);
+        /* sandbox_update under a node's fence: the row is overwritten only if, in the same
+         * statement, the sandbox is placed on node at generation and node holds a live
+         * lease with epoch (a lease lapsing or a new placement between the node's checks
+         * and its write is caught here). 0 written, 1 absent (no row with s->id and
+         * s->tenant), -1 with COVE_E_CONFLICT when the fence does not hold (nothing
+         * written), or as sandbox_update. */
+        int (*sandbox_update_fenced)(struct cove_catalog *c, const struct cove_sandbox_row *s,
+                                     const char *node, int64_t epoch, int64_t generation,
+                                     struct cove_err *err);
 
         /* A node claims its oldest job: one whose sandbox is placed on node at the job's
          * generation, queued (or claimed by an older epoch of this same node: a restart

@@ -263,8 +263,8 @@ static int pg_err(PGconn *conn, const PGresult *res, struct cove_err *err, const
 /* ---- queries ---- */
 
 struct params {
-        const char *v[24];
-        char buf[24][24];
+        const char *v[32];
+        char buf[32][24];
         int n;
 };
 
@@ -744,7 +744,18 @@ static int sbx_read_err(int r, const char *id, struct cove_err *err)
         return cove_err_set(err, 0, "catalog: read sandbox %s: stored field too long", id);
 }
 
+#define SBX_UPDATE_SQL                                                                             \
+        "UPDATE sandboxes SET state = $3, template_name = $4, runtime = $5,"                       \
+        " created_at = $6, expires_at = $7, cpus = $8, memory_mb = $9,"                            \
+        " disk_mb = $10, timeout_s = $11, on_timeout = $12, uid_base = $13,"                       \
+        " node = $14, last_snapshot_id = $15, metadata_json = $16,"                                \
+        " env_json = $17, error = $18, snapshot_interval_s = $19,"                                 \
+        " retention_json = $20, storage_encrypted = $21, recovered_from = $22"                     \
+        " WHERE id = $1 AND tenant = $2"
+
+/* fence: NULL, or the node whose (epoch, generation) the write must hold under */
 static int pg_sandbox_write(struct cove_catalog *c, int insert, const struct cove_sandbox_row *s,
+                            const char *fence, int64_t epoch, int64_t generation,
                             struct cove_err *err)
 {
         const char *op = insert ? "insert" : "update";
@@ -757,34 +768,61 @@ static int pg_sandbox_write(struct cove_catalog *c, int insert, const struct cov
         p_text(&p, s->retention_json);
         p_int(&p, s->storage_encrypted ? 1 : 0);
         p_text(&p, s->recovered_from_json);
+        if (fence) {
+                p_text(&p, fence);
+                p_int(&p, epoch);
+                p_int(&p, generation);
+        }
+        /* fenced: FOR SHARE waits for a placement or lease write in flight and re-checks
+         * against its outcome, so a move or a lapse committed first refuses the write */
         const char *sql =
-            insert ? "INSERT INTO sandboxes(" SBX_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
-                     " $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)"
-                   : "UPDATE sandboxes SET state = $3, template_name = $4, runtime = $5,"
-                     " created_at = $6, expires_at = $7, cpus = $8, memory_mb = $9,"
-                     " disk_mb = $10, timeout_s = $11, on_timeout = $12, uid_base = $13,"
-                     " node = $14, last_snapshot_id = $15, metadata_json = $16,"
-                     " env_json = $17, error = $18, snapshot_interval_s = $19,"
-                     " retention_json = $20, storage_encrypted = $21, recovered_from = $22"
-                     " WHERE id = $1 AND tenant = $2";
+            insert  ? "INSERT INTO sandboxes(" SBX_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8,"
+                      " $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)"
+            : fence ? SBX_UPDATE_SQL " AND EXISTS (SELECT 1 FROM placements WHERE sandbox_id = $1"
+                                     " AND node = $23 AND generation = $25 FOR SHARE)"
+                                     " AND EXISTS (SELECT 1 FROM nodes WHERE name = $23"
+                                     " AND epoch = $24 AND lease_expires_at > " NOW_MS " FOR SHARE)"
+                    : SBX_UPDATE_SQL;
         PGresult *res = run1(c, sql, &p, err, "%s sandbox %s (tenant %s)", op, s->id, s->tenant);
         if (!res)
                 return -1;
         int r = !insert && changed(res) == 0 ? 1 : 0;
         PQclear(res);
+        if (r == 1 && fence) { /* absent, or the fence did not hold: which? */
+                struct params q = {0};
+                p_text(&q, s->id);
+                p_text(&q, s->tenant);
+                res = run1(c, "SELECT count(*) FROM sandboxes WHERE id = $1 AND tenant = $2", &q,
+                           err, "get sandbox %s", s->id);
+                if (!res)
+                        return -1;
+                if (get_i64(res, 0, 0) > 0)
+                        r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                          "catalog: update sandbox %s: node %s epoch %lld "
+                                          "generation %lld is stale",
+                                          s->id, fence, (long long)epoch, (long long)generation);
+                PQclear(res);
+        }
         return r;
 }
 
 static int pg_sandbox_insert(struct cove_catalog *c, const struct cove_sandbox_row *s,
                              struct cove_err *err)
 {
-        return pg_sandbox_write(c, 1, s, err);
+        return pg_sandbox_write(c, 1, s, NULL, 0, 0, err);
 }
 
 static int pg_sandbox_update(struct cove_catalog *c, const struct cove_sandbox_row *s,
                              struct cove_err *err)
 {
-        return pg_sandbox_write(c, 0, s, err);
+        return pg_sandbox_write(c, 0, s, NULL, 0, 0, err);
+}
+
+static int pg_sandbox_update_fenced(struct cove_catalog *c, const struct cove_sandbox_row *s,
+                                    const char *node, int64_t epoch, int64_t generation,
+                                    struct cove_err *err)
+{
+        return pg_sandbox_write(c, 0, s, node ? node : "", epoch, generation, err);
 }
 
 static int pg_sandbox_get(struct cove_catalog *c, const char *tenant, const char *id,
@@ -1952,6 +1990,7 @@ const struct cove_catalog_ops cove_catalog_pg = {
     .placement_write = pg_placement_write,
     .placement_get = pg_placement_get,
     .placement_observe = pg_placement_observe,
+    .sandbox_update_fenced = pg_sandbox_update_fenced,
     .job_claim = pg_job_claim,
     .job_finish = pg_job_finish,
     .job_get = pg_job_get,

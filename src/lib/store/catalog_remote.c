@@ -568,6 +568,20 @@ static int r_sandbox_update(struct cove_catalog *c, const struct cove_sandbox_ro
         return rc < 0 ? bad_answer(c, "sandbox_update", err) : rc;
 }
 
+static int r_sandbox_update_fenced(struct cove_catalog *c, const struct cove_sandbox_row *s,
+                                   const char *node, int64_t epoch, int64_t generation,
+                                   struct cove_err *err)
+{
+        json_t *a;
+        CALL("sandbox_update_fenced",
+             json_pack("{s:o, s:o, s:I, s:I}", "sandbox", cove_wire_sandbox(s), "node", jstr(node),
+                       "epoch", (json_int_t)epoch, "generation", (json_int_t)generation),
+             R_IDEM, a);
+        int rc = found_of(a, err);
+        json_decref(a);
+        return rc < 0 ? bad_answer(c, "sandbox_update_fenced", err) : rc;
+}
+
 static int r_sandbox_get(struct cove_catalog *c, const char *tenant, const char *id,
                          struct cove_sandbox_row *out, struct cove_err *err)
 {
@@ -1037,6 +1051,7 @@ const struct cove_catalog_ops cove_catalog_remote = {
     .placement_write = r_placement_write,
     .placement_get = r_placement_get,
     .placement_observe = r_placement_observe,
+    .sandbox_update_fenced = r_sandbox_update_fenced,
     .job_claim = r_job_claim,
     .job_finish = r_job_finish,
     .job_get = r_job_get,

@@ -42,6 +42,15 @@
         " created_at, updated_at, args_json"
 #define AUDIT_COLS "seq, at, tenant, sandbox, kind, action, verdict, detail_json, prev_hash, hash"
 
+#define SBX_UPDATE_SQL                                                                             \
+        "UPDATE sandboxes SET state = ?3, template_name = ?4, runtime = ?5,"                       \
+        " created_at = ?6, expires_at = ?7, cpus = ?8, memory_mb = ?9,"                            \
+        " disk_mb = ?10, timeout_s = ?11, on_timeout = ?12, uid_base = ?13,"                       \
+        " node = ?14, last_snapshot_id = ?15, metadata_json = ?16,"                                \
+        " env_json = ?17, error = ?18, snapshot_interval_s = ?19,"                                 \
+        " retention_json = ?20, storage_encrypted = ?21, recovered_from = ?22"                     \
+        " WHERE id = ?1 AND tenant = ?2"
+
 enum stmt_id {
         ST_VERSION,
         ST_TENANT_PUT,
@@ -53,6 +62,7 @@ enum stmt_id {
         ST_KEY_COUNT,
         ST_SBX_INSERT,
         ST_SBX_UPDATE,
+        ST_SBX_UPDATE_FENCED,
         ST_SBX_GET,
         ST_SBX_GET_T,
         ST_SBX_LIST,
@@ -120,13 +130,14 @@ static const char *const stmt_sql[ST__COUNT] = {
     [ST_SBX_INSERT] =
         "INSERT INTO sandboxes(" SBX_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6,"
         " ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
-    [ST_SBX_UPDATE] = "UPDATE sandboxes SET state = ?3, template_name = ?4, runtime = ?5,"
-                      " created_at = ?6, expires_at = ?7, cpus = ?8, memory_mb = ?9,"
-                      " disk_mb = ?10, timeout_s = ?11, on_timeout = ?12, uid_base = ?13,"
-                      " node = ?14, last_snapshot_id = ?15, metadata_json = ?16,"
-                      " env_json = ?17, error = ?18, snapshot_interval_s = ?19,"
-                      " retention_json = ?20, storage_encrypted = ?21, recovered_from = ?22"
-                      " WHERE id = ?1 AND tenant = ?2",
+    [ST_SBX_UPDATE] = SBX_UPDATE_SQL,
+    /* the fence of placement_observe, in the same statement as the write: ?23 node,
+     * ?24 epoch, ?25 generation, ?26 now */
+    [ST_SBX_UPDATE_FENCED] =
+        SBX_UPDATE_SQL " AND EXISTS (SELECT 1 FROM placements"
+                       " WHERE sandbox_id = ?1 AND node = ?23 AND generation = ?25)"
+                       " AND EXISTS (SELECT 1 FROM nodes WHERE name = ?23"
+                       " AND epoch = ?24 AND lease_expires_at > ?26)",
     [ST_SBX_GET] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1",
     [ST_SBX_GET_T] = "SELECT " SBX_COLS " FROM sandboxes WHERE id = ?1 AND tenant = ?2",
     /* ?1 is NULL (any state) or ",s1,s2," built only from known state names. */
@@ -856,6 +867,46 @@ static int sqlite_sandbox_update(struct cove_catalog *c, const struct cove_sandb
                                  struct cove_err *err)
 {
         return sqlite_sandbox_write(c, ST_SBX_UPDATE, s, err);
+}
+
+static int sqlite_sandbox_update_fenced(struct cove_catalog *c, const struct cove_sandbox_row *s,
+                                        const char *node, int64_t epoch, int64_t generation,
+                                        struct cove_err *err)
+{
+        if (cove__sandbox_check(s, err, "update") < 0)
+                return -1;
+        pthread_mutex_lock(&c->lock);
+        sqlite3_stmt *st = c->st[ST_SBX_UPDATE_FENCED];
+        sbx_bind(st, s);
+        bind_text(st, 23, node);
+        sqlite3_bind_int64(st, 24, epoch);
+        sqlite3_bind_int64(st, 25, generation);
+        sqlite3_bind_int64(st, 26, cove_now_ms());
+        int r, rc = step_done(st);
+        int n = rc == SQLITE_OK ? sqlite3_changes(c->db) : 0;
+        if (rc != SQLITE_OK)
+                r = db_err(c->db, rc, err, "update sandbox %s (tenant %s)", s->id, s->tenant);
+        done(st);
+        if (rc == SQLITE_OK && n == 0) { /* absent, or the fence did not hold: which? */
+                sqlite3_stmt *g = c->st[ST_SBX_GET_T];
+                bind_text(g, 1, s->id);
+                bind_text(g, 2, s->tenant);
+                rc = sqlite3_step(g);
+                if (rc == SQLITE_DONE)
+                        r = 1;
+                else if (rc == SQLITE_ROW)
+                        r = cove_err_setk(err, COVE_E_CONFLICT, 0,
+                                          "catalog: update sandbox %s: node %s epoch %lld "
+                                          "generation %lld is stale",
+                                          s->id, node, (long long)epoch, (long long)generation);
+                else
+                        r = db_err(c->db, rc, err, "get sandbox %s", s->id);
+                done(g);
+        } else if (rc == SQLITE_OK) {
+                r = 0;
+        }
+        pthread_mutex_unlock(&c->lock);
+        return r;
 }
 
 static int sqlite_sandbox_get(struct cove_catalog *c, const char *tenant, const char *id,
@@ -2050,6 +2101,7 @@ const struct cove_catalog_ops cove_catalog_sqlite = {
     .placement_write = sqlite_placement_write,
     .placement_get = sqlite_placement_get,
     .placement_observe = sqlite_placement_observe,
+    .sandbox_update_fenced = sqlite_sandbox_update_fenced,
     .job_claim = sqlite_job_claim,
     .job_finish = sqlite_job_finish,
     .job_get = sqlite_job_get,
