@@ -575,9 +575,10 @@ static int pool_reclaim(struct cove_layers *l, struct cove_err *err)
  * once and loop-mounted at <ns_dir>/lfs; a mount that outlived a crashed coved is reused as it
  * is, and a loop device still bound to the image (a sandbox's mount namespace holding the
  * filesystem) is mounted again rather than a second one (loop_bound_to). coved.lock keeps a
- * second coved off the same data directory. Its size is the free space of ns_dir's filesystem at creation (capped at 1 TiB): it is
- * sparse, the host only pays for what is written. Without mkfs.xfs lfs stays a plain directory
- * and every clone becomes a copy of allocated extents (slower snapshots, same results). */
+ * second coved off the same data directory. Its size is the free space of ns_dir's filesystem at
+ * creation (capped at 1 TiB): it is sparse, the host only pays for what is written. Without
+ * mkfs.xfs lfs stays a plain directory and every clone becomes a copy of allocated extents (slower
+ * snapshots, same results). */
 static int layerfs_setup(struct cove_layers *l, const char *ns_dir, struct cove_err *err)
 {
         char img[PATH_MAX + 32];
