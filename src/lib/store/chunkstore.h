@@ -64,9 +64,14 @@ struct cove_chunkstore {
 
 /* Local-directory backend rooted at root (created 0700 if missing). Objects are files at
  * root/<name>; every write goes through io (NULL: real syscalls). Caller closes with
- * cs->ops->close(cs). Does not call recover(). */
+ * cs->ops->close(cs). Does not call recover(). Batched puts are packed: many objects in one
+ * file under root/.packs/<first name component>/, one fdatasync per pack (see
+ * chunkstore_fs.c); loose object files (the format before packs) are read as ever. */
 struct cove_chunkstore *cove_chunkstore_fs_open(const char *root, const struct cove_sysio *io,
                                                 struct cove_err *err);
+/* Same; loose = 1 writes batched puts as one file per object (the older format). */
+struct cove_chunkstore *cove_chunkstore_fs_open2(const char *root, const struct cove_sysio *io,
+                                                 int loose, struct cove_err *err);
 
 /* S3-compatible backend (chunkstore_s3.c): objects at s3://BUCKET/PREFIX<name>, path-style
  * requests to endpoint, signed with SigV4 (the body's SHA-256 in x-amz-content-sha256, so
@@ -134,6 +139,7 @@ struct cove_chunkstore_cfg {
         const char *url;
         const char *fs_root;
         const struct cove_sysio *io; /* fs only */
+        int fs_loose;                /* fs only: one file per object, no packs */
         const char *s3_endpoint;
         int s3_timeout_ms;     /* 0: default */
         const char *cache_dir; /* NULL: no cache */

@@ -195,6 +195,8 @@ int cove_store_open(const struct cove_store_opts *o, struct cove_store **out, st
                 cfg.fs_root = o->root;
         if (!cfg.io)
                 cfg.io = o->io;
+        if (o->fs_loose)
+                cfg.fs_loose = 1;
         cfg.cache_match = "/chunks/"; /* chunks are immutable and content-named; manifests
                                          are not cached (a deleted one must be gone) */
         struct cove_chunkstore *cs = cove_chunkstore_open(&cfg, err);

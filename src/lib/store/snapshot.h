@@ -32,6 +32,8 @@ struct cove_store_opts {
         int zstd_level;              /* 0: 1 */
         const struct cove_chunkstore_cfg *backend; /* NULL: the fs backend at root; else
                                         the backend it names (store/chunkstore.h) */
+        int fs_loose;   /* fs backend: write chunks as one file each (the format before
+                           packs; tests that damage single chunk files use it) */
         int no_recover; /* 1: skip recover at open (a second handle on a store
                            another process is writing: recover would remove its
                            temp objects). The fs backend assumes one opener. */
