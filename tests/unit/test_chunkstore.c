@@ -359,6 +359,37 @@ static void fs_pack_faults(void **state)
         char pd[256];
         snprintf(pd, sizeof(pd), "%s/.packs/t", f->root);
         assert_int_equal(count_suffix(pd, ".pack"), 0);
+        /* a full pack sealed in the background fails: the later puts or the commit say so */
+        b = cs->ops->batch_new(cs, &err);
+        char *buf = calloc(1, 65536);
+        fail_sync = 1;
+        int failed = 0;
+        for (int i = 0; i < 1100 && !failed; i++) {
+                char name[64];
+                snprintf(name, sizeof(name), "t/chunks/01/g%d", i);
+                snprintf(buf, 65536, "%s", name);
+                failed = cs->ops->put(cs, b, name, buf, 65536, &err) < 0;
+        }
+        if (!failed)
+                failed = cs->ops->batch_commit(cs, b, &err) < 0;
+        fail_sync = 0;
+        free(buf);
+        assert_true(failed);
+        assert_int_equal(err.errnum, EIO);
+        assert_int_equal(cs->ops->batch_commit(cs, b, &err), -1); /* sticky */
+        cs->ops->batch_free(cs, b);
+        assert_int_equal(cs->ops->has(cs, "t/chunks/01/g3", &err), 0);
+        assert_int_equal(count_suffix(pd, ".pack"), 0);
+        assert_int_equal(cs->ops->recover(cs, &err), 0);
+        DIR *d = opendir(pd);
+        struct dirent *de;
+        int temps = 0;
+        while (d && (de = readdir(d)))
+                temps +=
+                    de->d_name[0] == '.' && strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+        if (d)
+                closedir(d);
+        assert_int_equal(temps, 0);
 }
 
 /* ---- S3 backend against a real server (skipped without one) ---- */

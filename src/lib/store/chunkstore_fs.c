@@ -1036,6 +1036,60 @@ static int batch_seal_locked(struct fs_store *fs, struct cove_cs_batch *b, struc
         return rc;
 }
 
+#define PACK_SEALS_MAX 2 /* full packs being sealed in the background per batch */
+
+struct seal_arg {
+        struct fs_store *fs;
+        struct cove_cs_batch *b;
+        struct wpack *w;
+};
+
+static void *seal_main(void *a)
+{
+        struct seal_arg *sa = a;
+        struct cove_cs_batch *b = sa->b;
+        struct cove_err e2 = {0};
+        int rc = wpack_seal(sa->fs, sa->w, &e2);
+        pthread_mutex_lock(&b->lock);
+        if (rc < 0 && !b->failed) {
+                b->failed = e2.errnum ? e2.errnum : EIO;
+                snprintf(b->failmsg, sizeof(b->failmsg), "%s", e2.msg);
+        }
+        b->flushing--;
+        pthread_cond_broadcast(&b->cv);
+        pthread_mutex_unlock(&b->lock);
+        free(sa);
+        return NULL;
+}
+
+/* Hand a full pack to a thread of its own: the worker that filled it goes back to hashing
+ * and sealing chunks while the pack's fdatasync runs (at most PACK_SEALS_MAX at once:
+ * beyond that the writer waits, so a slow disk slows the capture instead of piling up
+ * dirty memory). A failure is sticky; commit waits for every seal. */
+static int batch_seal_async_locked(struct fs_store *fs, struct cove_cs_batch *b, struct wpack *w,
+                                   struct cove_err *err)
+{
+        while (b->flushing >= PACK_SEALS_MAX)
+                pthread_cond_wait(&b->cv, &b->lock);
+        struct seal_arg *sa = malloc(sizeof(*sa));
+        pthread_t th;
+        pthread_attr_t at;
+        int e = sa ? pthread_attr_init(&at) : ENOMEM;
+        if (e == 0) {
+                pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+                *sa = (struct seal_arg){fs, b, w};
+                b->flushing++;
+                e = pthread_create(&th, &at, seal_main, sa);
+                pthread_attr_destroy(&at);
+                if (e == 0)
+                        return 0;
+                b->flushing--;
+        }
+        free(sa);
+        (void)e; /* no thread: seal here */
+        return batch_seal_locked(fs, b, w, err);
+}
+
 static int fs_batch_commit(struct cove_chunkstore *cs, struct cove_cs_batch *b,
                            struct cove_err *err)
 {
@@ -1063,6 +1117,10 @@ static void fs_batch_free(struct cove_chunkstore *cs, struct cove_cs_batch *b)
         struct fs_store *fs = (struct fs_store *)cs;
         if (!b)
                 return;
+        pthread_mutex_lock(&b->lock); /* background seals still reference the batch */
+        while (b->flushing)
+                pthread_cond_wait(&b->cv, &b->lock);
+        pthread_mutex_unlock(&b->lock);
         for (size_t i = 0; i < b->n; i++) {
                 close(b->p[i].fd);
                 fs->io->unlink(b->p[i].tmp);
@@ -1113,7 +1171,7 @@ static int pack_put(struct fs_store *fs, struct cove_cs_batch *b, const char *na
         }
         if (w->off >= PACK_MAX_BYTES) {
                 *wp = w->next;
-                rc = batch_seal_locked(fs, b, w, err);
+                rc = batch_seal_async_locked(fs, b, w, err);
         }
 out:
         pthread_mutex_unlock(&b->lock);
