@@ -218,9 +218,8 @@ int main(int argc, char **argv)
                rand_mb, la[0], cap, dd, dd1, dd2, dd > 0 ? 100 * cap / dd : 0,
                dd > 0 && cap >= 0.8 * dd ? "PASS" : "FAIL");
         if (json) {
-                FILE *jf = fopen(getenv("COVE_BENCH_JSON") ? getenv("COVE_BENCH_JSON")
-                                                           : "/dev/stderr",
-                                 "w");
+                FILE *jf = fopen(
+                    getenv("COVE_BENCH_JSON") ? getenv("COVE_BENCH_JSON") : "/dev/stderr", "w");
                 if (jf) {
                         fprintf(jf,
                                 "{\"capture_mbps\": %.1f, \"dd_mbps\": %.1f, \"dd_before\": "
