@@ -2,6 +2,9 @@
  * the dedup path (same data again), restore throughput, and bytes stored per snapshot of
  * an unchanged tree. Prints a markdown table.
  * usage: chunkstore_bench [--dir DIR] [--mb N (1024)] [--idle-mb N (200)] [--threads N]
+ *                         [--rand-mb N (512): the goal row's incompressible tree, next to dd]
+ *                         [--compare-loose: the same tree also into a store of loose files]
+ *                         [--json: the goal row's figures to $COVE_BENCH_JSON (else stderr)]
  *                         [--store s3://BUCKET[/PREFIX] --s3-endpoint URL [--cache]]
  * With --store the objects go to that S3 bucket (credentials from AWS_*; bench/s3_bench.sh
  * starts a radosgw and runs this against both stores); --cache puts the node's local chunk
@@ -104,7 +107,7 @@ int main(int argc, char **argv)
 {
         const char *base = "/var/tmp";
         size_t mb = 1024, idle_mb = 200, rand_mb = 512;
-        int json = 0;
+        int json = 0, compare_loose = 0;
         int threads = 0, use_cache = 0;
         const char *store_url = NULL, *endpoint = NULL;
         for (int i = 1; i < argc; i++) {
@@ -116,6 +119,8 @@ int main(int argc, char **argv)
                         rand_mb = (size_t)atol(argv[++i]);
                 else if (!strcmp(argv[i], "--json"))
                         json = 1;
+                else if (!strcmp(argv[i], "--compare-loose"))
+                        compare_loose = 1;
                 else if (!strcmp(argv[i], "--idle-mb") && i + 1 < argc)
                         idle_mb = (size_t)atol(argv[++i]);
                 else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -129,7 +134,8 @@ int main(int argc, char **argv)
                 else {
                         fprintf(stderr,
                                 "usage: %s [--dir DIR] [--mb N] [--rand-mb N] [--idle-mb N] "
-                                "[--threads N] [--json] [--store s3://B[/P] --s3-endpoint URL "
+                                "[--threads N] [--json] [--compare-loose] [--store s3://B[/P] "
+                                "--s3-endpoint URL "
                                 "[--cache]]\n",
                                 argv[0]);
                         return 2;
@@ -209,6 +215,25 @@ int main(int argc, char **argv)
         close(fd);
         double dd2 = dd_rate(ddout, (size_t)(rbytes >> 20));
         row_capture("changed, incompressible", &sr);
+        if (compare_loose && !store_url) { /* the same data into the format before packs */
+                char root2[620];
+                snprintf(root2, sizeof(root2), "%s/store-loose", dir);
+                struct cove_store_opts o2 = o;
+                o2.root = root2;
+                o2.backend = NULL;
+                o2.fs_loose = 1;
+                struct cove_store *st2;
+                struct cove_snapshot_stats sl = {0};
+                fd = open(rnd, O_RDONLY | O_DIRECTORY);
+                if (cove_store_open(&o2, &st2, &err) < 0 ||
+                    cove_snapshot_capture_tree(st2, "bench", "r1", NULL, fd, &sl, &err) < 0) {
+                        fprintf(stderr, "loose capture: %s\n", err.msg);
+                        return 1;
+                }
+                close(fd);
+                cove_store_close(st2);
+                row_capture("same, loose files (no packs)", &sl);
+        }
         double cap = mbps(sr.size_bytes, sr.ns_total), dd = (dd1 + dd2) / 2;
         getloadavg(la, 3);
         printf("\n| goal | capture MB/s | dd conv=fdatasync MB/s (before / after) | ratio | result "
@@ -230,8 +255,9 @@ int main(int argc, char **argv)
         }
         printf(
             "\n(stage columns: MB/s of one thread while in that stage, summed over workers; "
-            "write = object create + write + sync (syncfs per group) + rename; incremental = files "
-            "unchanged since the parent are not read)\n\n");
+            "write = append to the pack (+ the seal: index, fdatasync, rename, when the worker "
+            "cannot hand it to a seal thread), or for loose files create + write + sync + rename; "
+            "incremental = files unchanged since the parent are not read)\n\n");
         drop_caches();
         mkdir(dst, 0700);
         fd = open(dst, O_RDONLY | O_DIRECTORY);

@@ -104,6 +104,9 @@ struct wpack { /* a pack being written by a batch */
         uint64_t off;
         struct wobj *o;
         size_t n, cap;
+        uint64_t started; /* bytes handed to writeback so far */
+        pthread_t owner;  /* the thread that appends to it */
+        int busy;         /* the owner is appending (outside the batch lock) */
 };
 
 struct cove_cs_batch {
@@ -727,9 +730,16 @@ static int wpack_append(struct fs_store *fs, struct wpack *w, const char *name, 
                 free(nm);
                 return cove_err_set(err, errno, "write pack %s", w->tmp);
         }
-        /* start writeback now so the seal's fdatasync finds little left to do */
-        sync_file_range(w->fd, (off_t)w->off, (off_t)len, SYNC_FILE_RANGE_WRITE);
-        w->o[w->n++] = (struct wobj){nm, w->off, (uint32_t)len};
+        /* start writeback every 8 MiB so the seal's fdatasync finds little left to do */
+        if (w->off + len - w->started >= (8u << 20)) {
+                sync_file_range(w->fd, (off_t)w->started, (off_t)(w->off + len - w->started),
+                                SYNC_FILE_RANGE_WRITE);
+                w->started = w->off + len;
+        }
+        struct wobj *o = &w->o[w->n++];
+        o->name = nm;
+        o->off = w->off;
+        o->len = (uint32_t)len;
         w->off += len;
         return 0;
 }
@@ -1096,6 +1106,13 @@ static int fs_batch_commit(struct cove_chunkstore *cs, struct cove_cs_batch *b,
         struct fs_store *fs = (struct fs_store *)cs;
         pthread_mutex_lock(&b->lock);
         int rc = 0;
+        for (int busy = 1; busy;) { /* puts still appending */
+                busy = 0;
+                for (struct wpack *w = b->packs; w; w = w->next)
+                        busy |= w->busy;
+                if (busy)
+                        pthread_cond_wait(&b->cv, &b->lock);
+        }
         while (b->packs && !b->failed) {
                 struct wpack *w = b->packs;
                 b->packs = w->next;
@@ -1145,28 +1162,41 @@ static int pack_put(struct fs_store *fs, struct cove_cs_batch *b, const char *na
                 return cove_err_setk(err, COVE_E_LIMIT, EFBIG, "object %s: too large", name);
         char t[256];
         tenant_of(name, t);
+        pthread_t self = pthread_self();
         pthread_mutex_lock(&b->lock);
         int rc = 0;
         if (b->failed) {
                 rc = cove_err_set(err, b->failed, "%s", b->failmsg);
                 goto out;
         }
+        /* Each writing thread appends to a pack of its own: no lock is held while the
+         * bytes go to the kernel, and no writer waits for another's write. */
         struct wpack **wp = &b->packs;
-        while (*wp && strcmp((*wp)->tenant, t))
+        while (*wp && (strcmp((*wp)->tenant, t) || !pthread_equal((*wp)->owner, self)))
                 wp = &(*wp)->next;
-        if (!*wp && !(*wp = wpack_new(fs, t, err))) {
-                rc = -1;
-                goto out;
+        if (!*wp) {
+                if (!(*wp = wpack_new(fs, t, err))) {
+                        rc = -1;
+                        goto out;
+                }
+                (*wp)->owner = self;
         }
         struct wpack *w = *wp;
-        if (wpack_append(fs, w, name, data, len, err) < 0) {
+        w->busy = 1;
+        pthread_mutex_unlock(&b->lock);
+        rc = wpack_append(fs, w, name, data, len, err);
+        pthread_mutex_lock(&b->lock);
+        w->busy = 0;
+        pthread_cond_broadcast(&b->cv);
+        for (wp = &b->packs; *wp != w;) /* the list may have changed meanwhile */
+                wp = &(*wp)->next;
+        if (rc < 0) {
                 *wp = w->next; /* the pack's bytes are unknown now: the batch has failed */
                 wpack_free(fs, w, 1);
                 if (!b->failed) {
                         b->failed = err && err->errnum ? err->errnum : EIO;
                         snprintf(b->failmsg, sizeof(b->failmsg), "%s", err ? err->msg : "");
                 }
-                rc = -1;
                 goto out;
         }
         if (w->off >= PACK_MAX_BYTES) {
