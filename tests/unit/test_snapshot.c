@@ -707,6 +707,55 @@ static void damaged_pack(void **state)
         assert_int_equal(cove_snapshot_verify(f->st, "t1", "good", &err), -1);
 }
 
+static void age_objects(const char *dir, time_t secs_ago);
+static int count_objects(const char *dir);
+
+/* A store written before packs (loose chunk files) opened by this version: its snapshots
+ * restore, a new capture packs only what is new, and GC sweeps loose and packed garbage. */
+static void upgrade_from_loose(void **state)
+{
+        struct fx *f = *state;
+        fx_loose = 1;
+        f->st = open_store(f, NULL, 2, 1);
+        make_tree(f->src, 0);
+        capture(f->st, "t1", "old", NULL, f->src, NULL);
+        cove_store_close(f->st);
+        char chunks[256], packs[256];
+        snprintf(chunks, sizeof(chunks), "%s/t1/chunks", f->root);
+        snprintf(packs, sizeof(packs), "%s/.packs", f->root);
+        static struct objlist o;
+        o.n = 0;
+        list_chunk_files(chunks, &o);
+        size_t loose = o.n;
+        assert_true(loose > 3);
+        assert_int_equal(access(packs, F_OK), -1);
+        f->st = open_store(f, NULL, 2, 1); /* packs from now on */
+        restore_ok(f->st, "t1", "old", f->src, f->dst);
+        put_gen(f->src, "new.bin", 700000, 0, 4242);
+        capture(f->st, "t1", "new", "old", f->src, NULL);
+        restore_ok(f->st, "t1", "new", f->src, f->dst);
+        o.n = 0;
+        list_chunk_files(chunks, &o);
+        assert_int_equal(o.n, loose); /* nothing new loose */
+        o.n = 0;
+        list_chunk_files(packs, &o);
+        assert_true(o.n >= 1); /* the new chunks, packed */
+        int both = count_objects(chunks);
+        assert_true((size_t)both > loose);
+        /* drop both snapshots: every chunk, loose or packed, goes */
+        struct cove_err err = {0};
+        assert_int_equal(cove_snapshot_delete(f->st, "t1", "old", &err), 0);
+        assert_int_equal(cove_snapshot_delete(f->st, "t1", "new", &err), 0);
+        age_objects(f->root, 7200);
+        struct cove_gc_stats gs;
+        assert_int_equal(cove_store_gc(f->st, "t1", NULL, 0, &gs, &err), 0);
+        assert_int_equal(gs.swept, (uint64_t)both);
+        assert_int_equal(count_objects(chunks), 0);
+        o.n = 0;
+        list_chunk_files(packs, &o);
+        assert_int_equal(o.n, 0); /* the emptied pack is gone too */
+}
+
 /* Tampered, truncated, swapped and missing chunk files of the loose format. */
 static void damaged_chunks(void **state)
 {
@@ -1364,6 +1413,7 @@ int main(void)
             cmocka_unit_test_setup_teardown(no_plaintext, setup, teardown),
             cmocka_unit_test_setup_teardown(damaged_chunks, setup, teardown),
             cmocka_unit_test_setup_teardown(damaged_pack, setup, teardown),
+            cmocka_unit_test_setup_teardown(upgrade_from_loose, setup, teardown),
             cmocka_unit_test_setup_teardown(memory_stream, setup, teardown),
             cmocka_unit_test_setup_teardown(faults, setup, teardown),
             cmocka_unit_test_setup_teardown(faults_loose, setup, teardown),
