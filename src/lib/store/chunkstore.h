@@ -25,8 +25,9 @@ struct cove_chunkstore_ops {
         const char *name; /* "fs", "s3", "cache" */
         /* Store an immutable object. If name already exists it is left as it is (never
          * rewritten) and put returns 1; else 0 once the object is durable. With a batch,
-         * the object may become visible and durable only at batch_commit() (fs: written
-         * to a temp name now, fsynced and renamed in groups; S3: immediate). */
+         * the object may become visible and durable only at batch_commit() (fs: appended
+         * to a pack of the writing thread, visible once that pack is sealed; S3:
+         * immediate). */
         int (*put)(struct cove_chunkstore *cs, struct cove_cs_batch *b, const char *name,
                    const void *data, size_t len, struct cove_err *err);
         /* Read a whole object of at most max bytes; caller frees *out. Missing: NOT_FOUND. */
@@ -62,8 +63,8 @@ struct cove_chunkstore {
         const struct cove_chunkstore_ops *ops;
 };
 
-/* Local-directory backend rooted at root (created 0700 if missing). Objects are files at
- * root/<name>; every write goes through io (NULL: real syscalls). Caller closes with
+/* Local-directory backend rooted at root (created 0700 if missing). Unbatched objects are files
+ * at root/<name>; every write goes through io (NULL: real syscalls). Caller closes with
  * cs->ops->close(cs). Does not call recover(). Batched puts are packed: many objects in one
  * file under root/.packs/<first name component>/, one fdatasync per pack (see
  * chunkstore_fs.c); loose object files (the format before packs) are read as ever. */
