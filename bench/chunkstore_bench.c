@@ -172,7 +172,7 @@ int main(int argc, char **argv)
         printf("chunk store %s%s: %zu MiB (half random, half compressible), %d worker threads, "
                "%ld CPUs, load %.2f %.2f %.2f, %s\n\n",
                store_url ? store_url : "fs", use_cache ? " + local cache" : "", mb,
-               threads ? threads : (int)(ncpu > 8 ? 8 : ncpu), ncpu, la[0], la[1], la[2],
+               threads ? threads : (int)(2 * ncpu > 8 ? 8 : 2 * ncpu), ncpu, la[0], la[1], la[2],
                store_url ? "one PUT per object" : "fdatasync'ed objects");
         printf("| %-26s | %8s | %7s | %7s | %7s | %7s | %7s | %9s | %9s |\n", "capture", "MB/s",
                "chunk", "hash", "zstd", "encrypt", "write", "new MB", "stored MB");

@@ -166,7 +166,10 @@ int cove_store_open_backend(struct cove_chunkstore *cs, const struct cove_store_
         }
         st->threads = o->threads;
         if (st->threads <= 0) {
-                long n = sysconf(_SC_NPROCESSORS_ONLN);
+                /* twice the CPUs: a worker also waits (on its pack write, dirty-page
+                 * throttling, the store); 2 CPUs, 512 MiB incompressible, load 5:
+                 * 209 MB/s with 2 workers, 278 with 3, 331 with 4, 317 with 6 */
+                long n = sysconf(_SC_NPROCESSORS_ONLN) * 2;
                 st->threads = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
         }
         if (st->threads > MAX_THREADS)

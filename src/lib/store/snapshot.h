@@ -26,8 +26,9 @@ struct cove_store_opts {
         const char *root;            /* fs backend directory (objects <root>/<tenant>/…) */
         const char *keys_dir;        /* tenant data keys (<keys_dir>/<tenant>.dek) */
         const struct cove_sysio *io; /* NULL: real syscalls; tests inject faults here */
-        int threads;                 /* hash+compress+encrypt+write workers; 0: online CPUs
-                                        (max 8); 1: everything on the caller's thread */
+        int threads;                 /* hash+compress+encrypt+write workers; 0: twice the
+                                        online CPUs (max 8); 1: everything on the caller's
+                                        thread */
         int64_t gc_grace_ms;         /* GC never deletes objects younger than this; 0: 1 h */
         int zstd_level;              /* 0: 1 */
         const struct cove_chunkstore_cfg *backend; /* NULL: the fs backend at root; else
