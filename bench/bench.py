@@ -708,6 +708,21 @@ http {{
         log(f"profile: perf data in {data}")
 
     # -- report ------------------------------------------------------------------------
+    def bench_capture(self):
+        """Goal: capture of changed, incompressible data at >= 80% of this disk's
+        `dd conv=fdatasync` rate, both measured by bench/chunkstore_bench.c in one run."""
+        exe = os.path.join(self.build, "bench", "chunkstore_bench")
+        out = os.path.join(self.out, "capture.json")
+        r = subprocess.run([exe, "--mb", "8", "--idle-mb", "8", "--rand-mb",
+                            str(self.a.capture_mb), "--json"],
+                           env=dict(os.environ, COVE_BENCH_JSON=out), capture_output=True,
+                           text=True, timeout=1800)
+        if r.returncode != 0:
+            self.notes.append(f"capture bench failed: {r.stderr.strip()[-300:]}")
+            return
+        with open(out) as f:
+            self.res["capture"] = json.load(f)
+
     def report(self, load):
         r = self.res
         rows = []
@@ -860,6 +875,15 @@ http {{
                     f"coved RSS MiB per minute {rss}; fds {fds}; left: "
                     f"{left.get('loops')} loops / {left.get('mounts')} mounts / "
                     f"{left.get('cgroups')} cgroups")
+        cp = r.get("capture")
+        if cp:
+            ratio = cp["capture_mbps"] / cp["dd_mbps"] if cp["dd_mbps"] else 0
+            row(f"capture of changed, incompressible data, {cp['mb']} MiB (MB/s)",
+                f"{cp['capture_mbps']:.0f} ({100 * ratio:.0f}% of dd)", "≥ 80% of dd",
+                ratio >= 0.8,
+                f"`dd if=/dev/zero bs=1M conv=fdatasync` on the same disk: {cp['dd_mbps']:.0f} "
+                f"MB/s (before {cp['dd_before']:.0f} / after {cp['dd_after']:.0f}); "
+                f"load {cp['load']:.2f}")
         out = ["| measure | value | goal | pass | comparison / detail |",
                "|---|---|---|---|---|"]
         out += [f"| {a} | {b} | {g} | {p} | {d} |" for a, b, g, p, d in rows]
@@ -905,7 +929,9 @@ def main():
     ap.add_argument("--idle-s", type=float, default=10)
     ap.add_argument("--profile", action="store_true", help="perf record a separate create pass")
     ap.add_argument("--profile-creates", type=int, default=100)
-    ap.add_argument("--only", default="create,baselines,concurrent,exec,reconnect,idle,memory")
+    ap.add_argument("--only",
+                    default="create,baselines,concurrent,exec,reconnect,idle,memory,capture")
+    ap.add_argument("--capture-mb", type=int, default=512)
     a = ap.parse_args()
     a.out = a.out or os.path.join(a.build, "bench")
     a.templates = a.templates or os.environ.get("COVE_TEMPLATES_DIR") or os.path.join(
@@ -928,7 +954,8 @@ def main():
     try:
         b.start()
         t0 = time.time()
-        for name in ["create", "baselines", "concurrent", "exec", "reconnect", "idle", "memory"]:
+        for name in ["create", "baselines", "concurrent", "exec", "reconnect", "idle", "memory",
+                     "capture"]:
             if name in only:
                 b.res.setdefault("load_during", []).append((name, loadavg()))
                 getattr(b, "bench_" + name)()

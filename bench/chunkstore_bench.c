@@ -2,6 +2,9 @@
  * the dedup path (same data again), restore throughput, and bytes stored per snapshot of
  * an unchanged tree. Prints a markdown table.
  * usage: chunkstore_bench [--dir DIR] [--mb N (1024)] [--idle-mb N (200)] [--threads N]
+ *                         [--rand-mb N (512): the goal row's incompressible tree, next to dd]
+ *                         [--compare-loose: the same tree also into a store of loose files]
+ *                         [--json: the goal row's figures to $COVE_BENCH_JSON (else stderr)]
  *                         [--store s3://BUCKET[/PREFIX] --s3-endpoint URL [--cache]]
  * With --store the objects go to that S3 bucket (credentials from AWS_*; bench/s3_bench.sh
  * starts a radosgw and runs this against both stores); --cache puts the node's local chunk
@@ -26,15 +29,16 @@ static uint64_t xr(void)
         return rng;
 }
 
-/* mb MiB in 8 MiB files, alternating random and compressible (text-like) content. */
-static void gen_tree(const char *dir, size_t mb, uint64_t seed)
+/* mb MiB in 8 MiB files, alternating random and compressible (text-like) content (all
+ * random when incompressible). */
+static void gen_tree2(const char *dir, size_t mb, uint64_t seed, int incompressible)
 {
         mkdir(dir, 0755);
         rng = seed | 1;
         size_t fsz = 8u << 20;
         uint8_t *b = malloc(fsz);
         for (size_t i = 0; i * 8 < mb; i++) {
-                int text = i % 2;
+                int text = incompressible ? 0 : i % 2;
                 for (size_t k = 0; k < fsz; k += 8) {
                         uint64_t v = xr();
                         if (text)
@@ -52,6 +56,26 @@ static void gen_tree(const char *dir, size_t mb, uint64_t seed)
         }
         free(b);
         sync(); /* measure with the source data on disk, not in writeback */
+}
+
+static void gen_tree(const char *dir, size_t mb, uint64_t seed)
+{
+        gen_tree2(dir, mb, seed, 0);
+}
+
+/* The anchor: this disk's write rate with one fdatasync at the end, `dd if=/dev/zero
+ * of=OUT bs=1M count=MB conv=fdatasync` (ext4 stores zeros as it stores anything else), as
+ * MB/s of the whole command, or 0 when dd failed. */
+static double dd_rate(const char *out, size_t mb)
+{
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd),
+                 "dd if=/dev/zero of=%s bs=1M count=%zu conv=fdatasync status=none", out, mb);
+        int64_t t0 = cove_mono_ns();
+        int rc = system(cmd);
+        int64_t ns = cove_mono_ns() - t0;
+        unlink(out);
+        return rc == 0 && ns > 0 ? (double)mb * 1048576 / 1e6 / ((double)ns / 1e9) : 0;
 }
 
 static double mbps(uint64_t bytes, uint64_t ns)
@@ -82,7 +106,8 @@ static void row_capture(const char *what, const struct cove_snapshot_stats *s)
 int main(int argc, char **argv)
 {
         const char *base = "/var/tmp";
-        size_t mb = 1024, idle_mb = 200;
+        size_t mb = 1024, idle_mb = 200, rand_mb = 512;
+        int json = 0, compare_loose = 0;
         int threads = 0, use_cache = 0;
         const char *store_url = NULL, *endpoint = NULL;
         for (int i = 1; i < argc; i++) {
@@ -90,6 +115,12 @@ int main(int argc, char **argv)
                         base = argv[++i];
                 else if (!strcmp(argv[i], "--mb") && i + 1 < argc)
                         mb = (size_t)atol(argv[++i]);
+                else if (!strcmp(argv[i], "--rand-mb") && i + 1 < argc)
+                        rand_mb = (size_t)atol(argv[++i]);
+                else if (!strcmp(argv[i], "--json"))
+                        json = 1;
+                else if (!strcmp(argv[i], "--compare-loose"))
+                        compare_loose = 1;
                 else if (!strcmp(argv[i], "--idle-mb") && i + 1 < argc)
                         idle_mb = (size_t)atol(argv[++i]);
                 else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -102,8 +133,10 @@ int main(int argc, char **argv)
                         use_cache = 1;
                 else {
                         fprintf(stderr,
-                                "usage: %s [--dir DIR] [--mb N] [--idle-mb N] [--threads N] "
-                                "[--store s3://B[/P] --s3-endpoint URL [--cache]]\n",
+                                "usage: %s [--dir DIR] [--mb N] [--rand-mb N] [--idle-mb N] "
+                                "[--threads N] [--json] [--compare-loose] [--store s3://B[/P] "
+                                "--s3-endpoint URL "
+                                "[--cache]]\n",
                                 argv[0]);
                         return 2;
                 }
@@ -139,7 +172,7 @@ int main(int argc, char **argv)
         printf("chunk store %s%s: %zu MiB (half random, half compressible), %d worker threads, "
                "%ld CPUs, load %.2f %.2f %.2f, %s\n\n",
                store_url ? store_url : "fs", use_cache ? " + local cache" : "", mb,
-               threads ? threads : (int)(ncpu > 8 ? 8 : ncpu), ncpu, la[0], la[1], la[2],
+               threads ? threads : (int)(2 * ncpu > 8 ? 8 : 2 * ncpu), ncpu, la[0], la[1], la[2],
                store_url ? "one PUT per object" : "fdatasync'ed objects");
         printf("| %-26s | %8s | %7s | %7s | %7s | %7s | %7s | %9s | %9s |\n", "capture", "MB/s",
                "chunk", "hash", "zstd", "encrypt", "write", "new MB", "stored MB");
@@ -164,10 +197,67 @@ int main(int argc, char **argv)
         }
         row_capture("unchanged, no parent (dedup)", &s3);
         close(fd);
+        /* The goal: changed, incompressible data at >= 80% of what dd writes and fdatasyncs
+         * on the same disk, in the same run (dd before and after the capture: the mean). */
+        char rnd[600], ddout[600];
+        snprintf(rnd, sizeof(rnd), "%s/rand", dir);
+        snprintf(ddout, sizeof(ddout), "%s/dd.out", dir);
+        fprintf(stderr, "generating %zu MiB of random data in %s …\n", rand_mb, rnd);
+        gen_tree2(rnd, rand_mb, 3, 1);
+        uint64_t rbytes = (uint64_t)((rand_mb + 7) / 8) * (8u << 20);
+        double dd1 = dd_rate(ddout, (size_t)(rbytes >> 20));
+        struct cove_snapshot_stats sr = {0};
+        fd = open(rnd, O_RDONLY | O_DIRECTORY);
+        if (cove_snapshot_capture_tree(st, "bench", "r1", NULL, fd, &sr, &err) < 0) {
+                fprintf(stderr, "capture: %s\n", err.msg);
+                return 1;
+        }
+        close(fd);
+        double dd2 = dd_rate(ddout, (size_t)(rbytes >> 20));
+        row_capture("changed, incompressible", &sr);
+        if (compare_loose && !store_url) { /* the same data into the format before packs */
+                char root2[620];
+                snprintf(root2, sizeof(root2), "%s/store-loose", dir);
+                struct cove_store_opts o2 = o;
+                o2.root = root2;
+                o2.backend = NULL;
+                o2.fs_loose = 1;
+                struct cove_store *st2;
+                struct cove_snapshot_stats sl = {0};
+                fd = open(rnd, O_RDONLY | O_DIRECTORY);
+                if (cove_store_open(&o2, &st2, &err) < 0 ||
+                    cove_snapshot_capture_tree(st2, "bench", "r1", NULL, fd, &sl, &err) < 0) {
+                        fprintf(stderr, "loose capture: %s\n", err.msg);
+                        return 1;
+                }
+                close(fd);
+                cove_store_close(st2);
+                row_capture("same, loose files (no packs)", &sl);
+        }
+        double cap = mbps(sr.size_bytes, sr.ns_total), dd = (dd1 + dd2) / 2;
+        getloadavg(la, 3);
+        printf("\n| goal | capture MB/s | dd conv=fdatasync MB/s (before / after) | ratio | result "
+               "|\n|---|---|---|---|---|\n");
+        printf("| capture of changed, incompressible data ≥ 80%% of dd (%zu MiB, load %.2f) | "
+               "%.0f | %.0f (%.0f / %.0f) | %.0f%% | %s |\n\n",
+               rand_mb, la[0], cap, dd, dd1, dd2, dd > 0 ? 100 * cap / dd : 0,
+               dd > 0 && cap >= 0.8 * dd ? "PASS" : "FAIL");
+        if (json) {
+                FILE *jf = fopen(
+                    getenv("COVE_BENCH_JSON") ? getenv("COVE_BENCH_JSON") : "/dev/stderr", "w");
+                if (jf) {
+                        fprintf(jf,
+                                "{\"capture_mbps\": %.1f, \"dd_mbps\": %.1f, \"dd_before\": "
+                                "%.1f, \"dd_after\": %.1f, \"mb\": %zu, \"load\": %.2f}\n",
+                                cap, dd, dd1, dd2, rand_mb, la[0]);
+                        fclose(jf);
+                }
+        }
         printf(
             "\n(stage columns: MB/s of one thread while in that stage, summed over workers; "
-            "write = object create + write + sync (syncfs per group) + rename; incremental = files "
-            "unchanged since the parent are not read)\n\n");
+            "write = append to the pack (+ the seal: index, fdatasync, rename, when the worker "
+            "cannot hand it to a seal thread), or for loose files create + write + sync + rename; "
+            "incremental = files unchanged since the parent are not read)\n\n");
         drop_caches();
         mkdir(dst, 0700);
         fd = open(dst, O_RDONLY | O_DIRECTORY);

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 
+import chunkstore
 import pytest
 from cove import poll, sh, snapshots
 from s3rgw import S3Rgw
@@ -247,11 +248,10 @@ def test_gc_still_sweeps_the_local_store(coved_factory, tmp_path):
     d = coved_factory(extra_args=["--test-hooks", hp], env=HOOKS_ENV)
     c = d.client
     sid = c.create(template="busybox", snapshot_interval_s=0)["id"]
-    root = os.path.join(d.data, "store", "default", "chunks")
+    store = os.path.join(d.data, "store")
 
     def files():
-        return {os.path.join(dp, f) for dp, _, fs in os.walk(root) for f in fs
-                if not f.startswith(".")}
+        return set(chunkstore.objects(store))
     try:
         snap(c, sid, "one")
         keys1 = files()

@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 
+import chunkstore
 import pytest
 from cove import poll, sh, snapshots
 from hostutil import loops_under
@@ -51,9 +52,9 @@ def snap(c, sid, label=None):
 
 
 def store_private_files(data):
-    """Temp and being-deleted objects of the chunk store (names starting with '.')."""
-    return [p for p in glob.glob(os.path.join(data, "store", "**", ".*"), recursive=True)
-            if os.path.isfile(p)]
+    """Temp and being-deleted objects of the chunk store (names starting with '.'), in
+    packs' directories too."""
+    return chunkstore.private_files(os.path.join(data, "store"))
 
 
 def temp_images(data):
@@ -92,7 +93,7 @@ def test_snapshot_enospc_eio_keeps_previous(coved_factory, tmp_path):
     sh(c, sid, "echo good > /home/state")
     s1 = snap(c, sid, "good")
     for i, (op, action, text) in enumerate(FAULTS):
-        # new content, so the snapshot has chunks to write (groups of > 8: the syncfs path)
+        # new content, so the snapshot has chunks to write (a pack)
         c.put_file(sid, "/home/data.bin", os.urandom(700000 + i))
         sh(c, sid, f"echo bad{i} > /home/state")
         set_hooks(hooks, f"fault {op} {action}\n")

@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 
+import chunkstore
 import pytest
 from cove import poll, sh, snapshots
 from hostutil import loops_under
@@ -249,8 +250,10 @@ def test_store_holds_no_plaintext(client, coved):
         marker = b"COVE-PLAINTEXT-MARKER-" + os.urandom(8).hex().encode()
         c.put_file(sid, "/home/secret.txt", marker * 2000)
         snap(c, sid)
-        files = [p for p in glob.glob(os.path.join(coved.data, "store", "**"), recursive=True)
-                 if os.path.isfile(p)]
+        # os.walk, not glob: packs live in a dot directory glob's ** would skip
+        files = [os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(coved.data, "store"))
+                 for f in fs]
+        assert any("/.packs/" in p for p in files), "no pack in the store"
         assert files, "the store is empty"
         for p in files:
             with open(p, "rb") as f:
@@ -259,9 +262,9 @@ def test_store_holds_no_plaintext(client, coved):
         c.remove(sid, purge=True)
 
 
-def chunk_files(data_dir):
-    return [p for p in glob.glob(os.path.join(data_dir, "store", "*", "chunks", "*", "*"))
-            if not os.path.basename(p).startswith(".")]
+def chunk_objects(data_dir):
+    """(file, offset, length) of every chunk object, loose or in a pack."""
+    return set(chunkstore.objects(os.path.join(data_dir, "store")).values())
 
 
 def test_tampered_chunk_resume_fails_and_stays_paused(coved_factory):
@@ -270,16 +273,17 @@ def test_tampered_chunk_resume_fails_and_stays_paused(coved_factory):
     sid = new_sandbox(c)
     c.put_file(sid, "/home/data.bin", os.urandom(1 << 20))
     snap(c, sid)
-    before = set(chunk_files(d.data))
+    before = chunk_objects(d.data)
     p = c.post(f"/v1/sandboxes/{sid}/pause")
     sid_snap = p["snapshot"]["id"]
     # flip a byte in every chunk object: whichever the restore reads first fails
-    for path in chunk_files(d.data):
+    for path, off, ln in chunk_objects(d.data):
+        assert ln > 30
         with open(path, "r+b") as f:
-            f.seek(30)
+            f.seek(off + 30)
             b = f.read(1)
-            f.seek(30)
-            f.write(bytes([b[0] ^ 0xff]) if b else b"x")
+            f.seek(off + 30)
+            f.write(bytes([b[0] ^ 0xff]))
     assert before
     r = c.request("POST", f"/v1/sandboxes/{sid}/resume", {})
     assert r.status == 503 and r.error["code"] == "unavailable", r.body[:300]
@@ -355,8 +359,8 @@ def test_kill9_during_snapshot_lists_only_complete(coved_factory):
         assert sh(c, f, "cat /home/a.txt") in ("first state\n", "second\n")
         c.remove(f, purge=True)
     # the store holds no temp objects of the interrupted writer
-    assert not [p for p in glob.glob(os.path.join(d.data, "store", "**", ".tmp*"),
-                                     recursive=True)]
+    assert not [p for p in chunkstore.private_files(os.path.join(d.data, "store"))
+                if os.path.basename(p).startswith(".tmp")]
     sb = c.post(f"/v1/sandboxes/{sid}/resume")
     assert sb["state"] == "running"
 

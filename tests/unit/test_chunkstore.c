@@ -125,8 +125,14 @@ static void contract(struct cove_chunkstore *cs)
 static void fs_objects(void **state)
 {
         struct fx *f = *state;
-        const struct cove_chunkstore_ops *o = f->cs->ops;
         struct cove_err err = {0};
+        contract(f->cs); /* batches in packs */
+        /* and the loose format (one file per object: data dirs from before packs) */
+        f->cs->ops->close(f->cs);
+        cove_rm_rf(f->root, NULL);
+        f->cs = cove_chunkstore_fs_open2(f->root, NULL, 1, &err);
+        assert_non_null(f->cs);
+        const struct cove_chunkstore_ops *o = f->cs->ops;
         contract(f->cs);
         /* fs batches: invisible until commit; free drops temps */
         struct cove_cs_batch *b = o->batch_new(f->cs, &err);
@@ -149,6 +155,241 @@ static void fs_objects(void **state)
         assert_int_equal(access(q, F_OK), -1);
         snprintf(p, sizeof(p), "%s/t/chunks/00/.tmp.1234.obj0", f->root);
         assert_int_equal(access(p, F_OK), -1);
+}
+
+/* ---- packs of the fs backend ---- */
+
+static int count_suffix(const char *dir, const char *suffix)
+{
+        int n = 0;
+        DIR *d = opendir(dir);
+        if (!d)
+                return 0;
+        struct dirent *de;
+        size_t sl = strlen(suffix);
+        while ((de = readdir(d))) {
+                size_t l = strlen(de->d_name);
+                if (l >= sl && !strcmp(de->d_name + l - sl, suffix))
+                        n++;
+        }
+        closedir(d);
+        return n;
+}
+
+static void put_batch(struct cove_chunkstore *cs, const char *tenant, int from, int to, size_t size)
+{
+        struct cove_err err = {0};
+        struct cove_cs_batch *b = cs->ops->batch_new(cs, &err);
+        assert_non_null(b);
+        char *buf = malloc(size), name[96];
+        for (int i = from; i < to; i++) {
+                snprintf(name, sizeof(name), "%s/chunks/%02x/obj%d", tenant, i % 5, i);
+                memset(buf, i & 0xff, size);
+                snprintf(buf, size, "%s", name);
+                assert_int_equal(cs->ops->put(cs, b, name, buf, size, &err), 0);
+        }
+        free(buf);
+        assert_int_equal(cs->ops->batch_commit(cs, b, &err), 0);
+        cs->ops->batch_free(cs, b);
+}
+
+static int get_ok(struct cove_chunkstore *cs, const char *tenant, int i, size_t size)
+{
+        char name[96];
+        snprintf(name, sizeof(name), "%s/chunks/%02x/obj%d", tenant, i % 5, i);
+        void *d = NULL;
+        size_t n = 0;
+        struct cove_err err = {0};
+        if (cs->ops->get(cs, name, 1 << 24, &d, &n, &err) < 0)
+                return 0;
+        int ok = n == size && !strcmp(d, name) && ((uint8_t *)d)[size - 1] == (uint8_t)(i & 0xff);
+        free(d);
+        return ok;
+}
+
+static void set_mtime(const char *dir, time_t secs_ago)
+{
+        DIR *d = opendir(dir);
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+                char p[512];
+                snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+                struct timespec ts[2] = {{time(NULL) - secs_ago, 0}, {time(NULL) - secs_ago, 0}};
+                if (de->d_name[0] != '.')
+                        utimensat(AT_FDCWD, p, ts, 0);
+        }
+        if (d)
+                closedir(d);
+}
+
+/* Batched objects land in few pack files, one tenant per pack; a new handle reads them;
+ * deletes survive a reopen; a pack goes when its last object does; recover removes a
+ * writer's temp pack; a damaged pack index means missing objects, never a crash. */
+static void fs_packs(void **state)
+{
+        struct fx *f = *state;
+        struct cove_chunkstore *cs = f->cs;
+        const struct cove_chunkstore_ops *o = cs->ops;
+        struct cove_err err = {0};
+        char pa[256], pb[256];
+        snprintf(pa, sizeof(pa), "%s/.packs/alice", f->root);
+        snprintf(pb, sizeof(pb), "%s/.packs/bob", f->root);
+        /* 1100 objects of 64 KiB: more than one pack (64 MiB each), far fewer files */
+        put_batch(cs, "alice", 0, 1100, 65536);
+        put_batch(cs, "bob", 0, 10, 1000);
+        int na = count_suffix(pa, ".pack");
+        assert_true(na >= 2 && na <= 3);
+        assert_int_equal(count_suffix(pb, ".pack"), 1);
+        char loose[256];
+        snprintf(loose, sizeof(loose), "%s/alice/chunks/00", f->root);
+        assert_int_equal(access(loose, F_OK), -1); /* nothing loose */
+        for (int i = 0; i < 1100; i += 97)
+                assert_true(get_ok(cs, "alice", i, 65536));
+        int cnt = 0;
+        assert_int_equal(o->list(cs, "alice/chunks/", count_cb, &cnt, &err), 0);
+        assert_int_equal(cnt, 1100);
+        cnt = 0;
+        assert_int_equal(o->list(cs, "bob/", count_cb, &cnt, &err), 0);
+        assert_int_equal(cnt, 10);
+        /* put of a packed name: kept, 1 */
+        assert_int_equal(o->put(cs, NULL, "bob/chunks/00/obj0", "x", 1, &err), 1);
+        /* a second handle (another process) sees them; a pack added later too */
+        struct cove_chunkstore *cs2 = cove_chunkstore_fs_open(f->root, NULL, &err);
+        assert_non_null(cs2);
+        assert_true(get_ok(cs2, "bob", 3, 1000));
+        put_batch(cs, "bob", 10, 20, 1000);
+        assert_true(get_ok(cs2, "bob", 15, 1000));
+        assert_int_equal(cs2->ops->has(cs2, "bob/chunks/00/obj15", &err), 1);
+        /* del with a cutoff: a young pack keeps its objects; an old one loses them */
+        assert_int_equal(o->del(cs, "bob/chunks/00/obj0", cove_now_ms() - 60000, &err), 0);
+        set_mtime(pb, 7200);
+        assert_int_equal(o->del(cs, "bob/chunks/00/obj0", cove_now_ms() - 60000, &err), 1);
+        assert_int_equal(o->has(cs, "bob/chunks/00/obj0", &err), 0);
+        assert_int_equal(o->del(cs, "bob/chunks/00/obj0", INT64_MAX, &err), 0);
+        /* a touch makes the pack young again: GC waits */
+        assert_int_equal(o->touch(cs, "bob/chunks/01/obj1", &err), 1);
+        assert_int_equal(o->del(cs, "bob/chunks/01/obj1", cove_now_ms() - 60000, &err), 0);
+        /* another process deleted it after our index was loaded: touch says gone */
+        set_mtime(pb, 7200);
+        assert_int_equal(cs2->ops->del(cs2, "bob/chunks/01/obj1", cove_now_ms() - 60000, &err), 1);
+        assert_int_equal(o->touch(cs, "bob/chunks/01/obj1", &err), 0);
+        cs2->ops->close(cs2);
+        /* deletes survive a reopen */
+        o->close(cs);
+        cs = f->cs = cove_chunkstore_fs_open(f->root, NULL, &err);
+        o = cs->ops;
+        assert_int_equal(o->has(cs, "bob/chunks/00/obj0", &err), 0);
+        assert_int_equal(o->has(cs, "bob/chunks/01/obj1", &err), 0);
+        assert_true(get_ok(cs, "bob", 2, 1000));
+        /* the first bob pack goes with its last object, the second stays */
+        for (int i = 2; i < 10; i++) {
+                char name[64];
+                snprintf(name, sizeof(name), "bob/chunks/%02x/obj%d", i % 5, i);
+                assert_int_equal(o->del(cs, name, INT64_MAX, &err), 1);
+        }
+        assert_int_equal(count_suffix(pb, ".pack"), 1);
+        assert_int_equal(count_suffix(pb, ".dead"), 0);
+        assert_true(get_ok(cs, "bob", 12, 1000));
+        /* recover: a writer's temp pack goes */
+        char tmp[300];
+        snprintf(tmp, sizeof(tmp), "%s/.tmp.0123456789abcdef.pack", pb);
+        FILE *fp = fopen(tmp, "w");
+        fputs("partial", fp);
+        fclose(fp);
+        assert_int_equal(o->recover(cs, &err), 0);
+        assert_int_equal(access(tmp, F_OK), -1);
+        /* a damaged index: that pack's objects are missing, the store still opens */
+        DIR *d = opendir(pa);
+        struct dirent *de;
+        char victim[600] = "";
+        while ((de = readdir(d)))
+                if (strstr(de->d_name, ".pack") && de->d_name[0] != '.')
+                        snprintf(victim, sizeof(victim), "%s/%s", pa, de->d_name);
+        closedir(d);
+        int fd = open(victim, O_RDWR);
+        struct stat st;
+        fstat(fd, &st);
+        assert_int_equal(pwrite(fd, "\xff", 1, st.st_size - 30), 1); /* in the index */
+        close(fd);
+        o->close(cs);
+        cs = f->cs = cove_chunkstore_fs_open(f->root, NULL, &err);
+        assert_non_null(cs);
+        cnt = 0;
+        assert_int_equal(cs->ops->list(cs, "alice/chunks/", count_cb, &cnt, &err), 0);
+        assert_true(cnt > 0 && cnt < 1100);
+        /* a truncated pack too */
+        assert_int_equal(truncate(victim, 5), 0);
+        cs->ops->close(cs);
+        cs = f->cs = cove_chunkstore_fs_open(f->root, NULL, &err);
+        assert_non_null(cs);
+}
+
+/* A failed write or sync of a pack fails the batch's commit and leaves no temp file. */
+static int fail_sync;
+static int failing_fdatasync(int fd)
+{
+        if (fail_sync) {
+                errno = EIO;
+                return -1;
+        }
+        return fdatasync(fd);
+}
+
+static void fs_pack_faults(void **state)
+{
+        struct fx *f = *state;
+        struct cove_err err = {0};
+        f->cs->ops->close(f->cs);
+        struct cove_sysio io = cove_sysio_default;
+        io.fdatasync = failing_fdatasync;
+        f->cs = cove_chunkstore_fs_open(f->root, &io, &err);
+        struct cove_chunkstore *cs = f->cs;
+        struct cove_cs_batch *b = cs->ops->batch_new(cs, &err);
+        for (int i = 0; i < 20; i++) {
+                char name[64];
+                snprintf(name, sizeof(name), "t/chunks/00/f%d", i);
+                assert_int_equal(cs->ops->put(cs, b, name, name, strlen(name), &err), 0);
+        }
+        fail_sync = 1;
+        assert_int_equal(cs->ops->batch_commit(cs, b, &err), -1);
+        fail_sync = 0;
+        assert_int_equal(err.errnum, EIO);
+        cs->ops->batch_free(cs, b);
+        assert_int_equal(cs->ops->has(cs, "t/chunks/00/f3", &err), 0);
+        char pd[256];
+        snprintf(pd, sizeof(pd), "%s/.packs/t", f->root);
+        assert_int_equal(count_suffix(pd, ".pack"), 0);
+        /* a full pack sealed in the background fails: the later puts or the commit say so */
+        b = cs->ops->batch_new(cs, &err);
+        char *buf = calloc(1, 65536);
+        fail_sync = 1;
+        int failed = 0;
+        for (int i = 0; i < 1100 && !failed; i++) {
+                char name[64];
+                snprintf(name, sizeof(name), "t/chunks/01/g%d", i);
+                snprintf(buf, 65536, "%s", name);
+                failed = cs->ops->put(cs, b, name, buf, 65536, &err) < 0;
+        }
+        if (!failed)
+                failed = cs->ops->batch_commit(cs, b, &err) < 0;
+        fail_sync = 0;
+        free(buf);
+        assert_true(failed);
+        assert_int_equal(err.errnum, EIO);
+        assert_int_equal(cs->ops->batch_commit(cs, b, &err), -1); /* sticky */
+        cs->ops->batch_free(cs, b);
+        assert_int_equal(cs->ops->has(cs, "t/chunks/01/g3", &err), 0);
+        assert_int_equal(count_suffix(pd, ".pack"), 0);
+        assert_int_equal(cs->ops->recover(cs, &err), 0);
+        DIR *d = opendir(pd);
+        struct dirent *de;
+        int temps = 0;
+        while (d && (de = readdir(d)))
+                temps +=
+                    de->d_name[0] == '.' && strcmp(de->d_name, ".") && strcmp(de->d_name, "..");
+        if (d)
+                closedir(d);
+        assert_int_equal(temps, 0);
 }
 
 /* ---- S3 backend against a real server (skipped without one) ---- */
@@ -553,6 +794,8 @@ int main(void)
 {
         const struct CMUnitTest tests[] = {
             cmocka_unit_test_setup_teardown(fs_objects, setup, teardown),
+            cmocka_unit_test_setup_teardown(fs_packs, setup, teardown),
+            cmocka_unit_test_setup_teardown(fs_pack_faults, setup, teardown),
             cmocka_unit_test_setup_teardown(cache, setup, teardown),
             cmocka_unit_test(s3_objects),
             cmocka_unit_test(s3_gc_race),

@@ -56,6 +56,8 @@ static int teardown(void **state)
         return 0;
 }
 
+static int fx_loose; /* next open: chunks as one file each (the format before packs) */
+
 static struct cove_store *open_store2(struct fx *f, const struct cove_sysio *io, int threads,
                                       int64_t grace_ms, int no_recover)
 {
@@ -64,7 +66,9 @@ static struct cove_store *open_store2(struct fx *f, const struct cove_sysio *io,
                                     .io = io,
                                     .threads = threads,
                                     .gc_grace_ms = grace_ms,
+                                    .fs_loose = fx_loose,
                                     .no_recover = no_recover};
+        fx_loose = 0;
         struct cove_store *st = NULL;
         struct cove_err err = {0};
         if (cove_store_open(&o, &st, &err) < 0)
@@ -432,7 +436,11 @@ static void odd_names(void **state)
         assert_true(s2.reused_bytes > 0);
 }
 
-static void first_chunk_path(struct fx *f, const char *tenant, char *out, size_t cap, int which);
+struct objlist {
+        char names[4096][80];
+        size_t n;
+};
+static void list_chunk_names(struct cove_store *st, const char *tenant, struct objlist *o);
 
 /* Unchanged files (size, mtime, ctime, inode) take their chunk lists from the parent without
  * being read; a file rewritten with its old size and mtime put back is read again (its ctime
@@ -468,16 +476,24 @@ static void incremental(void **state)
         assert_true(c.reused_bytes < c.size_bytes);
         restore_ok(f->st, "t1", "c", f->src, f->dst);
         /* a chunk of c vanishes from the store: d must not name it blindly */
-        char victim[512];
         struct cove_err err = {0};
-        for (int which = 0;; which++) { /* one that c (the current tree) needs */
-                first_chunk_path(f, "t1", victim, sizeof(victim), which);
-                char aside[600];
-                snprintf(aside, sizeof(aside), "%s.aside", victim);
-                assert_int_equal(rename(victim, aside), 0);
-                if (cove_snapshot_verify(f->st, "t1", "c", &err) < 0)
+        static struct objlist names;
+        list_chunk_names(f->st, "t1", &names);
+        struct cove_chunkstore *cs = cove_store_backend(f->st);
+        for (size_t which = 0;; which++) { /* one that c (the current tree) needs */
+                assert_true(which < names.n);
+                void *obj = NULL;
+                size_t olen = 0;
+                assert_int_equal(cs->ops->get(cs, names.names[which], 1 << 24, &obj, &olen, &err),
+                                 0);
+                assert_int_equal(cs->ops->del(cs, names.names[which], INT64_MAX, &err), 1);
+                int broken = cove_snapshot_verify(f->st, "t1", "c", &err) < 0;
+                if (!broken) /* put back (as a single object: both formats in one store) */
+                        assert_int_equal(
+                            cs->ops->put(cs, NULL, names.names[which], obj, olen, &err), 0);
+                free(obj);
+                if (broken)
                         break;
-                assert_int_equal(rename(aside, victim), 0);
         }
         capture(f->st, "t1", "d", "c", f->src, &d);
         assert_true(d.new_chunks >= 1);
@@ -491,10 +507,26 @@ static void incremental(void **state)
         restore_ok(f->st, "t1", "e", f->src, f->dst);
 }
 
-struct objlist {
-        char names[4096][80];
-        size_t n;
-};
+static int name_cb(const char *name, uint64_t size, int64_t mtime_ms, void *arg)
+{
+        (void)size;
+        (void)mtime_ms;
+        struct objlist *o = arg;
+        if (o->n < 4096)
+                snprintf(o->names[o->n++], 80, "%s", name);
+        return 0;
+}
+
+/* The tenant's chunk objects as the store lists them (loose files and packs). */
+static void list_chunk_names(struct cove_store *st, const char *tenant, struct objlist *o)
+{
+        struct cove_chunkstore *cs = cove_store_backend(st);
+        char prefix[96];
+        snprintf(prefix, sizeof(prefix), "%s/chunks/", tenant);
+        struct cove_err err = {0};
+        o->n = 0;
+        assert_int_equal(cs->ops->list(cs, prefix, name_cb, o, &err), 0);
+}
 
 static void list_chunk_files(const char *dir, struct objlist *o)
 {
@@ -517,6 +549,8 @@ static void list_chunk_files(const char *dir, struct objlist *o)
         closedir(d);
 }
 
+static int grep_dir(const char *dir, const char *marker);
+
 static void tenants_apart(void **state)
 {
         struct fx *f = *state;
@@ -525,16 +559,28 @@ static void tenants_apart(void **state)
         capture(f->st, "alice", "s", NULL, f->src, NULL);
         capture(f->st, "bob", "s", NULL, f->src, NULL);
         static struct objlist a, b;
-        a.n = b.n = 0;
-        char p[256];
-        snprintf(p, sizeof(p), "%s/alice/chunks", f->root);
-        list_chunk_files(p, &a);
-        snprintf(p, sizeof(p), "%s/bob/chunks", f->root);
-        list_chunk_files(p, &b);
+        list_chunk_names(f->st, "alice", &a);
+        list_chunk_names(f->st, "bob", &b);
         assert_true(a.n > 3 && b.n > 3); /* counts may differ: chunk boundaries are keyed too */
         for (size_t i = 0; i < a.n; i++)
                 for (size_t j = 0; j < b.n; j++)
-                        assert_string_not_equal(a.names[i], b.names[j]);
+                        assert_string_not_equal(a.names[i] + strlen("alice/chunks/"),
+                                                b.names[j] + strlen("bob/chunks/"));
+        /* each tenant's chunks are packed apart: no file holds both */
+        char p[256];
+        static struct objlist pa, pb;
+        pa.n = pb.n = 0;
+        snprintf(p, sizeof(p), "%s/.packs/alice", f->root);
+        list_chunk_files(p, &pa);
+        snprintf(p, sizeof(p), "%s/.packs/bob", f->root);
+        list_chunk_files(p, &pb);
+        assert_true(pa.n >= 1 && pb.n >= 1);
+        snprintf(p, sizeof(p), "%s/.packs/alice", f->root);
+        assert_true(grep_dir(p, "alice/chunks/") > 0); /* the index names its objects */
+        assert_int_equal(grep_dir(p, "bob/"), 0);
+        snprintf(p, sizeof(p), "%s/.packs/bob", f->root);
+        assert_true(grep_dir(p, "bob/chunks/") > 0);
+        assert_int_equal(grep_dir(p, "alice/"), 0);
         /* each tenant restores its own; bob cannot read alice's manifest with his key */
         restore_ok(f->st, "bob", "s", f->src, f->dst);
         char from[256], to[256];
@@ -628,9 +674,93 @@ static void first_chunk_path(struct fx *f, const char *tenant, char *out, size_t
         closedir(d);
 }
 
+/* A damaged chunk in a pack fails the restore and the verify the same way. */
+static void damaged_pack(void **state)
+{
+        struct fx *f = *state;
+        f->st = open_store(f, NULL, 0, 0);
+        make_tree(f->src, 0);
+        capture(f->st, "t1", "good", NULL, f->src, NULL);
+        restore_ok(f->st, "t1", "good", f->src, f->dst);
+        char pd[256], pk[600] = "";
+        snprintf(pd, sizeof(pd), "%s/.packs/t1", f->root);
+        DIR *d = opendir(pd);
+        assert_non_null(d);
+        struct dirent *de;
+        while ((de = readdir(d)))
+                if (de->d_name[0] != '.' && strstr(de->d_name, ".pack"))
+                        snprintf(pk, sizeof(pk), "%s/%s", pd, de->d_name);
+        closedir(d);
+        assert_true(pk[0]);
+        int fd = open(pk, O_RDWR);
+        uint8_t byte;
+        assert_int_equal(pread(fd, &byte, 1, 30), 1); /* the first object's ciphertext */
+        byte ^= 1;
+        assert_int_equal(pwrite(fd, &byte, 1, 30), 1);
+        close(fd);
+        cove_rm_rf(f->dst, NULL);
+        struct cove_err err = {0};
+        assert_int_equal(restore(f->st, "t1", "good", f->dst, &err), -1);
+        print_message("tampered in a pack: %s\n", err.msg);
+        assert_non_null(strstr(err.msg, "snapshot good"));
+        assert_non_null(strstr(err.msg, "authentication failed"));
+        assert_int_equal(cove_snapshot_verify(f->st, "t1", "good", &err), -1);
+}
+
+static void age_objects(const char *dir, time_t secs_ago);
+static int count_objects(const char *dir);
+
+/* A store written before packs (loose chunk files) opened by this version: its snapshots
+ * restore, a new capture packs only what is new, and GC sweeps loose and packed garbage. */
+static void upgrade_from_loose(void **state)
+{
+        struct fx *f = *state;
+        fx_loose = 1;
+        f->st = open_store(f, NULL, 2, 1);
+        make_tree(f->src, 0);
+        capture(f->st, "t1", "old", NULL, f->src, NULL);
+        cove_store_close(f->st);
+        char chunks[256], packs[256];
+        snprintf(chunks, sizeof(chunks), "%s/t1/chunks", f->root);
+        snprintf(packs, sizeof(packs), "%s/.packs", f->root);
+        static struct objlist o;
+        o.n = 0;
+        list_chunk_files(chunks, &o);
+        size_t loose = o.n;
+        assert_true(loose > 3);
+        assert_int_equal(access(packs, F_OK), -1);
+        f->st = open_store(f, NULL, 2, 1); /* packs from now on */
+        restore_ok(f->st, "t1", "old", f->src, f->dst);
+        put_gen(f->src, "new.bin", 700000, 0, 4242);
+        capture(f->st, "t1", "new", "old", f->src, NULL);
+        restore_ok(f->st, "t1", "new", f->src, f->dst);
+        o.n = 0;
+        list_chunk_files(chunks, &o);
+        assert_int_equal(o.n, loose); /* nothing new loose */
+        o.n = 0;
+        list_chunk_files(packs, &o);
+        assert_true(o.n >= 1); /* the new chunks, packed */
+        int both = count_objects(chunks);
+        assert_true((size_t)both > loose);
+        /* drop both snapshots: every chunk, loose or packed, goes */
+        struct cove_err err = {0};
+        assert_int_equal(cove_snapshot_delete(f->st, "t1", "old", &err), 0);
+        assert_int_equal(cove_snapshot_delete(f->st, "t1", "new", &err), 0);
+        age_objects(f->root, 7200);
+        struct cove_gc_stats gs;
+        assert_int_equal(cove_store_gc(f->st, "t1", NULL, 0, &gs, &err), 0);
+        assert_int_equal(gs.swept, (uint64_t)both);
+        assert_int_equal(count_objects(chunks), 0);
+        o.n = 0;
+        list_chunk_files(packs, &o);
+        assert_int_equal(o.n, 0); /* the emptied pack is gone too */
+}
+
+/* Tampered, truncated, swapped and missing chunk files of the loose format. */
 static void damaged_chunks(void **state)
 {
         struct fx *f = *state;
+        fx_loose = 1;
         f->st = open_store(f, NULL, 0, 0);
         make_tree(f->src, 0);
         capture(f->st, "t1", "good", NULL, f->src, NULL);
@@ -844,8 +974,9 @@ static void faults(void **state)
         const int ops[] = {OP_WRITE, OP_FSYNC, OP_RENAME, OP_MKDIR};
         const int errs[] = {ENOSPC, EIO};
         int runs = 0, k = 0;
-        /* a small change (a few chunks: fdatasync per object and directory) and a large one
-         * (groups of 8 or more: syncfs before and after the renames) */
+        /* a small change and a large one (packs: one pack, or several; loose: fdatasync per
+         * object and directory, or groups of 8 or more with syncfs before and after the
+         * renames) */
         for (size_t big = 0; big < 2; big++)
                 for (size_t oi = 0; oi < 4; oi++) {
                         for (size_t ei = 0; ei < 2; ei++) {
@@ -897,6 +1028,13 @@ static void faults(void **state)
         /* and a later capture works */
         capture(f->st, "t1", "after", "base", f->src, NULL);
         restore_ok(f->st, "t1", "after", f->src, f->dst);
+}
+
+/* The same with the loose format (one file per chunk). */
+static void faults_loose(void **state)
+{
+        fx_loose = 1;
+        faults(state);
 }
 
 /* GC and snapshot deletes with a failing rename (moving a chunk aside), unlink or directory
@@ -977,6 +1115,12 @@ static void gc_faults(void **state)
                 }
         }
         print_message("gc_faults: %d GCs and deletes with an injected ENOSPC/EIO\n", runs);
+}
+
+static void gc_faults_loose(void **state)
+{
+        fx_loose = 1;
+        gc_faults(state);
 }
 
 /* ---- kill -9 ---- */
@@ -1108,11 +1252,24 @@ static void age_objects(const char *dir, time_t secs_ago)
         closedir(d);
 }
 
+/* The objects under dir (<root>/<tenant>/chunks) as a fresh handle on the store lists
+ * them: what is on disk, loose or packed. */
 static int count_objects(const char *dir)
 {
+        char root[512], prefix[96];
+        snprintf(root, sizeof(root), "%s", dir);
+        char *sl = strrchr(root, '/');
+        *sl = '\0';
+        sl = strrchr(root, '/');
+        *sl = '\0';
+        snprintf(prefix, sizeof(prefix), "%s/chunks/", sl + 1);
+        struct cove_err err = {0};
+        struct cove_chunkstore *cs = cove_chunkstore_fs_open(root, NULL, &err);
+        assert_non_null(cs);
         static struct objlist o;
         o.n = 0;
-        list_chunk_files(dir, &o);
+        assert_int_equal(cs->ops->list(cs, prefix, name_cb, &o, &err), 0);
+        cs->ops->close(cs);
         return (int)o.n;
 }
 
@@ -1255,10 +1412,14 @@ int main(void)
             cmocka_unit_test_setup_teardown(tenants_apart, setup, teardown),
             cmocka_unit_test_setup_teardown(no_plaintext, setup, teardown),
             cmocka_unit_test_setup_teardown(damaged_chunks, setup, teardown),
+            cmocka_unit_test_setup_teardown(damaged_pack, setup, teardown),
+            cmocka_unit_test_setup_teardown(upgrade_from_loose, setup, teardown),
             cmocka_unit_test_setup_teardown(memory_stream, setup, teardown),
             cmocka_unit_test_setup_teardown(faults, setup, teardown),
+            cmocka_unit_test_setup_teardown(faults_loose, setup, teardown),
             cmocka_unit_test_setup_teardown(gc, setup, teardown),
             cmocka_unit_test_setup_teardown(gc_faults, setup, teardown),
+            cmocka_unit_test_setup_teardown(gc_faults_loose, setup, teardown),
             cmocka_unit_test_setup_teardown(kill9, setup, teardown),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,7 +9,7 @@ struct cove_chunkstore *cove_chunkstore_open(const struct cove_chunkstore_cfg *c
                                              struct cove_err *err)
 {
         if (!cfg->url || !cfg->url[0])
-                return cove_chunkstore_fs_open(cfg->fs_root, cfg->io, err);
+                return cove_chunkstore_fs_open2(cfg->fs_root, cfg->io, cfg->fs_loose, err);
         if (strncmp(cfg->url, "s3://", 5)) {
                 cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
                               "store URL must be s3://BUCKET[/PREFIX] (or none for the local "

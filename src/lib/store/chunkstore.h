@@ -25,8 +25,9 @@ struct cove_chunkstore_ops {
         const char *name; /* "fs", "s3", "cache" */
         /* Store an immutable object. If name already exists it is left as it is (never
          * rewritten) and put returns 1; else 0 once the object is durable. With a batch,
-         * the object may become visible and durable only at batch_commit() (fs: written
-         * to a temp name now, fsynced and renamed in groups; S3: immediate). */
+         * the object may become visible and durable only at batch_commit() (fs: appended
+         * to a pack of the writing thread, visible once that pack is sealed; S3:
+         * immediate). */
         int (*put)(struct cove_chunkstore *cs, struct cove_cs_batch *b, const char *name,
                    const void *data, size_t len, struct cove_err *err);
         /* Read a whole object of at most max bytes; caller frees *out. Missing: NOT_FOUND. */
@@ -62,11 +63,16 @@ struct cove_chunkstore {
         const struct cove_chunkstore_ops *ops;
 };
 
-/* Local-directory backend rooted at root (created 0700 if missing). Objects are files at
- * root/<name>; every write goes through io (NULL: real syscalls). Caller closes with
- * cs->ops->close(cs). Does not call recover(). */
+/* Local-directory backend rooted at root (created 0700 if missing). Unbatched objects are files
+ * at root/<name>; every write goes through io (NULL: real syscalls). Caller closes with
+ * cs->ops->close(cs). Does not call recover(). Batched puts are packed: many objects in one
+ * file under root/.packs/<first name component>/, one fdatasync per pack (see
+ * chunkstore_fs.c); loose object files (the format before packs) are read as ever. */
 struct cove_chunkstore *cove_chunkstore_fs_open(const char *root, const struct cove_sysio *io,
                                                 struct cove_err *err);
+/* Same; loose = 1 writes batched puts as one file per object (the older format). */
+struct cove_chunkstore *cove_chunkstore_fs_open2(const char *root, const struct cove_sysio *io,
+                                                 int loose, struct cove_err *err);
 
 /* S3-compatible backend (chunkstore_s3.c): objects at s3://BUCKET/PREFIX<name>, path-style
  * requests to endpoint, signed with SigV4 (the body's SHA-256 in x-amz-content-sha256, so
@@ -134,6 +140,7 @@ struct cove_chunkstore_cfg {
         const char *url;
         const char *fs_root;
         const struct cove_sysio *io; /* fs only */
+        int fs_loose;                /* fs only: one file per object, no packs */
         const char *s3_endpoint;
         int s3_timeout_ms;     /* 0: default */
         const char *cache_dir; /* NULL: no cache */

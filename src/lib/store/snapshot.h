@@ -26,12 +26,15 @@ struct cove_store_opts {
         const char *root;            /* fs backend directory (objects <root>/<tenant>/…) */
         const char *keys_dir;        /* tenant data keys (<keys_dir>/<tenant>.dek) */
         const struct cove_sysio *io; /* NULL: real syscalls; tests inject faults here */
-        int threads;                 /* hash+compress+encrypt+write workers; 0: online CPUs
-                                        (max 8); 1: everything on the caller's thread */
+        int threads;                 /* hash+compress+encrypt+write workers; 0: twice the
+                                        online CPUs (max 8); 1: everything on the caller's
+                                        thread */
         int64_t gc_grace_ms;         /* GC never deletes objects younger than this; 0: 1 h */
         int zstd_level;              /* 0: 1 */
         const struct cove_chunkstore_cfg *backend; /* NULL: the fs backend at root; else
                                         the backend it names (store/chunkstore.h) */
+        int fs_loose;   /* fs backend: write chunks as one file each (the format before
+                           packs; tests that damage single chunk files use it) */
         int no_recover; /* 1: skip recover at open (a second handle on a store
                            another process is writing: recover would remove its
                            temp objects). The fs backend assumes one opener. */
