@@ -651,7 +651,7 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
         cove_sandbox_row_clear(&row);
         /* the instance and its state go; snapshots stay (retention thins the rolling ones)
          * unless purge */
-        if (cove_node_stop(d->node, id, 1, err) < 0)
+        if (cove_node_kill(d->node, id, 1, err) < 0)
                 return -1;
         int r = d->cat_ops->sandbox_delete(d->cat, id, err);
         if (r < 0)

@@ -10,12 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "proto/frame.h"
 #include "util/cleanup.h"
+#include "util/testhooks.h"
 #include "util/util.h"
 
 #define HELLO_TIMEOUT_MS 10000
@@ -97,6 +99,12 @@ struct cove_node {
         int fullcheck_done;     /* with mu; full_cv is broadcast when it is set */
         pthread_cond_t full_cv; /* CLOCK_MONOTONIC */
         int pool_quit;
+        /* the reaper: instances cove_node_kill() killed, still to be stopped (with mu) */
+        struct reap_job *reap_head;
+        pthread_cond_t reap_cv;
+        pthread_t reaper;
+        int reaper_started;
+        int reap_quit;
         /* the data disk ran (nearly) full since the pooled instances started: their layers
          * may have hit write errors (quota.h), so none of them is handed out; the refill
          * thread replaces them once there is room again. With mu. */
@@ -117,6 +125,20 @@ struct spawn_job {
         struct cove_err *err;
         int done, rc;
 };
+
+struct reap_job {
+        struct reap_job *next;
+        struct inst *in; /* stopping, killed, still listed */
+        int purge;
+};
+
+/* Background work (pool refill, reaping) yields the CPU to API requests: nice is per
+ * thread on Linux, so this lowers only the calling thread (and what it forks). */
+#define BACKGROUND_NICE 19
+static void background_priority(void)
+{
+        setpriority(PRIO_PROCESS, 0, BACKGROUND_NICE);
+}
 
 static void *spawner_main(void *arg)
 {
@@ -524,6 +546,7 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
         n->cfg.guest_binary = n->guest;
         pthread_mutex_init(&n->mu, NULL);
         pthread_cond_init(&n->stop_cv, NULL);
+        pthread_cond_init(&n->reap_cv, NULL);
         {
                 pthread_condattr_t ca;
                 pthread_condattr_init(&ca);
@@ -1563,6 +1586,44 @@ int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, 
         return r;
 }
 
+/* Take in's channel out of the I/O loop, so no callback runs on it, and close it: nothing
+ * reaches the guest any more. */
+static void unwatch(struct cove_node *n, struct inst *in, const char *why)
+{
+        pthread_mutex_lock(&n->io_mu);
+        epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(in->chan), NULL);
+        pthread_mutex_unlock(&n->io_mu);
+        cove_chan_close(in->chan, why);
+}
+
+/* The rest of a stop, for an instance marked stopping and unwatched: the driver's stop, the
+ * instance out of the list (waking a stopper that waits), its uid range, on_stop; with
+ * purge its state dir last (the sign, after a crash, that something is left to clean). */
+static int stop_finish(struct cove_node *n, struct inst *in, int purge, struct cove_err *err)
+{
+        char id[64], sd[PATH_MAX];
+        snprintf(id, sizeof(id), "%s", in->id);
+        state_dir_of(n, id, sd, sizeof(sd));
+        int r = in->ops->stop(in->rt, &in->ri, id, sd, purge, err);
+        pthread_mutex_lock(&n->mu);
+        for (struct inst **pp = &n->insts; *pp; pp = &(*pp)->next)
+                if (*pp == in) {
+                        *pp = in->next;
+                        n->ninsts--;
+                        break;
+                }
+        pthread_cond_broadcast(&n->stop_cv);
+        pthread_mutex_unlock(&n->mu);
+        cove_node_uid_release(n, in->uid_base);
+        cove_chan_unref(in->chan);
+        free(in);
+        if (n->cfg.on_stop)
+                n->cfg.on_stop(n->cfg.arg, id);
+        if (r == 0 && purge)
+                r = cove_rm_rf(sd, err);
+        return r;
+}
+
 int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err)
 {
         char sd[PATH_MAX];
@@ -1582,32 +1643,88 @@ int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struc
         int r;
         if (!in) {
                 r = cleanup_any(n, sandbox_id, sd, purge, err);
+                if (r == 0 && purge)
+                        r = cove_rm_rf(sd, err);
         } else {
-                /* take the channel out of the I/O loop first, so no callback runs on it */
-                pthread_mutex_lock(&n->io_mu);
-                epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(in->chan), NULL);
-                pthread_mutex_unlock(&n->io_mu);
-                cove_chan_close(in->chan, "sandbox stopped");
-                r = in->ops->stop(in->rt, &in->ri, sandbox_id, sd, purge, err);
-                pthread_mutex_lock(&n->mu);
-                for (struct inst **pp = &n->insts; *pp; pp = &(*pp)->next)
-                        if (*pp == in) {
-                                *pp = in->next;
-                                n->ninsts--;
-                                break;
-                        }
-                pthread_cond_broadcast(&n->stop_cv);
-                pthread_mutex_unlock(&n->mu);
-                cove_node_uid_release(n, in->uid_base);
-                cove_chan_unref(in->chan);
-                free(in);
-                if (n->cfg.on_stop)
-                        n->cfg.on_stop(n->cfg.arg, sandbox_id);
-        }
-        if (r == 0 && purge) {
-                r = cove_rm_rf(sd, err);
+                unwatch(n, in, "sandbox stopped");
+                r = stop_finish(n, in, purge, err);
         }
         return r < 0 ? cove_err_wrap(err, "stop sandbox %s", sandbox_id) : 0;
+}
+
+static void *reaper_main(void *arg)
+{
+        struct cove_node *n = arg;
+        background_priority();
+        pthread_mutex_lock(&n->mu);
+        for (;;) {
+                while (!n->reap_head && !n->reap_quit)
+                        pthread_cond_wait(&n->reap_cv, &n->mu);
+                struct reap_job *j = n->reap_head;
+                if (!j)
+                        break;
+                n->reap_head = j->next;
+                pthread_mutex_unlock(&n->mu);
+                int64_t hold = cove_testhooks_reap_hold_ms();
+                if (hold > 0) { /* a window in which a test crashes coved (testhooks.h) */
+                        cove_info(n->cfg.log, "node.reap", "test hook: holding %s for %lld ms",
+                                  j->in->id, (long long)hold);
+                        int64_t until = cove_mono_ns() + hold * 1000000;
+                        while (cove_mono_ns() < until && cove_testhooks_reap_hold_ms() > 0 &&
+                               !__atomic_load_n(&n->pool_quit, __ATOMIC_RELAXED))
+                                usleep(20000);
+                }
+                struct cove_err e;
+                char id[64];
+                snprintf(id, sizeof(id), "%s", j->in->id);
+                if (stop_finish(n, j->in, j->purge, &e) < 0)
+                        cove_warn(n->cfg.log, "node.reap", "stop sandbox %s: %s", id, e.msg);
+                free(j);
+                pthread_mutex_lock(&n->mu);
+        }
+        pthread_mutex_unlock(&n->mu);
+        return NULL;
+}
+
+int cove_node_kill(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in;
+        while ((in = find_locked(n, sandbox_id)) && in->stopping)
+                pthread_cond_wait(&n->stop_cv, &n->mu);
+        if (in && in->ops->kill && !n->reaper_started && !n->reap_quit) {
+                if (pthread_create(&n->reaper, NULL, reaper_main, n) == 0)
+                        n->reaper_started = 1;
+        }
+        struct reap_job *j =
+            in && in->ops->kill && n->reaper_started ? calloc(1, sizeof(*j)) : NULL;
+        if (!j) { /* nothing to kill, or no reaper: everything now */
+                pthread_mutex_unlock(&n->mu);
+                return cove_node_stop(n, sandbox_id, purge, err);
+        }
+        in->stopping = 1;
+        while (in->busy)
+                pthread_cond_wait(&n->stop_cv, &n->mu);
+        pthread_mutex_unlock(&n->mu);
+        unwatch(n, in, "sandbox deleted");
+        struct cove_err e2;
+        if (in->ops->kill(in->rt, &in->ri, sandbox_id, &e2) < 0) {
+                /* the reaper's stop() kills again, and waits */
+                cove_warn(n->cfg.log, "node.kill", "%s", e2.msg);
+                free(j);
+                int r = stop_finish(n, in, purge, err);
+                return r < 0 ? cove_err_wrap(err, "stop sandbox %s", sandbox_id) : 0;
+        }
+        j->in = in;
+        j->purge = purge;
+        pthread_mutex_lock(&n->mu);
+        struct reap_job **tail = &n->reap_head;
+        while (*tail)
+                tail = &(*tail)->next;
+        *tail = j;
+        pthread_cond_signal(&n->reap_cv);
+        pthread_mutex_unlock(&n->mu);
+        return 0;
 }
 
 pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id)
@@ -1656,6 +1773,15 @@ void cove_node_free(struct cove_node *n)
                 if (cove_node_stop(n, id, purge, &e) < 0)
                         cove_warn(n->cfg.log, "node.stop", "%s", e.msg);
         }
+        /* every instance is gone, so the reaper has nothing left (cove_node_stop waits for
+         * an instance it is stopping) */
+        pthread_mutex_lock(&n->mu);
+        n->reap_quit = 1;
+        pthread_cond_broadcast(&n->reap_cv);
+        int reaper = n->reaper_started;
+        pthread_mutex_unlock(&n->mu);
+        if (reaper)
+                pthread_join(n->reaper, NULL);
         pthread_mutex_lock(&n->sp_mu);
         n->quit = 1;
         pthread_cond_broadcast(&n->sp_cv);

@@ -1273,6 +1273,31 @@ static int ns_stop(struct cove_runtime *rt, struct cove_instance *inst, const ch
         return 0;
 }
 
+static int ns_kill(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
+                   struct cove_err *err)
+{
+        struct ns_inst *priv = inst->priv;
+        const char *id = priv ? priv->id : sandbox_id;
+        if (!id)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "ns: kill without id");
+        if (inst->pid > 0)
+                kill(inst->pid, SIGKILL);
+        /* one SIGKILL pass over the cgroup (a task outside the pid namespace, if any), and a
+         * thaw, so that a frozen sandbox can die */
+        if (cove_cgroup_signal_kill(rt->cg, id, err) < 0)
+                return cove_err_wrap(err, "ns: kill %s", id);
+        if (inst->pid > 0) {
+                /* the pid namespace's init exits only after every other task of its namespace
+                 * was reaped: its exit means the sandbox's processes are gone. WNOWAIT leaves
+                 * the zombie to stop()'s reap. */
+                siginfo_t si;
+                while (waitid(P_PID, (id_t)inst->pid, &si, WEXITED | WNOWAIT | __WALL) < 0 &&
+                       errno == EINTR)
+                        ;
+        }
+        return 0;
+}
+
 static int ns_cleanup_stale(struct cove_runtime *rt, const char *sandbox_id, const char *state_dir,
                             int purge, struct cove_err *err)
 {
@@ -2170,6 +2195,7 @@ const struct cove_runtime_ops cove_runtime_ns = {
     .freeze = ns_freeze,
     .thaw = ns_thaw,
     .stop = ns_stop,
+    .kill = ns_kill,
     .cleanup_stale = ns_cleanup_stale,
     .usage = ns_usage,
     .layer_snapshot = ns_layer_snapshot,
