@@ -132,14 +132,6 @@ struct reap_job {
         int purge;
 };
 
-/* Background work (pool refill, reaping) yields the CPU to API requests: nice is per
- * thread on Linux, so this lowers only the calling thread (and what it forks). */
-#define BACKGROUND_NICE 19
-static void background_priority(void)
-{
-        setpriority(PRIO_PROCESS, 0, BACKGROUND_NICE);
-}
-
 static void *spawner_main(void *arg)
 {
         struct cove_node *n = arg;
@@ -973,6 +965,15 @@ int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct
         return start_instance(n, spec, NULL, err);
 }
 
+/* Pooled instances of p that a create can take now. */
+static int pool_ready_locked(struct cove_node *n, const struct pool *p)
+{
+        int k = 0;
+        for (struct inst *in = n->insts; in; in = in->next)
+                k += in->pool == p && !in->stopping && !in->warming;
+        return k;
+}
+
 static int pool_idle_locked(struct cove_node *n, const struct pool *p)
 {
         int k = 0;
@@ -1028,6 +1029,8 @@ static void warm_up(struct cove_node *n, const char *id)
 static void *refill_main(void *arg)
 {
         struct cove_node *n = arg;
+        int base = cove_thread_nice(0), nice = base;
+        cove_thread_nice(base);
         pthread_mutex_lock(&n->mu);
         while (!n->pool_quit) {
                 if (n->space_tainted) {
@@ -1091,6 +1094,15 @@ static void *refill_main(void *arg)
                         pthread_cond_timedwait(&n->pool_cv, &n->mu, &ts);
                         continue;
                 }
+                /* this thread's share of a refill (the handshake, the warm-up exec, waiting
+                 * for them) yields to API requests while the pool still has an instance
+                 * ready; an empty pool means the next create waits for this one (or starts
+                 * cold): then it runs at full priority. The spawner's share does not yield:
+                 * it holds kernel locks (cgroup_mutex, the mount namespace's) that a create
+                 * or an exec needs too, and a starved holder would stall them. */
+                int wnice = pool_ready_locked(n, want) > 0 ? COVE_BACKGROUND_NICE : base;
+                if (wnice != nice)
+                        cove_thread_nice(nice = wnice);
                 want->starting++;
                 pthread_mutex_unlock(&n->mu);
                 struct cove_err err;
@@ -1652,10 +1664,12 @@ int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struc
         return r < 0 ? cove_err_wrap(err, "stop sandbox %s", sandbox_id) : 0;
 }
 
+/* The reaper runs at normal priority: its unmounts and rmdirs hold kernel locks (the mount
+ * namespace's, cgroup_mutex) that the next create needs, and a starved holder would stall
+ * that create (no priority inheritance for those). */
 static void *reaper_main(void *arg)
 {
         struct cove_node *n = arg;
-        background_priority();
         pthread_mutex_lock(&n->mu);
         for (;;) {
                 while (!n->reap_head && !n->reap_quit)
@@ -1696,9 +1710,11 @@ int cove_node_kill(struct cove_node *n, const char *sandbox_id, int purge, struc
                 if (pthread_create(&n->reaper, NULL, reaper_main, n) == 0)
                         n->reaper_started = 1;
         }
-        struct reap_job *j =
-            in && in->ops->kill && n->reaper_started ? calloc(1, sizeof(*j)) : NULL;
-        if (!j) { /* nothing to kill, or no reaper: everything now */
+        /* nothing to kill, no reaper, or cove_node_free() stopped it: everything now */
+        struct reap_job *j = in && in->ops->kill && n->reaper_started && !n->reap_quit
+                                 ? calloc(1, sizeof(*j))
+                                 : NULL;
+        if (!j) {
                 pthread_mutex_unlock(&n->mu);
                 return cove_node_stop(n, sandbox_id, purge, err);
         }

@@ -1280,21 +1280,16 @@ static int ns_kill(struct cove_runtime *rt, struct cove_instance *inst, const ch
         const char *id = priv ? priv->id : sandbox_id;
         if (!id)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "ns: kill without id");
+        /* SIGKILL of the pid namespace's init takes every task of the namespace along (and
+         * no new one can be forked into it); one pass over the cgroup reaches a task outside
+         * it, if any, and thaws a frozen sandbox so that its tasks can die. No wait: a task
+         * with SIGKILL pending never runs user code again, and its exit (the mount
+         * namespace's teardown waits for RCU grace periods: tens of ms under load) is the
+         * reaper's to wait for, in stop(). */
         if (inst->pid > 0)
                 kill(inst->pid, SIGKILL);
-        /* one SIGKILL pass over the cgroup (a task outside the pid namespace, if any), and a
-         * thaw, so that a frozen sandbox can die */
         if (cove_cgroup_signal_kill(rt->cg, id, err) < 0)
                 return cove_err_wrap(err, "ns: kill %s", id);
-        if (inst->pid > 0) {
-                /* the pid namespace's init exits only after every other task of its namespace
-                 * was reaped: its exit means the sandbox's processes are gone. WNOWAIT leaves
-                 * the zombie to stop()'s reap. */
-                siginfo_t si;
-                while (waitid(P_PID, (id_t)inst->pid, &si, WEXITED | WNOWAIT | __WALL) < 0 &&
-                       errno == EINTR)
-                        ;
-        }
         return 0;
 }
 
