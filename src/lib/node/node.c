@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -965,15 +964,6 @@ int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct
         return start_instance(n, spec, NULL, err);
 }
 
-/* Pooled instances of p that a create can take now. */
-static int pool_ready_locked(struct cove_node *n, const struct pool *p)
-{
-        int k = 0;
-        for (struct inst *in = n->insts; in; in = in->next)
-                k += in->pool == p && !in->stopping && !in->warming;
-        return k;
-}
-
 static int pool_idle_locked(struct cove_node *n, const struct pool *p)
 {
         int k = 0;
@@ -1029,8 +1019,6 @@ static void warm_up(struct cove_node *n, const char *id)
 static void *refill_main(void *arg)
 {
         struct cove_node *n = arg;
-        int base = cove_thread_nice(0), nice = base;
-        cove_thread_nice(base);
         pthread_mutex_lock(&n->mu);
         while (!n->pool_quit) {
                 if (n->space_tainted) {
@@ -1094,15 +1082,6 @@ static void *refill_main(void *arg)
                         pthread_cond_timedwait(&n->pool_cv, &n->mu, &ts);
                         continue;
                 }
-                /* this thread's share of a refill (the handshake, the warm-up exec, waiting
-                 * for them) yields to API requests while the pool still has an instance
-                 * ready; an empty pool means the next create waits for this one (or starts
-                 * cold): then it runs at full priority. The spawner's share does not yield:
-                 * it holds kernel locks (cgroup_mutex, the mount namespace's) that a create
-                 * or an exec needs too, and a starved holder would stall them. */
-                int wnice = pool_ready_locked(n, want) > 0 ? COVE_BACKGROUND_NICE : base;
-                if (wnice != nice)
-                        cove_thread_nice(nice = wnice);
                 want->starting++;
                 pthread_mutex_unlock(&n->mu);
                 struct cove_err err;

@@ -373,8 +373,6 @@ static struct pool_size *pool_find(struct cove_layers *l, uint64_t mb)
 static void *pool_refill_main(void *arg)
 {
         struct cove_layers *l = arg;
-        int base = cove_thread_nice(0), nice = base;
-        cove_thread_nice(base);
         pthread_mutex_lock(&l->pool_lock);
         while (!l->stopping) {
                 struct pool_size *ps = NULL;
@@ -392,11 +390,6 @@ static void *pool_refill_main(void *arg)
                 }
                 uint64_t mb = ps->mb;
                 unsigned seq = l->seq++;
-                /* a refill yields to API requests while a layer of the size is still ready;
-                 * an empty pool means the next create waits for this one: full priority */
-                int want = ps->count > 0 ? COVE_BACKGROUND_NICE : base;
-                if (want != nice)
-                        cove_thread_nice(nice = want);
                 pthread_mutex_unlock(&l->pool_lock);
                 struct pool_entry e;
                 struct cove_err err;

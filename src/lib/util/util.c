@@ -8,7 +8,6 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -61,16 +60,6 @@ int64_t cove_now_ms(void)
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-int cove_thread_nice(int nice)
-{
-        errno = 0;
-        int was = getpriority(PRIO_PROCESS, 0);
-        if (was == -1 && errno)
-                was = 0;
-        setpriority(PRIO_PROCESS, 0, nice);
-        return was;
 }
 
 int64_t cove_mono_ns(void)

@@ -17,12 +17,6 @@ void cove_hex(const void *buf, size_t len, char *out);
 
 int64_t cove_now_ms(void);  /* wall clock, unix ms */
 int64_t cove_mono_ns(void); /* monotonic ns */
-/* Background work (warm pool refill, reaping) runs at this nice so that API requests get
- * the CPU first. */
-#define COVE_BACKGROUND_NICE 19
-/* Set the calling thread's nice (per thread on Linux; inherited by what it forks) and
- * return the one it had. Best effort: raising it back needs CAP_SYS_NICE (coved has it). */
-int cove_thread_nice(int nice);
 /* RFC 3339 UTC with milliseconds, e.g. 2026-11-30T03:53:45.123Z (out >= 32 bytes). */
 void cove_rfc3339(int64_t unix_ms, char *out, size_t cap);
 /* An RFC 3339 time ("2026-12-01T10:00:00Z"; fractions and ±hh:mm offsets allowed) → unix
