@@ -303,7 +303,7 @@ class Bench:
         """DELETE's anchor: tearing down an equal setup by hand, synchronously — a process in
         new user/pid/mount/net/ipc/uts namespaces (unshare, as the create anchor) in a cgroup
         of its own, and a loop-mounted ext4 image like a sandbox's layer. Timed: kill the
-        process and wait for it, `umount`, `losetup -d`, rmdir the cgroup. The setup of each
+        group's tasks and wait for them, `umount`, `losetup -d`, rmdir the cgroup. The setup of each
         round is outside the clock."""
         n = max(10, min(self.a.creates, 50))
         work = tempfile.mkdtemp(prefix="cove-bench-del-")
@@ -326,12 +326,21 @@ class Bench:
                 if cg:
                     os.makedirs(cg, exist_ok=True)
                 p = subprocess.Popen(["unshare", "--user", "--map-root-user", "--pid", "--fork",
-                                      "--mount", "--net", "--ipc", "--uts", "sleep", "60"])
+                                      "--kill-child", "--mount", "--net", "--ipc", "--uts",
+                                      "sleep", "60"])
                 if cg:
                     with open(os.path.join(cg, "cgroup.procs"), "w") as f:
                         f.write(str(p.pid))
                 t0 = time.perf_counter()
-                p.kill()
+                tasks = [p.pid]
+                if cg:  # every task of the group, as a sandbox's cgroup kill does
+                    with open(os.path.join(cg, "cgroup.procs")) as f:
+                        tasks = [int(x) for x in f.read().split()] or tasks
+                for t in tasks:
+                    try:
+                        os.kill(t, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 p.wait()
                 subprocess.run(["umount", mnt], check=True)
                 subprocess.run(["losetup", "-d", loop], check=True)

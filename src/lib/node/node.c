@@ -122,6 +122,7 @@ struct spawn_job {
         const struct cove_instance_spec *spec;
         struct cove_instance *inst;
         struct cove_err *err;
+        int urgent; /* an API request waits for it (not a pool refill): queued first */
         int done, rc;
 };
 
@@ -154,14 +155,18 @@ static void *spawner_main(void *arg)
 }
 
 static int spawn(struct cove_node *n, const struct cove_runtime_ops *ops, struct cove_runtime *rt,
-                 const struct cove_instance_spec *spec, struct cove_instance *inst,
+                 const struct cove_instance_spec *spec, struct cove_instance *inst, int urgent,
                  struct cove_err *err)
 {
-        struct spawn_job j = {.ops = ops, .rt = rt, .spec = spec, .inst = inst, .err = err};
+        struct spawn_job j = {
+            .ops = ops, .rt = rt, .spec = spec, .inst = inst, .err = err, .urgent = urgent};
         pthread_mutex_lock(&n->sp_mu);
+        /* a create that found no warm instance does not queue behind the pools' refills:
+         * it goes after the other urgent jobs, ahead of every refill */
         struct spawn_job **tail = &n->sp_head;
-        while (*tail)
+        while (*tail && (!urgent || (*tail)->urgent))
                 tail = &(*tail)->next;
+        j.next = *tail;
         *tail = &j;
         pthread_cond_broadcast(&n->sp_cv);
         while (!j.done)
@@ -821,7 +826,7 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
         in->ri.chan_fd = -1;
         in->ops = ops;
         in->rt = rt;
-        if (spawn(n, ops, rt, spec, &in->ri, err) < 0) {
+        if (spawn(n, ops, rt, spec, &in->ri, pool == NULL, err) < 0) {
                 free(in);
                 return cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
         }
