@@ -645,14 +645,17 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
 {
         if (d->role == COVED_ROLE_CONTROL) /* its node stops it (a job) */
                 return coved_cluster_delete(d, tenant, id, purge, err);
+        int64_t t0 = cove_mono_ns();
         struct cove_sandbox_row row;
         if (cove_sandbox_load(d, tenant, id, &row, err) < 0)
                 return -1;
         cove_sandbox_row_clear(&row);
         /* the instance and its state go; snapshots stay (retention thins the rolling ones)
-         * unless purge */
-        if (cove_node_stop(d->node, id, 1, err) < 0)
+         * unless purge. Its processes are gone when this returns, the rest of the cleanup
+         * runs on the node's reaper */
+        if (cove_node_kill(d->node, id, 1, err) < 0)
                 return -1;
+        int64_t t1 = cove_mono_ns();
         int r = d->cat_ops->sandbox_delete(d->cat, id, err);
         if (r < 0)
                 return -1;
@@ -666,7 +669,10 @@ int cove_sandbox_delete(struct coved *d, const char *tenant, const char *id, int
         pthread_mutex_lock(&d->mu);
         d->m.deletes++;
         pthread_mutex_unlock(&d->mu);
-        cove_info(&d->log, "sandbox.delete", "sandbox %s deleted", id);
+        int64_t t2 = cove_mono_ns();
+        cove_info(&d->log, "sandbox.delete",
+                  "sandbox %s deleted in %.2f ms (kill %.2f, catalog %.2f)", id,
+                  (double)(t2 - t0) / 1e6, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6);
         coved_audit_control(d, tenant, id, "delete", json_pack("{s:b}", "purge", purge != 0));
         return 0;
 }

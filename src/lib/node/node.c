@@ -17,6 +17,7 @@
 
 #include "proto/frame.h"
 #include "util/cleanup.h"
+#include "util/testhooks.h"
 #include "util/util.h"
 
 #define HELLO_TIMEOUT_MS 10000
@@ -99,6 +100,12 @@ struct cove_node {
         int fullcheck_done;     /* with mu; full_cv is broadcast when it is set */
         pthread_cond_t full_cv; /* CLOCK_MONOTONIC */
         int pool_quit;
+        /* the reaper: instances cove_node_kill() killed, still to be stopped (with mu) */
+        struct reap_job *reap_head;
+        pthread_cond_t reap_cv;
+        pthread_t reaper;
+        int reaper_started;
+        int reap_quit;
         /* the data disk ran (nearly) full since the pooled instances started: their layers
          * may have hit write errors (quota.h), so none of them is handed out; the refill
          * thread replaces them once there is room again. With mu. */
@@ -117,7 +124,14 @@ struct spawn_job {
         const struct cove_instance_spec *spec;
         struct cove_instance *inst;
         struct cove_err *err;
+        int urgent; /* an API request waits for it (not a pool refill): queued first */
         int done, rc;
+};
+
+struct reap_job {
+        struct reap_job *next;
+        struct inst *in; /* stopping, killed, still listed */
+        int purge;
 };
 
 static void *spawner_main(void *arg)
@@ -143,14 +157,18 @@ static void *spawner_main(void *arg)
 }
 
 static int spawn(struct cove_node *n, const struct cove_runtime_ops *ops, struct cove_runtime *rt,
-                 const struct cove_instance_spec *spec, struct cove_instance *inst,
+                 const struct cove_instance_spec *spec, struct cove_instance *inst, int urgent,
                  struct cove_err *err)
 {
-        struct spawn_job j = {.ops = ops, .rt = rt, .spec = spec, .inst = inst, .err = err};
+        struct spawn_job j = {
+            .ops = ops, .rt = rt, .spec = spec, .inst = inst, .err = err, .urgent = urgent};
         pthread_mutex_lock(&n->sp_mu);
+        /* a create that found no warm instance does not queue behind the pools' refills:
+         * it goes after the other urgent jobs, ahead of every refill */
         struct spawn_job **tail = &n->sp_head;
-        while (*tail)
+        while (*tail && (!urgent || (*tail)->urgent))
                 tail = &(*tail)->next;
+        j.next = *tail;
         *tail = &j;
         pthread_cond_broadcast(&n->sp_cv);
         while (!j.done)
@@ -528,6 +546,7 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
         n->cfg.guest_binary = n->guest;
         pthread_mutex_init(&n->mu, NULL);
         pthread_cond_init(&n->stop_cv, NULL);
+        pthread_cond_init(&n->reap_cv, NULL);
         {
                 pthread_condattr_t ca;
                 pthread_condattr_init(&ca);
@@ -811,7 +830,7 @@ static int start_instance(struct cove_node *n, struct cove_instance_spec *spec, 
         in->ri.chan_fd = -1;
         in->ops = ops;
         in->rt = rt;
-        if (spawn(n, ops, rt, spec, &in->ri, err) < 0) {
+        if (spawn(n, ops, rt, spec, &in->ri, pool == NULL, err) < 0) {
                 free(in);
                 return cove_err_wrap(err, "start sandbox %s", spec->sandbox_id);
         }
@@ -1567,6 +1586,44 @@ int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, 
         return r;
 }
 
+/* Take in's channel out of the I/O loop, so no callback runs on it, and close it: nothing
+ * reaches the guest any more. */
+static void unwatch(struct cove_node *n, struct inst *in, const char *why)
+{
+        pthread_mutex_lock(&n->io_mu);
+        epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(in->chan), NULL);
+        pthread_mutex_unlock(&n->io_mu);
+        cove_chan_close(in->chan, why);
+}
+
+/* The rest of a stop, for an instance marked stopping and unwatched: the driver's stop, the
+ * instance out of the list (waking a stopper that waits), its uid range, on_stop; with
+ * purge its state dir last (the sign, after a crash, that something is left to clean). */
+static int stop_finish(struct cove_node *n, struct inst *in, int purge, struct cove_err *err)
+{
+        char id[64], sd[PATH_MAX];
+        snprintf(id, sizeof(id), "%s", in->id);
+        state_dir_of(n, id, sd, sizeof(sd));
+        int r = in->ops->stop(in->rt, &in->ri, id, sd, purge, err);
+        pthread_mutex_lock(&n->mu);
+        for (struct inst **pp = &n->insts; *pp; pp = &(*pp)->next)
+                if (*pp == in) {
+                        *pp = in->next;
+                        n->ninsts--;
+                        break;
+                }
+        pthread_cond_broadcast(&n->stop_cv);
+        pthread_mutex_unlock(&n->mu);
+        cove_node_uid_release(n, in->uid_base);
+        cove_chan_unref(in->chan);
+        free(in);
+        if (n->cfg.on_stop)
+                n->cfg.on_stop(n->cfg.arg, id);
+        if (r == 0 && purge)
+                r = cove_rm_rf(sd, err);
+        return r;
+}
+
 int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err)
 {
         char sd[PATH_MAX];
@@ -1586,32 +1643,92 @@ int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struc
         int r;
         if (!in) {
                 r = cleanup_any(n, sandbox_id, sd, purge, err);
+                if (r == 0 && purge)
+                        r = cove_rm_rf(sd, err);
         } else {
-                /* take the channel out of the I/O loop first, so no callback runs on it */
-                pthread_mutex_lock(&n->io_mu);
-                epoll_ctl(n->epfd, EPOLL_CTL_DEL, cove_chan_fd(in->chan), NULL);
-                pthread_mutex_unlock(&n->io_mu);
-                cove_chan_close(in->chan, "sandbox stopped");
-                r = in->ops->stop(in->rt, &in->ri, sandbox_id, sd, purge, err);
-                pthread_mutex_lock(&n->mu);
-                for (struct inst **pp = &n->insts; *pp; pp = &(*pp)->next)
-                        if (*pp == in) {
-                                *pp = in->next;
-                                n->ninsts--;
-                                break;
-                        }
-                pthread_cond_broadcast(&n->stop_cv);
-                pthread_mutex_unlock(&n->mu);
-                cove_node_uid_release(n, in->uid_base);
-                cove_chan_unref(in->chan);
-                free(in);
-                if (n->cfg.on_stop)
-                        n->cfg.on_stop(n->cfg.arg, sandbox_id);
-        }
-        if (r == 0 && purge) {
-                r = cove_rm_rf(sd, err);
+                unwatch(n, in, "sandbox stopped");
+                r = stop_finish(n, in, purge, err);
         }
         return r < 0 ? cove_err_wrap(err, "stop sandbox %s", sandbox_id) : 0;
+}
+
+/* The reaper runs at normal priority: its unmounts and rmdirs hold kernel locks (the mount
+ * namespace's, cgroup_mutex) that the next create needs, and a starved holder would stall
+ * that create (no priority inheritance for those). */
+static void *reaper_main(void *arg)
+{
+        struct cove_node *n = arg;
+        pthread_mutex_lock(&n->mu);
+        for (;;) {
+                while (!n->reap_head && !n->reap_quit)
+                        pthread_cond_wait(&n->reap_cv, &n->mu);
+                struct reap_job *j = n->reap_head;
+                if (!j)
+                        break;
+                n->reap_head = j->next;
+                pthread_mutex_unlock(&n->mu);
+                int64_t hold = cove_testhooks_reap_hold_ms();
+                if (hold > 0) { /* a window in which a test crashes coved (testhooks.h) */
+                        cove_info(n->cfg.log, "node.reap", "test hook: holding %s for %lld ms",
+                                  j->in->id, (long long)hold);
+                        int64_t until = cove_mono_ns() + hold * 1000000;
+                        while (cove_mono_ns() < until && cove_testhooks_reap_hold_ms() > 0 &&
+                               !__atomic_load_n(&n->pool_quit, __ATOMIC_RELAXED))
+                                usleep(20000);
+                }
+                struct cove_err e;
+                char id[64];
+                snprintf(id, sizeof(id), "%s", j->in->id);
+                if (stop_finish(n, j->in, j->purge, &e) < 0)
+                        cove_warn(n->cfg.log, "node.reap", "stop sandbox %s: %s", id, e.msg);
+                free(j);
+                pthread_mutex_lock(&n->mu);
+        }
+        pthread_mutex_unlock(&n->mu);
+        return NULL;
+}
+
+int cove_node_kill(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in;
+        while ((in = find_locked(n, sandbox_id)) && in->stopping)
+                pthread_cond_wait(&n->stop_cv, &n->mu);
+        if (in && in->ops->kill && !n->reaper_started && !n->reap_quit) {
+                if (pthread_create(&n->reaper, NULL, reaper_main, n) == 0)
+                        n->reaper_started = 1;
+        }
+        /* nothing to kill, no reaper, or cove_node_free() stopped it: everything now */
+        struct reap_job *j = in && in->ops->kill && n->reaper_started && !n->reap_quit
+                                 ? calloc(1, sizeof(*j))
+                                 : NULL;
+        if (!j) {
+                pthread_mutex_unlock(&n->mu);
+                return cove_node_stop(n, sandbox_id, purge, err);
+        }
+        in->stopping = 1;
+        while (in->busy)
+                pthread_cond_wait(&n->stop_cv, &n->mu);
+        pthread_mutex_unlock(&n->mu);
+        unwatch(n, in, "sandbox deleted");
+        struct cove_err e2;
+        if (in->ops->kill(in->rt, &in->ri, sandbox_id, &e2) < 0) {
+                /* the reaper's stop() kills again, and waits */
+                cove_warn(n->cfg.log, "node.kill", "%s", e2.msg);
+                free(j);
+                int r = stop_finish(n, in, purge, err);
+                return r < 0 ? cove_err_wrap(err, "stop sandbox %s", sandbox_id) : 0;
+        }
+        j->in = in;
+        j->purge = purge;
+        pthread_mutex_lock(&n->mu);
+        struct reap_job **tail = &n->reap_head;
+        while (*tail)
+                tail = &(*tail)->next;
+        *tail = j;
+        pthread_cond_signal(&n->reap_cv);
+        pthread_mutex_unlock(&n->mu);
+        return 0;
 }
 
 pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id)
@@ -1660,6 +1777,15 @@ void cove_node_free(struct cove_node *n)
                 if (cove_node_stop(n, id, purge, &e) < 0)
                         cove_warn(n->cfg.log, "node.stop", "%s", e.msg);
         }
+        /* every instance is gone, so the reaper has nothing left (cove_node_stop waits for
+         * an instance it is stopping) */
+        pthread_mutex_lock(&n->mu);
+        n->reap_quit = 1;
+        pthread_cond_broadcast(&n->reap_cv);
+        int reaper = n->reaper_started;
+        pthread_mutex_unlock(&n->mu);
+        if (reaper)
+                pthread_join(n->reaper, NULL);
         pthread_mutex_lock(&n->sp_mu);
         n->quit = 1;
         pthread_cond_broadcast(&n->sp_cv);

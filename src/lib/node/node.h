@@ -95,6 +95,14 @@ int cove_node_thaw_fenced(struct cove_node *n, const char *sandbox_id, struct co
 /* Stop the instance if any (wakes every stream of it); with purge remove its state dir.
  * Then, also without an instance, clear what a crashed coved may have left. */
 int cove_node_stop(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err);
+/* The fast stop of a DELETE: when this returns 0 the instance's channel is closed and each
+ * of its processes has SIGKILL pending (the driver's kill op; drivers without one get
+ * cove_node_stop()); the rest (waiting for them, reaping, unmounts, loop devices, cgroups,
+ * the uid range, with purge the state dir)
+ * runs on the node's background reaper. A cove_node_stop() of the id meanwhile waits for
+ * the reaper; after a crash in between, the state dir left behind is what coved_reconcile
+ * cleans at start. */
+int cove_node_kill(struct cove_node *n, const char *sandbox_id, int purge, struct cove_err *err);
 int cove_node_count(struct cove_node *n);
 /* Host pid of a running instance's init (to reach its namespaces), or 0 when none. */
 pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id);

@@ -655,6 +655,37 @@ static int kill_children(const struct cove_cgroups *cg, const char *id)
         return n;
 }
 
+/* One pass: SIGKILL every listed task (cgroup.kill on v2), then thaw. Kill first, then
+ * thaw: frozen tasks die as soon as they run again, and they cannot fork in between because
+ * SIGKILL is already pending. */
+static void kill_pass(const struct cove_cgroups *cg, const char *id, const char *procs, int fz)
+{
+        if (cg->v2) {
+                char kp[PATH_MAX + 256];
+                grp_path(cg, 0, id, "cgroup.kill", kp, sizeof(kp));
+                write_str(kp, "1");
+        }
+        kill_listed(procs);
+        kill_children(cg, id);
+        if (fz >= 0) {
+                char fp[PATH_MAX + 256];
+                grp_path(cg, fz, id, cg->v2 ? "cgroup.freeze" : "freezer.state", fp, sizeof(fp));
+                write_str(fp, cg->v2 ? "0" : "THAWED");
+        }
+}
+
+int cove_cgroup_signal_kill(const struct cove_cgroups *cg, const char *id, struct cove_err *err)
+{
+        if (check_id(id, err) < 0)
+                return -1;
+        char p[PATH_MAX + 256];
+        int k = hier_of(cg, CG_PIDS);
+        grp_path(cg, k < 0 ? 0 : k, id, "cgroup.procs", p, sizeof(p));
+        if (access(p, F_OK) == 0)
+                kill_pass(cg, id, p, hier_of(cg, CG_FREEZER));
+        return 0;
+}
+
 int cove_cgroup_kill(const struct cove_cgroups *cg, const char *id, struct cove_err *err)
 {
         if (check_id(id, err) < 0)
@@ -667,20 +698,7 @@ int cove_cgroup_kill(const struct cove_cgroups *cg, const char *id, struct cove_
         grp_path(cg, k, id, "cgroup.procs", p, sizeof(p));
         if (access(p, F_OK) < 0)
                 return 0;
-        if (cg->v2) {
-                char kp[PATH_MAX + 256];
-                grp_path(cg, 0, id, "cgroup.kill", kp, sizeof(kp));
-                write_str(kp, "1");
-        }
-        /* kill first, then thaw: frozen tasks die as soon as they run again, and they cannot
-         * fork in between because SIGKILL is already pending */
-        kill_listed(p);
-        kill_children(cg, id);
-        if (fz >= 0) {
-                char fp[PATH_MAX + 256];
-                grp_path(cg, fz, id, cg->v2 ? "cgroup.freeze" : "freezer.state", fp, sizeof(fp));
-                write_str(fp, cg->v2 ? "0" : "THAWED");
-        }
+        kill_pass(cg, id, p, fz);
         for (int t = 0; t < 5000; t++) {
                 int n = kill_listed(p), m = kill_children(cg, id);
                 if (n <= 0 && m <= 0)

@@ -60,6 +60,9 @@ int cove_cgroup_freeze(const struct cove_cgroups *cg, const char *id, int frozen
 /* SIGKILL every task of cove/<id> (thawing it first) until the group is empty (bounded wait
  * of ~5 s; fails with EBUSY if tasks remain). A missing group is not an error. */
 int cove_cgroup_kill(const struct cove_cgroups *cg, const char *id, struct cove_err *err);
+/* One pass of the above without the wait: SIGKILL every task of cove/<id> listed now
+ * (cgroup.kill on v2) and thaw it, then return. A missing group is not an error. */
+int cove_cgroup_signal_kill(const struct cove_cgroups *cg, const char *id, struct cove_err *err);
 /* rmdir cove/<id> everywhere; a missing group is not an error. */
 int cove_cgroup_remove(const struct cove_cgroups *cg, const char *id, struct cove_err *err);
 /* Memory in use (bytes) and CPU time consumed (usec). */

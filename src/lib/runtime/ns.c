@@ -1273,6 +1273,26 @@ static int ns_stop(struct cove_runtime *rt, struct cove_instance *inst, const ch
         return 0;
 }
 
+static int ns_kill(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
+                   struct cove_err *err)
+{
+        struct ns_inst *priv = inst->priv;
+        const char *id = priv ? priv->id : sandbox_id;
+        if (!id)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL, "ns: kill without id");
+        /* SIGKILL of the pid namespace's init takes every task of the namespace along (and
+         * no new one can be forked into it); one pass over the cgroup reaches a task outside
+         * it, if any, and thaws a frozen sandbox so that its tasks can die. No wait: a task
+         * with SIGKILL pending never runs user code again, and its exit (the mount
+         * namespace's teardown waits for RCU grace periods: tens of ms under load) is the
+         * reaper's to wait for, in stop(). */
+        if (inst->pid > 0)
+                kill(inst->pid, SIGKILL);
+        if (cove_cgroup_signal_kill(rt->cg, id, err) < 0)
+                return cove_err_wrap(err, "ns: kill %s", id);
+        return 0;
+}
+
 static int ns_cleanup_stale(struct cove_runtime *rt, const char *sandbox_id, const char *state_dir,
                             int purge, struct cove_err *err)
 {
@@ -2170,6 +2190,7 @@ const struct cove_runtime_ops cove_runtime_ns = {
     .freeze = ns_freeze,
     .thaw = ns_thaw,
     .stop = ns_stop,
+    .kill = ns_kill,
     .cleanup_stale = ns_cleanup_stale,
     .usage = ns_usage,
     .layer_snapshot = ns_layer_snapshot,

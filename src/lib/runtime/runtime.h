@@ -100,6 +100,13 @@ struct cove_runtime_ops {
          * state dir. Safe to call twice. Frees inst->priv. */
         int (*stop)(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
                     const char *state_dir, int purge, struct cove_err *err);
+        /* Optional: SIGKILL every process of the instance now (none runs user code after
+         * this returns) without waiting for them to exit, leaving the wait, reaping, mounts,
+         * cgroups and quota to a stop() that must follow (with the same arguments; a crash
+         * in between is a cleanup_stale() case). Without it a caller
+         * that wants a fast answer calls stop() instead. */
+        int (*kill)(struct cove_runtime *rt, struct cove_instance *inst, const char *sandbox_id,
+                    struct cove_err *err);
         /* After a crash of coved: remove whatever an instance of sandbox_id may have left
          * (processes in its cgroup, mounts, cgroups, quota) without an instance struct. */
         int (*cleanup_stale)(struct cove_runtime *rt, const char *sandbox_id, const char *state_dir,

@@ -30,6 +30,7 @@ struct th_state {
         int64_t offset_ms;
         int64_t grace_ms;
         int64_t job_hold_ms;
+        int64_t reap_hold_ms;
         struct th_fault f[TH_MAX_FAULTS];
         int nf;
         long long calls[TH_OPS]; /* since the file was read */
@@ -49,6 +50,7 @@ static int parse(const char *path, struct th_state *out, struct cove_err *err)
         out->offset_ms = 0;
         out->grace_ms = 0;
         out->job_hold_ms = 0;
+        out->reap_hold_ms = 0;
         out->nf = 0;
         while (rc == 0 && fgets(line, sizeof(line), f)) {
                 ln++;
@@ -73,12 +75,12 @@ static int parse(const char *path, struct th_state *out, struct cove_err *err)
                         out->grace_ms = s * 1000;
                         continue;
                 }
-                if (!strcmp(w[0], "job_hold_ms") && n == 2) {
+                if ((!strcmp(w[0], "job_hold_ms") || !strcmp(w[0], "reap_hold_ms")) && n == 2) {
                         char *end;
                         long long ms = strtoll(w[1], &end, 10);
                         if (*end || ms < 0 || ms > 3600000)
                                 rc = -1;
-                        out->job_hold_ms = ms;
+                        *(w[0][0] == 'j' ? &out->job_hold_ms : &out->reap_hold_ms) = ms;
                         continue;
                 }
                 if (strcmp(w[0], "fault") || n < 3 || out->nf == TH_MAX_FAULTS || a < 0) {
@@ -132,6 +134,7 @@ static void refresh(void)
         th.offset_ms = n.offset_ms;
         th.grace_ms = n.grace_ms;
         th.job_hold_ms = n.job_hold_ms;
+        th.reap_hold_ms = n.reap_hold_ms;
         memcpy(th.f, n.f, sizeof(th.f));
         th.nf = n.nf;
         memset(th.calls, 0, sizeof(th.calls));
@@ -229,6 +232,7 @@ int cove_testhooks_open(const char *path, struct cove_err *err)
         th.offset_ms = n.offset_ms;
         th.grace_ms = n.grace_ms;
         th.job_hold_ms = n.job_hold_ms;
+        th.reap_hold_ms = n.reap_hold_ms;
         memcpy(th.f, n.f, sizeof(th.f));
         th.nf = n.nf;
         th_on = 1;
@@ -270,6 +274,17 @@ int64_t cove_testhooks_job_hold_ms(void)
         pthread_mutex_lock(&th.mu);
         refresh();
         int64_t v = th.job_hold_ms;
+        pthread_mutex_unlock(&th.mu);
+        return v;
+}
+
+int64_t cove_testhooks_reap_hold_ms(void)
+{
+        if (!th_on)
+                return 0;
+        pthread_mutex_lock(&th.mu);
+        refresh();
+        int64_t v = th.reap_hold_ms;
         pthread_mutex_unlock(&th.mu);
         return v;
 }

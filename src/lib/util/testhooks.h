@@ -11,6 +11,8 @@
  *                                       default 1 h, so a test's GC would delete nothing)
  *   job_hold_ms N                       a cluster node holds each job it ran N ms before
  *                                       reporting it (a window to kill or stop it in)
+ *   reap_hold_ms N                      a node's reaper waits N ms before it cleans up
+ *                                       after a DELETE (a window to crash coved in)
  *   fault OP ACTION [AFTER [COUNT]]     OP: write fsync rename mkdir unlink any
  *                                       (fsync also covers fdatasync and syncfs);
  *                                       ACTION: ENOSPC, EIO, EROFS or kill (SIGKILL of
@@ -39,5 +41,7 @@ int64_t cove_testhooks_clock_offset_ms(void);
 int64_t cove_testhooks_gc_grace_ms(void);
 /* How long a node holds a job between running and reporting it; 0 when off. */
 int64_t cove_testhooks_job_hold_ms(void);
+/* How long a node's reaper waits before cleaning up a deleted instance; 0 when off. */
+int64_t cove_testhooks_reap_hold_ms(void);
 
 #endif
