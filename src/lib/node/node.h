@@ -156,6 +156,15 @@ int cove_node_has_full(struct cove_node *n, const char *sandbox_id);
 int cove_node_port_connect(struct cove_node *n, const char *sandbox_id, const char *runtime,
                            uint16_t port, int timeout_ms, int *fd, struct cove_err *err);
 
+/* Abort every TCP connection of sandbox_id's running instance that leaves it (not both ends
+ * on loopback), through sock_diag's SOCK_DESTROY in its network namespace: its processes
+ * get ECONNABORTED at the next use, as after a restore (runtime/criu.h --tcp-close). For a
+ * hot pause (control/snapshot.h), whose frozen instance keeps its sockets. *count: how many.
+ * -1 with CONFLICT (no instance) or UNAVAILABLE (the kernel refused: no
+ * CONFIG_INET_DIAG_DESTROY). */
+int cove_node_tcp_abort(struct cove_node *n, const char *sandbox_id, unsigned *count,
+                        struct cove_err *err);
+
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,
                     struct cove_err *err);
