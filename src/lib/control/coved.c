@@ -447,6 +447,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .s3_endpoint = d->store.s3_endpoint,
             .s3_timeout_s = d->store.s3_timeout_s,
             .cache_mb = d->store.cache_mb,
+            .keep_images = d->pause_hot_s > 0, /* the same knob as hot pauses */
             .layer_key = coved_pool_layer_key,
             .arg = d,
         };

@@ -909,6 +909,48 @@ static void fork_overrides(struct cove_sandbox_row *s, json_t *over)
                 snprintf(s->on_timeout, sizeof(s->on_timeout), "%s", json_string_value(ot));
 }
 
+/* One fork's restore and start, on a thread of its own. */
+struct fork_job {
+        struct coved *d;
+        const struct cove_snapshot_row *snap;
+        struct cove_sandbox_row row; /* the fork's row (inserted: state starting) */
+        pthread_t thr;
+        int started; /* thr runs */
+        int r;
+        struct cove_err err;
+};
+
+static void *fork_main(void *arg)
+{
+        struct fork_job *j = arg;
+        struct cove_node_tm_image im;
+        j->r = restore_image(j->d, j->snap, &j->row, &im, &j->err);
+        if (j->r == 0)
+                j->r = start_from_image(j->d, &j->row, &im, &j->err);
+        return NULL;
+}
+
+/* Restore and start every job at once (a thread each; where a thread cannot be made, on
+ * this one). 0 when all of them run; else -1 with the first error (the caller stops
+ * them all). */
+static int fork_run(struct fork_job *jobs, int n, struct cove_err *err)
+{
+        for (int i = 0; i < n; i++)
+                jobs[i].started = pthread_create(&jobs[i].thr, NULL, fork_main, &jobs[i]) == 0;
+        int r = 0;
+        for (int i = 0; i < n; i++) {
+                if (jobs[i].started)
+                        pthread_join(jobs[i].thr, NULL);
+                else
+                        fork_main(&jobs[i]);
+                if (jobs[i].r < 0 && r == 0) {
+                        *err = jobs[i].err;
+                        r = -1;
+                }
+        }
+        return r;
+}
+
 int cove_sandbox_fork_ext(struct coved *d, const char *tenant, const char *id, json_t *body,
                           json_t *over, json_t **out, struct cove_err *err)
 {
@@ -965,56 +1007,60 @@ int cove_sandbox_fork_ext(struct coved *d, const char *tenant, const char *id, j
         int64_t t0 = cove_mono_ns();
         json_t *list = json_array();
         char(*made)[64] = calloc((size_t)count, 64);
+        struct fork_job *jobs = calloc((size_t)count, sizeof(*jobs));
         int nmade = 0;
-        for (int i = 0; made && i < count; i++) {
-                struct cove_sandbox_row s;
-                memset(&s, 0, sizeof(s));
-                snprintf(s.tenant, sizeof(s.tenant), "%s", src.tenant);
-                snprintf(s.template_name, sizeof(s.template_name), "%s", src.template_name);
-                snprintf(s.runtime, sizeof(s.runtime), "%s", src.runtime);
-                snprintf(s.on_timeout, sizeof(s.on_timeout), "%s", src.on_timeout);
-                snprintf(s.node, sizeof(s.node), "%s", src.node);
-                s.cpus = src.cpus;
-                s.memory_mb = src.memory_mb;
-                s.disk_mb = src.disk_mb;
-                s.timeout_s = src.timeout_s;
-                s.snapshot_interval_s = src.snapshot_interval_s;
-                s.storage_encrypted = src.storage_encrypted;
-                byok_upgrade(&s, byok);
-                s.metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
-                s.env_json = strdup(src.env_json ? src.env_json : "{}");
-                s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
-                fork_overrides(&s, over);
+        /* the rows first, one by one (the catalog), then every restore and start at once
+         * (the chunk store's reads, CRIU and the start overlap), then the rows say running */
+        for (int i = 0; made && jobs && i < count; i++) {
+                struct cove_sandbox_row *sr = &jobs[i].row;
+                snprintf(sr->tenant, sizeof(sr->tenant), "%s", src.tenant);
+                snprintf(sr->template_name, sizeof(sr->template_name), "%s", src.template_name);
+                snprintf(sr->runtime, sizeof(sr->runtime), "%s", src.runtime);
+                snprintf(sr->on_timeout, sizeof(sr->on_timeout), "%s", src.on_timeout);
+                snprintf(sr->node, sizeof(sr->node), "%s", src.node);
+                sr->cpus = src.cpus;
+                sr->memory_mb = src.memory_mb;
+                sr->disk_mb = src.disk_mb;
+                sr->timeout_s = src.timeout_s;
+                sr->snapshot_interval_s = src.snapshot_interval_s;
+                sr->storage_encrypted = src.storage_encrypted;
+                byok_upgrade(sr, byok);
+                sr->metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
+                sr->env_json = strdup(src.env_json ? src.env_json : "{}");
+                sr->retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
+                fork_overrides(sr, over);
                 /* a fork's first snapshot has the forked snapshot as parent */
-                snprintf(s.last_snapshot_id, sizeof(s.last_snapshot_id), "%s", snap.id);
-                s.created_at = tm_now();
-                snprintf(s.state, sizeof(s.state), "starting");
-                struct cove_node_tm_image im;
-                r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
+                snprintf(sr->last_snapshot_id, sizeof(sr->last_snapshot_id), "%s", snap.id);
+                sr->created_at = tm_now();
+                snprintf(sr->state, sizeof(sr->state), "starting");
+                r = cove_id_new("sbx_", sr->id, sizeof(sr->id), err);
                 if (r == 0)
-                        r = d->cat_ops->sandbox_insert(d->cat, &s, err);
-                if (r == 0) {
-                        snprintf(made[nmade++], 64, "%s", s.id);
-                        r = restore_image(d, &snap, &s, &im, err);
-                }
-                if (r == 0)
-                        r = start_from_image(d, &s, &im, err);
-                if (r == 0) {
-                        set_running(d, &s, snap.id);
-                        r = row_write(d, &s, err);
-                }
-                if (r == 0) {
-                        coved_egress_copy(d, s.tenant, id, s.id);
-                        coved_audit_control(
-                            d, s.tenant, s.id, "fork",
-                            json_pack("{s:s, s:s}", "from", id, "snapshot", snap.id));
-                        json_array_append_new(list, cove_sandbox_json(&s));
-                }
-                cove_sandbox_row_clear(&s);
+                        r = d->cat_ops->sandbox_insert(d->cat, sr, err);
                 if (r < 0)
                         break;
+                snprintf(made[nmade++], 64, "%s", sr->id);
+                jobs[i].d = d;
+                jobs[i].snap = &snap;
         }
-        if (!made)
+        if (made && jobs && r == 0)
+                r = fork_run(jobs, count, err);
+        for (int i = 0; made && jobs && r == 0 && i < count; i++) {
+                struct cove_sandbox_row *sr = &jobs[i].row;
+                set_running(d, sr, snap.id);
+                r = row_write(d, sr, err);
+                if (r == 0) {
+                        coved_egress_copy(d, sr->tenant, id, sr->id);
+                        coved_audit_control(
+                            d, sr->tenant, sr->id, "fork",
+                            json_pack("{s:s, s:s}", "from", id, "snapshot", snap.id));
+                        json_array_append_new(list, cove_sandbox_json(sr));
+                }
+        }
+        int oom = !made || !jobs;
+        for (int i = 0; jobs && i < count; i++)
+                cove_sandbox_row_clear(&jobs[i].row);
+        free(jobs);
+        if (oom)
                 r = cove_err_set(err, ENOMEM, "fork");
         if (r < 0) {
                 /* all or nothing */
