@@ -1,13 +1,15 @@
-"""Hot pauses (docs/storage.md "Hot pauses"): a sandbox paused with a full snapshot stays
-frozen in memory for --pause-hot-s, so a resume from that snapshot is a thaw of the same
-processes instead of a CRIU restore. The snapshot is committed before the pause answers,
-so nothing depends on the frozen copy: it ends when it ages, when its memory bound is
-reached, when the sandbox is resumed from another snapshot, and with coved (a crash leaves
-an ordinary paused sandbox that resumes from the store).
+"""Hot pauses (docs/storage.md "Hot pauses and kept layer images"): a sandbox paused with a
+full snapshot stays frozen in memory for --pause-hot-s, so a resume from that snapshot is a
+thaw of the same processes instead of a CRIU restore. The snapshot is committed before the
+pause answers, so nothing depends on the frozen copy: it ends when it ages, when its memory
+bound is reached, when the sandbox is resumed from another snapshot, and with coved (a crash
+leaves an ordinary paused sandbox that resumes from the store). And kept layer images: a
+resume on the node that captured a snapshot clones the layer image it was captured from.
 
 Seen from the host: the counter's process (found by its command line and the sandbox's
-cgroup) and its file through /proc/<pid>/root, which the frozen process cannot change.
-Needs a working criu >= 4, like tests/integration/test_full_snapshots.py."""
+cgroup) and its file through /proc/<pid>/root, which the frozen process cannot change. Needs
+a working criu >= 4, like tests/integration/test_full_snapshots.py."""
+import glob
 import os
 import subprocess
 import time
@@ -200,3 +202,36 @@ def test_a_hot_paused_sandbox_has_no_network(build_dir, templates_dir, log_dir):
             assert curl() == (0, "200")
         finally:
             c.remove(sid, purge=True)
+
+
+def kept_images(d, snap_id):
+    return glob.glob(os.path.join(d.data, "ns", "lfs", "snap", f"tm-snap-keep-*-{snap_id}-*"))
+
+
+def test_a_resume_here_clones_the_kept_layer_image(coved_factory):
+    # the layer a files snapshot was captured from stays on the node: a resume to it clones
+    # that image instead of rebuilding it from the store, with the snapshot's files exactly
+    d = coved_factory()
+    c = d.client
+    sid = new_sandbox(c)
+    c.put_file(sid, "/home/a.txt", b"in the snapshot\n")
+    sf = c.post(f"/v1/sandboxes/{sid}/snapshots", {"kind": "files"}, expect=201)
+    assert kept_images(d, sf["id"])
+    c.put_file(sid, "/home/b.txt", b"after it\n")
+    c.exec(sid, "rm /home/a.txt")
+    p = c.post(f"/v1/sandboxes/{sid}/pause")["snapshot"]
+    c.post(f"/v1/sandboxes/{sid}/resume", {"snapshot_id": sf["id"]})
+    cloned = [e for e in d.log_lines() if e.get("event") == "snapshot.restore"
+              and sf["id"] in e["msg"] and "kept image" in e["msg"]]
+    assert cloned, "the resume rebuilt the layer from the store"
+    assert c.get_file(sid, "/home/a.txt").body == b"in the snapshot\n"
+    assert c.request("GET", f"/v1/sandboxes/{sid}/files?path=/home/b.txt").status == 404
+    # deleting a snapshot deletes its image; a restart sweeps the others
+    assert kept_images(d, p["id"])
+    c.delete(f"/v1/snapshots/{p['id']}")
+    assert not kept_images(d, p["id"])
+    assert kept_images(d, sf["id"])
+    d.terminate()
+    c = d.start()
+    assert not glob.glob(os.path.join(d.data, "ns", "lfs", "snap", "tm-snap-keep-*"))
+    c.remove(sid, purge=True)

@@ -31,7 +31,8 @@
 /* kept layer images: tm-snap-keep-<sandbox>-<snapshot>-<p|e>.img (p plain, e encrypted);
  * a tm-snap- name, so the start-up sweep removes them like any temporary image */
 #define IMG_KEEP IMG_SNAP "keep-"
-#define KEEP_MAX 32 /* kept images per node (the oldest go first) */
+#define KEEP_MAX 32        /* kept images per node (the oldest go first) */
+#define KEEP_PER_SANDBOX 2 /* its newest: e.g. a rolling one and its pause's */
 
 struct cove_node_tm {
         struct cove_node *node;
@@ -134,13 +135,14 @@ static int restore_full(struct cove_node_tm *tm, const char *tenant, const char 
 
 /* ---- kept layer images ----
  * A capture's layer clone, once it is in the store, is kept (renamed, nothing copied) as
- * the newest image of its sandbox on this node, so a resume or rewind of that sandbox to
- * that snapshot here clones it (FICLONE on the reflink layer filesystem: no data copied)
- * instead of rebuilding the layer from the store's chunks. It is the very image the
- * snapshot was captured from; the store stays the truth (another node, an older snapshot,
- * a fork into another sandbox, a restart: all restore from the store). Not durable: a
- * restart removes them (tm-snap-); at most KEEP_MAX per node and one per sandbox; deleting
- * the snapshot removes its image. Only where the layer filesystem has reflinks. */
+ * one of the newest images of its sandbox on this node, so a resume or rewind of that
+ * sandbox to that snapshot here (or a fork of a plain layer) clones it (FICLONE on the
+ * reflink layer filesystem: no data copied) instead of rebuilding the layer from the
+ * store's chunks. It is the very image the snapshot was captured from; the store stays
+ * the truth (another node, an older snapshot, an encrypted fork, a restart: all restore
+ * from the store). Not durable: a restart removes them (tm-snap-); at most KEEP_MAX per
+ * node and KEEP_PER_SANDBOX per sandbox; deleting the snapshot removes its image. Only
+ * where the layer filesystem has reflinks and cfg.keep_images is set. */
 
 static void keep_path(struct cove_node_tm *tm, const char *sandbox_id, const char *snap_id,
                       int encrypted, char *out, size_t cap)
@@ -149,9 +151,10 @@ static void keep_path(struct cove_node_tm *tm, const char *sandbox_id, const cha
                  encrypted ? 'e' : 'p');
 }
 
-/* Remove the kept images whose name (after IMG_KEEP) starts with prefix, or has infix;
- * then the oldest beyond KEEP_MAX. With keep_mu. */
-static void keep_sweep(struct cove_node_tm *tm, const char *prefix, const char *infix)
+/* Remove the kept images whose name (after IMG_KEEP) has infix; then the oldest beyond
+ * `max` of those whose name starts with prefix (all of them when prefix is NULL). With
+ * keep_mu. */
+static void keep_sweep(struct cove_node_tm *tm, const char *prefix, const char *infix, size_t max)
 {
         cleanup_dir DIR *dh = opendir(tm->layer_dir);
         struct dirent *de;
@@ -164,11 +167,12 @@ static void keep_sweep(struct cove_node_tm *tm, const char *prefix, const char *
                 const char *rest = de->d_name + pl;
                 char p[PATH_MAX + 256];
                 snprintf(p, sizeof(p), "%s/%s", tm->layer_dir, de->d_name);
-                if ((prefix && !strncmp(rest, prefix, strlen(prefix))) ||
-                    (infix && strstr(rest, infix))) {
+                if (infix && strstr(rest, infix)) {
                         unlink(p);
                         continue;
                 }
+                if (prefix && strncmp(rest, prefix, strlen(prefix)))
+                        continue;
                 struct stat st;
                 if (stat(p, &st) < 0)
                         continue;
@@ -179,7 +183,7 @@ static void keep_sweep(struct cove_node_tm *tm, const char *prefix, const char *
                         ot = st.st_mtim;
                 }
         }
-        if (n > KEEP_MAX && oldest[0]) { /* one capture adds one: one goes */
+        if (n > max && oldest[0]) { /* one capture adds one: one goes */
                 char p[PATH_MAX + 256];
                 snprintf(p, sizeof(p), "%s/%s", tm->layer_dir, oldest);
                 unlink(p);
@@ -198,10 +202,10 @@ static void keep_image(struct cove_node_tm *tm, const struct cove_node_tm_captur
         keep_path(tm, c->sandbox_id, c->snap_id, c->encrypted, kp, sizeof(kp));
         snprintf(prefix, sizeof(prefix), "%s-", c->sandbox_id);
         pthread_mutex_lock(&tm->keep_mu);
-        keep_sweep(tm, prefix, NULL); /* the sandbox's older one */
         if (rename(img, kp) < 0)
                 unlink(img);
-        keep_sweep(tm, NULL, NULL);
+        keep_sweep(tm, prefix, NULL, KEEP_PER_SANDBOX); /* the sandbox's oldest one */
+        keep_sweep(tm, NULL, NULL, KEEP_MAX);
         pthread_mutex_unlock(&tm->keep_mu);
 }
 
@@ -447,8 +451,12 @@ static int restore_files(struct cove_node_tm *tm, const char *tenant, const char
         snprintf(img, cap, "%s/" IMG_RESTORE "%s-%s.img", tm->layer_dir, snap, rnd);
         int tree_fd = -1;
         *h = NULL;
-        if (!strcmp(tenant, target->sandbox_tenant) && keep_clone(tm, target, img) == 0)
+        if (!strcmp(tenant, target->sandbox_tenant) && keep_clone(tm, target, img) == 0) {
+                cove_info(tm->log, "snapshot.restore",
+                          "sandbox %s: the layer of snapshot %s cloned from its kept image",
+                          target->sandbox_id, snap);
                 return 0; /* start() mounts it (no handle) */
+        }
         struct cove_snapshot_stats st;
         /* an encrypted target's layer is encrypted from the first byte restored */
         uint8_t key[COVE_FSCRYPT_KEY_LEN];
@@ -662,7 +670,7 @@ int cove_node_tm_delete(struct cove_node_tm *tm, const char *tenant, const char 
                 char infix[96];
                 snprintf(infix, sizeof(infix), "-%s-", store_id);
                 pthread_mutex_lock(&tm->keep_mu);
-                keep_sweep(tm, NULL, infix);
+                keep_sweep(tm, NULL, infix, KEEP_MAX);
                 pthread_mutex_unlock(&tm->keep_mu);
         }
         return cove_snapshot_delete(tm->store, tenant, store_id, err);
