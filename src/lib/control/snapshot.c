@@ -506,8 +506,12 @@ static int hot_keep(struct coved *d, const struct cove_sandbox_row *row,
                     const struct cove_snapshot_row *snap, uint32_t uid_base)
 {
         struct cove_tm *tm = d->tm;
-        if (d->pause_hot_s <= 0 || strcmp(snap->kind, "full") || strcmp(row->runtime, "ns") ||
-            !uid_base)
+        /* role node: the control may place the resume on any node, and this one learns of
+         * it only at its next sweep, so for a while there would be two instances of one
+         * sandbox (one frozen, holding memory the placement counts as free, and on a
+         * host shared by several nodes the same cgroup): a cluster's pause stops it */
+        if (d->pause_hot_s <= 0 || d->role != COVED_ROLE_ALL || strcmp(snap->kind, "full") ||
+            strcmp(row->runtime, "ns") || !uid_base)
                 return 0;
         uint64_t mem = 0, cpu = 0, bound = (uint64_t)d->pause_hot_mb << 20;
         struct cove_err e2;
