@@ -4,7 +4,12 @@ stop-the-world pause per snapshot of a sandbox with 100 MB written, for each kin
 what rolling snapshots take; full: files + memory + processes with CRIU, where the node can),
 the pause of real rolling snapshots, pause and resume latency from the local store for
 files and full snapshots (client wall time and coved's own figure), fork of 10 at once, and
-the bytes an idle sandbox's next snapshot adds. Prints a markdown table.
+the bytes an idle sandbox's next snapshot adds. Prints a markdown table, then goal 5 of the
+performance work with PASS/FAIL next to anchors of the same run: a resume right after a full
+pause (a thaw where coved keeps pauses hot) next to a resume from the store of an older full
+snapshot (CRIU restore), the 100 MB sandbox's resume from a files snapshot (its kept layer
+image cloned) next to `cp --reflink` of 100 MB, and the fork of 10 next to ten sequential
+restores.
 
     bench/timemachine.py --build build [--rounds 20] [--mb 100]
 
