@@ -548,8 +548,10 @@ static int hot_keep(struct coved *d, const struct cove_sandbox_row *row,
                 h->mem = mem;
         }
         pthread_mutex_unlock(&tm->mu);
-        if (kept)
+        if (kept) {
+                cove_node_hold(d->node, row->id, 1);
                 coved_egress_on_stop(d, row->id);
+        }
         return kept;
 }
 
@@ -570,6 +572,7 @@ static void hot_sweep(struct coved *d)
                 return;
         int64_t now = cove_mono_ns() / 1000000;
         int low = mem_low();
+        uint64_t mem, cpu;
         for (size_t i = 0; i < n; i++) {
                 const char *id = list[i].id;
                 if (sbx_lock(tm, id, 0)) /* an operation on it: the next round */
@@ -598,7 +601,7 @@ static void hot_sweep(struct coved *d)
                         why = "the sandbox was moved, resumed elsewhere or changed";
                 else if (coved_key_gate(d, row.tenant, &e2) < 0)
                         why = "its tenant's key is unusable";
-                else if (cove_node_pid(d->node, id) <= 0)
+                else if (cove_node_usage(d->node, id, &mem, &cpu, &e2) < 0)
                         why = "its instance is gone";
                 cove_sandbox_row_clear(&row);
                 if (why)
@@ -744,9 +747,10 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
          * thawing it is the resume (not when the layer is to be encrypted anew, byok_upgrade) */
         int thawed = hot_take(d->tm, id, &hp) && !strcmp(hp.snap, snap.id) &&
                      !strcmp(prev, "paused") && coved_cluster_mine(d, &row) &&
-                     !(byok == 1 && !row.storage_encrypted) && cove_node_pid(d->node, id) > 0 &&
+                     !(byok == 1 && !row.storage_encrypted) &&
                      cove_node_freeze(d->node, id, 0, &e2) == 0;
         if (thawed) {
+                cove_node_hold(d->node, id, 0);
                 row.uid_base = hp.uid_base;
                 t3 = cove_mono_ns();
         } else {
