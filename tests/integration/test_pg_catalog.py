@@ -44,9 +44,10 @@ def test_catalog_contract_on_postgres(build_dir, pg):
                COVE_TEST_PG_STOP=pg_ctl(pg, "-m", "fast", "-w", "-t", "60", "-s", "stop"),
                COVE_TEST_PG_START=pg_ctl(pg, "-l", pg.log, "-w", "-t", "60", "-s", "start"),
                COVE_TEST_PG_FREEZE=freeze(pg, "STOP"), COVE_TEST_PG_THAW=freeze(pg, "CONT"))
+    # one stream, in the order written (cmocka's summaries go to stderr, the rest to stdout)
     r = subprocess.run([os.path.join(build_dir, "tests", "unit", "test_catalog")], env=env,
-                       capture_output=True, text=True, timeout=900)
-    out = r.stdout + r.stderr
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    out = r.stdout
     assert r.returncode == 0, out[-4000:]
     runs = out.split("test(s) run.")
     assert len(runs) == 3, out[-4000:]  # SQLite, then PostgreSQL
