@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from cove import poll
 from test_guest_fence import guest_pid
 
 pytestmark = pytest.mark.root
@@ -62,10 +63,12 @@ def test_two_coveds_on_one_host_never_share_a_uid_range(coved_factory):
     # each range's slot is locked host-wide while its coved runs
     for sid, rs in ranges.items():
         assert held_elsewhere(rs[0][0]), f"{sid}: its uid range is not held host-wide"
-    # released on remove; a coved that dies leaves its ranges to others at once
+    # released once removed (the teardown after DELETE's answer frees the slot); a coved that
+    # dies leaves its ranges to others at once
     for s in sb[:5]:
         b.client.remove(s)
-    assert not any(held_elsewhere(ranges[s][0][0]) for s in sb[:5]), "released on remove"
+    poll(lambda: not any(held_elsewhere(ranges[s][0][0]) for s in sb[:5]), timeout=60,
+         what="the removed sandboxes' uid ranges released")
     a.kill9()
     assert not any(held_elsewhere(ranges[s][0][0]) for s in sa), "a dead coved's ranges"
     assert all(held_elsewhere(ranges[s][0][0]) for s in sb[5:])
@@ -99,4 +102,5 @@ def test_a_host_has_more_than_4096_uid_ranges(coved_factory):
     assert rows and all(o >= UID_FIRST + 4096 * UID_RANGE for _, o, _ in rows), rows
     assert held_elsewhere(rows[0][1]), "the range above 4,096 is held host-wide"
     c.client.remove(sid)
-    assert not held_elsewhere(rows[0][1]), "and released on remove"
+    poll(lambda: not held_elsewhere(rows[0][1]), timeout=60,
+         what="the range released once the sandbox is removed")
