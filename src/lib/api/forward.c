@@ -21,6 +21,7 @@
 #include <openssl/crypto.h>
 
 #include "cluster/nodeauth.h"
+#include "control/placement.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -528,22 +529,6 @@ static int send_all(int fd, const char *p, size_t n)
         return 0;
 }
 
-struct node_find {
-        const char *name;
-        struct cove_node_row row;
-        int found;
-};
-
-static int node_one(const struct cove_node_row *row, void *arg)
-{
-        struct node_find *f = arg;
-        if (strcmp(row->name, f->name) != 0)
-                return 0;
-        f->row = *row;
-        f->found = 1;
-        return -1;
-}
-
 static int header_ok(const char *v)
 {
         for (; *v; v++)
@@ -579,26 +564,27 @@ static int fwd_open(struct coved *d, struct cove_req *r, const char *id,
         if (rc == 1 || !pl.node[0])
                 return fail(c, COVE_E_UNAVAILABLE, "sandbox %s is not placed on any node%s", id,
                             " (it is starting, or was never started)");
-        struct node_find nf = {.name = pl.node};
-        if (d->cat_ops->node_list(d->cat, node_one, &nf, &err) < 0) {
+        struct cove_node_row nrow;
+        int nr = coved_node_get(d, pl.node, &nrow, &err);
+        if (nr < 0) {
                 c->failed = 1;
                 c->err = err;
                 c->err.kind = COVE_E_UNAVAILABLE;
                 return -1;
         }
         snprintf(c->node, sizeof(c->node), "%s", pl.node);
-        if (!nf.found)
+        if (nr == 1)
                 return fail(c, COVE_E_UNAVAILABLE,
                             "sandbox %s is placed on node %s, which is unknown", id, c->node);
-        if (!strcmp(nf.row.state, "lost"))
+        if (!strcmp(nrow.state, "lost"))
                 return fail(c, COVE_E_UNAVAILABLE,
                             "sandbox %s: its node %s is lost (it will be recovered elsewhere)", id,
                             c->node);
         char host[256], port[16];
-        if (parse_address(nf.row.address, host, sizeof(host), port, sizeof(port)) < 0)
+        if (parse_address(nrow.address, host, sizeof(host), port, sizeof(port)) < 0)
                 return fail(c, COVE_E_UNAVAILABLE,
                             "node %s announced the address \"%.200s\", not http://HOST:PORT",
-                            c->node, nf.row.address);
+                            c->node, nrow.address);
         if (!d->has_cluster_key || cove_nodeauth_token(d->cluster_key, c->node, c->token, &err) < 0)
                 return fail(c, COVE_E_UNAVAILABLE, "no token for node %s%s", c->node,
                             d->has_cluster_key ? "" : " (no cluster key)");
@@ -621,7 +607,7 @@ static int fwd_open(struct coved *d, struct cove_req *r, const char *id,
                 return fail(c, COVE_E_UNAVAILABLE,
                             "node %s (%s) is unreachable: the sandbox's traffic cannot reach it; "
                             "retry, or wait for the node to come back or be replaced",
-                            c->node, nf.row.address);
+                            c->node, nrow.address);
         struct timeval tv = {.tv_sec = fwd_o(d)->stall_timeout_ms / 1000};
         setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
         size_t cap = 4096 + strlen(target) + 16 * 1024;

@@ -150,48 +150,33 @@ void coved_cluster_close(struct coved *d)
         d->cl = NULL;
 }
 
-struct node_find {
-        const char *name;
-        struct cove_node_row row;
-        int found;
-};
-
-static int node_find_cb(const struct cove_node_row *row, void *arg)
-{
-        struct node_find *f = arg;
-        if (strcmp(row->name, f->name))
-                return 0;
-        f->row = *row;
-        f->found = 1;
-        return -1; /* found: stop */
-}
-
 /* 1 with err (UNAVAILABLE, naming the node) when node cannot run a job now: its lease
  * lapsed (killed, stopped, cut off) or it is marked lost; 0 when it holds a live lease or
  * the catalog cannot tell (the wait goes on until its timeout). */
 static int node_gone(struct coved *d, const char *node, const char *kind, const char *sandbox_id,
                      struct cove_err *err)
 {
-        struct node_find f = {.name = node};
+        struct cove_node_row row;
         struct cove_err e2;
-        if (d->cat_ops->node_list(d->cat, node_find_cb, &f, &e2) < 0 && !f.found)
+        int r = coved_node_get(d, node, &row, &e2);
+        if (r < 0)
                 return 0;
-        if (!f.found) {
+        if (r == 1) {
                 cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                               "%s of sandbox %s: its node %s is not known to the catalog", kind,
                               sandbox_id, node);
                 return 1;
         }
         int64_t now = cove_now_ms();
-        if (strcmp(f.row.state, "lost") && f.row.lease_expires_at > now)
+        if (strcmp(row.state, "lost") && row.lease_expires_at > now)
                 return 0;
         cove_err_setk(err, COVE_E_UNAVAILABLE, 0,
                       "%s of sandbox %s: its node %s is unavailable (%s%lld s ago); the job runs "
                       "if the node comes back with the sandbox still placed on it",
                       kind, sandbox_id, node,
-                      strcmp(f.row.state, "lost") ? "its lease lapsed "
-                                                  : "marked lost, its lease lapsed ",
-                      (long long)((now - f.row.lease_expires_at) / 1000));
+                      strcmp(row.state, "lost") ? "its lease lapsed "
+                                                : "marked lost, its lease lapsed ",
+                      (long long)((now - row.lease_expires_at) / 1000));
         return 1;
 }
 

@@ -256,6 +256,31 @@ int coved_nodes_read(struct coved *d, struct coved_node_rows *x, struct cove_err
         return 0;
 }
 
+struct node_find {
+        const char *name;
+        struct cove_node_row *out;
+        int found;
+};
+
+static int node_one(const struct cove_node_row *row, void *arg)
+{
+        struct node_find *f = arg;
+        if (strcmp(row->name, f->name) != 0)
+                return 0;
+        *f->out = *row;
+        f->found = 1;
+        return -1; /* found: stop */
+}
+
+int coved_node_get(struct coved *d, const char *name, struct cove_node_row *out,
+                   struct cove_err *err)
+{
+        struct node_find f = {.name = name, .out = out};
+        if (d->cat_ops->node_list(d->cat, node_one, &f, err) < 0)
+                return -1;
+        return f.found ? 0 : 1;
+}
+
 struct starts {
         struct coved_node_rows *nodes;
         int *count;

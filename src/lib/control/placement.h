@@ -36,6 +36,9 @@ struct coved_node_rows {
         size_t n, cap;
 };
 int coved_nodes_read(struct coved *d, struct coved_node_rows *x, struct cove_err *err);
+/* The catalog's row of node name into *out: 0, 1 when there is none, -1 with err. */
+int coved_node_get(struct coved *d, const char *name, struct cove_node_row *out,
+                   struct cove_err *err);
 
 int coved_place(struct coved *d, const struct coved_place_want *w, char node[64], char *why,
                 size_t why_cap, struct cove_err *err);

@@ -15,6 +15,7 @@
 #include "cluster/nodeauth.h"
 #include "control/audit.h"
 #include "control/coved.h"
+#include "control/placement.h"
 #include "control/egress.h"
 #include "control/snapshot.h"
 #include "net/ports.h"
@@ -187,22 +188,6 @@ static int load_one(const char *tenant, const char *key, const char *owner, cons
 
 /* ---- in a cluster (docs/cluster.md "Exposed ports") ---- */
 
-struct node_find {
-        const char *name;
-        struct cove_node_row row;
-        int found;
-};
-
-static int node_one(const struct cove_node_row *row, void *arg)
-{
-        struct node_find *f = arg;
-        if (strcmp(row->name, f->name) != 0)
-                return 0;
-        f->row = *row;
-        f->found = 1;
-        return -1;
-}
-
 /* Role control: the port listener of the node the sandbox is placed on (its row's
  * features "ports", HOST:PORT). */
 static int relay_hop(void *arg, const char *sandbox, struct cove_ports_hop *hop)
@@ -220,14 +205,14 @@ static int relay_hop(void *arg, const char *sandbox, struct cove_ports_hop *hop)
                 return -1;
         }
         snprintf(hop->node, sizeof(hop->node), "%s", pl.node);
-        struct node_find nf = {.name = pl.node};
-        if (d->cat_ops->node_list(d->cat, node_one, &nf, &e) < 0 || !nf.found) {
+        struct cove_node_row nrow;
+        if (coved_node_get(d, pl.node, &nrow, &e) != 0) {
                 hop->status = 502;
                 snprintf(hop->why, sizeof(hop->why), "node %s of sandbox %s is unknown", pl.node,
                          sandbox);
                 return -1;
         }
-        if (!strcmp(nf.row.state, "lost")) {
+        if (!strcmp(nrow.state, "lost")) {
                 hop->status = 502;
                 snprintf(hop->why, sizeof(hop->why),
                          "sandbox %s: its node %s is lost (it will be recovered elsewhere)",
@@ -235,7 +220,7 @@ static int relay_hop(void *arg, const char *sandbox, struct cove_ports_hop *hop)
                 return -1;
         }
         json_error_t je;
-        json_t *f = json_loads(nf.row.features[0] ? nf.row.features : "{}", 0, &je);
+        json_t *f = json_loads(nrow.features[0] ? nrow.features : "{}", 0, &je);
         const char *a = json_string_value(json_object_get(f, "ports"));
         char host[64] = "";
         const char *colon = a ? strrchr(a, ':') : NULL;
