@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 import pgserver
-from cove import Client, CoveError, Coved, free_port, poll, sh
+from cove import START_TIMEOUT_S, Client, CoveError, Coved, free_port, poll, sh
 from s3rgw import S3Rgw
 
 PG_WHY = pgserver.available()
@@ -55,7 +55,7 @@ class Member(Coved):
         self.key_from = key_from
         super().__init__(build_dir, **kw)
 
-    def start(self, timeout=120):
+    def start(self, timeout=START_TIMEOUT_S):  # a first start may build templates
         if self.key_from is None:
             return super().start(timeout)
         self.port = self.fixed_port or free_port()

@@ -31,6 +31,7 @@
 #define HUNG_NS_MS 5000
 #define HUNG_VM_MS 15000
 #define HEARTBEAT_TICK_MS 500
+#define STALL_MS 2000   /* a heartbeat round this late: the node itself was stopped */
 #define LOW_SPACE_MB 16 /* free MB on the data disk under which pooled instances are suspect */
 
 struct inst {
@@ -310,10 +311,18 @@ struct dead_inst {
 };
 
 /* One heartbeat round over every instance (I/O thread, io_mu held). Hung guests get their
- * channel closed and are added to dead[] (at most cap). */
-static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, int cap)
+ * channel closed and are added to dead[] (at most cap). gap_ms: the time since the previous
+ * round; a gap far past the tick means the node itself did not run (SIGSTOP, a starved
+ * host), so nobody pinged the guests: their silence is counted anew instead of judged. */
+static void heartbeat(struct cove_node *n, int64_t gap_ms, struct dead_inst *dead, int *ndead,
+                      int cap)
 {
         int64_t now = cove_mono_ns() / 1000000;
+        int stalled = gap_ms > STALL_MS;
+        if (stalled)
+                cove_info(n->cfg.log, "node.io",
+                          "the node did not run for %lld ms: guest silence is counted anew",
+                          (long long)gap_ms);
         pthread_mutex_lock(&n->mu);
         int k = 0;
         for (struct inst *in = n->insts; in; in = in->next)
@@ -329,7 +338,8 @@ static void heartbeat(struct cove_node *n, struct dead_inst *dead, int *ndead, i
         for (struct inst *in = n->insts; in && hb; in = in->next) {
                 if (in->stopping)
                         continue;
-                if (in->busy || in->frozen) { /* a snapshot or a freeze holds it still */
+                if (in->busy || in->frozen || stalled) { /* a snapshot or a freeze holds it
+                                                           still, or nobody watched */
                         cove_chan_touch(in->chan, now);
                         continue;
                 }
@@ -476,8 +486,8 @@ static void *io_main(void *arg)
                         beat_round(n);
                 }
                 if (now - last_hb >= HEARTBEAT_TICK_MS) {
+                        heartbeat(n, last_hb ? now - last_hb : 0, dead, &ndead, 64);
                         last_hb = now;
-                        heartbeat(n, dead, &ndead, 64);
                         if (space_low(n)) {
                                 pthread_mutex_lock(&n->mu);
                                 n->space_tainted = 1;
