@@ -186,3 +186,50 @@ def test_preview_urls_through_the_control_and_after_a_drain(pcluster):
     st, _, body = get(pport, "/", host=host, headers={"X-Cove-Port-Token": tok})
     assert st == 403, (st, body[:300])  # the removed token stays removed
     cc.remove(sid)
+
+
+def test_auto_resume_through_the_control(pcluster):
+    """A paused sandbox's port with auto_resume: the control replica checks the port's token
+    itself and resumes the sandbox (a lifecycle job, as the user's resume), then relays the
+    request; without the token, with a wrong one or on a port without auto_resume nothing
+    resumes."""
+    c = pcluster
+    nport = free_port()
+    c.start_node("na", extra=["--templates", "busybox,base", "--ports-listen",
+                              f"127.0.0.1:{nport}", "--ports-domain", DOMAIN])
+    poll(lambda: live_nodes(c) == "na", timeout=60, what="the node holds a lease")
+    pport, cc = c.pport, c.control.client
+    sid = cc.create(template="base", snapshot_interval_s=0)["id"]
+    start_app(cc, sid)
+    r = cc.ok("POST", f"/v1/sandboxes/{sid}/ports", {"port": HTTP, "auto_resume": True},
+              expect=(201,))
+    tok = r["token"]
+    _, host = split(r["url"])
+    cc.ok("POST", f"/v1/sandboxes/{sid}/ports", {"port": WS, "public": True}, expect=(201,))
+    st, _, body = get(pport, "/", host=host, headers={"X-Cove-Port-Token": tok})
+    assert st == 200, (st, body[:300])
+    cc.post(f"/v1/sandboxes/{sid}/pause")
+    cc.wait_state(sid, ("paused",), timeout=120)
+    desired = f"SELECT desired_state FROM placements WHERE sandbox_id = '{sid}'"
+    assert c.sql(desired) == "paused"
+
+    st, h, body = get(pport, f"/p/{sid}/{WS}/")
+    assert st == 503 and h.get("retry-after") == "5", (st, body[:300])
+    err = json.loads(body)["error"]
+    assert err["code"] == "sandbox_paused" and "auto_resume" in err["message"], err
+    for hd, want in (({}, 401), ({"X-Cove-Port-Token": "cpt_" + "0" * 48}, 403)):
+        st, _, body = get(pport, "/", host=host, headers=hd)
+        assert st == want, (hd, st, body[:300])
+    assert cc.get(f"/v1/sandboxes/{sid}")["state"] == "paused"
+    assert c.sql(desired) == "paused"
+
+    st, _, body = get(pport, "/", host=host, headers={"X-Cove-Port-Token": tok})
+    sb = cc.get(f"/v1/sandboxes/{sid}")
+    assert sb["state"] == "running" and sb["node"] == "na", sb
+    assert c.sql(desired) == "running"  # the control's resume, not one behind its back
+    snaps = cc.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"]
+    if snaps and snaps[0].get("kind") == "full":
+        assert st == 200 and b"hello from the sandbox" in body, (st, body[:300])
+    else:  # a files snapshot resumes without processes: nothing listens
+        assert st == 502, (st, body[:300])
+    cc.remove(sid)

@@ -190,12 +190,80 @@ static int load_one(const char *tenant, const char *key, const char *owner, cons
 
 /* Role control: the port listener of the node the sandbox is placed on (its row's
  * features "ports", HOST:PORT). */
-static int relay_hop(void *arg, const char *sandbox, struct cove_ports_hop *hop)
+static void doc_key(char *key, size_t cap, const char *id, unsigned port)
+{
+        if (port)
+                snprintf(key, cap, "%s/%u", id, port);
+        else
+                snprintf(key, cap, "%s/*", id);
+}
+
+/* Role control: a head for a sandbox whose desired state is paused. 0 with hop->paused when
+ * its port has auto_resume and the head's token is right (the resume is then the control's,
+ * a lifecycle job like the user's), else -1 with the answer the node would give. */
+static int relay_paused(struct coved *d, const char *sandbox, uint16_t port, const char *token,
+                        struct cove_ports_hop *hop)
+{
+        struct cove_sandbox_row row;
+        struct cove_err e;
+        memset(&row, 0, sizeof(row));
+        if (d->cat_ops->sandbox_get(d->cat, NULL, sandbox, &row, &e) != 0) {
+                hop->status = 404;
+                snprintf(hop->why, sizeof(hop->why), "sandbox %s does not exist", sandbox);
+                return -1;
+        }
+        snprintf(hop->tenant, sizeof(hop->tenant), "%s", row.tenant);
+        cove_sandbox_row_clear(&row);
+        char key[96], *text = NULL;
+        json_t *o = NULL;
+        for (int i = 0; i < 2 && !o; i++) { /* the port's own exposure, else the "*" one */
+                doc_key(key, sizeof(key), sandbox, i ? 0 : port);
+                json_error_t je;
+                if (d->cat_ops->doc_get(d->cat, DOC_KIND, hop->tenant, key, &text, &e) == 0)
+                        o = json_loads(text, 0, &je);
+                free(text);
+                text = NULL;
+        }
+        int ar = json_is_true(json_object_get(o, "auto_resume"));
+        int pub = json_is_true(json_object_get(o, "public"));
+        uint8_t h[32];
+        int hashed = hash_hex(json_string_value(json_object_get(o, "token_sha256")), h) == 0;
+        int found = o != NULL;
+        json_decref(o);
+        if (!found) {
+                hop->status = 404;
+                snprintf(hop->why, sizeof(hop->why), "port %u of sandbox %s is not exposed",
+                         (unsigned)port, sandbox);
+        } else if (!pub && !token) {
+                hop->status = 401;
+                snprintf(hop->why, sizeof(hop->why),
+                         "this port is private: send its token (X-Cove-Port-Token header, or "
+                         "?cove_token= once)");
+        } else if (!pub && (!hashed || !cove_ports_token_matches(h, token))) {
+                hop->status = 403;
+                snprintf(hop->why, sizeof(hop->why), "wrong token for this port");
+        } else if (!ar) {
+                hop->status = 503;
+                snprintf(hop->why, sizeof(hop->why),
+                         "sandbox %s is paused: resume it (POST /v1/sandboxes/%s/resume), or "
+                         "expose the port with auto_resume",
+                         sandbox, sandbox);
+        } else {
+                hop->paused = 1;
+                return 0;
+        }
+        return -1;
+}
+
+static int relay_hop(void *arg, const char *sandbox, uint16_t port, const char *token,
+                     struct cove_ports_hop *hop)
 {
         struct coved *d = arg;
         struct cove_placement_row pl;
         struct cove_err e;
         int rc = d->cat_ops->placement_get(d->cat, sandbox, &pl, &e);
+        if (rc == 0 && !strcmp(pl.desired_state, "paused"))
+                return relay_paused(d, sandbox, port, token, hop);
         if (rc != 0 || !pl.node[0] || !strcmp(pl.desired_state, "stopped")) {
                 hop->status = rc < 0 ? 502 : 404;
                 snprintf(hop->why, sizeof(hop->why), "%s",
@@ -224,14 +292,14 @@ static int relay_hop(void *arg, const char *sandbox, struct cove_ports_hop *hop)
         const char *a = json_string_value(json_object_get(f, "ports"));
         char host[64] = "";
         const char *colon = a ? strrchr(a, ':') : NULL;
-        long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+        long lport = colon ? strtol(colon + 1, NULL, 10) : 0;
         struct in_addr ia;
         if (colon && (size_t)(colon - a) < sizeof(host)) {
                 memcpy(host, a, (size_t)(colon - a));
                 host[colon - a] = '\0';
         }
         json_decref(f);
-        if (!host[0] || port < 1 || port > 65535 || inet_pton(AF_INET, host, &ia) != 1) {
+        if (!host[0] || lport < 1 || lport > 65535 || inet_pton(AF_INET, host, &ia) != 1) {
                 hop->status = 502;
                 snprintf(hop->why, sizeof(hop->why),
                          "node %s serves no exposed ports (start it with --ports-listen "
@@ -240,7 +308,7 @@ static int relay_hop(void *arg, const char *sandbox, struct cove_ports_hop *hop)
                 return -1;
         }
         hop->addr = ntohl(ia.s_addr);
-        hop->port = (uint16_t)port;
+        hop->port = (uint16_t)lport;
         return 0;
 }
 
@@ -354,13 +422,15 @@ int coved_ports_open(struct coved *d, const struct coved_ports_options *o, struc
         if (d->role == COVED_ROLE_CONTROL) { /* a relay to the nodes' listeners */
                 pc.locate = NULL;
                 pc.tenant_of = NULL;
-                pc.resume = NULL;
                 pc.audit = NULL; /* the node audits */
                 pc.relay = relay_hop;
                 pc.relay_sign = relay_sign;
         } else if (d->role == COVED_ROLE_NODE) {
                 pc.relay_verify = relay_verify;
                 pc.reload = reload;
+                /* the control resumes (a lifecycle job): a head relayed while it runs waits
+                 * here for the sandbox to come (coved_ports_adopt) */
+                pc.resume = NULL;
         }
         d->ports = cp;
         cp->p = cove_ports_new(&pc, err);
@@ -440,14 +510,6 @@ static json_t *url_of(struct coved_ports *cp, const char *id, unsigned port, con
                 snprintf(url + n, sizeof(url) - n, "?cove_token=%s", token);
         }
         return json_string(url);
-}
-
-static void doc_key(char *key, size_t cap, const char *id, unsigned port)
-{
-        if (port)
-                snprintf(key, cap, "%s/%u", id, port);
-        else
-                snprintf(key, cap, "%s/*", id);
 }
 
 /* Store and apply one exposure; *token (hex) filled when private. */

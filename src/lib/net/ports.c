@@ -91,9 +91,10 @@ struct pc {
         struct cove_bytes uhead; /* answer head being read (cookie) */
         struct cove_bytes toc;   /* our own bytes for the client (answer, rewritten head) */
         uint32_t cmask, umask;
-        int64_t head_at;  /* first byte of the head being read (0: none yet) */
-        int64_t active;   /* last byte either way */
-        int64_t deadline; /* CONNECTING, RESUME, CLOSING */
+        int64_t head_at;      /* first byte of the head being read (0: none yet) */
+        int64_t active;       /* last byte either way */
+        int64_t deadline;     /* CONNECTING, RESUME, CLOSING */
+        int64_t resume_until; /* a relayed head routed again: RESUME's deadline so far */
         int64_t opened_at;
         uint64_t nin, nout;
         int dead;
@@ -451,6 +452,20 @@ static void count_sandbox(struct cove_ports *p, const char *sandbox, int *n)
                         (*n)++;
 }
 
+/* c waits for sandbox to resume (auto_resume): the first waiter asks for the resume, every
+ * waiter is routed again when it is done (recheck) or refused at the deadline (tick). */
+static void wait_resume(struct cove_ports *p, struct pc *c, const char *tenant, const char *sandbox)
+{
+        int waiting = 0;
+        for (struct pc *o = p->conns; o; o = o->next)
+                if (o != c && o->st == S_RESUME && !strcmp(o->sandbox, sandbox))
+                        waiting = 1;
+        c->st = S_RESUME;
+        c->deadline = c->resume_until ? c->resume_until : now_ms() + p->cfg.resume_ms;
+        if (!waiting && p->cfg.resume)
+                p->cfg.resume(p->cfg.arg, tenant, sandbox);
+}
+
 /* Connect c (its head names route sandbox:port, already authorized) to the sandbox. */
 static void up_open(struct cove_ports *p, struct pc *c, const struct expo *e)
 {
@@ -472,14 +487,7 @@ static void up_open(struct cove_ports *p, struct pc *c, const struct expo *e)
                         refuse(p, c, 503, why, e->tenant, e->sandbox, c->port);
                         return;
                 }
-                int waiting = 0;
-                for (struct pc *o = p->conns; o; o = o->next)
-                        if (o != c && o->st == S_RESUME && !strcmp(o->sandbox, e->sandbox))
-                                waiting = 1;
-                c->st = S_RESUME;
-                c->deadline = now_ms() + p->cfg.resume_ms;
-                if (!waiting && p->cfg.resume)
-                        p->cfg.resume(p->cfg.arg, e->tenant, e->sandbox);
+                wait_resume(p, c, e->tenant, e->sandbox);
                 return;
         }
         int s = sock_in_ns(p, w.pid);
@@ -545,13 +553,18 @@ static void relay_open(struct cove_ports *p, struct pc *c, const struct cove_por
 
 /* ---- heads ---- */
 
-static int token_ok(const struct expo *e, const char *tok)
+int cove_ports_token_matches(const uint8_t hash[COVE_PORTS_TOKEN_HASH], const char *tok)
 {
         uint8_t h[32];
         unsigned hl = 0;
         if (!EVP_Digest(tok, strlen(tok), h, &hl, EVP_sha256(), NULL) || hl != 32)
                 return 0;
-        return CRYPTO_memcmp(h, e->hash, 32) == 0;
+        return CRYPTO_memcmp(h, hash, 32) == 0;
+}
+
+static int token_ok(const struct expo *e, const char *tok)
+{
+        return cove_ports_token_matches(e->hash, tok);
 }
 
 /* The complete head at c->in[ioff..ioff+hl): 1 handled (forwarded or refused), 0 wait (it
@@ -602,7 +615,8 @@ static int on_head(struct cove_ports *p, struct pc *c, size_t hl)
         if (p->cfg.relay) {
                 struct cove_ports_hop hop;
                 memset(&hop, 0, sizeof(hop));
-                if (p->cfg.relay(p->cfg.arg, rq.sandbox, &hop) < 0) {
+                if (p->cfg.relay(p->cfg.arg, rq.sandbox, rq.port,
+                                 rq.tsrc == COVE_PORTS_TOK_NONE ? NULL : rq.token, &hop) < 0) {
                         refuse(p, c, hop.status ? hop.status : 502,
                                hop.why[0] ? hop.why : "the sandbox is not placed on a node", NULL,
                                NULL, rq.port);
@@ -624,6 +638,10 @@ static int on_head(struct cove_ports *p, struct pc *c, size_t hl)
                 snprintf(c->sandbox, sizeof(c->sandbox), "%s", rq.sandbox);
                 snprintf(c->node, sizeof(c->node), "%s", hop.node);
                 c->port = rq.port;
+                if (hop.paused) { /* the head stays until the sandbox is resumed */
+                        wait_resume(p, c, hop.tenant, rq.sandbox);
+                        return 0;
+                }
                 relay_open(p, c, &hop);
                 return c->st == S_CLOSING ? 1 : 0;
         }
@@ -1169,9 +1187,23 @@ static void on_accept(struct cove_ports *p)
 /* Exposures changed, or a sandbox was paused/resumed: recheck every connection. */
 static void recheck(struct cove_ports *p)
 {
-        if (p->cfg.relay)
-                return; /* a relay holds no exposures: the node ends what it unexposes */
         struct pc *next;
+        if (p->cfg.relay) { /* a relay holds no exposures: the node ends what it unexposes */
+                for (struct pc *c = p->conns; c; c = next) {
+                        next = c->next;
+                        if (c->st != S_RESUME || c->dead)
+                                continue;
+                        /* route its head once more, by the same deadline */
+                        c->resume_until = c->deadline;
+                        c->st = S_HEAD;
+                        pump(p, c);
+                        if (!c->dead) {
+                                c->resume_until = 0;
+                                update(p, c);
+                        }
+                }
+                return;
+        }
         for (struct pc *c = p->conns; c; c = next) {
                 next = c->next;
                 if (c->st == S_RESUME) {

@@ -49,6 +49,11 @@ struct cove_ports_hop {
         char node[64]; /* its name (what the proof is signed for) */
         int status;    /* when there is none: the answer (404, 502) */
         char why[160];
+        /* 0 with paused set: the sandbox is paused and the port has auto_resume (its token
+         * checked by relay()): the listener asks resume(tenant, sandbox), holds the head
+         * and routes it once more after cove_ports_kick() */
+        int paused;
+        char tenant[64];
 };
 
 struct cove_ports_config {
@@ -75,8 +80,11 @@ struct cove_ports_config {
          * listener (0, or -1 with hop->status and why), and the head goes there unchanged
          * but for the lines relay_sign() writes into out ("Name: value\r\n"…, the proof
          * that a control replica sent it and the client's address; 0 or -1). The node then
-         * applies every rule itself. Called on the ports thread. */
-        int (*relay)(void *arg, const char *sandbox, struct cove_ports_hop *hop);
+         * applies every rule itself. token: the one the head carries, NULL when none (for
+         * the auto_resume check of a paused sandbox's port, see hop). Called on the ports
+         * thread. */
+        int (*relay)(void *arg, const char *sandbox, uint16_t port, const char *token,
+                     struct cove_ports_hop *hop);
         int (*relay_sign)(void *arg, const char *node, const char *sandbox, uint16_t port,
                           const char *client_ip, char *out, size_t cap);
         /* Role node: every head must carry a control replica's proof (X-Cove-Relay, for
@@ -109,6 +117,9 @@ void cove_ports_unexpose(struct cove_ports *p, const char *sandbox, int port);
 /* The sandbox changed state (paused, resumed, gone): connections waiting for a resume look
  * again; connections to an instance that went away end by themselves. */
 void cove_ports_kick(struct cove_ports *p);
+
+/* 1 when tok's SHA-256 is hash (a private port's token), in constant time. */
+int cove_ports_token_matches(const uint8_t hash[COVE_PORTS_TOKEN_HASH], const char *tok);
 /* The auto-resume of sandbox failed: its waiting connections get 503 with why. */
 void cove_ports_resume_failed(struct cove_ports *p, const char *sandbox, const char *why);
 
