@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster/catsrv.h"
 #include "control/audit.h"
 #include "control/cluster.h"
 #include "control/coved.h"
@@ -105,6 +106,8 @@ static void replica_close(struct coved *d)
 {
         coved_nodes_stop(d);
         coved_cluster_close(d);
+        cove_catsrv_free(d->catsrv); /* made by the cluster's waiter (coved.c frees it too) */
+        d->catsrv = NULL;
         if (d->audit)
                 cove_audit_close(d->audit);
         d->audit = NULL;
