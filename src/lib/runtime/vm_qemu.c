@@ -1821,12 +1821,24 @@ static int vm_full_snapshot(struct cove_runtime *rt, struct cove_instance *inst,
         h.build = vi->build;
         snprintf(h.disk_key_id, sizeof(h.disk_key_id), "%s", vi->disk_key_id);
         h.disk_off = 4096;
-        char dir[PATH_MAX + 16];
+        /* the memory stream's scratch file beside the image (on the checkpoint tmpfs for a
+         * sandbox with encrypted storage: its RAM never lands on a disk in the clear), the
+         * disk's beside the disk (a reflink) */
+        char dir[PATH_MAX + 16], mdir[PATH_MAX + 16], lk[64];
         snprintf(dir, sizeof(dir), "%s", vi->disk);
         char *slash = strrchr(dir, '/');
         if (slash)
                 *slash = '\0';
-        int memfd = tmp_in(dir, err), diskfd = memfd < 0 ? -1 : tmp_in(dir, err);
+        snprintf(lk, sizeof(lk), "/proc/self/fd/%d", out_fd);
+        ssize_t ml = readlink(lk, mdir, sizeof(mdir) - 1);
+        mdir[ml > 0 ? ml : 0] = '\0';
+        slash = strrchr(mdir, '/');
+        if (mdir[0] != '/' || !slash || slash == mdir)
+                return cove_err_setk(err, COVE_E_INTERNAL, 0,
+                                     "vm: full snapshot of %s: where the image is (%s) is unknown",
+                                     vi->id, mdir);
+        *slash = '\0';
+        int memfd = tmp_in(mdir, err), diskfd = memfd < 0 ? -1 : tmp_in(dir, err);
         if (diskfd < 0) {
                 if (memfd >= 0)
                         close(memfd);
