@@ -77,6 +77,18 @@
 #define VM_MAX_FDS 12
 #define VM_DISK_KEY_LEN 32
 
+/* Guest RAM in bytes for a sandbox of mem_mb: 8 KiB short of mem_mb MiB. QEMU 7.2 syncs the
+ * migration dirty bitmap of a RAM block whose length is a multiple of 64 pages by swapping
+ * whole bitmap words, and under TCG that leaves the vCPUs' TLB entries of pages already
+ * dirty writable without the dirty hook: the guest's next writes to those pages are not
+ * tracked, and a pre-copy snapshot keeps a stale copy of them (QEMU fixed it in 9.0 by
+ * re-arming the TLB after that swap). A length that is not such a multiple takes QEMU's
+ * per-page sync, which re-arms the TLB for each page it clears. -m takes 8 KiB steps. */
+static uint64_t vm_ram_bytes(unsigned mem_mb)
+{
+        return ((uint64_t)mem_mb << 20) - 8192;
+}
+
 /* A template's RAM as clones map it: a sealed memfd (no write, grow or shrink), loaded from
  * the template's ram file. QEMU 7.2 opens a memory-backend-file read-write unless
  * readonly=on, and readonly=on makes guest RAM a ROM (the clone hangs), so a plain file
@@ -685,7 +697,8 @@ static void common_args(struct cove_runtime *rt, struct launch *l, struct vmcfg 
         arg(l, "-cpu");
         arg(l, rt->kvm ? "host" : "max");
         snprintf(c->smp, sizeof(c->smp), "%u", c->cpus);
-        snprintf(c->mem, sizeof(c->mem), "%uM", c->mem_mb);
+        snprintf(c->mem, sizeof(c->mem), "%lluk",
+                 (unsigned long long)(vm_ram_bytes(c->mem_mb) >> 10));
         arg(l, "-smp");
         arg(l, c->smp);
         arg(l, "-m");
@@ -773,6 +786,8 @@ static void tpl_paths(struct cove_runtime *rt, const char *rootfs, unsigned mem,
         h = fnv64(h, &cpus, sizeof(cpus));
         h = fnv64(h, initrd, strlen(initrd));
         h = fnv64(h, &rt->kvm, sizeof(rt->kvm));
+        uint64_t ram = vm_ram_bytes(mem);
+        h = fnv64(h, &ram, sizeof(ram));
         snprintf(t->dir, sizeof(t->dir), "%s/tpl/%016llx", rt->dir, (unsigned long long)h);
         snprintf(t->root, sizeof(t->root), "%s/root.img", t->dir);
         snprintf(t->base, sizeof(t->base), "%s/base.qcow2", t->dir);
@@ -939,7 +954,7 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
         chmod(t->root, 0644);
         chmod(t->base, 0644);
         int ramfd = open(t->ram, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (ramfd < 0 || ftruncate(ramfd, (off_t)mem << 20) < 0) {
+        if (ramfd < 0 || ftruncate(ramfd, (off_t)vm_ram_bytes(mem)) < 0) {
                 cove_err_set(err, errno, "vm: template RAM file");
                 if (ramfd >= 0)
                         close(ramfd);
@@ -975,7 +990,8 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
         add_fd(&l, ifd, c->initrd, sizeof(c->initrd));
         add_fd(&l, ramfd, p, sizeof(p));
         snprintf(c->memobj, sizeof(c->memobj),
-                 "memory-backend-file,id=mem,size=%uM,mem-path=%s,share=on", mem, p);
+                 "memory-backend-file,id=mem,size=%llu,mem-path=%s,share=on",
+                 (unsigned long long)vm_ram_bytes(mem), p);
         add_fd(&l, rootfd, p, sizeof(p));
         snprintf(c->drive[0], sizeof(c->drive[0]),
                  "driver=file,node-name=rootf,filename=%s,read-only=on", p);
@@ -1582,7 +1598,8 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         add_fd(&l, ifd, c->initrd, sizeof(c->initrd));
         add_fd(&l, ramfd, p, sizeof(p));
         snprintf(c->memobj, sizeof(c->memobj),
-                 "memory-backend-file,id=mem,size=%uM,mem-path=%s,share=off", mem, p);
+                 "memory-backend-file,id=mem,size=%llu,mem-path=%s,share=off",
+                 (unsigned long long)vm_ram_bytes(mem), p);
         add_fd(&l, rootfd, p, sizeof(p));
         snprintf(c->drive[0], sizeof(c->drive[0]),
                  "driver=file,node-name=rootf,filename=%s,read-only=on", p);
