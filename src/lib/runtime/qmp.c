@@ -200,7 +200,8 @@ int cove_qmp_wait_event(struct cove_qmp *q, const char *ev, json_t **data, int t
         }
 }
 
-int cove_qmp_wait_migration(struct cove_qmp *q, int timeout_ms, struct cove_err *err)
+int cove_qmp_wait_migration_to(struct cove_qmp *q, const char *status, int timeout_ms,
+                               struct cove_err *err)
 {
         int64_t dl = cove_mono_ns() + (int64_t)timeout_ms * 1000000;
         for (;;) {
@@ -211,9 +212,14 @@ int cove_qmp_wait_migration(struct cove_qmp *q, int timeout_ms, struct cove_err 
                 snprintf(st, sizeof(st), "%s",
                          json_string_value(json_object_get(d, "status")) ?: "");
                 json_decref(d);
-                if (!strcmp(st, "completed"))
+                if (!strcmp(st, status))
                         return 0;
                 if (!strcmp(st, "failed") || !strcmp(st, "cancelled"))
                         return cove_err_setk(err, COVE_E_INTERNAL, 0, "migration %s", st);
         }
+}
+
+int cove_qmp_wait_migration(struct cove_qmp *q, int timeout_ms, struct cove_err *err)
+{
+        return cove_qmp_wait_migration_to(q, "completed", timeout_ms, err);
 }

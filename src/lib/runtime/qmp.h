@@ -35,5 +35,9 @@ int cove_qmp_wait_event(struct cove_qmp *q, const char *ev, json_t **data, int t
 /* Wait for the MIGRATION event whose status is completed (0) or failed/cancelled (-1).
  * Needs the "events" migration capability. */
 int cove_qmp_wait_migration(struct cove_qmp *q, int timeout_ms, struct cove_err *err);
+/* The same for the status given (e.g. "pre-switchover"); a timeout is COVE_E_UNAVAILABLE with
+ * errno ETIMEDOUT. */
+int cove_qmp_wait_migration_to(struct cove_qmp *q, const char *status, int timeout_ms,
+                               struct cove_err *err);
 
 #endif

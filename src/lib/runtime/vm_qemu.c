@@ -54,6 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/close_range.h>
+#include <linux/fs.h>
 #include <linux/if_tun.h>
 #include <nftables/libnftables.h>
 
@@ -75,6 +76,18 @@
 #define VM_ID_MAX 128
 #define VM_MAX_FDS 12
 #define VM_DISK_KEY_LEN 32
+
+/* Guest RAM in bytes for a sandbox of mem_mb: 8 KiB short of mem_mb MiB. QEMU 7.2 syncs the
+ * migration dirty bitmap of a RAM block whose length is a multiple of 64 pages by swapping
+ * whole bitmap words, and under TCG that leaves the vCPUs' TLB entries of pages already
+ * dirty writable without the dirty hook: the guest's next writes to those pages are not
+ * tracked, and a pre-copy snapshot keeps a stale copy of them (QEMU fixed it in 9.0 by
+ * re-arming the TLB after that swap). A length that is not such a multiple takes QEMU's
+ * per-page sync, which re-arms the TLB for each page it clears. -m takes 8 KiB steps. */
+static uint64_t vm_ram_bytes(unsigned mem_mb)
+{
+        return ((uint64_t)mem_mb << 20) - 8192;
+}
 
 /* A template's RAM as clones map it: a sealed memfd (no write, grow or shrink), loaded from
  * the template's ram file. QEMU 7.2 opens a memory-backend-file read-write unless
@@ -684,7 +697,8 @@ static void common_args(struct cove_runtime *rt, struct launch *l, struct vmcfg 
         arg(l, "-cpu");
         arg(l, rt->kvm ? "host" : "max");
         snprintf(c->smp, sizeof(c->smp), "%u", c->cpus);
-        snprintf(c->mem, sizeof(c->mem), "%uM", c->mem_mb);
+        snprintf(c->mem, sizeof(c->mem), "%lluk",
+                 (unsigned long long)(vm_ram_bytes(c->mem_mb) >> 10));
         arg(l, "-smp");
         arg(l, c->smp);
         arg(l, "-m");
@@ -772,6 +786,8 @@ static void tpl_paths(struct cove_runtime *rt, const char *rootfs, unsigned mem,
         h = fnv64(h, &cpus, sizeof(cpus));
         h = fnv64(h, initrd, strlen(initrd));
         h = fnv64(h, &rt->kvm, sizeof(rt->kvm));
+        uint64_t ram = vm_ram_bytes(mem);
+        h = fnv64(h, &ram, sizeof(ram));
         snprintf(t->dir, sizeof(t->dir), "%s/tpl/%016llx", rt->dir, (unsigned long long)h);
         snprintf(t->root, sizeof(t->root), "%s/root.img", t->dir);
         snprintf(t->base, sizeof(t->base), "%s/base.qcow2", t->dir);
@@ -938,7 +954,7 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
         chmod(t->root, 0644);
         chmod(t->base, 0644);
         int ramfd = open(t->ram, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (ramfd < 0 || ftruncate(ramfd, (off_t)mem << 20) < 0) {
+        if (ramfd < 0 || ftruncate(ramfd, (off_t)vm_ram_bytes(mem)) < 0) {
                 cove_err_set(err, errno, "vm: template RAM file");
                 if (ramfd >= 0)
                         close(ramfd);
@@ -974,7 +990,8 @@ static int tpl_build(struct cove_runtime *rt, const char *rootfs, unsigned mem, 
         add_fd(&l, ifd, c->initrd, sizeof(c->initrd));
         add_fd(&l, ramfd, p, sizeof(p));
         snprintf(c->memobj, sizeof(c->memobj),
-                 "memory-backend-file,id=mem,size=%uM,mem-path=%s,share=on", mem, p);
+                 "memory-backend-file,id=mem,size=%llu,mem-path=%s,share=on",
+                 (unsigned long long)vm_ram_bytes(mem), p);
         add_fd(&l, rootfd, p, sizeof(p));
         snprintf(c->drive[0], sizeof(c->drive[0]),
                  "driver=file,node-name=rootf,filename=%s,read-only=on", p);
@@ -1373,31 +1390,41 @@ static int vm_collect(struct cove_runtime *rt, const char *guest, const char *st
         return n;
 }
 
+/* Copy len bytes of in from in_off to out at out_off (reflinked where the filesystem can). */
+static int copy_fd_range(int in, off_t in_off, int out, off_t out_off, uint64_t len,
+                         struct cove_err *err)
+{
+        off_t end = in_off + (off_t)len;
+        while (in_off < end) {
+                ssize_t k = copy_file_range(in, &in_off, out, &out_off, (size_t)(end - in_off), 0);
+                if (k < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
+                        char buf[1 << 16];
+                        size_t want = (size_t)(end - in_off) < sizeof(buf) ? (size_t)(end - in_off)
+                                                                           : sizeof(buf);
+                        k = pread(in, buf, want, in_off);
+                        if (k > 0 && pwrite(out, buf, (size_t)k, out_off) != k)
+                                k = -1;
+                        if (k > 0) {
+                                in_off += k;
+                                out_off += k;
+                        }
+                }
+                if (k <= 0)
+                        return cove_err_set(err, k < 0 ? errno : EIO, "vm: copy into snapshot");
+        }
+        return 0;
+}
+
 /* Copy len bytes at off of fd into a new file path (0600). */
 static int copy_range(int fd, off_t off, const char *path, uint64_t len, struct cove_err *err)
 {
         int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (out < 0)
                 return cove_err_set(err, errno, "vm: create %s", path);
-        uint64_t done = 0;
-        while (done < len) {
-                ssize_t k = copy_file_range(fd, &off, out, NULL, (size_t)(len - done), 0);
-                if (k < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
-                        char buf[1 << 16];
-                        size_t want = len - done < sizeof(buf) ? (size_t)(len - done) : sizeof(buf);
-                        k = pread(fd, buf, want, off);
-                        if (k > 0 && write(out, buf, (size_t)k) != k)
-                                k = -1;
-                        if (k > 0)
-                                off += k;
-                }
-                if (k <= 0) {
-                        cove_err_set(err, k < 0 ? errno : EIO, "vm: copy disk image");
-                        close(out);
-                        unlink(path);
-                        return -1;
-                }
-                done += (uint64_t)k;
+        if (copy_fd_range(fd, off, out, 0, len, err) < 0) {
+                close(out);
+                unlink(path);
+                return cove_err_wrap(err, "vm: copy disk image");
         }
         if (close(out) < 0)
                 return cove_err_set(err, errno, "vm: write %s", path);
@@ -1571,7 +1598,8 @@ static int vm_start(struct cove_runtime *rt, const struct cove_instance_spec *sp
         add_fd(&l, ifd, c->initrd, sizeof(c->initrd));
         add_fd(&l, ramfd, p, sizeof(p));
         snprintf(c->memobj, sizeof(c->memobj),
-                 "memory-backend-file,id=mem,size=%uM,mem-path=%s,share=off", mem, p);
+                 "memory-backend-file,id=mem,size=%llu,mem-path=%s,share=off",
+                 (unsigned long long)vm_ram_bytes(mem), p);
         add_fd(&l, rootfd, p, sizeof(p));
         snprintf(c->drive[0], sizeof(c->drive[0]),
                  "driver=file,node-name=rootf,filename=%s,read-only=on", p);
@@ -1759,6 +1787,40 @@ static int vm_usage(struct cove_runtime *rt, struct cove_instance *inst, uint64_
         return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "vm: no cgroup for usage figures");
 }
 
+/* An unnamed file in dir (gone when closed), or -1 with err. */
+static int tmp_in(const char *dir, struct cove_err *err)
+{
+        int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+        if (fd < 0)
+                cove_err_set(err, errno, "vm: scratch file in %s", dir);
+        return fd;
+}
+
+/* The disk as it is now into the unnamed file dst: a reflink where the filesystem has them
+ * (milliseconds, whatever its size), else a copy. Its length in *len. */
+static int disk_capture(const char *disk, int dst, uint64_t *len, struct cove_err *err)
+{
+        int dfd = open(disk, O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (dfd < 0 || fstat(dfd, &st) < 0) {
+                cove_err_set(err, errno, "vm: open disk");
+                if (dfd >= 0)
+                        close(dfd);
+                return -1;
+        }
+        *len = (uint64_t)st.st_size;
+        int r = ioctl(dst, FICLONE, dfd) == 0 ? 0 : copy_fd_range(dfd, 0, dst, 0, *len, err);
+        close(dfd);
+        return r;
+}
+
+/* A full snapshot by pre-copy, as a live migration does: QEMU streams the RAM while the guest
+ * runs (into an unnamed scratch file), re-sending what the guest dirties, and stops it only
+ * for the last dirty pages (downtime-limit). pause-before-switchover holds it stopped at that
+ * point, while the disk is captured (a reflink of the overlay: the stop flushed it), so disk
+ * and memory are of the same instant; then the device state goes out and the guest
+ * continues. The image is assembled from the scratch files after the guest runs again.
+ * *pause_ns: how long the guest was stopped. */
 static int vm_full_snapshot(struct cove_runtime *rt, struct cove_instance *inst, int out_fd,
                             uint64_t *pause_ns, struct cove_err *err)
 {
@@ -1776,65 +1838,77 @@ static int vm_full_snapshot(struct cove_runtime *rt, struct cove_instance *inst,
         h.build = vi->build;
         snprintf(h.disk_key_id, sizeof(h.disk_key_id), "%s", vi->disk_key_id);
         h.disk_off = 4096;
+        /* the memory stream's scratch file beside the image (on the checkpoint tmpfs for a
+         * sandbox with encrypted storage: its RAM never lands on a disk in the clear), the
+         * disk's beside the disk (a reflink) */
+        char dir[PATH_MAX + 16], mdir[PATH_MAX + 16], lk[64];
+        snprintf(dir, sizeof(dir), "%s", vi->disk);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+                *slash = '\0';
+        snprintf(lk, sizeof(lk), "/proc/self/fd/%d", out_fd);
+        ssize_t ml = readlink(lk, mdir, sizeof(mdir) - 1);
+        mdir[ml > 0 ? ml : 0] = '\0';
+        slash = strrchr(mdir, '/');
+        if (mdir[0] != '/' || !slash || slash == mdir)
+                return cove_err_setk(err, COVE_E_INTERNAL, 0,
+                                     "vm: full snapshot of %s: where the image is (%s) is unknown",
+                                     vi->id, mdir);
+        *slash = '\0';
+        int memfd = tmp_in(mdir, err), diskfd = memfd < 0 ? -1 : tmp_in(dir, err);
+        if (diskfd < 0) {
+                if (memfd >= 0)
+                        close(memfd);
+                return cove_err_wrap(err, "vm: full snapshot of %s", vi->id);
+        }
         pthread_mutex_lock(&vi->mu);
-        int64_t t0 = cove_mono_ns();
-        int stopped = 0, r = -1;
-        /* stop drains and flushes the disk: the overlay file is consistent while stopped */
-        if (cove_qmp_cmd(&vi->qmp, "stop", NULL, -1, NULL, VM_QMP_TIMEOUT_MS, err) < 0)
-                goto out;
-        stopped = 1;
-        int dfd = open(vi->disk, O_RDONLY | O_CLOEXEC);
-        struct stat st;
-        if (dfd < 0 || fstat(dfd, &st) < 0) {
-                cove_err_set(err, errno, "vm: open disk");
-                if (dfd >= 0)
-                        close(dfd);
-                goto out;
-        }
-        h.disk_len = (uint64_t)st.st_size;
-        off_t in = 0, o = (off_t)h.disk_off;
-        while ((uint64_t)in < h.disk_len) {
-                ssize_t k = copy_file_range(dfd, &in, out_fd, &o, (size_t)(h.disk_len - in), 0);
-                if (k < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
-                        char buf[1 << 16];
-                        k = pread(dfd, buf, sizeof(buf), in);
-                        if (k > 0 && pwrite(out_fd, buf, (size_t)k, o) != k)
-                                k = -1;
-                        if (k > 0) {
-                                in += k;
-                                o += k;
-                        }
-                }
-                if (k <= 0) {
-                        cove_err_set(err, k < 0 ? errno : EIO, "vm: copy disk into snapshot");
-                        close(dfd);
-                        goto out;
-                }
-        }
-        close(dfd);
-        h.mem_off = (h.disk_off + h.disk_len + VMF_ALIGN - 1) / VMF_ALIGN * VMF_ALIGN;
-        if (lseek(out_fd, (off_t)h.mem_off, SEEK_SET) < 0) {
-                cove_err_set(err, errno, "vm: seek snapshot");
-                goto out;
-        }
-        /* QEMU writes the migration stream into the same open file (fd passed over QMP) */
-        if (cove_qmp_cmd(&vi->qmp, "getfd", json_pack("{s:s}", "fdname", "snap"), out_fd, NULL,
+        int64_t t0 = 0;
+        int migrating = 0, stopped = 0, r = -1;
+        json_t *caps =
+            json_pack("{s:[{s:s,s:b},{s:s,s:b},{s:s,s:b}]}", "capabilities", "capability",
+                      "x-ignore-shared", "state", 1, "capability", "events", "state", 1,
+                      "capability", "pause-before-switchover", "state", 1);
+        /* QEMU 7's default bandwidth cap (32 MiB/s) is for a network; here it is a local file */
+        json_t *params = json_pack("{s:I, s:I}", "max-bandwidth", (json_int_t)1 << 34,
+                                   "downtime-limit", (json_int_t)10);
+        if (cove_qmp_cmd(&vi->qmp, "migrate-set-capabilities", caps, -1, NULL, VM_QMP_TIMEOUT_MS,
+                         err) < 0 ||
+            cove_qmp_cmd(&vi->qmp, "migrate-set-parameters", params, -1, NULL, VM_QMP_TIMEOUT_MS,
+                         err) < 0 ||
+            cove_qmp_cmd(&vi->qmp, "getfd", json_pack("{s:s}", "fdname", "snap"), memfd, NULL,
                          VM_QMP_TIMEOUT_MS, err) < 0 ||
             cove_qmp_cmd(&vi->qmp, "migrate", json_pack("{s:s}", "uri", "fd:snap"), -1, NULL,
-                         VM_QMP_TIMEOUT_MS, err) < 0 ||
+                         VM_QMP_TIMEOUT_MS, err) < 0)
+                goto out;
+        migrating = 1;
+        /* a guest that dirties memory faster than it streams never gets under 10 ms: after a
+         * while, accept a longer stop rather than iterate without end */
+        int w = cove_qmp_wait_migration_to(&vi->qmp, "pre-switchover", 10000, err);
+        if (w < 0 && err && err->errnum == ETIMEDOUT) {
+                if (cove_qmp_cmd(&vi->qmp, "migrate-set-parameters",
+                                 json_pack("{s:I}", "downtime-limit", (json_int_t)60000), -1, NULL,
+                                 VM_QMP_TIMEOUT_MS, err) < 0)
+                        goto out;
+                w = cove_qmp_wait_migration_to(&vi->qmp, "pre-switchover", 300000, err);
+        }
+        if (w < 0)
+                goto out;
+        t0 = cove_mono_ns(); /* the guest is stopped from here (QEMU stopped it and flushed) */
+        stopped = 1;
+        if (disk_capture(vi->disk, diskfd, &h.disk_len, err) < 0 ||
+            cove_qmp_cmd(&vi->qmp, "migrate-continue",
+                         json_pack("{s:s}", "state", "pre-switchover"), -1, NULL, VM_QMP_TIMEOUT_MS,
+                         err) < 0 ||
             cove_qmp_wait_migration(&vi->qmp, 300000, err) < 0)
                 goto out;
-        if (fstat(out_fd, &st) < 0 || (uint64_t)st.st_size <= h.mem_off) {
-                cove_err_set(err, errno ? errno : EIO, "vm: empty memory stream");
-                goto out;
-        }
-        h.mem_len = (uint64_t)st.st_size - h.mem_off;
-        if (pwrite(out_fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h)) {
-                cove_err_set(err, errno, "vm: write snapshot header");
-                goto out;
-        }
+        migrating = 0;
         r = 0;
 out:
+        if (migrating) {
+                struct cove_err e2;
+                cove_qmp_cmd(&vi->qmp, "migrate_cancel", NULL, -1, NULL, VM_QMP_TIMEOUT_MS, &e2);
+                cove_qmp_wait_migration_to(&vi->qmp, "cancelled", 10000, &e2);
+        }
         if (stopped) {
                 struct cove_err e2;
                 /* the MIGRATION completed event comes before QEMU has finished the migration
@@ -1852,8 +1926,23 @@ out:
                                           "vm: continue after snapshot: %s", e2.msg);
         }
         if (pause_ns)
-                *pause_ns = (uint64_t)(cove_mono_ns() - t0);
+                *pause_ns = stopped ? (uint64_t)(cove_mono_ns() - t0) : 0;
         pthread_mutex_unlock(&vi->mu);
+        /* the image: header, disk, memory stream (the guest runs again meanwhile) */
+        struct stat st;
+        if (r == 0 && (fstat(memfd, &st) < 0 || st.st_size <= 0))
+                r = cove_err_set(err, errno ? errno : EIO, "vm: empty memory stream");
+        if (r == 0) {
+                h.mem_len = (uint64_t)st.st_size;
+                h.mem_off = (h.disk_off + h.disk_len + VMF_ALIGN - 1) / VMF_ALIGN * VMF_ALIGN;
+                if (copy_fd_range(diskfd, 0, out_fd, (off_t)h.disk_off, h.disk_len, err) < 0 ||
+                    copy_fd_range(memfd, 0, out_fd, (off_t)h.mem_off, h.mem_len, err) < 0)
+                        r = -1;
+                else if (pwrite(out_fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h))
+                        r = cove_err_set(err, errno, "vm: write snapshot header");
+        }
+        close(memfd);
+        close(diskfd);
         return r < 0 ? cove_err_wrap(err, "vm: full snapshot of %s", vi->id) : 0;
 }
 
