@@ -14,12 +14,9 @@ alive (each sample sandbox is deleted again), and prints MemAvailable and coved'
 threads. At the end every sandbox is deleted, coved stopped and the host counted again: loop
 devices, mounts and cgroups left behind are reported. Prints a markdown table; writes
 OUT/density.md and density.json."""
-import argparse
-import datetime
 import json
 import os
 import resource
-import signal
 import sys
 import threading
 import time
@@ -27,8 +24,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench  # noqa: E402
-from bench import Bench, KA, exec_true, log, machine, summary  # noqa: E402
+from bench import KA, exec_true, log, summary  # noqa: E402
 from benchlib import loadavg, pct  # noqa: E402
+import fleet  # noqa: E402
 import hostcount as hc  # noqa: E402
 
 
@@ -61,12 +59,10 @@ def host_limits():
     }
 
 
-class Density:
+class Density(fleet.Fleet):
     def __init__(self, a):
-        self.a = a
-        self.b = Bench(argparse.Namespace(build=a.build, out=a.out, templates=a.templates,
-                                          pool=a.pool))
-        self.res = {"target": a.target, "checkpoints": {}, "steps": []}
+        super().__init__(a)
+        self.res.update({"target": a.target, "checkpoints": {}, "steps": []})
         self.lock = threading.Lock()
         self.stop_reason = None
 
@@ -196,15 +192,15 @@ class Density:
         time.sleep(1)
         self.res["after_delete"] = self.snapshot(0)
         self.res["ids"] = len(ids)
-        self.all_ids = ids
+        self.ids = ids
 
-    def finish(self):
-        data = self.b.d.data if self.b.d else None
-        self.b.stop()
-        if data:
-            self.res["left"] = {"loops": hc.loops_under(data), "mounts": hc.mounts_under(data),
-                                "cgroups": hc.cgroups_of(getattr(self, "all_ids", [])),
-                                "host_loops_after": hc.loops_total()}
+    def interrupted(self):
+        self.stop_reason = self.stop_reason or "interrupted"
+        self.res["stop_reason"] = self.stop_reason
+        return False
+
+    def stopping(self):
+        self.stop_reason = self.stop_reason or "stopping"  # the ramp's threads stop creating
 
     def report(self, load0, load1):
         r = self.res
@@ -275,17 +271,13 @@ class Density:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--templates", default=None)
+    ap = fleet.parser()
     ap.add_argument("--target", type=int, default=5000)
     ap.add_argument("--step", type=int, default=250, help="print the counters every N alive")
     ap.add_argument("--checkpoints", type=lambda s: [int(x) for x in s.split(",") if x],
                     default=[1000, 2000, 5000])
     ap.add_argument("--samples", type=int, default=40)
     ap.add_argument("--threads", type=int, default=2, help="client threads that create")
-    ap.add_argument("--pool", type=int, default=4)
     ap.add_argument("--min-avail-gib", type=float, default=4.0)
     ap.add_argument("--max-minutes", type=float, default=30, help="stop ramping after this")
     ap.add_argument("--snapshot-interval", type=int, default=None,
@@ -295,40 +287,10 @@ def main():
         body = bench.create_body()
         body["snapshot_interval_s"] = a.snapshot_interval
         bench.create_body = lambda: dict(body)
-    a.out = a.out or os.path.join(a.build, "bench")
-    a.templates = a.templates or os.environ.get("COVE_TEMPLATES_DIR") or os.path.join(
-        a.build, "test-templates")
-    if os.geteuid() != 0:
-        sys.exit("density: must run as root (coved's ns runtime needs it)")
-    # the bench's own client sockets: a few per thread, but be generous
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    fleet.setup(a, "density")
     d = Density(a)
-
-    def bail(signum, frame):
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, bail)
-    load0 = loadavg()
-    d.res["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    d.res["machine"] = machine()
-    try:
-        d.run()
-    except KeyboardInterrupt:
-        d.stop_reason = d.stop_reason or "interrupted"
-        d.res["stop_reason"] = d.stop_reason
-        raise
-    finally:
-        d.stop_reason = d.stop_reason or "stopping"  # the ramp's threads stop creating
-        d.finish()
-    load1 = loadavg()
-    md = d.report(load0, load1)
-    with open(os.path.join(a.out, "density.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(a.out, "density.json"), "w") as f:
-        json.dump(d.res, f, indent=1, default=str)
-    print(md)
+    load0, load1 = d.main_run()
+    fleet.write(a, "density", d.report(load0, load1), d.res)
 
 
 if __name__ == "__main__":

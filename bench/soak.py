@@ -15,14 +15,10 @@ cgroup of its sandboxes is left after they are deleted and coved stopped (counte
 after). Timings are printed, never judged.
 
     bench/soak.py --build build [--sandboxes 200] [--minutes 10] [--threads 8]"""
-import argparse
-import datetime
 import hashlib
 import json
 import os
 import random
-import resource
-import signal
 import sys
 import threading
 import time
@@ -30,8 +26,9 @@ import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench import Bench, KA, log, machine  # noqa: E402
+from bench import KA, log  # noqa: E402
 from benchlib import loadavg, pct  # noqa: E402
+import fleet  # noqa: E402
 import hostcount as hc  # noqa: E402
 
 KEPT_FINISHED = 64  # coved keeps this many finished processes per sandbox (docs/api.md)
@@ -45,20 +42,16 @@ def expected_sum(tag):
     return f"{hashlib.md5(data).hexdigest()}  -"
 
 
-class Soak:
+class Soak(fleet.Fleet):
     def __init__(self, a):
-        self.a = a
-        self.b = Bench(argparse.Namespace(build=a.build, out=a.out, templates=a.templates,
-                                          pool=a.pool))
+        super().__init__(a)
         self.lock = threading.Lock()
         self.errors = []
         self.ops = {"put": 0, "get": 0, "exec_loop": 0, "exec_true": 0}
         self.lat = {k: [] for k in self.ops}
         self.stop = threading.Event()
         self.minutes = []
-        self.res = {}
         self.execs = {}  # sandbox id -> execs done
-        self.ids = []
         self.phase = "warm-up"
 
     def err(self, what):
@@ -237,13 +230,12 @@ class Soak:
                                     "mounts": hc.mounts_under(b.d.data),
                                     "cgroups": hc.cgroups_of(ids)}
 
-    def finish(self):
-        data = self.b.d.data if self.b.d else None
-        self.b.stop()
-        if data:
-            self.res["left"] = {"loops": hc.loops_under(data), "mounts": hc.mounts_under(data),
-                                "cgroups": hc.cgroups_of(getattr(self, "ids", [])),
-                                "host_loops_after": hc.loops_total()}
+    def interrupted(self):
+        self.err("interrupted")
+        return True
+
+    def stopping(self):
+        self.stop.set()
 
     def verdict(self):
         a, r, m = self.a, self.res, self.minutes
@@ -323,14 +315,10 @@ class Soak:
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--templates", default=None)
+    ap = fleet.parser()
     ap.add_argument("--sandboxes", type=int, default=200)
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--pool", type=int, default=4)
     ap.add_argument("--rss-growth-mib", type=float, default=16,
                     help="fail when coved's RSS grows more from minute 1 to the end")
     ap.add_argument("--fd-growth", type=int, default=8,
@@ -340,41 +328,13 @@ def main():
                     help="longest warm-up (until every sandbox ran more execs than coved "
                          "keeps finished processes)")
     a = ap.parse_args()
-    a.out = a.out or os.path.join(a.build, "bench")
-    os.makedirs(a.out, exist_ok=True)
-    a.templates = a.templates or os.environ.get("COVE_TEMPLATES_DIR") or os.path.join(
-        a.build, "test-templates")
-    if os.geteuid() != 0:
-        sys.exit("soak: must run as root (coved's ns runtime needs it)")
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    fleet.setup(a, "soak")
     s = Soak(a)
-
-    def bail(signum, frame):
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, bail)
-    load0 = loadavg()
-    s.res["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    s.res["machine"] = machine()
-    try:
-        s.run()
-    except KeyboardInterrupt:
-        s.err("interrupted")
-    finally:
-        s.stop.set()
-        s.finish()
-    load1 = loadavg()
+    load0, load1 = s.main_run()
     fails = s.verdict()
-    md = s.report(load0, load1, fails)
-    with open(os.path.join(a.out, "soak.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(a.out, "soak.json"), "w") as f:
-        json.dump({**s.res, "minutes": s.minutes, "errors": s.errors, "ops": s.ops,
-                   "verdict": "PASS" if not fails else "FAIL", "fails": fails}, f,
-                  indent=1, default=str)
-    print(md)
+    fleet.write(a, "soak", s.report(load0, load1, fails),
+                {**s.res, "minutes": s.minutes, "errors": s.errors, "ops": s.ops,
+                 "verdict": "PASS" if not fails else "FAIL", "fails": fails})
     sys.exit(1 if fails else 0)
 
 

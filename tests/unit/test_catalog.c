@@ -26,60 +26,23 @@
 #include "control/audit.h"
 #include "control/tenant.h"
 #include "crypto/keys.h"
+#include "catalog_fixture.h"
 #include "store/catalog.h"
 #include "util/util.h"
 
 /* the backend under test: SQLite first, then PostgreSQL (main) */
-static const struct cove_catalog_ops *ops = &cove_catalog_sqlite;
-static const char *pg_url; /* COVE_TEST_PG_URL: the server's maintenance database */
-static int db_counter;
+static const struct cove_catalog_ops *ops; /* the backend under test (catfx_main) */
 
 struct fx {
-        char dir[64];
-        char path[512]; /* sqlite: file path; pg: URL of this test's own database */
-        char dbname[64];
-        int pg;
+        struct catfx db;
         struct cove_catalog *c;
 };
-
-/* pg_url with its database name replaced by db */
-static void url_with_db(const char *db, char *out, size_t cap)
-{
-        const char *auth = strstr(pg_url, "://") + 3;
-        const char *slash = strchr(auth, '/');
-        const char *q = strchr(auth, '?');
-        size_t base = slash ? (size_t)(slash - pg_url) : q ? (size_t)(q - pg_url) : strlen(pg_url);
-        snprintf(out, cap, "%.*s/%s%s", (int)base, pg_url, db, q ? q : "");
-}
-
-static void pg_admin(const char *sql)
-{
-        PGconn *conn = PQconnectdb(pg_url);
-        if (PQstatus(conn) != CONNECTION_OK)
-                fail_msg("connect %s: %s", pg_url, PQerrorMessage(conn));
-        PGresult *res = PQexec(conn, sql);
-        if (PQresultStatus(res) != PGRES_COMMAND_OK)
-                fail_msg("%s: %s", sql, PQerrorMessage(conn));
-        PQclear(res);
-        PQfinish(conn);
-}
 
 static int setup(void **state)
 {
         struct fx *f = calloc(1, sizeof(*f));
-        strcpy(f->dir, "/tmp/cove-test-cat-XXXXXX");
-        if (!mkdtemp(f->dir))
+        if (catfx_create(&f->db, ops, "cat") < 0)
                 return -1;
-        if (ops == &cove_catalog_pg) {
-                f->pg = 1;
-                snprintf(f->dbname, sizeof(f->dbname), "cove_t_%d_%d", (int)getpid(), ++db_counter);
-                char sql[128];
-                snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
-                pg_admin(sql);
-                url_with_db(f->dbname, f->path, sizeof(f->path));
-        } else {
-                snprintf(f->path, sizeof(f->path), "%s/catalog.db", f->dir);
-        }
         *state = f;
         return 0;
 }
@@ -89,12 +52,7 @@ static int teardown(void **state)
         struct fx *f = *state;
         if (f->c)
                 ops->close(f->c);
-        if (f->pg) {
-                char sql[128];
-                snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
-                pg_admin(sql);
-        }
-        cove_rm_rf(f->dir, NULL);
+        catfx_drop(&f->db);
         free(f);
         return 0;
 }
@@ -102,10 +60,10 @@ static int teardown(void **state)
 /* A value of one row and column of sql on the test's own database, either backend. */
 static int64_t any_int(struct fx *f, const char *sql)
 {
-        if (!f->pg) {
+        if (!f->db.pg) {
                 sqlite3 *db = NULL;
                 sqlite3_stmt *s;
-                assert_int_equal(sqlite3_open(f->path, &db), SQLITE_OK);
+                assert_int_equal(sqlite3_open(f->db.path, &db), SQLITE_OK);
                 assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
                 int rc = sqlite3_step(s);
                 assert_true(rc == SQLITE_ROW || rc == SQLITE_DONE);
@@ -114,7 +72,7 @@ static int64_t any_int(struct fx *f, const char *sql)
                 sqlite3_close(db);
                 return v;
         }
-        PGconn *conn = PQconnectdb(f->path);
+        PGconn *conn = PQconnectdb(f->db.path);
         assert_int_equal(PQstatus(conn), CONNECTION_OK);
         PGresult *res = PQexec(conn, sql);
         if (PQresultStatus(res) != PGRES_TUPLES_OK && PQresultStatus(res) != PGRES_COMMAND_OK)
@@ -128,7 +86,7 @@ static int64_t any_int(struct fx *f, const char *sql)
 static struct cove_catalog *open_ok(struct fx *f)
 {
         struct cove_err err = {0};
-        struct cove_catalog *c = ops->open(f->path, &err);
+        struct cove_catalog *c = ops->open(f->db.path, &err);
         if (!c)
                 fail_msg("open: %s", err.msg);
         return c;
@@ -205,7 +163,7 @@ static void migrations_from_empty(void **state)
         assert_true(v >= 1);
         assert_int_equal(any_int(f, "SELECT count(*) FROM schema_migrations"), v);
         assert_int_equal(any_int(f, "SELECT max(version) FROM schema_migrations"), v);
-        if (f->pg) {
+        if (f->db.pg) {
                 assert_int_equal(any_int(f, "SELECT count(*) FROM information_schema.tables"
                                             " WHERE table_name IN ('tenants','api_keys',"
                                             "'sandboxes','nodes','placements','jobs')"),
@@ -213,7 +171,7 @@ static void migrations_from_empty(void **state)
                 return;
         }
 
-        sqlite3 *db = raw_open(f->path);
+        sqlite3 *db = raw_open(f->db.path);
         assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_migrations"), v);
         assert_int_equal(raw_int(db, "SELECT max(version) FROM schema_migrations"), v);
         assert_int_equal(raw_int(db, "SELECT count(*) FROM sqlite_master WHERE type='table' AND "
@@ -225,7 +183,7 @@ static void migrations_from_empty(void **state)
         sqlite3_close(db);
 
         struct stat st;
-        assert_int_equal(stat(f->path, &st), 0);
+        assert_int_equal(stat(f->db.path, &st), 0);
         assert_int_equal(st.st_mode & 0777, 0600);
 }
 
@@ -238,7 +196,7 @@ static void reopen_is_noop(void **state)
         struct fx *f = *state;
         f->c = open_ok(f);
         ops->close(f->c);
-        if (f->pg) {
+        if (f->db.pg) {
                 int64_t rows = any_int(f, "SELECT count(*) FROM schema_migrations");
                 int64_t sum = any_int(f, "SELECT sum(applied_at * version) FROM schema_migrations");
                 int64_t cookie = any_int(f, PG_DDL_COOKIE);
@@ -253,7 +211,7 @@ static void reopen_is_noop(void **state)
                 assert_int_equal(any_int(f, PG_DDL_COOKIE), cookie);
                 return;
         }
-        sqlite3 *db = raw_open(f->path);
+        sqlite3 *db = raw_open(f->db.path);
         int64_t rows = raw_int(db, "SELECT count(*) FROM schema_migrations");
         int64_t sum = raw_int(db, "SELECT sum(applied_at * version) FROM schema_migrations");
         int64_t cookie = raw_int(db, "PRAGMA schema_version");
@@ -263,7 +221,7 @@ static void reopen_is_noop(void **state)
         int v = -1;
         assert_int_equal(ops->schema_version(f->c, &v, NULL), 0);
         assert_int_equal(v, rows);
-        db = raw_open(f->path);
+        db = raw_open(f->db.path);
         assert_int_equal(raw_int(db, "SELECT count(*) FROM schema_migrations"), rows);
         assert_int_equal(raw_int(db, "SELECT sum(applied_at * version) FROM schema_migrations"),
                          sum);
@@ -286,13 +244,13 @@ static void newer_schema_refused(void **state)
         any_int(f, sql);
 
         struct cove_err err = {0};
-        assert_null(ops->open(f->path, &err));
+        assert_null(ops->open(f->db.path, &err));
         assert_non_null(strstr(err.msg, "newer"));
         char shown[512];
-        cove_catalog_dsn_redact(f->path, shown, sizeof(shown));
+        cove_catalog_dsn_redact(f->db.path, shown, sizeof(shown));
         assert_non_null(strstr(err.msg, shown));
-        if (f->pg) { /* the URL's password never reaches a message */
-                const char *pw = strchr(strstr(f->path, "://") + 3, ':');
+        if (f->db.pg) { /* the URL's password never reaches a message */
+                const char *pw = strchr(strstr(f->db.path, "://") + 3, ':');
                 assert_non_null(pw);
                 char secret[64];
                 snprintf(secret, sizeof(secret), "%.*s", (int)strcspn(pw + 1, "@"), pw + 1);
@@ -574,7 +532,7 @@ static void sigkill_midwrite_keeps_db_intact(void **state)
         assert_true(pid >= 0);
         if (pid == 0) {
                 close(p[0]);
-                child_insert_loop(f->path, p[1]);
+                child_insert_loop(f->db.path, p[1]);
         }
         close(p[1]);
         int last = -1, v;
@@ -591,8 +549,8 @@ static void sigkill_midwrite_keeps_db_intact(void **state)
         assert_true(last + 1 >= CRASH_MIN_ACKED);
 
         f->c = open_ok(f);
-        if (!f->pg) {
-                sqlite3 *db = raw_open(f->path);
+        if (!f->db.pg) {
+                sqlite3 *db = raw_open(f->db.path);
                 char ic[64];
                 raw_text(db, "PRAGMA integrity_check", ic, sizeof(ic));
                 assert_string_equal(ic, "ok");
@@ -613,7 +571,7 @@ static void op_cost(void **state)
         struct fx *f = *state;
         f->c = open_ok(f);
         add_tenant(f->c, "t1");
-        const int N = f->pg ? 300 : 2000;
+        const int N = f->db.pg ? 300 : 2000;
         struct cove_sandbox_row r, got;
         struct cove_err err = {0};
         char id[64];
@@ -644,7 +602,7 @@ static void op_cost(void **state)
         print_message(
             "%s catalog cost per op (N=%d): insert %.1f us, update %.1f us, get %.1f us\n",
             ops->name, N, ins, upd, get);
-        if (f->pg)
+        if (f->db.pg)
                 return; /* a server round trip and a WAL flush per write: bench/, not here */
         assert_true(ins < 1000.0);
         assert_true(upd < 1000.0);
@@ -872,17 +830,21 @@ static void fenced_sandbox_update(void **state)
         assert_int_equal(err.kind, COVE_E_CONFLICT);
         expect_state(c, "sbx_1", "running");
 
-        /* n1's lease lapses: refused before any other process acquires it */
+        /* n1's lease lapses: refused before any other process acquires it. The probe
+         * rewrites the row as it stands, so a write that lands while the lease is still
+         * live changes nothing (a probe writing another state, then putting it back, loses
+         * the race when the lease lapses between the two). */
         int64_t deadline = cove_mono_ns() + 30000000000LL;
         int r;
+        strcpy(row.state, "running");
         while ((r = ops->sandbox_update_fenced(c, &row, "n1", e1, gen, &err)) == 0) {
-                strcpy(row.state, "running"); /* still live: put it back, try again */
-                assert_int_equal(ops->sandbox_update_fenced(c, &row, "n1", e1, gen, &err), 0);
-                strcpy(row.state, "error");
                 assert_true(cove_mono_ns() < deadline);
                 usleep(20000); /* the condition is the clock: poll it */
         }
         assert_int_equal(r, -1);
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        strcpy(row.state, "error");
+        assert_int_equal(ops->sandbox_update_fenced(c, &row, "n1", e1, gen, &err), -1);
         assert_int_equal(err.kind, COVE_E_CONFLICT);
         expect_state(c, "sbx_1", "running");
 
@@ -1147,7 +1109,7 @@ static void placement_wakes_waiter(void **state)
 {
         struct fx *f = *state;
         f->c = open_ok(f);
-        struct cove_catalog *writer = f->pg ? open_ok(f) : f->c;
+        struct cove_catalog *writer = f->db.pg ? open_ok(f) : f->c;
         struct cove_err err = {0};
         acquire_ok(f->c, "n1", 60000);
         /* the first call starts listening; nothing was written since */
@@ -1174,7 +1136,7 @@ static void job_args_features_and_done_wakeup(void **state)
 {
         struct fx *f = *state;
         struct cove_catalog *c = f->c = open_ok(f);
-        struct cove_catalog *node = f->pg ? open_ok(f) : c;
+        struct cove_catalog *node = f->db.pg ? open_ok(f) : c;
         struct cove_err err = {0};
         struct cove_node_row n = mknode("n1");
         snprintf(n.features, sizeof(n.features), "{\"runtimes\":[\"ns\"],\"full\":\"ok\"}");
@@ -1214,7 +1176,7 @@ static void job_args_features_and_done_wakeup(void **state)
         assert_int_equal(ops->job_finish(node, job, "n1", epoch, gen, 1, "{\"ok\":1}", &err), 0);
         assert_int_equal(ops->wait_wakeup(c, NULL, 60000, &err), 0);
         /* a node's own waiter does not wake on finished jobs */
-        if (f->pg) {
+        if (f->db.pg) {
                 while (ops->wait_wakeup(node, "n1", 0, &err) == 0)
                         ;
                 assert_int_equal(ops->job_claim(node, "n1", epoch, &j, &err), 0);
@@ -1305,13 +1267,13 @@ static void shared_key_records_revoke_reaches_cache(void **state)
         struct cove_catalog *c2 = open_ok(f);
         struct cove_err err = {0};
         char kek[PATH_MAX + 8], d1[PATH_MAX + 8], d2[PATH_MAX + 8];
-        snprintf(kek, sizeof(kek), "%s/default.kek", f->dir);
-        snprintf(d1, sizeof(d1), "%s/n1", f->dir);
-        snprintf(d2, sizeof(d2), "%s/n2", f->dir);
+        snprintf(kek, sizeof(kek), "%s/default.kek", f->db.dir);
+        snprintf(d1, sizeof(d1), "%s/n1", f->db.dir);
+        snprintf(d2, sizeof(d2), "%s/n2", f->db.dir);
         uint8_t raw[32], k1[32], k2[32];
         assert_int_equal(cove_random(raw, sizeof(raw), &err), 0);
         assert_int_equal(
-            cove_write_file_atomic(f->dir, "default.kek", raw, sizeof(raw), 0600, &err), 0);
+            cove_write_file_atomic(f->db.dir, "default.kek", raw, sizeof(raw), 0600, &err), 0);
         struct coved_keys_cat s1 = {ops, f->c}, s2 = {ops, c2};
         assert_int_equal(cove_keys_attach(d1, &coved_keys_catalog_ops, &s1, kek, &err), 0);
         assert_int_equal(cove_keys_attach(d2, &coved_keys_catalog_ops, &s2, kek, &err), 0);
@@ -1340,7 +1302,7 @@ static void pg_restart_unavailable_then_recovers(void **state)
 {
         struct fx *f = *state;
         const char *stop = getenv("COVE_TEST_PG_STOP"), *start = getenv("COVE_TEST_PG_START");
-        if (!f->pg || !stop || !start) {
+        if (!f->db.pg || !stop || !start) {
                 print_message("skipped: needs PostgreSQL and COVE_TEST_PG_STOP/START\n");
                 skip();
         }
@@ -1376,7 +1338,7 @@ static void pg_frozen_server_bounded(void **state)
 {
         struct fx *f = *state;
         const char *freeze = getenv("COVE_TEST_PG_FREEZE"), *thaw = getenv("COVE_TEST_PG_THAW");
-        if (!f->pg || !freeze || !thaw) {
+        if (!f->db.pg || !freeze || !thaw) {
                 print_message("skipped: needs PostgreSQL and COVE_TEST_PG_FREEZE/THAW\n");
                 skip();
         }
@@ -1450,11 +1412,5 @@ static int run_all(const char *name)
 
 int main(void)
 {
-        int r = run_all("catalog_sqlite");
-        pg_url = getenv("COVE_TEST_PG_URL");
-        if (pg_url && *pg_url) {
-                ops = &cove_catalog_pg;
-                r |= run_all("catalog_postgres");
-        }
-        return r;
+        return catfx_main("catalog", run_all, &ops);
 }

@@ -12,7 +12,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <libpq-fe.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,22 +25,18 @@
 #include "control/coved.h"
 #include "control/nodes.h"
 #include "control/placement.h"
+#include "catalog_fixture.h"
 #include "store/catalog.h"
 #include "util/util.h"
 
-static const struct cove_catalog_ops *ops = &cove_catalog_sqlite;
-static const char *pg_url;
-static int db_counter;
+static const struct cove_catalog_ops *ops; /* the backend under test (catfx_main) */
 
 #define FEAT                                                                                       \
         "{\"runtimes\":[\"ns\"],\"full\":\"ok\",\"criu\":\"4.1.1\",\"kernel\":\"6.1.0\","          \
         "\"cpu\":\"Xeon\",\"templates\":[\"busybox\"]}"
 
 struct fx {
-        char dir[64];
-        char path[512];
-        char dbname[64];
-        int pg;
+        struct catfx db;
         struct coved d; /* a control replica: catalog, audit, options */
         int64_t epoch[4];
         char names[4][16];
@@ -53,27 +48,6 @@ struct fx {
         pthread_mutex_t mu;
         char log[4096]; /* "node:kind:sandbox " per job it ran */
 };
-
-static void pg_admin(const char *sql)
-{
-        PGconn *conn = PQconnectdb(pg_url);
-        if (PQstatus(conn) != CONNECTION_OK)
-                fail_msg("connect %s: %s", pg_url, PQerrorMessage(conn));
-        PGresult *res = PQexec(conn, sql);
-        if (PQresultStatus(res) != PGRES_COMMAND_OK)
-                fail_msg("%s: %s", sql, PQerrorMessage(conn));
-        PQclear(res);
-        PQfinish(conn);
-}
-
-static void url_with_db(const char *db, char *out, size_t cap)
-{
-        const char *auth = strstr(pg_url, "://") + 3;
-        const char *slash = strchr(auth, '/');
-        const char *q = strchr(auth, '?');
-        size_t base = slash ? (size_t)(slash - pg_url) : q ? (size_t)(q - pg_url) : strlen(pg_url);
-        snprintf(out, cap, "%.*s/%s%s", (int)base, pg_url, db, q ? q : "");
-}
 
 /* A control replica on the test's database. */
 static void replica_open(struct fx *f, struct coved *d)
@@ -92,9 +66,9 @@ static void replica_open(struct fx *f, struct coved *d)
         pthread_cond_init(&d->cv, NULL);
         struct cove_err err = {0};
         d->cat_ops = ops;
-        d->cat = ops->open(f->path, &err);
+        d->cat = ops->open(f->db.path, &err);
         if (!d->cat)
-                fail_msg("open %s: %s", f->path, err.msg);
+                fail_msg("open %s: %s", f->db.path, err.msg);
         d->audit = cove_audit_open(ops, d->cat, &d->log, &err);
         if (!d->audit)
                 fail_msg("audit: %s", err.msg);
@@ -119,19 +93,8 @@ static void replica_close(struct coved *d)
 static int setup(void **state)
 {
         struct fx *f = calloc(1, sizeof(*f));
-        strcpy(f->dir, "/tmp/cove-test-nodes-XXXXXX");
-        if (!mkdtemp(f->dir))
+        if (catfx_create(&f->db, ops, "nodes") < 0)
                 return -1;
-        if (ops == &cove_catalog_pg) {
-                f->pg = 1;
-                snprintf(f->dbname, sizeof(f->dbname), "cove_n_%d_%d", (int)getpid(), ++db_counter);
-                char sql[128];
-                snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
-                pg_admin(sql);
-                url_with_db(f->dbname, f->path, sizeof(f->path));
-        } else {
-                snprintf(f->path, sizeof(f->path), "%s/catalog.db", f->dir);
-        }
         pthread_mutex_init(&f->mu, NULL);
         replica_open(f, &f->d);
         struct cove_tenant_row t = {0};
@@ -155,12 +118,7 @@ static int teardown(void **state)
                 ops->close(f->nc);
         }
         replica_close(&f->d);
-        if (f->pg) {
-                char sql[128];
-                snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
-                pg_admin(sql);
-        }
-        cove_rm_rf(f->dir, NULL);
+        catfx_drop(&f->db);
         free(f);
         return 0;
 }
@@ -355,7 +313,7 @@ static void *node_main(void *arg)
 static void nodes_run(struct fx *f)
 {
         struct cove_err err = {0};
-        f->nc = ops->open(f->path, &err);
+        f->nc = ops->open(f->db.path, &err);
         assert_non_null(f->nc);
         assert_int_equal(pthread_create(&f->th, NULL, node_main, f), 0);
         f->th_on = 1;
@@ -945,11 +903,5 @@ static int run_all(const char *name)
 
 int main(void)
 {
-        int r = run_all("nodes_sqlite");
-        pg_url = getenv("COVE_TEST_PG_URL");
-        if (pg_url && *pg_url) {
-                ops = &cove_catalog_pg;
-                r |= run_all("nodes_postgres");
-        }
-        return r;
+        return catfx_main("nodes", run_all, &ops);
 }

@@ -87,6 +87,60 @@ static json_t *found(int f)
         return json_pack("{s:b}", "found", f);
 }
 
+/* An op's answer from its catalog call's rc (< 0 failed, 0 done or found, 1 absent). */
+
+/* {} once done */
+static int answer_done(int rc, json_t **out)
+{
+        if (rc < 0)
+                return FAIL;
+        *out = json_object();
+        return OK;
+}
+
+/* {"found": rc == 0, name: val}; val (taken, may be NULL) only when found */
+static int answer_found(int rc, json_t **out, const char *name, json_t *val)
+{
+        if (rc < 0) {
+                json_decref(val);
+                return FAIL;
+        }
+        *out = found(rc == 0);
+        if (rc == 0 && name)
+                json_object_set_new(*out, name, val);
+        else
+                json_decref(val);
+        return OK;
+}
+
+/* a list op's rows, kept by the keep_* callbacks */
+struct filt {
+        struct cx *x;
+        json_t *arr;
+        struct cove_err *err;
+        int failed;
+};
+
+/* 0 to keep a row of sandbox_id (placed on the caller), 1 to skip it, -1 stops the listing */
+static int keep_here(struct filt *f, const char *sandbox_id)
+{
+        int here = placed_here(f->x, sandbox_id, f->err);
+        if (here < 0)
+                f->failed = 1;
+        return here;
+}
+
+/* {name: [rows]} */
+static int answer_list(int rc, struct filt *f, json_t **out, const char *name)
+{
+        if (rc < 0 || f->failed) {
+                json_decref(f->arr);
+                return FAIL;
+        }
+        *out = json_pack("{s:o}", name, f->arr);
+        return OK;
+}
+
 static int o_schema_version(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
         (void)in;
@@ -109,12 +163,7 @@ static int o_tenant_get(struct cx *x, json_t *in, json_t **out, struct cove_err 
         STR_IN(id, 64);
         struct cove_tenant_row t;
         int rc = x->ops->tenant_get(x->cat, id ? id : "", &t, err);
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        if (rc == 0)
-                json_object_set_new(*out, "tenant", cove_wire_tenant(&t));
-        return OK;
+        return answer_found(rc, out, "tenant", rc == 0 ? cove_wire_tenant(&t) : NULL);
 }
 
 static int add_tenant(const struct cove_tenant_row *t, void *arg)
@@ -126,13 +175,8 @@ static int add_tenant(const struct cove_tenant_row *t, void *arg)
 static int o_tenant_list(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
         (void)in;
-        json_t *arr = json_array();
-        if (x->ops->tenant_list(x->cat, add_tenant, arr, err) < 0) {
-                json_decref(arr);
-                return FAIL;
-        }
-        *out = json_pack("{s:o}", "tenants", arr);
-        return OK;
+        struct filt f = {x, json_array(), err, 0};
+        return answer_list(x->ops->tenant_list(x->cat, add_tenant, f.arr, err), &f, out, "tenants");
 }
 
 /* fence: NULL, or the node (the caller itself) whose epoch and generation the update must
@@ -194,32 +238,19 @@ static int o_sandbox_get(struct cx *x, json_t *in, json_t **out, struct cove_err
                         rc = 1;
                 }
         }
-        *out = found(rc == 0);
-        if (rc == 0) {
-                json_object_set_new(*out, "sandbox", cove_wire_sandbox(&s));
+        json_t *row = rc == 0 ? cove_wire_sandbox(&s) : NULL;
+        if (rc == 0)
                 cove_sandbox_row_clear(&s);
-        }
-        return OK;
+        return answer_found(rc, out, "sandbox", row);
 }
-
-struct filt {
-        struct cx *x;
-        json_t *arr;
-        struct cove_err *err;
-        int failed;
-};
 
 static int keep_sandbox(const struct cove_sandbox_row *s, void *arg)
 {
         struct filt *f = arg;
-        int here = placed_here(f->x, s->id, f->err);
-        if (here < 0) {
-                f->failed = 1;
-                return -1;
-        }
+        int here = keep_here(f, s->id);
         if (here == 0)
                 json_array_append_new(f->arr, cove_wire_sandbox(s));
-        return 0;
+        return here < 0 ? -1 : 0;
 }
 
 static int o_sandbox_list(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -227,24 +258,17 @@ static int o_sandbox_list(struct cx *x, json_t *in, json_t **out, struct cove_er
         STR_IN(tenant, 64);
         STR_IN(states, 256);
         struct filt f = {x, json_array(), err, 0};
-        if (x->ops->sandbox_list(x->cat, tenant, states, keep_sandbox, &f, err) < 0 || f.failed) {
-                json_decref(f.arr);
-                return FAIL;
-        }
-        *out = json_pack("{s:o}", "sandboxes", f.arr);
-        return OK;
+        return answer_list(x->ops->sandbox_list(x->cat, tenant, states, keep_sandbox, &f, err), &f,
+                           out, "sandboxes");
 }
 
 static int o_sandbox_delete(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
 {
         STR_IN(id, 64);
-        if (placed_write(x, id, "delete", err) != OK)
-                return err->kind == COVE_E_UNAUTHORIZED ? DENY : FAIL;
-        int rc = x->ops->sandbox_delete(x->cat, id, err);
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        return OK;
+        int rc = placed_write(x, id, "delete", err);
+        if (rc != OK)
+                return rc;
+        return answer_found(x->ops->sandbox_delete(x->cat, id, err), out, NULL, NULL);
 }
 
 /* the sandbox must be placed here and belong to tenant */
@@ -271,10 +295,7 @@ static int o_snapshot_insert(struct cx *x, json_t *in, json_t **out, struct cove
         int rc = owned_write(x, s.sandbox_id, s.tenant, "snapshot", err);
         if (rc != OK)
                 return rc;
-        if (x->ops->snapshot_insert(x->cat, &s, err) < 0)
-                return FAIL;
-        *out = json_object();
-        return OK;
+        return answer_done(x->ops->snapshot_insert(x->cat, &s, err), out);
 }
 
 /* a snapshot row the caller may see: its sandbox is placed here. 0, 1 (hidden/absent), -1 */
@@ -293,25 +314,16 @@ static int o_snapshot_get(struct cx *x, json_t *in, json_t **out, struct cove_er
         STR_IN(id, 64);
         struct cove_snapshot_row s;
         int rc = snapshot_here(x, tenant, id, &s, err);
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        if (rc == 0)
-                json_object_set_new(*out, "snapshot", cove_wire_snapshot(&s));
-        return OK;
+        return answer_found(rc, out, "snapshot", rc == 0 ? cove_wire_snapshot(&s) : NULL);
 }
 
 static int keep_snapshot(const struct cove_snapshot_row *s, void *arg)
 {
         struct filt *f = arg;
-        int here = placed_here(f->x, s->sandbox_id, f->err);
-        if (here < 0) {
-                f->failed = 1;
-                return -1;
-        }
+        int here = keep_here(f, s->sandbox_id);
         if (here == 0)
                 json_array_append_new(f->arr, cove_wire_snapshot(s));
-        return 0;
+        return here < 0 ? -1 : 0;
 }
 
 static int o_snapshot_list(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -319,13 +331,9 @@ static int o_snapshot_list(struct cx *x, json_t *in, json_t **out, struct cove_e
         STR_IN(tenant, 64);
         STR_IN(sandbox_id, 64);
         struct filt f = {x, json_array(), err, 0};
-        if (x->ops->snapshot_list(x->cat, tenant, sandbox_id, keep_snapshot, &f, err) < 0 ||
-            f.failed) {
-                json_decref(f.arr);
-                return FAIL;
-        }
-        *out = json_pack("{s:o}", "snapshots", f.arr);
-        return OK;
+        return answer_list(
+            x->ops->snapshot_list(x->cat, tenant, sandbox_id, keep_snapshot, &f, err), &f, out,
+            "snapshots");
 }
 
 static int o_snapshot_delete(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -339,13 +347,10 @@ static int o_snapshot_delete(struct cx *x, json_t *in, json_t **out, struct cove
                 *out = found(0);
                 return OK;
         }
-        if (placed_write(x, s.sandbox_id, "snapshot delete", err) != OK)
-                return err->kind == COVE_E_UNAUTHORIZED ? DENY : FAIL;
-        rc = x->ops->snapshot_delete(x->cat, id, err);
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        return OK;
+        rc = placed_write(x, s.sandbox_id, "snapshot delete", err);
+        if (rc != OK)
+                return rc;
+        return answer_found(x->ops->snapshot_delete(x->cat, id, err), out, NULL, NULL);
 }
 
 /* An event of a sandbox placed on the caller, of that sandbox's tenant. A sandbox the
@@ -361,8 +366,9 @@ static int audit_allowed(struct cx *x, const struct cove_audit_row *a, struct co
                 cove_sandbox_row_clear(&s);
         if (rc == 0 || !a->sandbox[0])
                 return owned_write(x, a->sandbox, a->tenant, "audit event", err);
-        if (placed_write(x, a->sandbox, "audit event", err) != OK)
-                return err->kind == COVE_E_UNAUTHORIZED ? DENY : FAIL;
+        rc = placed_write(x, a->sandbox, "audit event", err);
+        if (rc != OK)
+                return rc;
         struct cove_tenant_row t;
         rc = x->ops->tenant_get(x->cat, a->tenant, &t, err);
         if (rc < 0)
@@ -421,14 +427,10 @@ static int o_audit_last(struct cx *x, json_t *in, json_t **out, struct cove_err 
 static int keep_audit(const struct cove_audit_row *a, void *arg)
 {
         struct filt *f = arg;
-        int here = placed_here(f->x, a->sandbox, f->err);
-        if (here < 0) {
-                f->failed = 1;
-                return -1;
-        }
+        int here = keep_here(f, a->sandbox);
         if (here == 0)
                 json_array_append_new(f->arr, cove_wire_audit(a));
-        return 0;
+        return here < 0 ? -1 : 0;
 }
 
 static int o_audit_list(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -440,14 +442,9 @@ static int o_audit_list(struct cx *x, json_t *in, json_t **out, struct cove_err 
         I64_IN(since_ms, 0, INT64_MAX);
         I64_IN(limit, 0, 100000);
         struct filt f = {x, json_array(), err, 0};
-        if (x->ops->audit_list(x->cat, tenant, sandbox, kind, after_seq, since_ms, (int)limit,
-                               keep_audit, &f, err) < 0 ||
-            f.failed) {
-                json_decref(f.arr);
-                return FAIL;
-        }
-        *out = json_pack("{s:o}", "rows", f.arr);
-        return OK;
+        return answer_list(x->ops->audit_list(x->cat, tenant, sandbox, kind, after_seq, since_ms,
+                                              (int)limit, keep_audit, &f, err),
+                           &f, out, "rows");
 }
 
 static int o_egress_put(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -460,10 +457,7 @@ static int o_egress_put(struct cx *x, json_t *in, json_t **out, struct cove_err 
                 return rc;
         if (!json)
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, 0, "egress_put: \"json\" missing");
-        if (x->ops->egress_put(x->cat, sandbox_id, tenant, json, err) < 0)
-                return FAIL;
-        *out = json_object();
-        return OK;
+        return answer_done(x->ops->egress_put(x->cat, sandbox_id, tenant, json, err), out);
 }
 
 static int o_egress_get(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -473,13 +467,9 @@ static int o_egress_get(struct cx *x, json_t *in, json_t **out, struct cove_err 
         char *json = NULL;
         if (rc == 0)
                 rc = x->ops->egress_get(x->cat, sandbox_id, &json, err);
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        if (rc == 0)
-                json_object_set_new(*out, "json", json_string(json));
+        json_t *val = rc == 0 ? json_string(json) : NULL;
         free(json);
-        return OK;
+        return answer_found(rc, out, "json", val);
 }
 
 static int o_egress_delete(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -487,12 +477,8 @@ static int o_egress_delete(struct cx *x, json_t *in, json_t **out, struct cove_e
         STR_IN(sandbox_id, 64);
         int rc = placed_write(x, sandbox_id, "egress delete", err);
         if (rc != OK)
-                return err->kind == COVE_E_UNAUTHORIZED ? DENY : FAIL;
-        rc = x->ops->egress_delete(x->cat, sandbox_id, err);
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        return OK;
+                return rc;
+        return answer_found(x->ops->egress_delete(x->cat, sandbox_id, err), out, NULL, NULL);
 }
 
 /* documents: "lease" (credential leases) and "port" (exposed ports) rows are owned by a
@@ -602,10 +588,7 @@ static int o_doc_put(struct cx *x, json_t *in, json_t **out, struct cove_err *er
                 return FAIL;
         if (f.found && strcmp(f.owner, owner) != 0)
                 return deny(err, "lease %s belongs to another sandbox (%s)", key, f.owner);
-        if (x->ops->doc_put(x->cat, kind, tenant, key, owner, json, err) < 0)
-                return FAIL;
-        *out = json_object();
-        return OK;
+        return answer_done(x->ops->doc_put(x->cat, kind, tenant, key, owner, json, err), out);
 }
 
 /* A tenant's key record: readable by a node that runs one of its sandboxes (to unwrap the
@@ -659,13 +642,9 @@ static int o_doc_get(struct cx *x, json_t *in, json_t **out, struct cove_err *er
                 rc = x->ops->doc_get(x->cat, kind, tenant, key, &json, err);
         if (rc == DENY)
                 return DENY;
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        if (rc == 0)
-                json_object_set_new(*out, "json", json_string(json));
+        json_t *val = rc == 0 ? json_string(json) : NULL;
         free(json);
-        return OK;
+        return answer_found(rc, out, "json", val);
 }
 
 struct dlist {
@@ -736,11 +715,7 @@ static int o_doc_delete(struct cx *x, json_t *in, json_t **out, struct cove_err 
                 *out = found(0);
                 return OK;
         }
-        rc = x->ops->doc_delete(x->cat, kind, tenant, key, err);
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        return OK;
+        return answer_found(x->ops->doc_delete(x->cat, kind, tenant, key, err), out, NULL, NULL);
 }
 
 static int self_only(struct cx *x, const char *name, const char *what, struct cove_err *err)
@@ -791,12 +766,7 @@ static int o_node_list(struct cx *x, json_t *in, json_t **out, struct cove_err *
 {
         (void)in;
         struct filt f = {x, json_array(), err, 0};
-        if (x->ops->node_list(x->cat, keep_node, &f, err) < 0) {
-                json_decref(f.arr);
-                return FAIL;
-        }
-        *out = json_pack("{s:o}", "nodes", f.arr);
-        return OK;
+        return answer_list(x->ops->node_list(x->cat, keep_node, &f, err), &f, out, "nodes");
 }
 
 static int o_placement_get(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -808,10 +778,7 @@ static int o_placement_get(struct cx *x, json_t *in, json_t **out, struct cove_e
                 return FAIL;
         if (rc == 0 && strcmp(p.node, x->node) != 0)
                 rc = 1;
-        *out = found(rc == 0);
-        if (rc == 0)
-                json_object_set_new(*out, "placement", cove_wire_placement(&p));
-        return OK;
+        return answer_found(rc, out, "placement", rc == 0 ? cove_wire_placement(&p) : NULL);
 }
 
 static int o_placement_observe(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -823,11 +790,10 @@ static int o_placement_observe(struct cx *x, json_t *in, json_t **out, struct co
         STR_IN(observed_state, 16);
         if (self_only(x, node, "observe", err) != OK)
                 return DENY;
-        if (x->ops->placement_observe(x->cat, sandbox_id ? sandbox_id : "", node, epoch, generation,
-                                      observed_state ? observed_state : "", err) < 0)
-                return FAIL;
-        *out = json_object();
-        return OK;
+        return answer_done(x->ops->placement_observe(x->cat, sandbox_id ? sandbox_id : "", node,
+                                                     epoch, generation,
+                                                     observed_state ? observed_state : "", err),
+                           out);
 }
 
 static int o_sandbox_update_fenced(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -848,13 +814,9 @@ static int o_job_claim(struct cx *x, json_t *in, json_t **out, struct cove_err *
                 return DENY;
         struct cove_job_row j = {0};
         int rc = x->ops->job_claim(x->cat, node, epoch, &j, err);
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        if (rc == 0)
-                json_object_set_new(*out, "job", cove_wire_job(&j));
+        json_t *row = rc == 0 ? cove_wire_job(&j) : NULL;
         cove_job_row_clear(&j);
-        return OK;
+        return answer_found(rc, out, "job", row);
 }
 
 static int o_job_finish(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -869,10 +831,8 @@ static int o_job_finish(struct cx *x, json_t *in, json_t **out, struct cove_err 
                 return FAIL;
         if (self_only(x, node, "job finish", err) != OK)
                 return DENY;
-        if (x->ops->job_finish(x->cat, job_id, node, epoch, generation, ok, result_json, err) < 0)
-                return FAIL;
-        *out = json_object();
-        return OK;
+        return answer_done(
+            x->ops->job_finish(x->cat, job_id, node, epoch, generation, ok, result_json, err), out);
 }
 
 static int o_job_get(struct cx *x, json_t *in, json_t **out, struct cove_err *err)
@@ -885,13 +845,9 @@ static int o_job_get(struct cx *x, json_t *in, json_t **out, struct cove_err *er
                 if (rc != 0)
                         cove_job_row_clear(&j);
         }
-        if (rc < 0)
-                return FAIL;
-        *out = found(rc == 0);
-        if (rc == 0)
-                json_object_set_new(*out, "job", cove_wire_job(&j));
+        json_t *row = rc == 0 ? cove_wire_job(&j) : NULL;
         cove_job_row_clear(&j);
-        return OK;
+        return answer_found(rc, out, "job", row);
 }
 
 static int o_wait_wakeup(struct cx *x, json_t *in, json_t **out, struct cove_err *err);

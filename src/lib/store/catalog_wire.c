@@ -1,6 +1,7 @@
 /* Catalog rows as JSON, decoded as untrusted input (store/catalog_wire.h). */
 #include "store/catalog_wire.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,182 +98,223 @@ int cove_wire_text(const json_t *o, const char *key, char **out, size_t max, int
         return 0;
 }
 
-#define STR(o, k, f, req)                                                                          \
-        do {                                                                                       \
-                if (cove_wire_str((o), (k), (f), sizeof(f), (req), err) < 0)                       \
-                        goto fail;                                                                 \
-        } while (0)
-#define I64(o, k, f, lo, hi)                                                                       \
-        do {                                                                                       \
-                int64_t v_;                                                                        \
-                if (cove_wire_i64((o), (k), &v_, (lo), (hi), 0, err) < 0)                          \
-                        goto fail;                                                                 \
-                (f) = v_;                                                                          \
-        } while (0)
-#define I64R(o, k, f, lo, hi) /* required */                                                       \
-        do {                                                                                       \
-                int64_t v_;                                                                        \
-                if (cove_wire_i64((o), (k), &v_, (lo), (hi), 1, err) < 0)                          \
-                        goto fail;                                                                 \
-                (f) = v_;                                                                          \
-        } while (0)
-#define BOOL(o, k, f)                                                                              \
-        do {                                                                                       \
-                if (cove_wire_bool((o), (k), &(f), 0, err) < 0)                                    \
-                        goto fail;                                                                 \
-        } while (0)
-#define TEXT(o, k, f)                                                                              \
-        do {                                                                                       \
-                if (cove_wire_text((o), (k), &(f), COVE_WIRE_TEXT_MAX, 0, err) < 0)                \
-                        goto fail;                                                                 \
-        } while (0)
+/* A row on the wire is an object whose members are the row's fields, by the field's name.
+ * One table a row type drives both directions; a field's kind comes from its C type
+ * (_Generic), so a row struct changed under its table does not compile. */
+enum wire_kind { W_STR, W_I64, W_INT, W_U32, W_BOOL, W_TEXT };
 
-static int need_object(const json_t *o, const char *what, struct cove_err *err)
+struct wire_field {
+        const char *key;
+        enum wire_kind kind;
+        size_t off, size; /* the field in the row */
+        int64_t min, max; /* numbers */
+        int required;
+};
+
+// clang-format off
+#define FIELD_(kd, m, lo, hi, req)                                                                 \
+        {.kind = (kd), .key = #m, .off = offsetof(ROW, m), .size = sizeof(((ROW *)0)->m),          \
+         .min = (lo), .max = (hi), .required = (req)}
+#define BY_TYPE_(m, i64, u64, i, u32)                                                              \
+        _Generic(&((ROW *)0)->m, int64_t *: (i64), uint64_t *: (u64), int *: (i), uint32_t *: (u32))
+/* a char array: < its size, NUL-free */
+#define STR(m, req)                                                                                \
+        FIELD_(_Generic(&((ROW *)0)->m, char(*)[sizeof(((ROW *)0)->m)]: W_STR), m, 0, 0, req)
+/* an integer from lo to the largest value of its type (uint64_t: of int64_t) */
+#define NUM_(m, lo, req)                                                                           \
+        FIELD_(BY_TYPE_(m, W_I64, W_I64, W_INT, W_U32), m, lo,                                     \
+               BY_TYPE_(m, INT64_MAX, INT64_MAX, INT32_MAX, UINT32_MAX), req)
+#define NUM(m) NUM_(m, 0, 0)
+#define SEQ(m) NUM_(m, 1, 1) /* required, from 1 */
+#define BOOL(m) FIELD_(_Generic(&((ROW *)0)->m, int *: W_BOOL), m, 0, 1, 0)
+#define TEXT(m) FIELD_(_Generic(&((ROW *)0)->m, char **: W_TEXT), m, 0, 0, 0) /* owned */
+#define FIELDS_END {.key = NULL}
+
+// clang-format on
+
+static json_t *field_json(const struct wire_field *f, const void *row)
 {
-        return json_is_object(o) ? 0 : bad(err, what, "is not an object");
+        const char *p = (const char *)row + f->off;
+        switch (f->kind) {
+        case W_STR:
+                return json_string(p);
+        case W_I64:
+                return json_integer(*(const int64_t *)p);
+        case W_INT:
+                return json_integer(*(const int *)p);
+        case W_U32:
+                return json_integer(*(const uint32_t *)p);
+        case W_BOOL:
+                return json_boolean(*(const int *)p);
+        case W_TEXT:
+                return *(char *const *)p ? json_string(*(char *const *)p) : json_null();
+        }
+        return NULL;
 }
 
-json_t *cove_wire_tenant(const struct cove_tenant_row *t)
+/* NULL when out of memory or a string is not UTF-8 */
+static json_t *encode(const struct wire_field *f, const void *row)
 {
-        return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "id", t->id, "name", t->name,
-                         "created_at", (json_int_t)t->created_at, "max_sandboxes",
-                         (json_int_t)t->max_sandboxes, "max_cpus", (json_int_t)t->max_cpus,
-                         "max_memory_mb", (json_int_t)t->max_memory_mb, "max_storage_mb",
-                         (json_int_t)t->max_storage_mb, "deleted_at", (json_int_t)t->deleted_at);
-}
-
-int cove_wire_tenant_from(const json_t *o, struct cove_tenant_row *t, struct cove_err *err)
-{
-        struct cove_tenant_row x = {0};
-        if (need_object(o, "tenant", err) < 0)
-                return -1;
-        STR(o, "id", x.id, 1);
-        STR(o, "name", x.name, 0);
-        I64(o, "created_at", x.created_at, 0, INT64_MAX);
-        I64(o, "max_sandboxes", x.max_sandboxes, 0, INT64_MAX);
-        I64(o, "max_cpus", x.max_cpus, 0, INT64_MAX);
-        I64(o, "max_memory_mb", x.max_memory_mb, 0, INT64_MAX);
-        I64(o, "max_storage_mb", x.max_storage_mb, 0, INT64_MAX);
-        I64(o, "deleted_at", x.deleted_at, 0, INT64_MAX);
-        *t = x;
-        return 0;
-fail:
-        return -1;
-}
-
-json_t *cove_wire_apikey(const struct cove_apikey_row *k)
-{
-        return json_pack("{s:s, s:s, s:s, s:s, s:b, s:b, s:I}", "id", k->id, "tenant", k->tenant,
-                         "salt_hex", k->salt_hex, "hash_hex", k->hash_hex, "admin", k->admin,
-                         "revoked", k->revoked, "created_at", (json_int_t)k->created_at);
-}
-
-int cove_wire_apikey_from(const json_t *o, struct cove_apikey_row *k, struct cove_err *err)
-{
-        struct cove_apikey_row x = {0};
-        if (need_object(o, "key", err) < 0)
-                return -1;
-        STR(o, "id", x.id, 1);
-        STR(o, "tenant", x.tenant, 1);
-        STR(o, "salt_hex", x.salt_hex, 0);
-        STR(o, "hash_hex", x.hash_hex, 0);
-        BOOL(o, "admin", x.admin);
-        BOOL(o, "revoked", x.revoked);
-        I64(o, "created_at", x.created_at, 0, INT64_MAX);
-        *k = x;
-        return 0;
-fail:
-        return -1;
-}
-
-json_t *cove_wire_sandbox(const struct cove_sandbox_row *s)
-{
-        json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:s, s:I, s:s, s:s, s:i, "
-            "s:b}",
-            "id", s->id, "tenant", s->tenant, "state", s->state, "template_name", s->template_name,
-            "runtime", s->runtime, "created_at", (json_int_t)s->created_at, "expires_at",
-            (json_int_t)s->expires_at, "cpus", s->cpus, "memory_mb", s->memory_mb, "disk_mb",
-            s->disk_mb, "timeout_s", s->timeout_s, "on_timeout", s->on_timeout, "uid_base",
-            (json_int_t)s->uid_base, "node", s->node, "last_snapshot_id", s->last_snapshot_id,
-            "snapshot_interval_s", s->snapshot_interval_s, "storage_encrypted",
-            s->storage_encrypted);
-        if (!o)
-                return NULL;
-        const char *names[] = {"metadata_json", "env_json", "error", "retention_json"};
-        const char *vals[] = {s->metadata_json, s->env_json, s->error, s->retention_json};
-        for (int i = 0; i < 4; i++)
-                json_object_set_new(o, names[i], vals[i] ? json_string(vals[i]) : json_null());
+        json_t *o = json_object();
+        for (; o && f->key; f++)
+                if (json_object_set_new(o, f->key, field_json(f, row)) < 0) {
+                        json_decref(o);
+                        return NULL;
+                }
         return o;
 }
 
-int cove_wire_sandbox_from(const json_t *o, struct cove_sandbox_row *s, struct cove_err *err)
+static void free_texts(const struct wire_field *f, void *row)
 {
-        struct cove_sandbox_row x = {0};
-        if (need_object(o, "sandbox", err) < 0)
-                return -1;
-        STR(o, "id", x.id, 1);
-        STR(o, "tenant", x.tenant, 1);
-        STR(o, "state", x.state, 1);
-        STR(o, "template_name", x.template_name, 0);
-        STR(o, "runtime", x.runtime, 0);
-        I64(o, "created_at", x.created_at, 0, INT64_MAX);
-        I64(o, "expires_at", x.expires_at, 0, INT64_MAX);
-        I64(o, "cpus", x.cpus, 0, INT32_MAX);
-        I64(o, "memory_mb", x.memory_mb, 0, INT32_MAX);
-        I64(o, "disk_mb", x.disk_mb, 0, INT32_MAX);
-        I64(o, "timeout_s", x.timeout_s, 0, INT32_MAX);
-        STR(o, "on_timeout", x.on_timeout, 0);
-        I64(o, "uid_base", x.uid_base, 0, UINT32_MAX);
-        STR(o, "node", x.node, 0);
-        STR(o, "last_snapshot_id", x.last_snapshot_id, 0);
-        I64(o, "snapshot_interval_s", x.snapshot_interval_s, 0, INT32_MAX);
-        BOOL(o, "storage_encrypted", x.storage_encrypted);
-        TEXT(o, "metadata_json", x.metadata_json);
-        TEXT(o, "env_json", x.env_json);
-        TEXT(o, "error", x.error);
-        TEXT(o, "retention_json", x.retention_json);
-        if (!cove_sandbox_state_valid(x.state, strlen(x.state))) {
-                bad(err, "state", "is not a sandbox state");
-                goto fail;
+        for (; f->key; f++)
+                if (f->kind == W_TEXT) {
+                        char **t = (char **)((char *)row + f->off);
+                        free(*t);
+                        *t = NULL;
+                }
+}
+
+static int field_from(const json_t *o, const struct wire_field *f, void *row, struct cove_err *err)
+{
+        char *p = (char *)row + f->off;
+        int64_t v;
+        switch (f->kind) {
+        case W_STR:
+                return cove_wire_str(o, f->key, p, f->size, f->required, err);
+        case W_BOOL:
+                return cove_wire_bool(o, f->key, (int *)p, f->required, err);
+        case W_TEXT:
+                return cove_wire_text(o, f->key, (char **)p, COVE_WIRE_TEXT_MAX, f->required, err);
+        case W_I64:
+        case W_INT:
+        case W_U32:
+                break;
         }
-        *s = x;
-        return 0;
-fail:
-        cove_sandbox_row_clear(&x);
-        return -1;
-}
-
-json_t *cove_wire_snapshot(const struct cove_snapshot_row *s)
-{
-        return json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I, s:b}", "id", s->id,
-                         "tenant", s->tenant, "sandbox_id", s->sandbox_id, "parent_id",
-                         s->parent_id, "kind", s->kind, "created_at", (json_int_t)s->created_at,
-                         "label", s->label, "size_bytes", (json_int_t)s->size_bytes, "new_bytes",
-                         (json_int_t)s->new_bytes, "pause_us", (json_int_t)s->pause_us, "rolling",
-                         s->rolling);
-}
-
-int cove_wire_snapshot_from(const json_t *o, struct cove_snapshot_row *s, struct cove_err *err)
-{
-        struct cove_snapshot_row x = {0};
-        if (need_object(o, "snapshot", err) < 0)
+        if (cove_wire_i64(o, f->key, &v, f->min, f->max, f->required, err) < 0)
                 return -1;
-        STR(o, "id", x.id, 1);
-        STR(o, "tenant", x.tenant, 1);
-        STR(o, "sandbox_id", x.sandbox_id, 0);
-        STR(o, "parent_id", x.parent_id, 0);
-        STR(o, "kind", x.kind, 0);
-        I64(o, "created_at", x.created_at, 0, INT64_MAX);
-        STR(o, "label", x.label, 0);
-        I64(o, "size_bytes", x.size_bytes, 0, INT64_MAX);
-        I64(o, "new_bytes", x.new_bytes, 0, INT64_MAX);
-        I64(o, "pause_us", x.pause_us, 0, INT64_MAX);
-        BOOL(o, "rolling", x.rolling);
-        *s = x;
+        if (f->kind == W_I64)
+                *(int64_t *)p = v;
+        else if (f->kind == W_INT)
+                *(int *)p = (int)v;
+        else
+                *(uint32_t *)p = (uint32_t)v;
+        return 0;
+}
+
+union any_row { /* room for a row of any table while it is decoded */
+        struct cove_tenant_row tenant;
+        struct cove_apikey_row apikey;
+        struct cove_sandbox_row sandbox;
+        struct cove_snapshot_row snapshot;
+        struct cove_audit_row audit;
+        struct cove_node_row node;
+        struct cove_placement_row placement;
+        struct cove_job_row job;
+};
+
+/* Fills *out (size bytes) only when every field decoded and check (may be NULL) accepts the
+ * row; on failure nothing is left allocated. */
+static int decode(const json_t *o, const char *what, const struct wire_field *fields,
+                  int (*check)(const void *row, struct cove_err *err), void *out, size_t size,
+                  struct cove_err *err)
+{
+        union any_row x;
+        memset(&x, 0, sizeof(x));
+        if (!json_is_object(o))
+                return bad(err, what, "is not an object");
+        for (const struct wire_field *f = fields; f->key; f++)
+                if (field_from(o, f, &x, err) < 0)
+                        goto fail;
+        if (check && check(&x, err) < 0)
+                goto fail;
+        memcpy(out, &x, size);
         return 0;
 fail:
+        free_texts(fields, &x);
         return -1;
+}
+
+#define ROW struct cove_tenant_row
+static const struct wire_field tenant_fields[] = {
+    STR(id, 1),         STR(name, 0),        NUM(created_at), NUM(max_sandboxes), NUM(max_cpus),
+    NUM(max_memory_mb), NUM(max_storage_mb), NUM(deleted_at), FIELDS_END,
+};
+#undef ROW
+#define ROW struct cove_apikey_row
+static const struct wire_field apikey_fields[] = {
+    STR(id, 1),  STR(tenant, 1), STR(salt_hex, 0), STR(hash_hex, 0),
+    BOOL(admin), BOOL(revoked),  NUM(created_at),  FIELDS_END,
+};
+#undef ROW
+#define ROW struct cove_sandbox_row
+static const struct wire_field sandbox_fields[] = {
+    STR(id, 1),
+    STR(tenant, 1),
+    STR(state, 1),
+    STR(template_name, 0),
+    STR(runtime, 0),
+    NUM(created_at),
+    NUM(expires_at),
+    NUM(cpus),
+    NUM(memory_mb),
+    NUM(disk_mb),
+    NUM(timeout_s),
+    STR(on_timeout, 0),
+    NUM(uid_base),
+    STR(node, 0),
+    STR(last_snapshot_id, 0),
+    NUM(snapshot_interval_s),
+    BOOL(storage_encrypted),
+    TEXT(metadata_json),
+    TEXT(env_json),
+    TEXT(error),
+    TEXT(retention_json),
+    FIELDS_END,
+};
+#undef ROW
+#define ROW struct cove_snapshot_row
+static const struct wire_field snapshot_fields[] = {
+    STR(id, 1),     STR(tenant, 1),  STR(sandbox_id, 0), STR(parent_id, 0),
+    STR(kind, 0),   NUM(created_at), STR(label, 0),      NUM(size_bytes),
+    NUM(new_bytes), NUM(pause_us),   BOOL(rolling),      FIELDS_END,
+};
+#undef ROW
+#define ROW struct cove_audit_row
+static const struct wire_field audit_fields[] = {
+    SEQ(seq),     NUM(at),           STR(tenant, 1),  STR(sandbox, 0),
+    STR(kind, 0), STR(action, 0),    STR(verdict, 0), STR(prev_hash, 1),
+    STR(hash, 1), TEXT(detail_json), FIELDS_END,
+};
+#undef ROW
+#define ROW struct cove_node_row
+static const struct wire_field node_fields[] = {
+    STR(name, 1),          STR(state, 0),   NUM(epoch),
+    NUM(lease_expires_at), NUM(cpus),       NUM(memory_mb),
+    NUM(disk_mb),          NUM(alloc_cpus), NUM(alloc_memory_mb),
+    NUM(alloc_disk_mb),    STR(address, 0), NUM(last_seen),
+    STR(features, 0),      FIELDS_END,
+};
+#undef ROW
+#define ROW struct cove_placement_row
+static const struct wire_field placement_fields[] = {
+    STR(sandbox_id, 1),     STR(node, 0),    NUM(generation), STR(desired_state, 0),
+    STR(observed_state, 0), NUM(updated_at), FIELDS_END,
+};
+#undef ROW
+#define ROW struct cove_job_row
+static const struct wire_field job_fields[] = {
+    SEQ(id),         STR(sandbox_id, 1), STR(kind, 0),       NUM(generation),
+    STR(state, 0),   STR(claimed_by, 0), NUM(claimed_epoch), NUM(created_at),
+    NUM(updated_at), TEXT(result_json),  TEXT(args_json),    FIELDS_END,
+};
+#undef ROW
+
+static int sandbox_check(const void *row, struct cove_err *err)
+{
+        const struct cove_sandbox_row *s = row;
+        if (!cove_sandbox_state_valid(s->state, strlen(s->state)))
+                return bad(err, "state", "is not a sandbox state");
+        return 0;
 }
 
 static int hex64(const char *h)
@@ -285,130 +327,90 @@ static int hex64(const char *h)
         return 1;
 }
 
+static int audit_check(const void *row, struct cove_err *err)
+{
+        const struct cove_audit_row *a = row;
+        if (!hex64(a->prev_hash) || !hex64(a->hash))
+                return bad(err, "hash", "is not 64 hex digits");
+        return 0;
+}
+
+json_t *cove_wire_tenant(const struct cove_tenant_row *t)
+{
+        return encode(tenant_fields, t);
+}
+
+int cove_wire_tenant_from(const json_t *o, struct cove_tenant_row *t, struct cove_err *err)
+{
+        return decode(o, "tenant", tenant_fields, NULL, t, sizeof(*t), err);
+}
+
+json_t *cove_wire_apikey(const struct cove_apikey_row *k)
+{
+        return encode(apikey_fields, k);
+}
+
+int cove_wire_apikey_from(const json_t *o, struct cove_apikey_row *k, struct cove_err *err)
+{
+        return decode(o, "key", apikey_fields, NULL, k, sizeof(*k), err);
+}
+
+json_t *cove_wire_sandbox(const struct cove_sandbox_row *s)
+{
+        return encode(sandbox_fields, s);
+}
+
+int cove_wire_sandbox_from(const json_t *o, struct cove_sandbox_row *s, struct cove_err *err)
+{
+        return decode(o, "sandbox", sandbox_fields, sandbox_check, s, sizeof(*s), err);
+}
+
+json_t *cove_wire_snapshot(const struct cove_snapshot_row *s)
+{
+        return encode(snapshot_fields, s);
+}
+
+int cove_wire_snapshot_from(const json_t *o, struct cove_snapshot_row *s, struct cove_err *err)
+{
+        return decode(o, "snapshot", snapshot_fields, NULL, s, sizeof(*s), err);
+}
+
 json_t *cove_wire_audit(const struct cove_audit_row *a)
 {
-        return json_pack("{s:I, s:I, s:s, s:s, s:s, s:s, s:s, s:s?, s:s, s:s}", "seq",
-                         (json_int_t)a->seq, "at", (json_int_t)a->at, "tenant", a->tenant,
-                         "sandbox", a->sandbox, "kind", a->kind, "action", a->action, "verdict",
-                         a->verdict, "detail_json", a->detail_json, "prev_hash", a->prev_hash,
-                         "hash", a->hash);
+        return encode(audit_fields, a);
 }
 
 int cove_wire_audit_from(const json_t *o, struct cove_audit_row *a, struct cove_err *err)
 {
-        struct cove_audit_row x = {0};
-        if (need_object(o, "audit event", err) < 0)
-                return -1;
-        I64R(o, "seq", x.seq, 1, INT64_MAX);
-        I64(o, "at", x.at, 0, INT64_MAX);
-        STR(o, "tenant", x.tenant, 1);
-        STR(o, "sandbox", x.sandbox, 0);
-        STR(o, "kind", x.kind, 0);
-        STR(o, "action", x.action, 0);
-        STR(o, "verdict", x.verdict, 0);
-        STR(o, "prev_hash", x.prev_hash, 1);
-        STR(o, "hash", x.hash, 1);
-        if (!hex64(x.prev_hash) || !hex64(x.hash)) {
-                bad(err, "hash", "is not 64 hex digits");
-                goto fail;
-        }
-        TEXT(o, "detail_json", x.detail_json);
-        *a = x;
-        return 0;
-fail:
-        return -1;
+        return decode(o, "audit event", audit_fields, audit_check, a, sizeof(*a), err);
 }
 
 json_t *cove_wire_node(const struct cove_node_row *n)
 {
-        return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:s}",
-                         "name", n->name, "state", n->state, "epoch", (json_int_t)n->epoch,
-                         "lease_expires_at", (json_int_t)n->lease_expires_at, "cpus",
-                         (json_int_t)n->cpus, "memory_mb", (json_int_t)n->memory_mb, "disk_mb",
-                         (json_int_t)n->disk_mb, "alloc_cpus", (json_int_t)n->alloc_cpus,
-                         "alloc_memory_mb", (json_int_t)n->alloc_memory_mb, "alloc_disk_mb",
-                         (json_int_t)n->alloc_disk_mb, "address", n->address, "last_seen",
-                         (json_int_t)n->last_seen, "features", n->features);
+        return encode(node_fields, n);
 }
 
 int cove_wire_node_from(const json_t *o, struct cove_node_row *n, struct cove_err *err)
 {
-        struct cove_node_row x = {0};
-        if (need_object(o, "node", err) < 0)
-                return -1;
-        STR(o, "name", x.name, 1);
-        STR(o, "state", x.state, 0);
-        I64(o, "epoch", x.epoch, 0, INT64_MAX);
-        I64(o, "lease_expires_at", x.lease_expires_at, 0, INT64_MAX);
-        I64(o, "cpus", x.cpus, 0, INT64_MAX);
-        I64(o, "memory_mb", x.memory_mb, 0, INT64_MAX);
-        I64(o, "disk_mb", x.disk_mb, 0, INT64_MAX);
-        I64(o, "alloc_cpus", x.alloc_cpus, 0, INT64_MAX);
-        I64(o, "alloc_memory_mb", x.alloc_memory_mb, 0, INT64_MAX);
-        I64(o, "alloc_disk_mb", x.alloc_disk_mb, 0, INT64_MAX);
-        STR(o, "address", x.address, 0);
-        I64(o, "last_seen", x.last_seen, 0, INT64_MAX);
-        STR(o, "features", x.features, 0);
-        *n = x;
-        return 0;
-fail:
-        return -1;
+        return decode(o, "node", node_fields, NULL, n, sizeof(*n), err);
 }
 
 json_t *cove_wire_placement(const struct cove_placement_row *p)
 {
-        return json_pack("{s:s, s:s, s:I, s:s, s:s, s:I}", "sandbox_id", p->sandbox_id, "node",
-                         p->node, "generation", (json_int_t)p->generation, "desired_state",
-                         p->desired_state, "observed_state", p->observed_state, "updated_at",
-                         (json_int_t)p->updated_at);
+        return encode(placement_fields, p);
 }
 
 int cove_wire_placement_from(const json_t *o, struct cove_placement_row *p, struct cove_err *err)
 {
-        struct cove_placement_row x = {0};
-        if (need_object(o, "placement", err) < 0)
-                return -1;
-        STR(o, "sandbox_id", x.sandbox_id, 1);
-        STR(o, "node", x.node, 0);
-        I64(o, "generation", x.generation, 0, INT64_MAX);
-        STR(o, "desired_state", x.desired_state, 0);
-        STR(o, "observed_state", x.observed_state, 0);
-        I64(o, "updated_at", x.updated_at, 0, INT64_MAX);
-        *p = x;
-        return 0;
-fail:
-        return -1;
+        return decode(o, "placement", placement_fields, NULL, p, sizeof(*p), err);
 }
 
 json_t *cove_wire_job(const struct cove_job_row *j)
 {
-        return json_pack("{s:I, s:s, s:s, s:I, s:s, s:s, s:I, s:s?, s:I, s:I, s:s?}", "id",
-                         (json_int_t)j->id, "sandbox_id", j->sandbox_id, "kind", j->kind,
-                         "generation", (json_int_t)j->generation, "state", j->state, "claimed_by",
-                         j->claimed_by, "claimed_epoch", (json_int_t)j->claimed_epoch,
-                         "result_json", j->result_json, "created_at", (json_int_t)j->created_at,
-                         "updated_at", (json_int_t)j->updated_at, "args_json", j->args_json);
+        return encode(job_fields, j);
 }
 
 int cove_wire_job_from(const json_t *o, struct cove_job_row *j, struct cove_err *err)
 {
-        struct cove_job_row x = {0};
-        if (need_object(o, "job", err) < 0)
-                return -1;
-        I64R(o, "id", x.id, 1, INT64_MAX);
-        STR(o, "sandbox_id", x.sandbox_id, 1);
-        STR(o, "kind", x.kind, 0);
-        I64(o, "generation", x.generation, 0, INT64_MAX);
-        STR(o, "state", x.state, 0);
-        STR(o, "claimed_by", x.claimed_by, 0);
-        I64(o, "claimed_epoch", x.claimed_epoch, 0, INT64_MAX);
-        I64(o, "created_at", x.created_at, 0, INT64_MAX);
-        I64(o, "updated_at", x.updated_at, 0, INT64_MAX);
-        TEXT(o, "result_json", x.result_json);
-        TEXT(o, "args_json", x.args_json);
-        *j = x;
-        return 0;
-fail:
-        cove_job_row_clear(&x);
-        return -1;
+        return decode(o, "job", job_fields, NULL, j, sizeof(*j), err);
 }

@@ -994,6 +994,30 @@ static struct cove_cs_batch *fs_batch_new(struct cove_chunkstore *cs, struct cov
         return b;
 }
 
+/* The batch has failed with e (NULL: unknown): the first failure sticks. b->lock held. */
+static void batch_fail_locked(struct cove_cs_batch *b, const struct cove_err *e)
+{
+        if (!b->failed) {
+                b->failed = e && e->errnum ? e->errnum : EIO;
+                snprintf(b->failmsg, sizeof(b->failmsg), "%s", e ? e->msg : "");
+        }
+}
+
+/* Back under b->lock from work done outside it (counted in b->flushing): wakes the waiters;
+ * a failure (rc < 0, e2) becomes the batch's and, when err is given, the caller's. */
+static int batch_done_locked(struct cove_cs_batch *b, int rc, const struct cove_err *e2,
+                             struct cove_err *err)
+{
+        b->flushing--;
+        pthread_cond_broadcast(&b->cv);
+        if (rc < 0) {
+                batch_fail_locked(b, e2);
+                if (err)
+                        *err = *e2;
+        }
+        return rc;
+}
+
 /* Flush the batch's pending group. Called with b->lock held; the lock is dropped while
  * the group syncs, so other writers keep writing temps meanwhile. */
 static int batch_flush_locked(struct fs_store *fs, struct cove_cs_batch *b, struct cove_err *err)
@@ -1011,17 +1035,7 @@ static int batch_flush_locked(struct fs_store *fs, struct cove_cs_batch *b, stru
         int rc = n ? flush_pending(fs, p, n, 0, &e2) : 0;
         free(p);
         pthread_mutex_lock(&b->lock);
-        b->flushing--;
-        pthread_cond_broadcast(&b->cv);
-        if (rc < 0) {
-                if (!b->failed) {
-                        b->failed = e2.errnum ? e2.errnum : EIO;
-                        snprintf(b->failmsg, sizeof(b->failmsg), "%s", e2.msg);
-                }
-                if (err)
-                        *err = e2;
-        }
-        return rc;
+        return batch_done_locked(b, rc, &e2, err);
 }
 
 /* Seal w outside the batch's lock (other writers go on meanwhile); a failure is sticky. */
@@ -1033,17 +1047,7 @@ static int batch_seal_locked(struct fs_store *fs, struct cove_cs_batch *b, struc
         struct cove_err e2 = {0};
         int rc = wpack_seal(fs, w, &e2);
         pthread_mutex_lock(&b->lock);
-        b->flushing--;
-        pthread_cond_broadcast(&b->cv);
-        if (rc < 0) {
-                if (!b->failed) {
-                        b->failed = e2.errnum ? e2.errnum : EIO;
-                        snprintf(b->failmsg, sizeof(b->failmsg), "%s", e2.msg);
-                }
-                if (err)
-                        *err = e2;
-        }
-        return rc;
+        return batch_done_locked(b, rc, &e2, err);
 }
 
 #define PACK_SEALS_MAX 2 /* full packs being sealed in the background per batch */
@@ -1061,12 +1065,7 @@ static void *seal_main(void *a)
         struct cove_err e2 = {0};
         int rc = wpack_seal(sa->fs, sa->w, &e2);
         pthread_mutex_lock(&b->lock);
-        if (rc < 0 && !b->failed) {
-                b->failed = e2.errnum ? e2.errnum : EIO;
-                snprintf(b->failmsg, sizeof(b->failmsg), "%s", e2.msg);
-        }
-        b->flushing--;
-        pthread_cond_broadcast(&b->cv);
+        batch_done_locked(b, rc, &e2, NULL);
         pthread_mutex_unlock(&b->lock);
         free(sa);
         return NULL;
@@ -1193,10 +1192,7 @@ static int pack_put(struct fs_store *fs, struct cove_cs_batch *b, const char *na
         if (rc < 0) {
                 *wp = w->next; /* the pack's bytes are unknown now: the batch has failed */
                 wpack_free(fs, w, 1);
-                if (!b->failed) {
-                        b->failed = err && err->errnum ? err->errnum : EIO;
-                        snprintf(b->failmsg, sizeof(b->failmsg), "%s", err ? err->msg : "");
-                }
+                batch_fail_locked(b, err);
                 goto out;
         }
         if (w->off >= PACK_MAX_BYTES) {
