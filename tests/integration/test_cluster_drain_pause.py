@@ -78,3 +78,41 @@ def test_node_killed_during_a_drain_pause_resumes_the_sandbox_elsewhere(cluster)
     assert exec_out(b, uid, "cat /root/g") == "mine\n"
     cc.remove(sid)
     cc.remove(uid)
+
+
+def test_a_nodes_own_timeout_settles_the_desired_state(cluster):
+    """A node's timer pausing (on_timeout pause) or stopping (kill) a sandbox is the node's
+    own decision, written as the placement's desired state under its lease: when that node is
+    lost afterwards, the paused one is moved off it still paused and the stopped one stays
+    stopped (neither is recovered running elsewhere)."""
+    c = cluster
+    a = c.start_node("na")
+    c.start_node("nb")
+    poll(lambda: live_nodes(c) == "na,nb", timeout=60, what="both nodes hold a lease")
+    cc = c.control.client
+    assert cc.post("/v1/nodes/nb/cordon")["state"] == "cordoned"
+    pid_ = cc.create(template="busybox", snapshot_interval_s=0, timeout_s=3,
+                     on_timeout="pause")["id"]
+    kid = cc.create(template="busybox", snapshot_interval_s=0, timeout_s=3)["id"]
+    assert exec_out(a, pid_, "echo kept > /root/p; cat /root/p") == "kept\n"
+    assert cc.post("/v1/nodes/nb/uncordon")["state"] == "ready"
+    desired = "SELECT desired_state FROM placements WHERE sandbox_id = '{}'"
+    poll(lambda: cc.get(f"/v1/sandboxes/{pid_}")["state"] == "paused", timeout=120,
+         what="the sandbox paused by its timeout")
+    poll(lambda: cc.get(f"/v1/sandboxes/{kid}")["state"] == "stopped", timeout=120,
+         what="the sandbox stopped by its timeout")
+    assert c.sql(desired.format(pid_)) == "paused"
+    assert c.sql(desired.format(kid)) == "stopped"
+
+    a.kill9()
+    poll(lambda: nodes_by_name(cc)["na"]["state"] == "lost", timeout=180, what="na lost")
+    poll(lambda: cc.get(f"/v1/sandboxes/{pid_}")["node"] == "nb", timeout=120,
+         what="the paused sandbox moved off na")
+    assert cc.get(f"/v1/sandboxes/{pid_}")["state"] == "paused"
+    sb = cc.get(f"/v1/sandboxes/{kid}")
+    assert sb["state"] == "stopped" and sb["error"] == "timeout reached", sb
+    assert c.sql(desired.format(kid)) == "stopped"
+    assert cc.post(f"/v1/sandboxes/{pid_}/resume")["state"] == "running"
+    assert exec_out(c.nodes["nb"], pid_, "cat /root/p") == "kept\n"
+    cc.remove(pid_)
+    cc.remove(kid)

@@ -782,8 +782,8 @@ static void lease_race_and_fencing(void **state)
         cove_job_row_clear(&j);
         assert_int_equal(ops->job_finish(f->c, job, "n2", old, gen, 1, NULL, &err), -1);
         assert_int_equal(err.kind, COVE_E_CONFLICT);
-        assert_int_equal(ops->placement_observe(f->c, "sbx_f", "n2", old, gen, "running", &err),
-                         -1);
+        assert_int_equal(
+            ops->placement_observe(f->c, "sbx_f", "n2", old, gen, "running", NULL, &err), -1);
         assert_int_equal(err.kind, COVE_E_CONFLICT);
         assert_int_equal(ops->job_finish(c2, job, "n2", e2, gen, 1, "{\"ok\":true}", &err), 0);
         ops->close(c2);
@@ -959,8 +959,26 @@ static void placement_jobs_and_generations(void **state)
         assert_string_equal(j.state, "done");
         assert_string_equal(j.result_json, "{\"pid\":7}");
         cove_job_row_clear(&j);
-        assert_int_equal(ops->placement_observe(c, "sbx_1", "n1", e1, 1, "running", &err), 0);
-        assert_int_equal(ops->placement_observe(c, "sbx_1", "n1", e1, 1, "running", &err), 0);
+        assert_int_equal(ops->placement_observe(c, "sbx_1", "n1", e1, 1, "running", NULL, &err), 0);
+        assert_int_equal(ops->placement_observe(c, "sbx_1", "n1", e1, 1, "running", NULL, &err), 0);
+        /* a node settling its sandbox on its own (a timeout) writes the desired state too;
+         * it may only settle it down (paused, stopped) */
+        assert_int_equal(
+            ops->placement_observe(c, "sbx_1", "n1", e1, 1, "pausing", "running", &err), -1);
+        assert_int_equal(err.kind, COVE_E_BAD_REQUEST);
+        assert_int_equal(ops->placement_observe(c, "sbx_1", "n1", e1, 1, "pausing", "paused", &err),
+                         0);
+        assert_int_equal(ops->placement_get(c, "sbx_1", &pl, &err), 0);
+        assert_string_equal(pl.desired_state, "paused");
+        assert_string_equal(pl.observed_state, "pausing");
+        assert_int_equal(
+            ops->placement_observe(c, "sbx_1", "n2", e2, 1, "stopped", "stopped", &err),
+            -1); /* not n2's: nothing written */
+        assert_int_equal(err.kind, COVE_E_CONFLICT);
+        assert_int_equal(ops->placement_get(c, "sbx_1", &pl, &err), 0);
+        assert_string_equal(pl.desired_state, "paused");
+        assert_int_equal(
+            ops->placement_write(c, "sbx_1", NULL, "running", NULL, NULL, -1, NULL, NULL, &err), 0);
 
         /* desired state alone keeps the generation; a move bumps it, supersedes the queued
          * pause, and n1 can no longer report */
@@ -978,7 +996,7 @@ static void placement_jobs_and_generations(void **state)
         assert_string_equal(j.state, "failed");
         cove_job_row_clear(&j);
         assert_int_equal(ops->job_claim(c, "n1", e1, &j, &err), 1);
-        assert_int_equal(ops->placement_observe(c, "sbx_1", "n1", e1, 1, "paused", &err), -1);
+        assert_int_equal(ops->placement_observe(c, "sbx_1", "n1", e1, 1, "paused", NULL, &err), -1);
         assert_int_equal(err.kind, COVE_E_CONFLICT);
         assert_int_equal(ops->job_claim(c, "n2", e2, &j, &err), 0);
         assert_int_equal(j.id, job3);

@@ -155,7 +155,7 @@ static int every_op(struct cove_catalog *c)
         TRY(R->node_list(c, any_node, &n, &err));
         TRY(R->placement_write(c, "sbx_x", "n1", "running", "start", NULL, -1, &e, &x, &err));
         TRY(R->placement_get(c, "sbx_x", &p, &err));
-        TRY(R->placement_observe(c, "sbx_x", "n1", 1, 1, "running", &err));
+        TRY(R->placement_observe(c, "sbx_x", "n1", 1, 1, "running", NULL, &err));
         memset(&j, 0, sizeof(j));
         TRY(R->job_claim(c, "n1", 1, &j, &err));
         cove_job_row_clear(&j);
@@ -549,7 +549,7 @@ static void node_works_on_its_own_rows(void **state)
         assert_string_equal(j.sandbox_id, L.sa);
         assert_string_equal(j.kind, "start");
         assert_int_equal(
-            R->placement_observe(L.n1, L.sa, "n1", L.e1, j.generation, "running", &err), 0);
+            R->placement_observe(L.n1, L.sa, "n1", L.e1, j.generation, "running", NULL, &err), 0);
         /* its row under its fence: the live epoch writes; a stale epoch or generation
          * changes nothing (refused by the catalog, in the control's statement) */
         assert_int_equal(cove_catalog_pg.sandbox_get(L.db, NULL, L.sa, &s, &err), 0);
@@ -774,7 +774,7 @@ static void cross_node_access_refused(void **state)
         struct cove_job_row j = {0};
         expect_denied(R->job_claim(L.n1, "n2", L.e2, &j, &err), &err, "claim n2's job");
         expect_denied(R->job_finish(L.n1, 1, "n2", L.e2, 1, 1, NULL, &err), &err, "finish as n2");
-        expect_denied(R->placement_observe(L.n1, L.sb, "n2", L.e2, 1, "stopped", &err), &err,
+        expect_denied(R->placement_observe(L.n1, L.sb, "n2", L.e2, 1, "stopped", NULL, &err), &err,
                       "observe as n2");
         expect_denied(R->wait_wakeup(L.n1, "n2", 0, &err), &err, "wait as n2");
         /* control-plane only ops and API keys */

@@ -404,7 +404,7 @@ static void lost_node_sandboxes_recover_elsewhere(void **state)
         int64_t gen_run = placement(f, "sbx_run").generation;
         struct cove_err err = {0};
         int64_t late = na.last_seen + 1000 + 500 + 1;
-        assert_int_equal(coved_nodes_sweep(&f->d, late, &err), 3);
+        assert_int_equal(coved_nodes_sweep(&f->d, late, &err), 4);
         assert_string_equal(node_row(f, "a").state, "lost");
 
         /* the running one: on b, one generation later, with a recover job */
@@ -438,14 +438,16 @@ static void lost_node_sandboxes_recover_elsewhere(void **state)
         assert_string_equal(r.node, "b");
         assert_null(r.recovered_from_json);
         cove_sandbox_row_clear(&r);
-        p = placement(f, "sbx_nosnap");
-        assert_string_equal(p.node, "a");
+        p = placement(f, "sbx_nosnap"); /* off the lost node, so it can be deleted */
+        assert_string_equal(p.node, "b");
         assert_string_equal(p.desired_state, "stopped");
         r = sbx_get(f, "sbx_nosnap");
         assert_string_equal(r.state, "stopped");
         assert_non_null(strstr(r.error, "node a was lost and the sandbox had no snapshot"));
         cove_sandbox_row_clear(&r);
-        assert_string_equal(placement(f, "sbx_gone").node, "a");
+        /* stopped: moved too, still stopped (a lost node could not delete it) */
+        assert_string_equal(placement(f, "sbx_gone").node, "b");
+        assert_string_equal(placement(f, "sbx_gone").desired_state, "stopped");
         assert_string_equal(placement(f, "sbx_other").node, "b");
 
         char jobs[512];

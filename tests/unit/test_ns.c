@@ -721,13 +721,14 @@ static void report(const char *what, int64_t *t, int64_t *ready, int n)
                       n);
 }
 
-/* Figures, not assertions (machines vary): the three kinds interleaved so that they share
- * whatever else the host is doing. */
+/* Figures, not assertions (machines vary; bench/ measures creates properly): the three kinds
+ * interleaved so that they share whatever else the host is doing. A few rounds only: every
+ * start has to work, warm, cold and without a disk limit. */
 static void start_latency(void **state)
 {
         (void)state;
         need_root();
-        enum { N = 200 };
+        enum { N = 20 };
         static int64_t t[3][N], ready[3][N];
         char dir[PATH_MAX], pool[PATH_MAX];
         snprintf(dir, sizeof(dir), "%s/data-nopool", tmp);
@@ -747,7 +748,6 @@ static void start_latency(void **state)
         snprintf(what, sizeof(what), "disk_mb 1024, warm pool (%d/%d ready)", warm, N);
         report(what, t[1], ready[1], N);
         report("disk_mb 1024, pool off", t[2], ready[2], N);
-        assert_true(t[1][N / 2] < 100 * 1000000LL); /* generous: CI machines vary */
 }
 
 static void read_at(int dfd, const char *name, char *buf, size_t cap)

@@ -788,12 +788,13 @@ static int o_placement_observe(struct cx *x, json_t *in, json_t **out, struct co
         I64_IN(epoch, 0, INT64_MAX);
         I64_IN(generation, 0, INT64_MAX);
         STR_IN(observed_state, 16);
+        STR_IN(desired_state, 16);
         if (self_only(x, node, "observe", err) != OK)
                 return DENY;
-        return answer_done(x->ops->placement_observe(x->cat, sandbox_id ? sandbox_id : "", node,
-                                                     epoch, generation,
-                                                     observed_state ? observed_state : "", err),
-                           out);
+        return answer_done(
+            x->ops->placement_observe(x->cat, sandbox_id ? sandbox_id : "", node, epoch, generation,
+                                      observed_state ? observed_state : "", desired_state, err),
+            out);
 }
 
 static int o_sandbox_update_fenced(struct cx *x, json_t *in, json_t **out, struct cove_err *err)

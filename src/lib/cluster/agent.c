@@ -582,7 +582,7 @@ static void run_job(struct cove_agent *a, struct cove_job_row *j)
         if ((!strcmp(j->kind, "resume") || !strcmp(j->kind, "recover")) && strcmp(state, "running"))
                 snprintf(state, sizeof(state), "resuming");
         if (d->cat_ops->placement_observe(d->cat, j->sandbox_id, d->node_name, epoch, j->generation,
-                                          state, &err) < 0 &&
+                                          state, NULL, &err) < 0 &&
             err.kind == COVE_E_CONFLICT) {
                 cove_warn(&d->log, "cluster.job", "job %lld (%s of %s) is stale, not run: %s",
                           (long long)j->id, j->kind, j->sandbox_id, err.msg);
@@ -628,11 +628,11 @@ static void run_job(struct cove_agent *a, struct cove_job_row *j)
         }
         if (load_any(d, j->sandbox_id, &row, &err) == 0) {
                 d->cat_ops->placement_observe(d->cat, j->sandbox_id, d->node_name, epoch,
-                                              j->generation, row.state, &err);
+                                              j->generation, row.state, NULL, &err);
                 cove_sandbox_row_clear(&row);
         } else {
                 d->cat_ops->placement_observe(d->cat, j->sandbox_id, d->node_name, epoch,
-                                              j->generation, "stopped", &err);
+                                              j->generation, "stopped", NULL, &err);
         }
         cove_info(&d->log, "cluster.job", "job %lld: %s of %s %s in %.1f ms", (long long)j->id,
                   j->kind, j->sandbox_id, ok ? "done" : "failed",
@@ -704,7 +704,7 @@ int coved_cluster_writable(struct coved *d)
 }
 
 int coved_cluster_observe(struct coved *d, const char *sandbox_id, const char *state,
-                          struct cove_err *err)
+                          const char *desired, struct cove_err *err)
 {
         if (d->role == COVED_ROLE_ALL)
                 return 0;
@@ -728,7 +728,7 @@ int coved_cluster_observe(struct coved *d, const char *sandbox_id, const char *s
                                      r == 1 ? "no node" : pl.node, d->node_name);
         /* refused unless (this node, its live epoch, the generation just read) */
         return d->cat_ops->placement_observe(d->cat, sandbox_id, d->node_name, epoch, pl.generation,
-                                             state, err);
+                                             state, desired, err);
 }
 
 int coved_cluster_sandbox_update(struct coved *d, const struct cove_sandbox_row *s,

@@ -66,9 +66,11 @@ int coved_cluster_writable(struct coved *d);
  * job_finish): records state as observed through the fenced placement_observe, under the
  * node's current epoch and the sandbox's current generation. 0 when accepted (the sandbox
  * is placed on this node, whose lease is live), -1 with err (CONFLICT: not this node's to
- * write now). Role all: 0, nothing written. */
+ * write now). Role all: 0, nothing written. desired: NULL, or what the node settles the
+ * sandbox to on its own (its timeout: "paused", "stopped"), written as the placement's
+ * desired state in the same statement. */
 int coved_cluster_observe(struct coved *d, const char *sandbox_id, const char *state,
-                          struct cove_err *err);
+                          const char *desired, struct cove_err *err);
 
 /* Every write of a sandbox row that may run on a node goes through here. Role node: the
  * catalog's sandbox_update_fenced under the node's live epoch and the generation it works

@@ -78,11 +78,12 @@ static int collect_sbx(const struct cove_sandbox_row *row, void *arg)
 #define LIVE_STATES "starting,running,pausing,paused,resuming,error"
 
 /* Ids of the sandboxes placed on node whose desired state is not stopped, oldest first
- * (new reference), NULL on error. */
-static json_t *placed_on(struct coved *d, const char *node, struct cove_err *err)
+ * (new reference), NULL on error. stopped: those stopped (desired and row) as well. */
+static json_t *placed_on(struct coved *d, const char *node, int stopped, struct cove_err *err)
 {
         struct sbx_ids x = {json_array(), NULL};
-        if (d->cat_ops->sandbox_list(d->cat, NULL, LIVE_STATES, collect_sbx, &x, err) < 0) {
+        if (d->cat_ops->sandbox_list(d->cat, NULL, stopped ? LIVE_STATES ",stopped" : LIVE_STATES,
+                                     collect_sbx, &x, err) < 0) {
                 json_decref(x.ids);
                 return NULL;
         }
@@ -98,7 +99,8 @@ static json_t *placed_on(struct coved *d, const char *node, struct cove_err *err
                         json_decref(out);
                         return NULL;
                 }
-                if (r == 0 && !strcmp(p.node, node) && strcmp(p.desired_state, "stopped") != 0)
+                if (r == 0 && !strcmp(p.node, node) &&
+                    (stopped || strcmp(p.desired_state, "stopped") != 0))
                         json_array_append(out, v);
         }
         json_decref(x.ids);
@@ -306,24 +308,26 @@ static int newest_snapshot(struct coved *d, const char *id, struct cove_snapshot
         return out->id[0] ? 0 : 1;
 }
 
-/* Move a paused sandbox (nothing runs: only the placement changes). 0 moved, 1 no node
- * can take it or another replica moved it first, -1 error. */
-static int move_paused(struct coved *d, struct cove_sandbox_row *s,
-                       const struct cove_placement_row *p, const char *reason, struct cove_err *err)
+/* Move a sandbox at rest (paused, or stopped by its node's timeout: nothing runs, only the
+ * placement changes; desired is its desired state, kept). 0 moved, 1 no node can take it or
+ * another replica moved it first, -1 error. */
+static int move_at_rest(struct coved *d, struct cove_sandbox_row *s,
+                        const struct cove_placement_row *p, const char *desired, const char *reason,
+                        struct cove_err *err)
 {
         struct coved_place_want w = want_of(s, p->node);
         char target[64], why[512];
         int r = coved_place(d, &w, target, why, sizeof(why), err);
         if (r != 0)
                 return r;
-        if (place_write(d, s->id, target, "paused", NULL, NULL, p->generation, NULL, err) < 0)
+        if (place_write(d, s->id, target, desired, NULL, NULL, p->generation, NULL, err) < 0)
                 return err->kind == COVE_E_CONFLICT ? 1 : -1;
         snprintf(s->node, sizeof(s->node), "%s", target); /* no job: nobody else writes it */
         if (d->cat_ops->sandbox_update(d->cat, s, err) < 0)
                 cove_warn(&d->log, "node.move", "sandbox %s: %s", s->id, err->msg);
         cove_audit_log(d->audit, s->tenant, s->id, "control", "sandbox.move", "",
                        json_pack("{s:s, s:s, s:s, s:s}", "from", p->node, "to", target, "state",
-                                 "paused", "reason", reason));
+                                 s->state, "reason", reason));
         return 0;
 }
 
@@ -429,7 +433,7 @@ int coved_nodes_drain_step(struct coved *d, const char *node, struct cove_err *e
         }
         struct cove_node_row n = *found;
         free(x.v);
-        json_t *ids = placed_on(d, node, err);
+        json_t *ids = placed_on(d, node, 0, err);
         if (!ids)
                 return -1;
         int rc = json_array_size(ids) ? 2 : 1;
@@ -454,8 +458,9 @@ int coved_nodes_drain_step(struct coved *d, const char *node, struct cove_err *e
                                 cove_sandbox_row_clear(&s);
                         continue;
                 }
-                r = !strcmp(p.desired_state, "paused") ? move_paused(d, &s, &p, "drain", err)
-                                                       : move_running(d, &n, &s, &p, err);
+                r = !strcmp(p.desired_state, "paused")
+                        ? move_at_rest(d, &s, &p, "paused", "drain", err)
+                        : move_running(d, &n, &s, &p, err);
                 cove_sandbox_row_clear(&s);
                 if (r == 3) {
                         move_failed(d, id);
@@ -500,7 +505,7 @@ static int recover_one(struct coved *d, const struct cove_node_row *n, struct co
                         free(s->error);
                         s->error = strdup(msg);
                 }
-                r = move_paused(d, s, p, "node lost", err);
+                r = move_at_rest(d, s, p, "paused", "node lost", err);
                 return r < 0 ? -1 : r == 0;
         }
         if (r == 1) {
@@ -519,6 +524,9 @@ static int recover_one(struct coved *d, const struct cove_node_row *n, struct co
                 cove_audit_log(d->audit, s->tenant, s->id, "control", "sandbox.lost", "",
                                json_pack("{s:s, s:s}", "node", n->name, "reason", msg));
                 cove_warn(&d->log, "node.lost", "sandbox %s: %s", s->id, msg);
+                /* onto a node that can delete or resume it (none now: the next sweep) */
+                if (move_at_rest(d, s, p, "stopped", "node lost", err) < 0)
+                        return -1;
                 return 1;
         }
         struct coved_place_want w = want_of(s, n->name);
@@ -587,7 +595,7 @@ static int recover_one(struct coved *d, const struct cove_node_row *n, struct co
 
 static int recover_node(struct coved *d, const struct cove_node_row *n, struct cove_err *err)
 {
-        json_t *ids = placed_on(d, n->name, err);
+        json_t *ids = placed_on(d, n->name, 1, err); /* the stopped ones move off it too */
         if (!ids)
                 return -1;
         int changed = 0;
@@ -599,13 +607,23 @@ static int recover_node(struct coved *d, const struct cove_node_row *n, struct c
                 struct cove_placement_row p;
                 struct cove_sandbox_row s;
                 int r = d->cat_ops->placement_get(d->cat, id, &p, err);
-                if (r == 0 && (strcmp(p.node, n->name) != 0 || !strcmp(p.desired_state, "stopped")))
+                if (r == 0 && strcmp(p.node, n->name) != 0)
                         continue;
                 if (r == 0)
                         r = d->cat_ops->sandbox_get(d->cat, NULL, id, &s, err);
                 if (r == 1)
                         continue;
-                if (r == 0) {
+                int stopped = r == 0 && !strcmp(p.desired_state, "stopped");
+                if (stopped && (!strcmp(s.state, "stopped") || !strcmp(s.state, "error"))) {
+                        /* stopped by its node's timeout: it stays stopped, on a node that can
+                         * delete or resume it */
+                        r = move_at_rest(d, &s, &p, "stopped", "node lost", err);
+                        r = r < 0 ? -1 : r == 0;
+                        cove_sandbox_row_clear(&s);
+                } else if (stopped) { /* a stop under way: its job waits for the node */
+                        cove_sandbox_row_clear(&s);
+                        continue;
+                } else if (r == 0) {
                         r = recover_one(d, n, &s, &p, err);
                         cove_sandbox_row_clear(&s);
                 }

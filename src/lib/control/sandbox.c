@@ -784,7 +784,7 @@ void coved_on_instance_dead(void *arg, const char *id, const char *why)
         if (cove_node_stop(d->node, id, 0, &err) < 0)
                 cove_warn(&d->log, "sandbox.dead", "%s", err.msg);
         /* role node: the row is written only while it is this node's, under its lease */
-        if (coved_cluster_observe(d, id, "error", &err) < 0) {
+        if (coved_cluster_observe(d, id, "error", NULL, &err) < 0) {
                 cove_info(&d->log, "sandbox.dead", "sandbox %s: row left as it is: %s", id,
                           err.msg);
                 return;
@@ -843,6 +843,15 @@ void *coved_timer_main(void *arg)
                             d->cat_ops->sandbox_get(d->cat, NULL, x.ids[i], &row, &err) == 0 &&
                             !strcmp(row.on_timeout, "pause");
                         cove_sandbox_row_clear(&row);
+                        /* role node: the node's own decision, so the desired state too
+                         * (fenced: a sandbox no longer this node's is left alone) */
+                        if (coved_cluster_observe(d, x.ids[i], pause ? "pausing" : "stopped",
+                                                  pause ? "paused" : "stopped", &err) < 0) {
+                                cove_info(&d->log, "sandbox.timeout",
+                                          "sandbox %s timed out, left as it is: %s", x.ids[i],
+                                          err.msg);
+                                continue;
+                        }
                         if (pause) {
                                 json_t *out = NULL;
                                 if (cove_sandbox_pause(d, NULL, x.ids[i], &out, &err) == 0) {
@@ -856,6 +865,10 @@ void *coved_timer_main(void *arg)
                                 cove_warn(&d->log, "sandbox.timeout",
                                           "sandbox %s timed out; pause failed, stopping: %s",
                                           x.ids[i], err.msg);
+                                struct cove_err e2;
+                                if (coved_cluster_observe(d, x.ids[i], "stopped", "stopped", &e2) <
+                                    0)
+                                        cove_warn(&d->log, "sandbox.timeout", "%s", e2.msg);
                         }
                         cove_info(&d->log, "sandbox.timeout", "sandbox %s timed out: stopping",
                                   x.ids[i]);
@@ -936,7 +949,8 @@ void coved_reconcile(struct coved *d)
                 cove_sandbox_row_clear(&row);
                 /* role node: only a sandbox still placed here, under the live lease (the
                  * fenced observe first); another node's now is left alone */
-                if (coved_cluster_observe(d, x.ids[i], snap ? "paused" : "stopped", &err) < 0) {
+                if (coved_cluster_observe(d, x.ids[i], snap ? "paused" : "stopped", NULL, &err) <
+                    0) {
                         cove_info(&d->log, "reconcile", "sandbox %s left as it is: %s", x.ids[i],
                                   err.msg);
                         continue;

@@ -34,6 +34,20 @@ int cove_sandbox_state_valid(const char *state, size_t len)
         return 0;
 }
 
+int cove_observe_valid(const char *sandbox_id, const char *observed, const char *desired,
+                       struct cove_err *err)
+{
+        if (!observed || !cove_sandbox_state_valid(observed, strlen(observed)))
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: observe %s: unknown state", sandbox_id);
+        if (desired && strcmp(desired, "paused") != 0 && strcmp(desired, "stopped") != 0)
+                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
+                                     "catalog: observe %s: a node may settle a sandbox paused or "
+                                     "stopped only",
+                                     sandbox_id);
+        return 0;
+}
+
 int cove_node_state_valid(const char *s)
 {
         static const char *const states[] = {"ready", "cordoned", "draining", "lost"};

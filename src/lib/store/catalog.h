@@ -68,6 +68,10 @@ struct cove_sandbox_row {
 void cove_sandbox_row_clear(struct cove_sandbox_row *row); /* frees the owned strings */
 /* 1 if state[0..len) is one of the sandbox states listed above, else 0. */
 int cove_sandbox_state_valid(const char *state, size_t len);
+/* The arguments of placement_observe: 0, or -1 with COVE_E_BAD_REQUEST (an unknown observed
+ * state, a desired state other than NULL, "paused" and "stopped"). */
+int cove_observe_valid(const char *sandbox_id, const char *observed, const char *desired,
+                       struct cove_err *err);
 
 typedef int (*cove_sandbox_cb)(const struct cove_sandbox_row *row, void *arg); /* <0 stops */
 
@@ -314,10 +318,13 @@ struct cove_catalog_ops {
                              struct cove_placement_row *out, struct cove_err *err);
         /* A node records what it observed of a sandbox it owns. Refused (COVE_E_CONFLICT)
          * unless the sandbox is placed on node at generation and node holds a live lease
-         * with epoch. Idempotent. */
+         * with epoch. Idempotent. desired_state non-NULL ("paused" or "stopped" only, else
+         * COVE_E_BAD_REQUEST): the node settled the sandbox on its own (its timeout), so its
+         * desired state becomes that too, in the same statement (a lost node's sandbox is
+         * then recovered as its timeout left it, not running). */
         int (*placement_observe)(struct cove_catalog *c, const char *sandbox_id, const char *node,
                                  int64_t epoch, int64_t generation, const char *observed_state,
-                                 struct cove_err *err);
+                                 const char *desired_state, struct cove_err *err);
         /* sandbox_update under a node's fence: the row is overwritten only if, in the same
          * statement, the sandbox is placed on node at generation and node holds a live
          * lease with epoch (a lease lapsing or a new placement between the node's checks

@@ -1674,19 +1674,20 @@ static int pg_placement_write(struct cove_catalog *c, const char *sandbox_id, co
 
 static int pg_placement_observe(struct cove_catalog *c, const char *sandbox_id, const char *node,
                                 int64_t epoch, int64_t generation, const char *observed_state,
-                                struct cove_err *err)
+                                const char *desired_state, struct cove_err *err)
 {
-        if (!observed_state || !cove_sandbox_state_valid(observed_state, strlen(observed_state)))
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog: observe %s: unknown state", sandbox_id);
+        if (cove_observe_valid(sandbox_id, observed_state, desired_state, err) < 0)
+                return -1;
         struct params p = {0};
         p_text(&p, sandbox_id);
         p_text(&p, node);
         p_int(&p, epoch);
         p_int(&p, generation);
         p_text(&p, observed_state);
+        p_text(&p, desired_state);
         int r = delete1(c,
                         "UPDATE placements SET observed_state = $5, updated_at = " NOW_MS
+                        ", desired_state = coalesce($6::text, desired_state)"
                         " WHERE sandbox_id = $1 AND node = $2 AND generation = $4"
                         " AND EXISTS (SELECT 1 FROM nodes WHERE name = $2 AND epoch = $3"
                         " AND lease_expires_at > " NOW_MS ")",

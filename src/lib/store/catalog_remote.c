@@ -943,14 +943,15 @@ static int r_placement_get(struct cove_catalog *c, const char *sandbox_id,
 
 static int r_placement_observe(struct cove_catalog *c, const char *sandbox_id, const char *node,
                                int64_t epoch, int64_t generation, const char *observed_state,
-                               struct cove_err *err)
+                               const char *desired_state, struct cove_err *err)
 {
         json_t *a;
-        CALL("placement_observe",
-             json_pack("{s:o, s:o, s:I, s:I, s:o}", "sandbox_id", jstr(sandbox_id), "node",
-                       jstr(node), "epoch", (json_int_t)epoch, "generation", (json_int_t)generation,
-                       "observed_state", jstr(observed_state)),
-             R_IDEM, a);
+        json_t *args = json_pack("{s:o, s:o, s:I, s:I, s:o}", "sandbox_id", jstr(sandbox_id),
+                                 "node", jstr(node), "epoch", (json_int_t)epoch, "generation",
+                                 (json_int_t)generation, "observed_state", jstr(observed_state));
+        if (args && desired_state) /* absent: unchanged (what an older control expects) */
+                json_object_set_new(args, "desired_state", json_string(desired_state));
+        CALL("placement_observe", args, R_IDEM, a);
         json_decref(a);
         return 0;
 }

@@ -207,7 +207,8 @@ static const char *const stmt_sql[ST__COUNT] = {
                      " observed_state = '', updated_at = excluded.updated_at",
     [ST_PLACE_DESIRE] = "UPDATE placements SET desired_state = ?2, updated_at = ?3"
                         " WHERE sandbox_id = ?1",
-    [ST_PLACE_OBSERVE] = "UPDATE placements SET observed_state = ?5, updated_at = ?6"
+    [ST_PLACE_OBSERVE] = "UPDATE placements SET observed_state = ?5, updated_at = ?6,"
+                         " desired_state = coalesce(?7, desired_state)"
                          " WHERE sandbox_id = ?1 AND node = ?2 AND generation = ?4"
                          " AND EXISTS (SELECT 1 FROM nodes WHERE name = ?2 AND epoch = ?3"
                          " AND lease_expires_at > ?6)",
@@ -1828,11 +1829,11 @@ static int sqlite_placement_write(struct cove_catalog *c, const char *sandbox_id
 
 static int sqlite_placement_observe(struct cove_catalog *c, const char *sandbox_id,
                                     const char *node, int64_t epoch, int64_t generation,
-                                    const char *observed_state, struct cove_err *err)
+                                    const char *observed_state, const char *desired_state,
+                                    struct cove_err *err)
 {
-        if (!observed_state || !cove_sandbox_state_valid(observed_state, strlen(observed_state)))
-                return cove_err_setk(err, COVE_E_BAD_REQUEST, 0,
-                                     "catalog: observe %s: unknown state", sandbox_id);
+        if (cove_observe_valid(sandbox_id, observed_state, desired_state, err) < 0)
+                return -1;
         pthread_mutex_lock(&c->lock);
         sqlite3_stmt *st = c->st[ST_PLACE_OBSERVE];
         bind_text(st, 1, sandbox_id);
@@ -1841,6 +1842,7 @@ static int sqlite_placement_observe(struct cove_catalog *c, const char *sandbox_
         sqlite3_bind_int64(st, 4, generation);
         bind_text(st, 5, observed_state);
         sqlite3_bind_int64(st, 6, cove_now_ms());
+        bind_text(st, 7, desired_state);
         int r = run_delete(c, st, err, "observe %s", sandbox_id);
         pthread_mutex_unlock(&c->lock);
         if (r == 1)
