@@ -348,6 +348,8 @@ class Context:
         self.lock = threading.Lock()  # one call at a time
         self.kernel = None
         self.start_lock = threading.Lock()
+        self.run_mu = threading.Lock()
+        self.running = None  # the token of the call whose cell is in the kernel now
 
     def info(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -375,6 +377,14 @@ class Context:
         k = self.kernel
         if k:
             k.interrupt()
+
+    def interrupt_call(self, token):
+        """Interrupt the cell of one call, only while it is the one in the kernel: a caller
+        that leaves just as its cell ends must not interrupt the next call's cell (the
+        signal is sent under run_mu, before the cell's end lets the next one in)."""
+        with self.run_mu:
+            if self.running is token and self.kernel:
+                self.kernel.interrupt()
 
 
 class State:
@@ -545,6 +555,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         self.end_headers()
         gone = threading.Event()
+        token = object()
 
         def emit(obj):
             if gone.is_set():
@@ -555,7 +566,7 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
             except OSError:
                 gone.set()
-                c.interrupt()  # the caller went away: stop the cell, keep the context
+                c.interrupt_call(token)  # the caller went away: stop its cell, keep the context
 
         out = Out(emit)
         finished = threading.Event()
@@ -569,11 +580,11 @@ class Handler(BaseHTTPRequestHandler):
                     r, _, _ = select.select([sock], [], [], 0)
                     if r and sock.recv(1, socket.MSG_PEEK) == b"":
                         gone.set()
-                        c.interrupt()
+                        c.interrupt_call(token)
                         return
                 except OSError:
                     gone.set()
-                    c.interrupt()
+                    c.interrupt_call(token)
                     return
 
         threading.Thread(target=watch, daemon=True).start()
@@ -584,12 +595,19 @@ class Handler(BaseHTTPRequestHandler):
                 out.error("KernelStartError", str(e), "")
                 k = None
             if k:
-                timed_out = k.run(code, env_vars, out, timeout_s, c.interrupt)
+                with c.run_mu:
+                    c.running = token
+                try:
+                    timed_out = k.run(code, env_vars, out, timeout_s,
+                                      lambda: c.interrupt_call(token))
+                finally:
+                    with c.run_mu:
+                        c.running = None
                 if timed_out:
                     out.error("TimeoutError", "the cell ran longer than %g s and was "
                               "interrupted (the context keeps its state)" % timeout_s, "")
                 emit({"type": "number_of_executions", "execution_count": k.count})
-        finished.set()
+            finished.set()
         emit({"type": "end_of_execution"})
         if chunked:
             try:

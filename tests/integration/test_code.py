@@ -6,6 +6,7 @@ sandbox (the interpreter runs there, so its answers are untrusted)."""
 import base64
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -193,18 +194,68 @@ def test_interrupt_a_running_cell(ci, sid):
 
 def test_a_caller_that_leaves_interrupts_its_cell(ci, sid):
     """A client that hangs up while its cell prints nothing: the cell is interrupted, so the
-    context is free for the next call (which would otherwise wait behind it)."""
+    context is free for the next call (which would otherwise wait behind it), and that next
+    call, sent at once, runs and answers its result (the interrupted cell's error must not
+    make the kernel abort it: Jupyter's stop_on_error). Several rounds, of both a sleeping
+    and a busy cell: whether the next call reaches the kernel within the abort window
+    depends on timing."""
     c = ci.client
     ctx = c.post(f"/v1/sandboxes/{sid}/code/contexts", {}, expect=(201,))
-    run(c, sid, "mark = 'free'", context_id=ctx["id"])
-    body = {"code": "import time\nprint('sleeping', flush=True)\ntime.sleep(600)",
-            "context_id": ctx["id"]}
-    first = list(c.stream(f"/v1/sandboxes/{sid}/code", body, max_events=1, timeout=120))
-    assert first[0]["text"] == "sleeping\n", first
-    t0 = time.monotonic()
-    r = run(c, sid, "mark", context_id=ctx["id"], timeout_s=120)
-    assert main_result(r)["text"] == "'free'", r
-    assert time.monotonic() - t0 < 120
+    # a busy thread of the kernel's own (load there) slows its steps between the
+    # interrupted cell's end and the end of that abort window
+    run(c, sid, "mark = 'free'\nimport threading\ndef spin():\n    while True:\n        pass\n"
+        "threading.Thread(target=spin, daemon=True).start()", context_id=ctx["id"])
+    for i, tail in enumerate(["import time\ntime.sleep(600)", "while True:\n    pass"] * 3):
+        body = {"code": f"print('busy', flush=True)\n{tail}", "context_id": ctx["id"]}
+        first = list(c.stream(f"/v1/sandboxes/{sid}/code", body, max_events=1, timeout=120))
+        assert first[0].get("text") == "busy\n", (i, first)
+        t0 = time.monotonic()
+        r = run(c, sid, "mark", context_id=ctx["id"], timeout_s=120)
+        assert (main_result(r) or {}).get("text") == "'free'", (i, r)
+        assert time.monotonic() - t0 < 120
+
+
+def test_a_cell_waiting_behind_an_interrupted_one_runs(ci, sid):
+    """A cell sent while another of its context runs waits for it and then runs, also when
+    the first one is interrupted (its error must not make the kernel drop the waiting cell)."""
+    c = ci.client
+    ctx = c.post(f"/v1/sandboxes/{sid}/code/contexts", {}, expect=(201,))
+    run(c, sid, "n = 0", context_id=ctx["id"])
+    for i in range(5):
+        first, second = [], []
+        body = {"code": "n += 1\nprint('running', flush=True)\nwhile True:\n    pass",
+                "context_id": ctx["id"]}
+        t = threading.Thread(target=lambda: first.extend(
+            c.stream(f"/v1/sandboxes/{sid}/code", body, timeout=300)))
+        t.start()
+        poll(lambda: "running" in text(first), timeout=120, what="the first cell running")
+        t2 = threading.Thread(target=lambda: second.extend(run(c, sid, "n",
+                                                               context_id=ctx["id"])))
+        t2.start()
+        c.delete(f"/v1/sandboxes/{sid}/code/contexts/{ctx['id']}/execution")
+        t.join(120)
+        t2.join(120)
+        assert "KeyboardInterrupt" in [e["name"] for e in errors(first)], (i, first)
+        assert second and main_result(second)["text"] == str(i + 1), (i, second)
+
+
+def test_a_sandbox_runs_the_interpreter_server_of_its_coved(ci):
+    """The interpreter server coved starts in a sandbox is the one this coved carries, not
+    the copy its template holds (a template built by an older coved keeps an older server):
+    a sandbox whose copy was replaced by one that cannot serve still runs its cells, and
+    its copy is coved's own afterwards."""
+    c = ci.client
+    s = c.create("code-interpreter")["id"]
+    try:
+        path = "/usr/lib/cove/interp/server.py"
+        r = c.exec(s, f"echo 'raise SystemExit(\"an older server\")' > {path}")
+        assert r["exit_code"] == 0, r
+        assert main_result(run(c, s, "6 * 7"))["text"] == "42"
+        with open(os.path.join(ROOT, "src", "interp", "server.py"), "rb") as f:
+            got = c.get_file(s, path)
+            assert got.status == 200 and got.body == f.read(), got.status
+    finally:
+        c.remove(s)
 
 
 def test_huge_output_is_cut_and_the_api_stays_responsive(ci, sid):
@@ -359,6 +410,9 @@ def test_e2b_code_interpreter_sdk(ci, ci_sdk):
                         "code_interpreter.test.mjs"], cwd=ci_sdk, env=env, capture_output=True,
                        text=True, timeout=900)
     out = r.stdout + r.stderr
-    summary = [x for x in out.splitlines() if x.startswith(("# pass", "# fail"))]
+    summary = [x for x in out.splitlines() if x.startswith(("# pass", "# fail", "# skip"))]
     assert r.returncode == 0, f"code interpreter SDK tests failed ({summary}):\n{out[-12000:]}"
-    assert summary and int(summary[0].split()[2]) >= 8, out[-3000:]
+    with open(os.path.join(CI_SRC, "code_interpreter.test.mjs")) as f:
+        want = len(re.findall(r"^test\(", f.read(), re.M))
+    passed = [int(x.split()[2]) for x in summary if x.startswith("# pass ")]
+    assert want and passed == [want], (want, summary, out[-3000:])

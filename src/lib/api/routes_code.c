@@ -14,11 +14,12 @@
 
 #include "api/code.h"
 #include "api/routes.h"
+#include "control/template.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
 #define INTERP_PORT 49999
-#define INTERP_SERVER "/usr/lib/cove/interp/server.py"
+#define INTERP_SERVER COVE_INTERP_DIR "/server.py"
 #define CODE_MAX (1u << 20)        /* a cell's source */
 #define HEAD_MAX (16u << 10)       /* the server's answer head */
 #define SMALL_MAX (256u << 10)     /* a non-streamed answer */
@@ -66,6 +67,36 @@ static int interp_running(struct cove_chan *c, uint32_t pid)
         return running;
 }
 
+/* Write this coved's interpreter files over the sandbox's copies (atomically: the guest
+ * writes a temporary file and renames it), so the server started next is the one this
+ * coved was built with, not an older one a template built earlier still holds. A sandbox
+ * whose files cannot be written (no such directory: not the code-interpreter template)
+ * keeps what it has; the start then says what it needs. */
+static void interp_install(struct cove_chan *c)
+{
+        static const struct {
+                const char *path;
+                const unsigned char *data;
+                const size_t *len;
+                unsigned mode;
+        } files[] = {
+            {COVE_INTERP_DIR "/jskernel.js", cove_interp_jskernel, &cove_interp_jskernel_len, 0644},
+            {INTERP_SERVER, cove_interp_server, &cove_interp_server_len, 0755},
+        };
+        for (size_t i = 0; i < COVE_ARRAY_SIZE(files); i++) {
+                struct cove_err err = {0};
+                struct cove_xfer *x = NULL;
+                if (cove_chan_write_begin(c, files[i].path, files[i].mode, NULL, &x, &err) < 0)
+                        return;
+                int rc = cove_chan_xfer_write(x, files[i].data, *files[i].len, &err);
+                if (rc == 0)
+                        rc = cove_chan_write_finish(x, NULL, &err);
+                cove_chan_xfer_free(x);
+                if (rc < 0)
+                        return;
+        }
+}
+
 /* A connection to the sandbox's interpreter server, starting it when nothing listens. */
 static int interp_connect(struct coved *d, struct cove_chan *c, const struct cove_sandbox_row *row,
                           int *fd, struct cove_err *err)
@@ -78,6 +109,7 @@ static int interp_connect(struct coved *d, struct cove_chan *c, const struct cov
         if (err->kind != COVE_E_NOT_FOUND)
                 return -1;
         /* start it: an ordinary process of the sandbox, in its process list */
+        interp_install(c);
         json_t *cmd = json_pack("[s, s]", "/usr/bin/python3", INTERP_SERVER);
         json_t *req = json_pack("{s:s, s:O, s:s, s:s}", "op", "exec", "cmd", cmd, "user", "user",
                                 "cwd", "/home/user");

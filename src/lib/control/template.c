@@ -51,10 +51,6 @@ static const char *const INTERP_PACKAGES[] = {"python3-ipykernel",
                                               "python3-matplotlib",
                                               "nodejs",
                                               NULL};
-/* cove's interpreter server and its JavaScript context, embedded at build time
- * (scripts/embed.py from src/interp/) */
-extern const unsigned char cove_interp_server[], cove_interp_jskernel[];
-extern const size_t cove_interp_server_len, cove_interp_jskernel_len;
 
 /* Fixed PATH for tools run at build time: never the caller's. */
 static const char *const tool_path[] = {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin",

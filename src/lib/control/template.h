@@ -35,6 +35,14 @@ struct cove_template_info {
         char source[256];                  /* where the rootfs came from; "" when not built */
 };
 
+/* cove's interpreter server and its JavaScript context (src/interp/), embedded at build
+ * time (scripts/embed.py): the code-interpreter template gets them from here, and coved
+ * writes them again into a sandbox before it starts the server there, so a template built
+ * by an older coved never runs an older server (api/routes_code.c). */
+#define COVE_INTERP_DIR "/usr/lib/cove/interp"
+extern const unsigned char cove_interp_server[], cove_interp_jskernel[];
+extern const size_t cove_interp_server_len, cove_interp_jskernel_len;
+
 /* 1 if name is a template this module can build ("busybox", "base"), else 0. */
 int cove_template_known(const char *name);
 
