@@ -123,6 +123,10 @@ struct cove_chan {
         int npend;
         struct proc *procs;
         int nprocs;
+        /* bumped whenever a process record is freed: a reader that waited on a record's
+         * replay buffer (the lock released) looks the record up again instead of touching
+         * memory that may be gone */
+        uint64_t procs_gen;
         struct cove_watch *watches;
         int nwatches;
         int rx_paused;
@@ -507,20 +511,23 @@ static void unlink_proc(struct cove_chan *c, struct proc *victim)
                 if (*pp == victim) {
                         *pp = victim->next;
                         c->nprocs--;
+                        c->procs_gen++;
                         return;
                 }
 }
 
-/* Keep at most MAX_PROCS_KEPT finished processes: drop the oldest finished ones. */
-static void trim_procs(struct cove_chan *c)
+/* Keep at most MAX_PROCS_KEPT finished processes: drop the oldest finished ones, but never
+ * `keep`, the one that just ended (its followers are about to read its exit). */
+static void trim_procs(struct cove_chan *c, const struct proc *keep)
 {
         int finished = 0;
         for (struct proc *p = c->procs; p; p = p->next)
-                finished += !p->running;
-        while (finished > MAX_PROCS_KEPT) {
+                finished += !p->running && p != keep;
+        while (finished > MAX_PROCS_KEPT - 1) {
                 struct proc *oldest = NULL;
                 for (struct proc *p = c->procs; p; p = p->next)
-                        if (!p->running && (!oldest || p->started_at <= oldest->started_at))
+                        if (!p->running && p != keep &&
+                            (!oldest || p->started_at <= oldest->started_at))
                                 oldest = p;
                 if (!oldest)
                         break;
@@ -729,7 +736,7 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                 p->running = 0;
                 p->rb.closed = 1;
                 c->ev_dirty = 1;
-                trim_procs(c);
+                trim_procs(c, p);
                 return 0;
         }
         case COVE_F_EVENT: {
@@ -1126,12 +1133,15 @@ static void replay_visit(struct cove_replay *rb, uint64_t after, cove_ev_visit_f
         }
 }
 
+/* Under c->mu. gen: NULL for a watch (its owner is the waiter), else the process records'
+ * generation: when a record was freed during a wait, returns 4 at once (rb may be gone; the
+ * caller looks its record up again). */
 static int replay_wait(struct cove_chan *c, struct cove_replay *rb, uint64_t after,
                        struct cove_ev **out, cove_ev_visit_fn fn, void *arg, uint64_t *lost,
-                       int timeout_ms, const int *cancel, struct cove_err *err)
+                       const struct timespec *dl, const int *cancel, const uint64_t *gen,
+                       struct cove_err *err)
 {
-        struct timespec dl;
-        abs_deadline(&dl, timeout_ms);
+        uint64_t g0 = gen ? *gen : 0;
         for (;;) {
                 const struct cove_ev *ev;
                 int r = cove_replay_next(rb, after, &ev, lost);
@@ -1148,7 +1158,10 @@ static int replay_wait(struct cove_chan *c, struct cove_replay *rb, uint64_t aft
                 /* read under mu: whoever sets it broadcasts under mu (cove_chan_wake) */
                 if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE))
                         return 0;
-                if (pthread_cond_timedwait(&c->ev_cv, &c->mu, &dl) == ETIMEDOUT)
+                int t = pthread_cond_timedwait(&c->ev_cv, &c->mu, dl);
+                if (gen && *gen != g0)
+                        return 4;
+                if (t == ETIMEDOUT)
                         return 0;
         }
 }
@@ -1181,6 +1194,8 @@ static int proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct c
                      cove_ev_visit_fn fn, void *arg, uint64_t *lost_through, int timeout_ms,
                      const int *cancel, struct cove_err *err)
 {
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
         pthread_mutex_lock(&c->mu);
         int r;
         for (;;) {
@@ -1189,10 +1204,10 @@ static int proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct c
                         r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "process %u not found", pid);
                         break;
                 }
-                r = replay_wait(c, &p->rb, after, out, fn, arg, lost_through, timeout_ms, cancel,
-                                err);
-                /* the proc may have been trimmed while we waited: look it up again */
-                if (r != 0 || find_proc(c, pid) == p)
+                r = replay_wait(c, &p->rb, after, out, fn, arg, lost_through, &dl, cancel,
+                                &c->procs_gen, err);
+                /* 4: a record was freed while we waited (maybe this one): look it up again */
+                if (r != 4)
                         break;
         }
         void (*notify)(void *, struct cove_chan *) = NULL;
@@ -1644,9 +1659,11 @@ int cove_chan_watch_wait(struct cove_watch *w, uint64_t after, struct cove_ev **
                          uint64_t *lost_through, int timeout_ms, const int *cancel,
                          struct cove_err *err)
 {
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
         pthread_mutex_lock(&w->c->mu);
-        int r = replay_wait(w->c, &w->rb, after, out, NULL, NULL, lost_through, timeout_ms, cancel,
-                            err);
+        int r =
+            replay_wait(w->c, &w->rb, after, out, NULL, NULL, lost_through, &dl, cancel, NULL, err);
         pthread_mutex_unlock(&w->c->mu);
         return r;
 }
@@ -1655,9 +1672,11 @@ int cove_chan_watch_visit(struct cove_watch *w, uint64_t after, cove_ev_visit_fn
                           uint64_t *lost_through, int timeout_ms, const int *cancel,
                           struct cove_err *err)
 {
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
         pthread_mutex_lock(&w->c->mu);
         int r =
-            replay_wait(w->c, &w->rb, after, NULL, fn, arg, lost_through, timeout_ms, cancel, err);
+            replay_wait(w->c, &w->rb, after, NULL, fn, arg, lost_through, &dl, cancel, NULL, err);
         pthread_mutex_unlock(&w->c->mu);
         return r;
 }
