@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "lib"))
-from cove import Coved  # noqa: E402  (stdlib client helpers shared with the tests)
+from cove import Coved, free_port  # noqa: E402  (stdlib client helpers shared with the tests)
 from benchlib import loadavg, pct  # noqa: E402
 
 UID_MIN = 0x10000000
@@ -514,7 +514,7 @@ class Bench:
         runs = {}
         tail_runs = {}
         plan = ([(c, False, 0) for c in self.a.wrk_conns] + [(self.a.wrk_conns[-1], True, 0)] +
-                [(c, False, 10) for c in self.a.wrk_conns])
+                [(c, False, 10) for c in self.a.wrk_conns] + [(self.a.wrk_conns[-1], True, 10)])
         for conns, nocheck, tail in plan:
             env["COVE_NOCHECK"] = "1" if nocheck else "0"
             env["COVE_TAIL"] = str(tail)
@@ -531,8 +531,10 @@ class Bench:
             w["conns"] = conns
             if nocheck:
                 w["rate"] = w["requests"] / (w["duration_us"] / 1e6)
-                self.res.setdefault("reconnect_unchecked", w)
-                log(f"reconnect -c{conns} unchecked: {w['rate']:.0f}/s")
+                self.res.setdefault("reconnect_unchecked_tail" if tail else
+                                    "reconnect_unchecked", w)
+                log(f"{'reattach' if tail else 'reconnect'} -c{conns} unchecked: "
+                    f"{w['rate']:.0f}/s")
                 continue
             w["rate"] = w["good"] / (w["duration_us"] / 1e6)
             # requests still in flight when wrk stopped count once in the histogram mismatch;
@@ -552,6 +554,180 @@ class Bench:
         self.res["reconnect"] = {"events": last, "reply_bytes_full": len(full),
                                  "reference_ok": ok_ref, "python_checked": len(checks),
                                  "python_bad": py_bad, "wrk": runs, "wrk_tail": tail_runs}
+        # the same-run anchor: nginx serving the same bytes from files (after=0, and a typical
+        # reattach: the last 5 events)
+        self.res["reconnect"]["nginx"] = self.nginx_anchor(
+            {"full": full, "tail": full[offs[max(1, last - 4)]:]})
+
+    # -- p-stream: nginx anchor for the reconnect rows, idle streams ---------------------------
+    def nginx_anchor(self, bodies):
+        """nginx (1 worker, keep-alive, sendfile) serving each body as a static file, under wrk
+        with the connection counts of the reconnect runs: {name: {"conns", "rate", "bytes"}}
+        (the best count), or None when nginx is not installed."""
+        nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx",
+                                                                           os.X_OK) else None)
+        if not nginx:
+            self.notes.append("nginx not installed (scripts/install-deps: nginx-light): "
+                              "the reconnect rows have no anchor")
+            return None
+        root = tempfile.mkdtemp(prefix="cove-bench-nginx-")
+        os.chmod(root, 0o755)
+        for name, body in bodies.items():
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(body)
+            os.chmod(os.path.join(root, name), 0o644)
+        port = free_port()
+        conf = os.path.join(root, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"""worker_processes 1;
+user nobody nogroup;
+pid {root}/nginx.pid;
+error_log {root}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  sendfile on; tcp_nopush on; tcp_nodelay on;
+  keepalive_requests 1000000; keepalive_timeout 60s;
+  default_type application/x-ndjson;
+  client_body_temp_path {root}/tmp; proxy_temp_path {root}/tmp;
+  fastcgi_temp_path {root}/tmp; uwsgi_temp_path {root}/tmp; scgi_temp_path {root}/tmp;
+  server {{ listen 127.0.0.1:{port}; root {root}; }}
+}}
+""")
+        proc = subprocess.Popen([nginx, "-c", conf, "-p", root, "-g", "daemon off;"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out = {}
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                    c.request("GET", "/full")
+                    got = c.getresponse().read()
+                    c.close()
+                    if got != bodies["full"]:
+                        raise RuntimeError("nginx served other bytes than the file")
+                    break
+                except OSError:
+                    if time.time() > deadline or proc.poll() is not None:
+                        raise RuntimeError("nginx did not start")
+                    time.sleep(0.1)
+            for name in bodies:
+                best = None
+                for conns in self.a.wrk_conns:
+                    r = subprocess.run(["wrk", "-t2", f"-c{conns}", f"-d{self.a.reconnect_s}s",
+                                        f"http://127.0.0.1:{port}/{name}"],
+                                       capture_output=True, text=True)
+                    m = re.search(r"Requests/sec:\s+([\d.]+)", r.stdout)
+                    if not m:
+                        continue
+                    rate = float(m.group(1))
+                    log(f"nginx /{name} ({len(bodies[name])} B) -c{conns}: {rate:.0f}/s")
+                    if not best or rate > best["rate"]:
+                        best = {"conns": conns, "rate": rate, "bytes": len(bodies[name])}
+                out[name] = best
+        except RuntimeError as e:
+            self.notes.append(f"nginx anchor: {e}")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            shutil.rmtree(root, ignore_errors=True)
+        return out
+
+    def bench_idle(self):
+        """N idle streams (attached exec streams, GET .../events of running processes, and one
+        in 20 an fs watch; 100 a sandbox) held open without traffic: coved's CPU time and its threads'
+        wake-ups over a window, next to the same window with none open."""
+        import socket
+        n = self.a.idle_streams
+        win = self.a.idle_s
+        # 100 streams a sandbox: a sandbox holds at most 64 watches
+        sids = [self.create()["id"] for _ in range((n + 99) // 100)]
+        pid = self.d.proc.pid
+        auth = f"Authorization: Bearer {self.key}\r\n"
+        for sid in sids:
+            self.ka.ok("POST", f"/v1/sandboxes/{sid}/exec", {"shell": "mkdir -p /tmp/w",
+                                                              "wait": True}, expect=(200,))
+
+        def cpu():
+            with open(f"/proc/{pid}/stat") as f:
+                x = f.read().rsplit(")", 1)[1].split()
+            return (int(x[11]) + int(x[12])) / os.sysconf("SC_CLK_TCK")
+
+        def wakes():
+            t = 0
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/status") as f:
+                        t += next(int(l.split()[1]) for l in f
+                                  if l.startswith("voluntary_ctxt_switches:"))
+                except (OSError, StopIteration):
+                    pass
+            return t
+
+        def window():
+            t0, c0, w0 = time.monotonic(), cpu(), wakes()
+            time.sleep(win)
+            t1, c1, w1 = time.monotonic(), cpu(), wakes()
+            return 100 * (c1 - c0) / (t1 - t0), (w1 - w0) / (t1 - t0)
+
+        def open_stream(method, path, body=b""):
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=60)
+            ct = "Content-Type: application/json\r\n" if body else ""
+            s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}{ct}"
+                      f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = s.recv(4096)
+                if not chunk:
+                    raise RuntimeError(f"{path}: closed: {head[:200]!r}")
+                head += chunk
+            if b" 200 " not in head.split(b"\r\n", 1)[0]:
+                raise RuntimeError(f"{path}: {head[:200]!r}")
+            return s, head
+
+        base_cpu, base_wakes = window()
+        socks = []
+        try:
+            while len(socks) < n:
+                sid = sids[len(socks) // 100]
+                # every 20th a watch: each is an inotify instance in the guest, and those of
+                # every sandbox count against the host's fs.inotify.max_user_instances (128)
+                # for the user that created the namespaces
+                i = len(socks) % 20
+                k = 2 if i == 19 else i % 2
+                if k == 0:
+                    socks.append(open_stream("POST", f"/v1/sandboxes/{sid}/exec",
+                                             json.dumps({"cmd": ["sleep", "3600"]}).encode())[0])
+                elif k == 1:
+                    # a background process's events, reattached after its start event
+                    ev, first = open_stream("POST", f"/v1/sandboxes/{sid}/exec",
+                                            json.dumps({"cmd": ["sleep", "3600"]}).encode())
+                    while b'"pid":' not in first:
+                        first += ev.recv(4096)
+                    p = int(re.search(rb'"pid":(\d+)', first).group(1))
+                    ev.close()
+                    socks.append(open_stream(
+                        "GET", f"/v1/sandboxes/{sid}/processes/{p}/events?after=1")[0])
+                else:
+                    socks.append(open_stream("GET",
+                                             f"/v1/sandboxes/{sid}/fs/watch?path=/tmp/w")[0])
+            time.sleep(2)  # starts delivered
+            idle_cpu, idle_wakes = window()
+            log(f"{n} idle streams: coved {idle_cpu:.2f}% of a core, {idle_wakes:.0f} wake-ups/s "
+                f"(none open: {base_cpu:.2f}%, {base_wakes:.0f}/s)")
+            self.res["idle"] = {"streams": n, "window_s": win, "cpu_pct": idle_cpu,
+                                "wakeups_per_s": idle_wakes, "base_cpu_pct": base_cpu,
+                                "base_wakeups_per_s": base_wakes}
+        finally:
+            for s in socks:
+                s.close()
+            for sid in sids:
+                self.delete(sid)
 
     # -- 5. memory with N alive --------------------------------------------------------
     @staticmethod
@@ -764,6 +940,41 @@ class Bench:
                     f"{bt['conns']} keep-alive conns; bad replies {lost_t}; " +
                     "; ".join(f"-c{w['conns']}: {w['rate']:,.0f}/s"
                               for w in rc["wrk_tail"].values()))
+        # p-stream rows: reconnects next to nginx, idle streams
+        ng = (rc or {}).get("nginx") or {}
+        if rc and rc["wrk"] and ng.get("full"):
+            best = max(rc["wrk"].values(), key=lambda w: w["rate"])
+            lost = (sum(w["bad"] + w["wrong_start"] for w in rc["wrk"].values()) +
+                    rc["python_bad"] + (0 if rc["reference_ok"] else 1))
+            unc = r.get("reconnect_unchecked")
+            fast = max(best["rate"], unc["rate"] if unc else 0)
+            ratio = fast / ng["full"]["rate"]
+            row("reconnect + full replay, share of nginx's rate (same bytes, same run)",
+                f"{100 * ratio:.0f}%", "≥ 80%, 0 lost", ratio >= 0.8 and lost == 0,
+                f"cove {fast:,.0f}/s (best of the runs with and without the client's body "
+                f"check), {best['rate']:,.0f}/s checked (-c{best['conns']}); nginx 1 worker, "
+                f"{ng['full']['bytes']} B static file: {ng['full']['rate']:,.0f}/s "
+                f"(-c{ng['full']['conns']}); bad replies {lost}")
+        if rc and rc.get("wrk_tail") and ng.get("tail"):
+            bt = max(rc["wrk_tail"].values(), key=lambda w: w["rate"])
+            lost_t = sum(w["bad"] + w["wrong_start"] for w in rc["wrk_tail"].values())
+            unc = r.get("reconnect_unchecked_tail")
+            fast = max(bt["rate"], unc["rate"] if unc else 0)
+            ratio = fast / ng["tail"]["rate"]
+            row("reattach + short replay, share of nginx's rate (same run)",
+                f"{100 * ratio:.0f}%", "≥ 80%, 0 lost", ratio >= 0.8 and lost_t == 0,
+                f"cove {fast:,.0f}/s (best with and without the client's body check), "
+                f"{bt['rate']:,.0f}/s checked (-c{bt['conns']}); nginx, a {ng['tail']['bytes']} B "
+                f"file (the last 5 events): {ng['tail']['rate']:,.0f}/s "
+                f"(-c{ng['tail']['conns']}); bad replies {lost_t}")
+        idle = r.get("idle")
+        if idle:
+            row(f"{idle['streams']:,} idle streams: coved's CPU, % of a core",
+                f"{idle['cpu_pct']:.2f}", "≤ 1", idle["cpu_pct"] <= 1,
+                f"anchor 0 (an idle stream should cost nothing); coved with none open in the "
+                f"same run {idle['base_cpu_pct']:.2f}%; thread wake-ups/s {idle['wakeups_per_s']:.0f} "
+                f"(none open: {idle['base_wakeups_per_s']:.0f}); {idle['window_s']} s windows; "
+                f"exec streams, reattached events, fs watches")
         m = r.get("memory")
         if m:
             per = m["per_sandbox_bytes"] / 2**20
@@ -867,9 +1078,12 @@ def main():
     ap.add_argument("--wrk-conns", type=lambda s: [int(x) for x in s.split(",")],
                     default=[2, 8])
     ap.add_argument("--alive", type=int, default=500)
+    ap.add_argument("--idle-streams", type=int, default=1000)
+    ap.add_argument("--idle-s", type=float, default=10)
     ap.add_argument("--profile", action="store_true", help="perf record a separate create pass")
     ap.add_argument("--profile-creates", type=int, default=100)
-    ap.add_argument("--only", default="create,baselines,concurrent,exec,reconnect,memory,capture")
+    ap.add_argument("--only",
+                    default="create,baselines,concurrent,exec,reconnect,idle,memory,capture")
     ap.add_argument("--capture-mb", type=int, default=512)
     a = ap.parse_args()
     a.out = a.out or os.path.join(a.build, "bench")
@@ -893,7 +1107,7 @@ def main():
     try:
         b.start()
         t0 = time.time()
-        for name in ["create", "baselines", "concurrent", "exec", "reconnect", "memory",
+        for name in ["create", "baselines", "concurrent", "exec", "reconnect", "idle", "memory",
                      "capture"]:
             if name in only:
                 b.res.setdefault("load_during", []).append((name, loadavg()))

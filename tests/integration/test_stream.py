@@ -393,3 +393,18 @@ def test_disconnected_idle_streams_are_released(coved, client, sandbox):
     poll(lambda: threads() <= base + 5, timeout=30,
          what=f"threads back near {base} (now {threads()})")
     post(client, f"/v1/sandboxes/{sid}/processes/{pid}/signal", {"signal": "KILL"})
+
+
+def test_follower_of_a_long_process_gets_its_exit_after_many_others_finished(client, sandbox):
+    """A process that started before many others that finished is, when it ends, the
+    oldest finished record: the history bound must not drop it under its follower's feet
+    (the follower waited on that record's buffer and read it after it was freed)."""
+    sid = sandbox["id"]
+    pid, ev = start(client, sid, ["cat"], stdin=True)
+    for _ in range(66):  # more finished processes than the node keeps
+        assert client.exec(sid, "true")["exit_code"] == 0
+    r = post(client, f"/v1/sandboxes/{sid}/processes/{pid}/stdin?eof=true", b"")
+    assert r.status == 200, r
+    evs = until_exit(ev)
+    assert evs and evs[-1]["type"] == "exit" and evs[-1]["exit_code"] == 0, evs[-3:]
+    assert [e["seq"] for e in evs] == list(range(2, len(evs) + 2))

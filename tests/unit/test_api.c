@@ -128,6 +128,54 @@ static void replay_exactly_once_and_overflow(void **state)
         cove_replay_free(&rb);
 }
 
+static int encodes;
+
+static char *encode_count(const struct cove_ev *ev, const void *arg, size_t *len)
+{
+        encodes++;
+        char *l = NULL;
+        int n = asprintf(&l, "%s%llu\n", (const char *)arg, (unsigned long long)ev->seq);
+        if (n < 0)
+                return NULL;
+        *len = (size_t)n;
+        return l;
+}
+
+/* An event's line is encoded on its first read only, and freed with the event (ASan's leak
+ * check fails a line kept past its event's drop or the buffer's free). */
+static void replay_line_encoded_once(void **state)
+{
+        (void)state;
+        struct cove_replay rb;
+        cove_replay_init(&rb, 30, 1000);
+        for (int i = 0; i < 3; i++)
+                cove_replay_append(&rb, COVE_EV_STDOUT, "0123456789", 10);
+        const struct cove_ev *ev;
+        uint64_t lost;
+        encodes = 0;
+        for (int round = 0; round < 4; round++)
+                for (uint64_t after = 0; cove_replay_next(&rb, after, &ev, &lost) == 1;
+                     after = ev->seq) {
+                        size_t len = 0;
+                        const char *l =
+                            cove_replay_line((struct cove_ev *)ev, encode_count, "seq ", &len);
+                        char want[32];
+                        snprintf(want, sizeof(want), "seq %llu\n", (unsigned long long)ev->seq);
+                        assert_non_null(l);
+                        assert_int_equal(len, strlen(want));
+                        assert_memory_equal(l, want, len);
+                }
+        assert_int_equal(encodes, 3);
+        /* drops free the cached lines of the dropped events */
+        for (int i = 0; i < 3; i++)
+                cove_replay_append(&rb, COVE_EV_STDOUT, "0123456789", 10);
+        assert_int_equal(cove_replay_next(&rb, 0, &ev, &lost), 2);
+        assert_int_equal(lost, 3);
+        assert_int_equal(cove_replay_next(&rb, 3, &ev, &lost), 1);
+        assert_null(ev->line);
+        cove_replay_free(&rb);
+}
+
 static void rfc3339_parse(void **state)
 {
         (void)state;
@@ -161,6 +209,7 @@ int main(void)
             cmocka_unit_test(rfc3339_parse),
             cmocka_unit_test(exec_validation),
             cmocka_unit_test(replay_exactly_once_and_overflow),
+            cmocka_unit_test(replay_line_encoded_once),
         };
         return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -462,11 +462,18 @@ struct fstream {
         int64_t last_ns, keep_ns;
         char root[PATH_MAX_LEN + 2]; /* WatchDir: event paths are relative to this */
         int include_entry;
+        struct cove_stream_hup *hup; /* ends an idle wait when the client goes */
 };
+
+static void fs_wake(void *c)
+{
+        cove_chan_wake(c);
+}
 
 static void fs_free(void *p)
 {
         struct fstream *s = p;
+        cove_stream_hup_release(s->hup);
         if (s->w)
                 cove_chan_watch_free(s->w);
         if (s->c)
@@ -628,14 +635,17 @@ static json_t *watch_event(struct fstream *s, const struct cove_ev *ev)
         return o;
 }
 
-/* Produce the next frames. 1 produced, 0 nothing yet, -1 failed (abort). */
-static int fs_produce(struct fstream *s)
+/* Produce the next frames, waiting up to wait_ms for an event (or the client's going). 1
+ * produced, 0 nothing yet, -1 failed (abort). */
+static int fs_produce(struct fstream *s, int wait_ms)
 {
         struct cove_ev *ev = NULL;
         uint64_t lost = 0;
         struct cove_err err;
-        int rc = s->w ? cove_chan_watch_next(s->w, s->after, &ev, &lost, 1000, &err)
-                      : cove_chan_proc_next(s->c, s->pid, s->after, &ev, &lost, 1000, &err);
+        const int *gone = cove_stream_hup_flag(s->hup);
+        int rc = s->w
+                     ? cove_chan_watch_wait(s->w, s->after, &ev, &lost, wait_ms, gone, &err)
+                     : cove_chan_proc_wait(s->c, s->pid, s->after, &ev, &lost, wait_ms, gone, &err);
         if (rc == 0)
                 return 0;
         if (rc == 2) { /* dropped from the replay buffer: continue after the gap */
@@ -681,9 +691,13 @@ static ssize_t fs_read(void *ctx, uint64_t pos, char *buf, size_t max)
                 s->off = s->len = 0;
                 if (s->state == FS_FINISH)
                         return -1; /* clean end of the chunked body */
-                if (s->state == FS_ABORT || s->e->d->quitting)
+                if (s->state == FS_ABORT || s->e->d->quitting || cove_stream_hup_gone(s->hup))
                         return -2; /* cut: no end-stream frame */
-                int r = fs_produce(s);
+                /* nothing to send: wait for an event until the next keepalive is due */
+                int64_t left = (s->keep_ns - (cove_mono_ns() - s->last_ns)) / 1000000;
+                if (left > COVE_STREAM_IDLE_MS)
+                        left = COVE_STREAM_IDLE_MS;
+                int r = fs_produce(s, left > 0 ? (int)left : 0);
                 if (r < 0) {
                         s->state = FS_ABORT;
                         continue;
@@ -723,6 +737,8 @@ static struct fstream *fs_new(struct cove_e2b *e, struct cove_req *r)
 /* Answer a server stream whose frames so far are in s (takes s and its references). */
 static int fs_reply(struct cove_req *r, struct fstream *s)
 {
+        if (s->c)
+                s->hup = cove_req_hup(r, fs_wake, s->c);
         return cove_reply_stream(r, 200, "application/connect+json", -1, fs_read, fs_free, s);
 }
 

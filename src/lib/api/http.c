@@ -6,10 +6,13 @@
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -24,7 +27,127 @@ struct cove_http {
         struct MHD_Daemon *unx;
         char unix_path[108];
         uint64_t requests; /* finished requests (atomic) */
+        /* idle streams' client sockets (cove_req_hup): one thread waits on all of them */
+        pthread_mutex_t hmu;
+        int epfd, evfd; /* evfd: stop the thread */
+        pthread_t hup_thread;
+        int hup_started;
+        int stopping;
+        uint64_t hup_ids;
+        struct cove_stream_hup *hups;
 };
+
+struct cove_stream_hup {
+        struct cove_http *h;
+        uint64_t id; /* epoll's data: never a pointer that may be freed meanwhile */
+        int fd;
+        int gone;
+        int refs; /* the request's and the stream's */
+        int watched;
+        void (*wake)(void *);
+        void *arg;
+        struct cove_stream_hup *next;
+};
+
+/* under h->hmu */
+static void hup_fire(struct cove_stream_hup *e)
+{
+        if (__atomic_exchange_n(&e->gone, 1, __ATOMIC_ACQ_REL))
+                return;
+        if (e->wake)
+                e->wake(e->arg);
+}
+
+static void *hup_main(void *arg)
+{
+        struct cove_http *h = arg;
+        struct epoll_event ev[64];
+        for (;;) {
+                int n = epoll_wait(h->epfd, ev, 64, -1);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        break;
+                pthread_mutex_lock(&h->hmu);
+                int stop = h->stopping;
+                for (int i = 0; i < n; i++)
+                        for (struct cove_stream_hup *e = h->hups; e && ev[i].data.u64; e = e->next)
+                                if (e->id == ev[i].data.u64) {
+                                        hup_fire(e);
+                                        break;
+                                }
+                pthread_mutex_unlock(&h->hmu);
+                if (stop)
+                        break;
+        }
+        return NULL;
+}
+
+struct cove_stream_hup *cove_req_hup(struct cove_req *r, void (*wake)(void *), void *arg)
+{
+        struct cove_http *h = r->http;
+        int fd = cove_req_sockfd(r);
+        if (!h || !h->hup_started || r->hup || fd < 0)
+                return NULL;
+        struct cove_stream_hup *e = calloc(1, sizeof(*e));
+        if (!e)
+                return NULL;
+        e->h = h;
+        e->fd = fd;
+        e->refs = 2;
+        e->wake = wake;
+        e->arg = arg;
+        pthread_mutex_lock(&h->hmu);
+        e->id = ++h->hup_ids;
+        e->next = h->hups;
+        h->hups = e;
+        /* EPOLLRDHUP: the client closed (or half-closed) its side; ERR and HUP come anyway.
+         * Not EPOLLIN: a pipelined next request is no reason to wake. */
+        struct epoll_event ev = {.events = EPOLLRDHUP | EPOLLONESHOT, .data.u64 = e->id};
+        if (h->stopping)
+                e->gone = 1;
+        else if (epoll_ctl(h->epfd, EPOLL_CTL_ADD, fd, &ev) == 0)
+                e->watched = 1;
+        pthread_mutex_unlock(&h->hmu);
+        r->hup = e;
+        return e;
+}
+
+const int *cove_stream_hup_flag(const struct cove_stream_hup *e)
+{
+        static const int never = 0;
+        return e ? &e->gone : &never;
+}
+
+int cove_stream_hup_gone(const struct cove_stream_hup *e)
+{
+        return e && __atomic_load_n(&e->gone, __ATOMIC_ACQUIRE);
+}
+
+void cove_stream_hup_release(struct cove_stream_hup *e)
+{
+        if (!e)
+                return;
+        struct cove_http *h = e->h;
+        pthread_mutex_lock(&h->hmu);
+        /* the first release comes while libmicrohttpd still holds the socket open (the
+         * request's end or the answer's release, both before it closes the fd) */
+        if (e->watched) {
+                epoll_ctl(h->epfd, EPOLL_CTL_DEL, e->fd, NULL);
+                e->watched = 0;
+        }
+        e->wake = NULL; /* the stream's context may be going away */
+        int last = --e->refs == 0;
+        if (last)
+                for (struct cove_stream_hup **pp = &h->hups; *pp; pp = &(*pp)->next)
+                        if (*pp == e) {
+                                *pp = e->next;
+                                break;
+                        }
+        pthread_mutex_unlock(&h->hmu);
+        if (last)
+                free(e);
+}
 
 uint64_t cove_http_requests(struct cove_http *h)
 {
@@ -124,6 +247,20 @@ int cove_reply_text(struct cove_req *r, unsigned status, const char *ctype, cons
         struct MHD_Response *resp =
             MHD_create_response_from_buffer(n, (void *)text, MHD_RESPMEM_MUST_COPY);
         if (resp && ctype)
+                MHD_add_response_header(resp, "Content-Type", ctype);
+        return queue(r, status, resp);
+}
+
+int cove_reply_buffer(struct cove_req *r, unsigned status, const char *ctype, char *data,
+                      size_t len)
+{
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
+        if (!resp) {
+                free(data);
+                return -1;
+        }
+        if (ctype)
                 MHD_add_response_header(resp, "Content-Type", ctype);
         return queue(r, status, resp);
 }
@@ -341,6 +478,7 @@ static void req_free(struct cove_http *h, struct cove_req *r)
         free(r->body);
         if (r->late)
                 MHD_destroy_response(r->late);
+        cove_stream_hup_release(r->hup);
         free(r);
 }
 
@@ -387,6 +525,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
                 if (!r)
                         return MHD_NO;
                 r->conn = conn;
+                r->http = h;
                 r->flat_errors = h->cfg.flat_errors;
                 r->method = method;
                 r->url = url;
@@ -532,6 +671,12 @@ static int listen_unix(const char *path, struct cove_err *err)
         return fd;
 }
 
+/* Each connection's memory pool: the request's head, the read buffer and a streaming answer's
+ * 64 KiB write buffer. libmicrohttpd zeroes the whole pool after every request on a keep-alive
+ * connection, so its size is paid per request (at 256 KiB that memset was 17% of coved's CPU
+ * under the reconnect bench). */
+#define COVE_HTTP_CONN_POOL (128u * 1024)
+
 static struct MHD_Daemon *daemon_on(struct cove_http *h, int fd)
 {
         return MHD_start_daemon(
@@ -539,9 +684,9 @@ static struct MHD_Daemon *daemon_on(struct cove_http *h, int fd)
                 MHD_USE_ITC,
             0, NULL, NULL, access_cb, h, MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED,
             completed, h, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0,
-            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024), MHD_OPTION_CONNECTION_LIMIT,
-            (unsigned)4096, MHD_OPTION_THREAD_STACK_SIZE, (size_t)(512 * 1024),
-            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)COVE_HTTP_CONN_POOL,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)4096, MHD_OPTION_THREAD_STACK_SIZE,
+            (size_t)(512 * 1024), MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
 }
 
 struct cove_http *cove_http_start(const struct cove_http_config *cfg, const char *tcp_addr,
@@ -553,6 +698,17 @@ struct cove_http *cove_http_start(const struct cove_http_config *cfg, const char
                 return NULL;
         }
         h->cfg = *cfg;
+        h->epfd = h->evfd = -1;
+        pthread_mutex_init(&h->hmu, NULL);
+        h->epfd = epoll_create1(EPOLL_CLOEXEC);
+        h->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        struct epoll_event sev = {.events = EPOLLIN, .data.u64 = 0};
+        if (h->epfd < 0 || h->evfd < 0 || epoll_ctl(h->epfd, EPOLL_CTL_ADD, h->evfd, &sev) < 0 ||
+            pthread_create(&h->hup_thread, NULL, hup_main, h) != 0) {
+                cove_err_set(err, errno, "http: idle stream watcher");
+                goto fail;
+        }
+        h->hup_started = 1;
         if (tcp_addr) {
                 int fd = listen_tcp(tcp_addr, err);
                 if (fd < 0)
@@ -586,11 +742,37 @@ void cove_http_stop(struct cove_http *h)
 {
         if (!h)
                 return;
+        if (h->hup_started) {
+                /* every idle stream stops waiting (its reader sees the flag), then the
+                 * connection threads can be joined */
+                pthread_mutex_lock(&h->hmu);
+                h->stopping = 1;
+                for (struct cove_stream_hup *e = h->hups; e; e = e->next)
+                        hup_fire(e);
+                pthread_mutex_unlock(&h->hmu);
+                uint64_t one = 1;
+                if (write(h->evfd, &one, sizeof(one)) < 0) {
+                        /* cannot fail: a fresh eventfd's counter is far from its bound */
+                }
+                pthread_join(h->hup_thread, NULL);
+                h->hup_started = 0;
+        }
         if (h->tcp)
                 MHD_stop_daemon(h->tcp);
         if (h->unx)
                 MHD_stop_daemon(h->unx);
         if (h->unix_path[0])
                 unlink(h->unix_path);
+        /* streams released by the connections' ends */
+        while (h->hups) {
+                struct cove_stream_hup *e = h->hups;
+                h->hups = e->next;
+                free(e);
+        }
+        if (h->epfd >= 0)
+                close(h->epfd);
+        if (h->evfd >= 0)
+                close(h->evfd);
+        pthread_mutex_destroy(&h->hmu);
         free(h);
 }

@@ -79,6 +79,8 @@ struct cove_req {
          * set by the auth hook; NULL for none */
         const char *answer_hdr_name;
         char answer_hdr_value[80];
+        void *http;                  /* struct cove_http * */
+        struct cove_stream_hup *hup; /* cove_req_hup's, the request's reference */
 };
 
 struct cove_http_config {
@@ -128,9 +130,14 @@ int cove_reply_empty(struct cove_req *r, unsigned status);
 int cove_reply_result(struct cove_req *r, int rc, unsigned status, json_t *out,
                       const struct cove_err *err);
 int cove_reply_text(struct cove_req *r, unsigned status, const char *ctype, const char *text);
+/* An answer of len bytes from data (malloc'd; taken, freed when sent): one buffer written as
+ * it is, with its Content-Length. */
+int cove_reply_buffer(struct cove_req *r, unsigned status, const char *ctype, char *data,
+                      size_t len);
 
 /* Streaming body. read() fills buf (at most max bytes) and returns the count, 0 for "nothing
- * yet, call again" (it should block up to ~1 s first), -1 at the end, -2 to abort.
+ * yet, call again" (after blocking on its source: libmicrohttpd calls it again at once; see
+ * cove_req_hup below), -1 at the end, -2 to abort.
  * size is the total length or -1 for chunked. free() runs when the response is done. */
 typedef ssize_t (*cove_stream_read_fn)(void *ctx, uint64_t pos, char *buf, size_t max);
 typedef void (*cove_stream_free_fn)(void *ctx);
@@ -141,6 +148,23 @@ int cove_reply_stream(struct cove_req *r, unsigned status, const char *ctype, in
 int cove_reply_stream_hdrs(struct cove_req *r, unsigned status, const char *const *hdrs,
                            size_t nhdrs, int64_t size, cove_stream_read_fn read,
                            cove_stream_free_fn free_fn, void *ctx);
+
+/* Idle streams. A streaming reader with nothing to send waits on its source for up to
+ * COVE_STREAM_IDLE_MS, never in a loop (a read() that returns 0 at once is called again at
+ * once by libmicrohttpd: a spinning thread). To be told when to stop waiting, a handler
+ * registers the stream: the front end watches the client's socket (one epoll thread for all
+ * streams) and, when the client goes away or the server stops, sets *cove_stream_hup_flag()
+ * and calls wake(arg), which must make the reader's wait return (e.g. cove_chan_wake; wake
+ * may be NULL for a reader that polls the socket itself). Returns NULL when out of memory
+ * (the reader then notices a departed client at its next bounded wake-up only). The stream's
+ * free function releases it; wake is never called after that. */
+#define COVE_STREAM_IDLE_MS 30000
+struct cove_stream_hup;
+struct cove_stream_hup *cove_req_hup(struct cove_req *r, void (*wake)(void *), void *arg);
+/* Non-zero once the client went away or the server stops (read it atomically). */
+const int *cove_stream_hup_flag(const struct cove_stream_hup *h);
+int cove_stream_hup_gone(const struct cove_stream_hup *h);
+void cove_stream_hup_release(struct cove_stream_hup *h);
 
 /* The request's target in one canonical form: the path and the query parameters (in the
  * order sent) percent-encoded again from their decoded values ("/v1/x?path=%2Ftmp&eof").

@@ -121,15 +121,23 @@ struct evstream {
         struct cove_watch *w; /* watch streams */
         uint32_t pid;
         uint64_t after;
-        char *line;
+        char *line; /* the rest of a line that did not fit the last buffer */
         size_t len, off;
         int done;
-        int fd; /* the client's socket, looked at while idle */
+        int failed;                  /* out of memory: the stream is cut */
+        int fd;                      /* the client's socket, looked at while idle */
+        struct cove_stream_hup *hup; /* ends the wait when the client goes */
 };
+
+static void evstream_wake(void *c)
+{
+        cove_chan_wake(c);
+}
 
 static void evstream_free(void *ctx)
 {
         struct evstream *s = ctx;
+        cove_stream_hup_release(s->hup);
         free(s->line);
         if (s->w)
                 cove_chan_watch_free(s->w);
@@ -138,68 +146,177 @@ static void evstream_free(void *ctx)
         free(s);
 }
 
-/* Load the next line into s->line. wait_ms 0 polls. Returns 1 loaded, 0 nothing yet,
- * -1 end of stream, -2 error. */
-static int evstream_next(struct evstream *s, int wait_ms)
+static char *encode_ev(const struct cove_ev *ev, const void *pid, size_t *len)
 {
-        if (s->done || s->d->quitting)
-                return -1;
-        struct cove_ev *ev = NULL;
-        uint64_t lost = 0;
-        struct cove_err err;
-        int r = s->w ? cove_chan_watch_next(s->w, s->after, &ev, &lost, wait_ms, &err)
-                     : cove_chan_proc_next(s->c, s->pid, s->after, &ev, &lost, wait_ms, &err);
-        if (r == 0)
-                return 0;
-        if (r == 3 || r < 0)
-                return -1;
-        if (r == 2) {
-                s->line = overflow_line(lost);
-                s->after = lost;
-        } else {
-                s->line = event_line(ev, s->pid);
-                s->after = ev->seq;
-                if (ev->type == COVE_EV_EXIT || ev->type == COVE_EV_ERROR)
-                        s->done = 1;
-                free(ev);
+        char *l = event_line(ev, *(const uint32_t *)pid);
+        if (l)
+                *len = strlen(l);
+        return l;
+}
+
+/* One reader's fill of buf: whole lines while they fit; the rest of a line that does not is
+ * kept in s->line for the next calls. */
+struct evfill {
+        struct evstream *s;
+        char *buf;
+        size_t max, n;
+        int failed;
+};
+
+static void evfill_put(struct evfill *f, const char *l, size_t len)
+{
+        struct evstream *s = f->s;
+        size_t k = len < f->max - f->n ? len : f->max - f->n;
+        memcpy(f->buf + f->n, l, k);
+        f->n += k;
+        if (k == len)
+                return;
+        s->line = malloc(len - k);
+        if (!s->line) {
+                f->failed = 1;
+                return;
         }
-        if (!s->line)
-                return -2;
-        s->len = strlen(s->line);
+        memcpy(s->line, l + k, len - k);
+        s->len = len - k;
         s->off = 0;
-        return 1;
+}
+
+/* Runs under the channel's lock: copies the events' cached lines (encoded once per event,
+ * whoever reads them) straight into the answer's buffer. */
+static int evfill_ev(void *arg, struct cove_ev *ev)
+{
+        struct evfill *f = arg;
+        struct evstream *s = f->s;
+        size_t len;
+        const char *l = cove_replay_line(ev, encode_ev, &s->pid, &len);
+        if (!l) {
+                f->failed = 1;
+                return 1;
+        }
+        evfill_put(f, l, len);
+        s->after = ev->seq;
+        if (ev->type == COVE_EV_EXIT || ev->type == COVE_EV_ERROR)
+                s->done = 1;
+        return s->done || f->failed || s->line || f->n == f->max;
 }
 
 /* Fills buf with as many whole events as are ready (a replay goes out in few large chunks,
- * not one write per event); blocks up to 1 s only when nothing is ready. */
+ * not one write per event); when nothing is ready, waits for an event, the client's going or
+ * the server's stop (bounded: COVE_STREAM_IDLE_MS). */
 static ssize_t evstream_read(void *ctx, uint64_t pos, char *buf, size_t max)
 {
         struct evstream *s = ctx;
-        size_t n = 0;
-        while (n < max) {
-                if (s->off >= s->len) {
-                        free(s->line);
-                        s->line = NULL;
-                        s->len = s->off = 0;
-                        int r = evstream_next(s, n ? 0 : 1000);
-                        if (r == 0 && !n && cove_sock_closed(s->fd))
-                                return -2; /* client gone: free the thread and the watch */
-                        if (r == 0)
-                                break;
-                        if (r < 0) {
-                                if (n)
-                                        break; /* deliver what we have; the end comes next */
-                                return r == -1 ? -1 /* END_OF_STREAM */ : -2;
-                        }
-                }
-                size_t k = s->len - s->off;
-                if (k > max - n)
-                        k = max - n;
-                memcpy(buf + n, s->line + s->off, k);
+        struct evfill f = {.s = s, .buf = buf, .max = max};
+        if (s->failed)
+                return -2;
+        if (s->line) { /* the rest of a line a previous call could not fit */
+                size_t k = s->len - s->off < max ? s->len - s->off : max;
+                memcpy(buf, s->line + s->off, k);
                 s->off += k;
-                n += k;
+                f.n = k;
+                if (s->off < s->len)
+                        return (ssize_t)k;
+                free(s->line);
+                s->line = NULL;
+                s->len = s->off = 0;
         }
-        return (ssize_t)n;
+        while (f.n < max && !s->line) {
+                if (s->done || s->d->quitting)
+                        return f.n ? (ssize_t)f.n : -1; /* END_OF_STREAM */
+                uint64_t lost = 0;
+                struct cove_err err;
+                const int *gone = cove_stream_hup_flag(s->hup);
+                int wait = f.n ? 0 : COVE_STREAM_IDLE_MS;
+                int r = s->w ? cove_chan_watch_visit(s->w, s->after, evfill_ev, &f, &lost, wait,
+                                                     gone, &err)
+                             : cove_chan_proc_visit(s->c, s->pid, s->after, evfill_ev, &f, &lost,
+                                                    wait, gone, &err);
+                if (f.failed) {
+                        s->failed = 1; /* deliver what is here; the next call aborts */
+                        return f.n ? (ssize_t)f.n : -2;
+                }
+                if (r == 1)
+                        continue;
+                if (r == 2) {
+                        char *o = overflow_line(lost);
+                        if (!o) {
+                                s->failed = 1;
+                                return f.n ? (ssize_t)f.n : -2;
+                        }
+                        evfill_put(&f, o, strlen(o));
+                        free(o);
+                        s->after = lost;
+                        continue;
+                }
+                if (r == 0) {
+                        if (!f.n && (cove_stream_hup_gone(s->hup) || cove_sock_closed(s->fd)))
+                                return -2; /* client gone: free the thread and the watch */
+                        break;
+                }
+                /* 3: the stream is over (the process's record is gone, or the sandbox) */
+                s->done = 1;
+        }
+        if (f.failed) {
+                s->failed = 1;
+                return f.n ? (ssize_t)f.n : -2;
+        }
+        return (ssize_t)f.n;
+}
+
+/* The rest of a finished process's events, gathered into one buffer (its cached lines, no
+ * per-event work): a reconnect to a process that ended is answered with one write. */
+struct evall {
+        uint32_t pid;
+        char *buf;
+        size_t len, cap;
+        int done, failed;
+};
+
+#define EVALL_MAX (8u << 20) /* more than a replay buffer holds */
+
+static int evall_ev(void *arg, struct cove_ev *ev)
+{
+        struct evall *a = arg;
+        size_t len;
+        const char *l = cove_replay_line(ev, encode_ev, &a->pid, &len);
+        if (!l || a->len + len > EVALL_MAX) {
+                a->failed = 1;
+                return 1;
+        }
+        if (a->len + len > a->cap) {
+                size_t ncap = a->cap ? a->cap : 4096;
+                while (ncap < a->len + len)
+                        ncap *= 2;
+                char *nb = realloc(a->buf, ncap);
+                if (!nb) {
+                        a->failed = 1;
+                        return 1;
+                }
+                a->buf = nb;
+                a->cap = ncap;
+        }
+        memcpy(a->buf + a->len, l, len);
+        a->len += len;
+        if (ev->type == COVE_EV_EXIT || ev->type == COVE_EV_ERROR)
+                a->done = 1;
+        return a->done;
+}
+
+/* 1 answered from memory (the process ended and every event after `after` is held), 0 not
+ * (the caller streams). */
+static int events_from_memory(struct cove_req *r, struct cove_chan *c, uint32_t pid, uint64_t after)
+{
+        struct evall a = {.pid = pid};
+        uint64_t lost;
+        struct cove_err err;
+        int rc = cove_chan_proc_visit(c, pid, after, evall_ev, &a, &lost, 0, NULL, &err);
+        if (rc != 1 || !a.done || a.failed) {
+                free(a.buf);
+                return 0;
+        }
+        cove_chan_unref(c);
+        cove_reply_buffer(r, 200, "application/x-ndjson", a.buf, a.len);
+        return 1;
 }
 
 int cove_reply_events(struct coved *d, struct cove_req *r, struct cove_chan *c,
@@ -218,6 +335,7 @@ int cove_reply_events(struct coved *d, struct cove_req *r, struct cove_chan *c,
         s->pid = pid;
         s->after = after;
         s->fd = cove_req_sockfd(r);
+        s->hup = cove_req_hup(r, evstream_wake, c);
         return cove_reply_stream(r, 200, "application/x-ndjson", -1, evstream_read, evstream_free,
                                  s);
 }
@@ -550,6 +668,8 @@ int cove_h_events(void *app, struct cove_req *r)
                 cove_chan_unref(c);
                 return cove_reply_error(r, 404, "not_found", "process %u not found", pid);
         }
+        if (events_from_memory(r, c, pid, after))
+                return 0;
         return cove_reply_events(d, r, c, NULL, pid, after);
 }
 

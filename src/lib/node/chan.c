@@ -105,6 +105,11 @@ struct cove_xfer {
 struct cove_chan {
         pthread_mutex_t mu;
         pthread_cond_t cv;
+        /* replay readers (process events, watches) wait on their own condition, signalled
+         * only when a replay buffer changes: the guest's pongs, answers and flow frames
+         * (every frame signals cv) must not wake a thousand idle streams */
+        pthread_cond_t ev_cv;
+        int ev_dirty;        /* a replay changed while reading: signal ev_cv once after the batch */
         pthread_mutex_t wmu; /* serialises frame writes */
         int refs;
         int fd;
@@ -118,6 +123,10 @@ struct cove_chan {
         int npend;
         struct proc *procs;
         int nprocs;
+        /* bumped whenever a process record is freed: a reader that waited on a record's
+         * replay buffer (the lock released) looks the record up again instead of touching
+         * memory that may be gone */
+        uint64_t procs_gen;
         struct cove_watch *watches;
         int nwatches;
         int rx_paused;
@@ -162,6 +171,7 @@ struct cove_chan *cove_chan_new(int fd, const char *sandbox_id, const struct cov
         pthread_condattr_init(&ca);
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
         pthread_cond_init(&c->cv, &ca);
+        pthread_cond_init(&c->ev_cv, &ca);
         pthread_condattr_destroy(&ca);
         c->refs = 1;
         c->fd = fd;
@@ -242,6 +252,7 @@ void cove_chan_unref(struct cove_chan *c)
         pthread_mutex_destroy(&c->mu);
         pthread_mutex_destroy(&c->wmu);
         pthread_cond_destroy(&c->cv);
+        pthread_cond_destroy(&c->ev_cv);
         free(c);
 }
 
@@ -275,6 +286,7 @@ static void close_locked(struct cove_chan *c, const char *why)
         for (struct cove_watch *w = c->watches; w; w = w->next)
                 w->rb.closed = 1;
         pthread_cond_broadcast(&c->cv);
+        pthread_cond_broadcast(&c->ev_cv);
 }
 
 void cove_chan_close(struct cove_chan *c, const char *why)
@@ -298,6 +310,7 @@ void cove_chan_wake(struct cove_chan *c)
 {
         pthread_mutex_lock(&c->mu);
         pthread_cond_broadcast(&c->cv);
+        pthread_cond_broadcast(&c->ev_cv);
         pthread_mutex_unlock(&c->mu);
 }
 
@@ -498,20 +511,23 @@ static void unlink_proc(struct cove_chan *c, struct proc *victim)
                 if (*pp == victim) {
                         *pp = victim->next;
                         c->nprocs--;
+                        c->procs_gen++;
                         return;
                 }
 }
 
-/* Keep at most MAX_PROCS_KEPT finished processes: drop the oldest finished ones. */
-static void trim_procs(struct cove_chan *c)
+/* Keep at most MAX_PROCS_KEPT finished processes: drop the oldest finished ones, but never
+ * `keep`, the one that just ended (its followers are about to read its exit). */
+static void trim_procs(struct cove_chan *c, const struct proc *keep)
 {
         int finished = 0;
         for (struct proc *p = c->procs; p; p = p->next)
-                finished += !p->running;
-        while (finished > MAX_PROCS_KEPT) {
+                finished += !p->running && p != keep;
+        while (finished > MAX_PROCS_KEPT - 1) {
                 struct proc *oldest = NULL;
                 for (struct proc *p = c->procs; p; p = p->next)
-                        if (!p->running && (!oldest || p->started_at <= oldest->started_at))
+                        if (!p->running && p != keep &&
+                            (!oldest || p->started_at <= oldest->started_at))
                                 oldest = p;
                 if (!oldest)
                         break;
@@ -677,8 +693,10 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                 default:
                         return -1;
                 }
-                if (f->len)
+                if (f->len) {
                         cove_replay_append(&p->rb, t, f->payload, f->len);
+                        c->ev_dirty = 1;
+                }
                 if (p->hold) {
                         /* stop reading the guest before the replay bound would drop an
                          * event the reader has not taken: at most one more read (about
@@ -717,7 +735,8 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                         cove_replay_append(&p->rb, COVE_EV_EXIT, s, (uint32_t)strlen(s));
                 p->running = 0;
                 p->rb.closed = 1;
-                trim_procs(c);
+                c->ev_dirty = 1;
+                trim_procs(c, p);
                 return 0;
         }
         case COVE_F_EVENT: {
@@ -737,6 +756,7 @@ static int dispatch(struct cove_chan *c, const struct cove_frame *f)
                         json_decref(canon);
                         if (s)
                                 cove_replay_append(&w->rb, COVE_EV_JSON, s, (uint32_t)strlen(s));
+                        c->ev_dirty = 1;
                 }
                 json_decref(j);
                 return ok ? 0 : -1;
@@ -827,6 +847,10 @@ int cove_chan_on_readable(struct cove_chan *c)
                 close_locked(c, "guest broke the protocol");
         }
         pthread_cond_broadcast(&c->cv);
+        if (c->ev_dirty) {
+                c->ev_dirty = 0;
+                pthread_cond_broadcast(&c->ev_cv);
+        }
         pthread_mutex_unlock(&c->mu);
         return r < 0 ? -1 : 0;
 }
@@ -1090,25 +1114,54 @@ static int ev_copy(const struct cove_ev *ev, struct cove_ev **out, struct cove_e
         if (!e)
                 return cove_err_set(err, ENOMEM, "event");
         memcpy(e, ev, sizeof(*e) + ev->len);
+        e->line = NULL; /* the cached line stays with the buffer's event */
+        e->line_len = 0;
         *out = e;
         return 1;
 }
 
-static int replay_wait(struct cove_chan *c, struct cove_replay *rb, uint64_t after,
-                       struct cove_ev **out, uint64_t *lost, int timeout_ms, struct cove_err *err)
+/* Under c->mu: every event after `after` that is held, oldest first, to fn until it says
+ * stop. */
+static void replay_visit(struct cove_replay *rb, uint64_t after, cove_ev_visit_fn fn, void *arg)
 {
-        struct timespec dl;
-        abs_deadline(&dl, timeout_ms);
+        const struct cove_ev *ev;
+        uint64_t lost;
+        while (cove_replay_next(rb, after, &ev, &lost) == 1) {
+                if (fn(arg, (struct cove_ev *)ev))
+                        break;
+                after = ev->seq;
+        }
+}
+
+/* Under c->mu. gen: NULL for a watch (its owner is the waiter), else the process records'
+ * generation: when a record was freed during a wait, returns 4 at once (rb may be gone; the
+ * caller looks its record up again). */
+static int replay_wait(struct cove_chan *c, struct cove_replay *rb, uint64_t after,
+                       struct cove_ev **out, cove_ev_visit_fn fn, void *arg, uint64_t *lost,
+                       const struct timespec *dl, const int *cancel, const uint64_t *gen,
+                       struct cove_err *err)
+{
+        uint64_t g0 = gen ? *gen : 0;
         for (;;) {
                 const struct cove_ev *ev;
                 int r = cove_replay_next(rb, after, &ev, lost);
+                if (r == 1 && fn) {
+                        replay_visit(rb, after, fn, arg);
+                        return 1;
+                }
                 if (r == 1)
                         return ev_copy(ev, out, err);
                 if (r == 2)
                         return 2;
                 if (rb->closed)
                         return 3;
-                if (wait_until(c, &dl) == ETIMEDOUT)
+                /* read under mu: whoever sets it broadcasts under mu (cove_chan_wake) */
+                if (cancel && __atomic_load_n(cancel, __ATOMIC_ACQUIRE))
+                        return 0;
+                int t = pthread_cond_timedwait(&c->ev_cv, &c->mu, dl);
+                if (gen && *gen != g0)
+                        return 4;
+                if (t == ETIMEDOUT)
                         return 0;
         }
 }
@@ -1116,6 +1169,33 @@ static int replay_wait(struct cove_chan *c, struct cove_replay *rb, uint64_t aft
 int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
                         uint64_t *lost_through, int timeout_ms, struct cove_err *err)
 {
+        return cove_chan_proc_wait(c, pid, after, out, lost_through, timeout_ms, NULL, err);
+}
+
+static int proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
+                     cove_ev_visit_fn fn, void *arg, uint64_t *lost_through, int timeout_ms,
+                     const int *cancel, struct cove_err *err);
+
+int cove_chan_proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
+                        uint64_t *lost_through, int timeout_ms, const int *cancel,
+                        struct cove_err *err)
+{
+        return proc_wait(c, pid, after, out, NULL, NULL, lost_through, timeout_ms, cancel, err);
+}
+
+int cove_chan_proc_visit(struct cove_chan *c, uint32_t pid, uint64_t after, cove_ev_visit_fn fn,
+                         void *arg, uint64_t *lost_through, int timeout_ms, const int *cancel,
+                         struct cove_err *err)
+{
+        return proc_wait(c, pid, after, NULL, fn, arg, lost_through, timeout_ms, cancel, err);
+}
+
+static int proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
+                     cove_ev_visit_fn fn, void *arg, uint64_t *lost_through, int timeout_ms,
+                     const int *cancel, struct cove_err *err)
+{
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
         pthread_mutex_lock(&c->mu);
         int r;
         for (;;) {
@@ -1124,14 +1204,15 @@ int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struc
                         r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "process %u not found", pid);
                         break;
                 }
-                r = replay_wait(c, &p->rb, after, out, lost_through, timeout_ms, err);
-                /* the proc may have been trimmed while we waited: look it up again */
-                if (r != 0 || find_proc(c, pid) == p)
+                r = replay_wait(c, &p->rb, after, out, fn, arg, lost_through, &dl, cancel,
+                                &c->procs_gen, err);
+                /* 4: a record was freed while we waited (maybe this one): look it up again */
+                if (r != 4)
                         break;
         }
         void (*notify)(void *, struct cove_chan *) = NULL;
         void *narg = NULL;
-        struct proc *p = r == 1 ? find_proc(c, pid) : NULL;
+        struct proc *p = r == 1 && out ? find_proc(c, pid) : NULL;
         if (p && p->hold && (*out)->seq > p->held_seq) {
                 p->held_seq = (*out)->seq;
                 p->unread = p->unread > (*out)->len ? p->unread - (*out)->len : 0;
@@ -1571,8 +1652,31 @@ int cove_chan_watch(struct cove_chan *c, const char *path, int recursive, struct
 int cove_chan_watch_next(struct cove_watch *w, uint64_t after, struct cove_ev **out,
                          uint64_t *lost_through, int timeout_ms, struct cove_err *err)
 {
+        return cove_chan_watch_wait(w, after, out, lost_through, timeout_ms, NULL, err);
+}
+
+int cove_chan_watch_wait(struct cove_watch *w, uint64_t after, struct cove_ev **out,
+                         uint64_t *lost_through, int timeout_ms, const int *cancel,
+                         struct cove_err *err)
+{
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
         pthread_mutex_lock(&w->c->mu);
-        int r = replay_wait(w->c, &w->rb, after, out, lost_through, timeout_ms, err);
+        int r =
+            replay_wait(w->c, &w->rb, after, out, NULL, NULL, lost_through, &dl, cancel, NULL, err);
+        pthread_mutex_unlock(&w->c->mu);
+        return r;
+}
+
+int cove_chan_watch_visit(struct cove_watch *w, uint64_t after, cove_ev_visit_fn fn, void *arg,
+                          uint64_t *lost_through, int timeout_ms, const int *cancel,
+                          struct cove_err *err)
+{
+        struct timespec dl;
+        abs_deadline(&dl, timeout_ms);
+        pthread_mutex_lock(&w->c->mu);
+        int r =
+            replay_wait(w->c, &w->rb, after, NULL, fn, arg, lost_through, &dl, cancel, NULL, err);
         pthread_mutex_unlock(&w->c->mu);
         return r;
 }

@@ -94,6 +94,20 @@ void cove_chan_proc_forget(struct cove_chan *c, uint32_t pid);
  * (unknown pid: kind NOT_FOUND). */
 int cove_chan_proc_next(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
                         uint64_t *lost_through, int timeout_ms, struct cove_err *err);
+/* The same, also returning 0 (as a timeout) as soon as *cancel is non-zero: whoever sets it
+ * then calls cove_chan_wake(c), so a waiter never misses it. cancel may be NULL. */
+int cove_chan_proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct cove_ev **out,
+                        uint64_t *lost_through, int timeout_ms, const int *cancel,
+                        struct cove_err *err);
+/* Visit the events of pid after `after` in place, oldest first, under the channel's lock (no
+ * copy): fn gets each held event until it returns non-zero, and may cache the event's
+ * encoded line (cove_replay_line). Waits like cove_chan_proc_wait for the first; returns 1
+ * when fn saw at least one event, else as cove_chan_proc_next. A process held for a wait-mode
+ * exec is not released by it (use cove_chan_proc_next there). */
+typedef int (*cove_ev_visit_fn)(void *arg, struct cove_ev *ev);
+int cove_chan_proc_visit(struct cove_chan *c, uint32_t pid, uint64_t after, cove_ev_visit_fn fn,
+                         void *arg, uint64_t *lost_through, int timeout_ms, const int *cancel,
+                         struct cove_err *err);
 int cove_chan_proc_stdin(struct cove_chan *c, uint32_t pid, const void *data, size_t len, int eof,
                          struct cove_err *err);
 /* {"processes":[{pid, tag, cmd, started_at, running, exit_code?}]} */
@@ -133,9 +147,15 @@ void cove_chan_xfer_free(struct cove_xfer *x);
 struct cove_watch;
 int cove_chan_watch(struct cove_chan *c, const char *path, int recursive, struct cove_watch **w,
                     struct cove_err *err);
-/* Like cove_chan_proc_next for a watch. */
+/* Like cove_chan_proc_next and cove_chan_proc_wait for a watch. */
 int cove_chan_watch_next(struct cove_watch *w, uint64_t after, struct cove_ev **out,
                          uint64_t *lost_through, int timeout_ms, struct cove_err *err);
+int cove_chan_watch_wait(struct cove_watch *w, uint64_t after, struct cove_ev **out,
+                         uint64_t *lost_through, int timeout_ms, const int *cancel,
+                         struct cove_err *err);
+int cove_chan_watch_visit(struct cove_watch *w, uint64_t after, cove_ev_visit_fn fn, void *arg,
+                          uint64_t *lost_through, int timeout_ms, const int *cancel,
+                          struct cove_err *err);
 void cove_chan_watch_free(struct cove_watch *w); /* unwatches */
 
 /* Wake every waiter of the channel (used by shutdown). */

@@ -15,8 +15,11 @@ void cove_replay_init(struct cove_replay *r, size_t max_bytes, size_t max_events
 
 void cove_replay_free(struct cove_replay *r)
 {
-        for (size_t i = 0; i < r->count; i++)
-                free(r->ring[(r->start + i) % r->cap]);
+        for (size_t i = 0; i < r->count; i++) {
+                struct cove_ev *ev = r->ring[(r->start + i) % r->cap];
+                free(ev->line);
+                free(ev);
+        }
         free(r->ring);
         r->ring = NULL;
         r->count = r->cap = r->start = 0;
@@ -29,6 +32,7 @@ static void drop_oldest(struct cove_replay *r)
         r->bytes -= ev->len;
         r->dropped_bytes += ev->len;
         r->dropped_events++;
+        free(ev->line);
         free(ev);
         r->ring[r->start] = NULL;
         r->start = (r->start + 1) % r->cap;
@@ -70,6 +74,8 @@ uint64_t cove_replay_append(struct cove_replay *r, uint8_t type, const void *dat
         ev->seq = seq;
         ev->type = type;
         ev->len = len;
+        ev->line = NULL;
+        ev->line_len = 0;
         if (len)
                 memcpy(ev->data, data, len);
         while (r->count > 0 && (r->bytes + len > r->max_bytes || r->count >= r->max_events))
@@ -101,4 +107,17 @@ int cove_replay_next(const struct cove_replay *r, uint64_t after, const struct c
         }
         *ev = r->ring[(r->start + (size_t)(want - r->first_seq)) % r->cap];
         return 1;
+}
+
+const char *cove_replay_line(struct cove_ev *ev, cove_ev_encode_fn enc, const void *arg,
+                             size_t *len)
+{
+        if (!ev->line) {
+                ev->line_len = 0;
+                ev->line = enc(ev, arg, &ev->line_len);
+                if (!ev->line)
+                        return NULL;
+        }
+        *len = ev->line_len;
+        return ev->line;
 }

@@ -23,6 +23,10 @@ struct cove_ev {
         uint64_t seq;
         uint8_t type;
         uint32_t len;
+        /* the event as its reader's wire line, encoded once on first use and freed with the
+         * event (cove_replay_line); NULL until then, and in copies handed out */
+        char *line;
+        size_t line_len;
         uint8_t data[]; /* len bytes */
 };
 
@@ -52,5 +56,13 @@ uint64_t cove_replay_append(struct cove_replay *r, uint8_t type, const void *dat
  *   0: nothing yet (wait) — or, if r->closed, the stream is over. */
 int cove_replay_next(const struct cove_replay *r, uint64_t after, const struct cove_ev **ev,
                      uint64_t *lost_through);
+
+/* Encodes one event as a malloc'd line (*len bytes); NULL on failure. */
+typedef char *(*cove_ev_encode_fn)(const struct cove_ev *ev, const void *arg, size_t *len);
+/* ev's encoded line, encoding it on the first call only (a replay read by many reconnects is
+ * encoded once, not once per reader); NULL if encoding failed. ev must be an event held by a
+ * replay buffer (freed with it), not a copy. */
+const char *cove_replay_line(struct cove_ev *ev, cove_ev_encode_fn enc, const void *arg,
+                             size_t *len);
 
 #endif
