@@ -19,6 +19,7 @@
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -29,8 +30,6 @@
 #define MAX_ARGS 4096
 #define MAX_ENV 1024
 #define MAX_TIMEOUT_S (365LL * 24 * 3600)
-
-extern char **environ;
 
 /* ---- users ---- */
 
@@ -696,33 +695,99 @@ struct child_err {
         int errnum;
 };
 
-static void __attribute__((noreturn)) child_fail(int efd, int stage)
+/* The child of spawn() shares the agent's memory (vfork) until it execs or exits: it reports a
+ * failure through *ce, which the agent reads once vfork returns. */
+static void __attribute__((noreturn)) child_fail(volatile struct child_err *ce, int stage)
 {
-        struct child_err ce = {stage, errno};
-        ssize_t w = write(efd, &ce, sizeof(ce));
-        (void)w;
+        ce->errnum = errno;
+        ce->stage = stage;
         _exit(127);
 }
 
-/* In the child, after fork: never returns. Only async-signal-safe work plus execvp (we are
- * single-threaded, so the heap is consistent). */
+/* execvp with the request's environment: PATH is looked up in envp (the agent's own environ is
+ * shared with the vfork child and must not change), a file without a #! line runs under
+ * /bin/sh, as execvp does. Returns only on failure, errno set. Stack only, no allocation. */
+static void exec_search(char *const argv[], char *const envp[])
+{
+        const char *file = argv[0];
+        size_t argc = 0;
+        while (argv[argc])
+                argc++;
+        char *sh_argv[argc + 2]; /* bounded by MAX_ARGS */
+        if (strchr(file, '/')) {
+                execve(file, argv, envp);
+                if (errno == ENOEXEC) {
+                        sh_argv[0] = (char *)"/bin/sh";
+                        sh_argv[1] = (char *)file;
+                        memcpy(sh_argv + 2, argv + 1, argc * sizeof(char *));
+                        execve("/bin/sh", sh_argv, envp);
+                        errno = ENOEXEC;
+                }
+                return;
+        }
+        const char *path = NULL;
+        for (char *const *e = envp; *e; e++)
+                if (strncmp(*e, "PATH=", 5) == 0)
+                        path = *e + 5;
+        if (!path)
+                path = "/bin:/usr/bin";
+        size_t fl = strlen(file);
+        bool eacces = false;
+        char buf[G_PATH_MAX];
+        for (const char *p = path;; p++) {
+                const char *end = strchrnul(p, ':');
+                size_t dl = (size_t)(end - p);
+                if (dl + fl + 2 <= sizeof(buf)) {
+                        memcpy(buf, p, dl);
+                        size_t o = dl;
+                        if (dl == 0) /* an empty entry is the working directory */
+                                buf[o++] = '.';
+                        buf[o++] = '/';
+                        memcpy(buf + o, file, fl + 1);
+                        execve(buf, argv, envp);
+                        if (errno == ENOEXEC) {
+                                sh_argv[0] = (char *)"/bin/sh";
+                                sh_argv[1] = buf;
+                                memcpy(sh_argv + 2, argv + 1, argc * sizeof(char *));
+                                execve("/bin/sh", sh_argv, envp);
+                                errno = ENOEXEC;
+                                return;
+                        }
+                        if (errno == EACCES)
+                                eacces = true;
+                        else if (errno != ENOENT && errno != ENOTDIR && errno != ESTALE &&
+                                 errno != ENODEV && errno != ETIMEDOUT)
+                                return;
+                }
+                if (!*end)
+                        break;
+                p = end;
+        }
+        errno = eacces ? EACCES : ENOENT;
+}
+
+/* In the vfork child: never returns. It shares the agent's memory, so only system calls and
+ * stack work: no allocation, no stdio, no libc call that takes a lock or changes global state.
+ * The ids change through raw syscalls: glibc's setuid() would broadcast the change to every
+ * thread in the agent's thread list (the fence watchdog's too). */
 static void __attribute__((noreturn))
-child_exec(struct exec_req *x, int efd, int in, int out, int errfd, int slave)
+child_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *ce, int in, int out,
+           int errfd, int slave)
 {
         sigset_t none;
         sigemptyset(&none);
         for (int s = 1; s < NSIG; s++)
-                if (s != SIGKILL && s != SIGSTOP)
+                if (sigismember(&g->ign, s) == 1)
                         signal(s, SIG_DFL);
         sigprocmask(SIG_SETMASK, &none, NULL);
         if (setsid() < 0)
-                child_fail(efd, ST_SETUP);
+                child_fail(ce, ST_SETUP);
         /* the ns runtime shields cove-guest from the OOM killer (-1000); what it runs must stay
          * killable (best effort: without /proc there is no such setting to undo) */
         int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
         if (oom >= 0) {
                 if (write(oom, "0\n", 2) != 2)
-                        child_fail(efd, ST_SETUP);
+                        child_fail(ce, ST_SETUP);
                 close(oom);
         }
         /* into the workload's memory cgroup (ns runtime), so that an OOM there ends what runs
@@ -733,30 +798,41 @@ child_exec(struct exec_req *x, int efd, int in, int out, int errfd, int slave)
         int cg = open(COVE_GUEST_WORK_PROCS, O_WRONLY | O_CLOEXEC);
         if (cg >= 0) {
                 if (write(cg, "0", 1) != 1 && errno != EACCES && errno != EPERM)
-                        child_fail(efd, ST_SETUP);
+                        child_fail(ce, ST_SETUP);
                 close(cg);
         } else if (errno != ENOENT && errno != EACCES && errno != EPERM) {
-                child_fail(efd, ST_SETUP);
+                child_fail(ce, ST_SETUP);
         }
         if (slave >= 0) {
                 if (ioctl(slave, TIOCSCTTY, 0) < 0)
-                        child_fail(efd, ST_SETUP);
+                        child_fail(ce, ST_SETUP);
                 in = out = errfd = slave;
         }
         /* dup2 onto itself would keep O_CLOEXEC: fds 0-2 are always taken in the guest */
         if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(errfd, 2) < 0)
-                child_fail(efd, ST_SETUP);
+                child_fail(ce, ST_SETUP);
         close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
         if (x->switch_user) {
-                if (setgroups((size_t)x->user.ngroups, x->user.groups) < 0 ||
-                    setgid(x->user.gid) < 0 || setuid(x->user.uid) < 0)
-                        child_fail(efd, ST_USER);
+                if (syscall(SYS_setgroups, (size_t)x->user.ngroups, x->user.groups) < 0 ||
+                    syscall(SYS_setgid, x->user.gid) < 0 || syscall(SYS_setuid, x->user.uid) < 0)
+                        child_fail(ce, ST_USER);
         }
         if (chdir(x->cwd) < 0)
-                child_fail(efd, ST_CWD);
-        environ = x->envp;
-        execvp(x->argv[0], x->argv);
-        child_fail(efd, ST_EXEC);
+                child_fail(ce, ST_CWD);
+        exec_search(x->argv, x->envp);
+        child_fail(ce, ST_EXEC);
+}
+
+/* vfork in a frame of its own: nothing of the caller's is live across it (the child runs on
+ * the agent's stack until it execs). */
+static pid_t __attribute__((noinline))
+vfork_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *ce, int in, int out,
+           int errfd, int slave)
+{
+        pid_t pid = vfork();
+        if (pid == 0)
+                child_exec(g, x, ce, in, out, errfd, slave);
+        return pid;
 }
 
 static int open_pty(struct exec_req *x, int *master, int *slave, struct cove_err *e)
@@ -802,13 +878,9 @@ static int set_nonblock(int fd)
 /* Starts the process. 0 with *out filled, or -1 with e (request error). */
 static int spawn(struct cove_guest *g, struct exec_req *x, struct gproc *p, struct cove_err *e)
 {
-        int inp[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, ep[2] = {-1, -1};
+        int inp[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1};
         int master = -1, slave = -1, devnull = -1;
         int ret = -1;
-        if (pipe2(ep, O_CLOEXEC) < 0) {
-                cove_err_set(e, errno, "exec: pipe");
-                goto out;
-        }
         if (x->pty) {
                 if (open_pty(x, &master, &slave, e) < 0)
                         goto out;
@@ -825,20 +897,17 @@ static int spawn(struct cove_guest *g, struct exec_req *x, struct gproc *p, stru
                         goto out;
                 }
         }
-        pid_t pid = fork();
+        /* vfork: the agent's page tables are not copied (a fork of it cost more than the
+         * exec'd program's own start), and the agent waits, as it did for the exec before, until
+         * the child has exec'd or failed */
+        volatile struct child_err ce = {0, 0};
+        pid_t pid =
+            vfork_exec(g, x, &ce, x->want_stdin ? inp[0] : devnull, outp[1], errp[1], slave);
         if (pid < 0) {
                 cove_err_setk(e, g_errno_kind(errno), errno, "exec: fork");
                 goto out;
         }
-        if (pid == 0)
-                child_exec(x, ep[1], x->want_stdin ? inp[0] : devnull, outp[1], errp[1], slave);
-        close(ep[1]);
-        ep[1] = -1;
-        struct child_err ce;
-        ssize_t n;
-        while ((n = read(ep[0], &ce, sizeof(ce))) < 0 && errno == EINTR)
-                ;
-        if (n == (ssize_t)sizeof(ce)) {
+        if (ce.stage) {
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
                 enum cove_err_kind k = ce.errnum == ENOENT ? COVE_E_NOT_FOUND
@@ -875,7 +944,7 @@ static int spawn(struct cove_guest *g, struct exec_req *x, struct gproc *p, stru
         }
         ret = 0;
 out:
-        for (int *fds[] = {inp, outp, errp, ep}, i = 0; i < 4; i++) {
+        for (int *fds[] = {inp, outp, errp}, i = 0; i < 3; i++) {
                 close_fd(&fds[i][0]);
                 close_fd(&fds[i][1]);
         }

@@ -668,6 +668,14 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
         if (!g->pid1)
                 prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
         signal(SIGPIPE, SIG_IGN);
+        /* what an exec must set back to SIG_DFL (a handler would be reset by execve itself,
+         * an ignored signal is not); read once here instead of in every exec's child */
+        sigemptyset(&g->ign);
+        for (int s = 1; s < NSIG; s++) {
+                struct sigaction sa;
+                if (sigaction(s, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+                        sigaddset(&g->ign, s);
+        }
         sigset_t ss;
         sigemptyset(&ss);
         sigaddset(&ss, SIGCHLD);

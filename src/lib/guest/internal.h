@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -90,6 +91,7 @@ struct cove_guest {
         bool vm;          /* init of a vm sandbox: HELLO sets hostname, clock, entropy */
         unsigned vm_ids;  /* identities this kernel has taken (0 in a template snapshot) */
         bool chan_paused; /* a stdin window is full: stop reading the channel */
+        sigset_t ign;     /* signals at SIG_IGN here (SIGPIPE, inherited ones): SIG_DFL in execs */
         const struct cove_log *log;
         struct cove_decoder dec;
         struct gsrc s_chan, s_sig;
