@@ -12,12 +12,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -422,7 +426,14 @@ int g_reap(struct cove_guest *g, struct cove_err *err)
                 int st;
                 pid_t pid = waitpid(-1, &st, WNOHANG);
                 if (pid <= 0)
-                        return 0; /* 0: none left exited; -1: ECHILD */
+                        return 0;     /* 0: none left exited; -1: ECHILD */
+                if (pid == g->zpid) { /* killed by the workload: the next exec starts it again */
+                        if (WIFEXITED(st) && WEXITSTATUS(st) == 1)
+                                g->zygote = false; /* it could not set itself up here */
+                        g->zpid = 0;
+                        g_zygote_stop(g);
+                        continue;
+                }
                 for (size_t i = 0; i < g->nprocs; i++) {
                         struct gproc *p = g->procs[i];
                         if (p->dead || p->reaped || p->pid != pid)
@@ -509,6 +520,7 @@ void g_procs_sweep(struct cove_guest *g)
 
 void g_procs_kill_all(struct cove_guest *g)
 {
+        g_zygote_stop(g);
         for (size_t i = 0; i < g->nprocs; i++) {
                 struct gproc *p = g->procs[i];
                 if (p->dead)
@@ -766,28 +778,16 @@ static void exec_search(char *const argv[], char *const envp[])
         errno = eacces ? EACCES : ENOENT;
 }
 
-/* In the vfork child: never returns. It shares the agent's memory, so only system calls and
- * stack work: no allocation, no stdio, no libc call that takes a lock or changes global state.
- * The ids change through raw syscalls: glibc's setuid() would broadcast the change to every
- * thread in the agent's thread list (the fence watchdog's too). */
-static void __attribute__((noreturn))
-child_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *ce, int in, int out,
-           int errfd, int slave)
+/* Into the workload's cgroup, killable: what the agent runs must not share its shield. System
+ * calls only (a vfork child runs it). -1 with errno. */
+static int work_attach(void)
 {
-        sigset_t none;
-        sigemptyset(&none);
-        for (int s = 1; s < NSIG; s++)
-                if (sigismember(&g->ign, s) == 1)
-                        signal(s, SIG_DFL);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        if (setsid() < 0)
-                child_fail(ce, ST_SETUP);
         /* the ns runtime shields cove-guest from the OOM killer (-1000); what it runs must stay
          * killable (best effort: without /proc there is no such setting to undo) */
         int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
         if (oom >= 0) {
                 if (write(oom, "0\n", 2) != 2)
-                        child_fail(ce, ST_SETUP);
+                        return -1;
                 close(oom);
         }
         /* into the workload's memory cgroup (ns runtime), so that an OOM there ends what runs
@@ -798,11 +798,32 @@ child_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *
         int cg = open(COVE_GUEST_WORK_PROCS, O_WRONLY | O_CLOEXEC);
         if (cg >= 0) {
                 if (write(cg, "0", 1) != 1 && errno != EACCES && errno != EPERM)
-                        child_fail(ce, ST_SETUP);
+                        return -1;
                 close(cg);
         } else if (errno != ENOENT && errno != EACCES && errno != EPERM) {
-                child_fail(ce, ST_SETUP);
+                return -1;
         }
+        return 0;
+}
+
+/* In the vfork child: never returns. It shares the agent's memory, so only system calls and
+ * stack work: no allocation, no stdio, no libc call that takes a lock or changes global state.
+ * The ids change through raw syscalls: glibc's setuid() would broadcast the change to every
+ * thread in the agent's thread list (the fence watchdog's too). */
+static void __attribute__((noreturn))
+child_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *ce, int in, int out,
+           int errfd, int slave, bool attached)
+{
+        sigset_t none;
+        sigemptyset(&none);
+        for (int s = 1; s < NSIG; s++)
+                if (sigismember(&g->ign, s) == 1)
+                        signal(s, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (setsid() < 0)
+                child_fail(ce, ST_SETUP);
+        if (!attached && work_attach() < 0)
+                child_fail(ce, ST_SETUP);
         if (slave >= 0) {
                 if (ioctl(slave, TIOCSCTTY, 0) < 0)
                         child_fail(ce, ST_SETUP);
@@ -831,8 +852,242 @@ vfork_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *
 {
         pid_t pid = vfork();
         if (pid == 0)
-                child_exec(g, x, ce, in, out, errfd, slave);
+                child_exec(g, x, ce, in, out, errfd, slave, false);
         return pid;
+}
+
+/* ---- the exec zygote ----
+ * Moving a new process into the workload's cgroup (the write to cgroup.procs above) takes the
+ * kernel's global cgroup_threadgroup_rwsem for writing, which waits for an RCU grace period
+ * unless another such write happened just before: 5-16 ms on the loaded 2-core dev box for
+ * the first exec after a pause (a fresh sandbox's first one included), 10-60 us back to back.
+ * The zygote is a fork of the agent that moved itself into the workload's cgroup once: it
+ * starts each plain exec (no PTY, no stdin) with clone(CLONE_PARENT), so the process is born
+ * there and is still the agent's child, reaped and signalled as any other. The agent sends
+ * the request and its three fds over a socketpair and waits for the answer, as it waited for
+ * its own vfork child. The workload can kill or stop the zygote (same uid, same pid
+ * namespace): a zygote that is gone sends the exec down the direct path, and is started anew
+ * after it; one that took a request and then does not answer fails that exec only (it may
+ * have started it: never start it twice). Its answer is checked: the pid must be a child of
+ * the agent's that it does not track yet. */
+#define Z_REQ_MAX (128u * 1024u) /* a larger request takes the direct path */
+#define Z_STACK (256u * 1024u)   /* the clone child's stack (execvp's script fallback) */
+#define Z_ANSWER_MS 20000        /* a zygote silent that long after a request is dropped */
+struct zreq {
+        uint32_t argc, envc;
+        uint32_t switch_user;
+        struct guser user;
+        char cwd[G_PATH_MAX];
+        /* then argc + envc NUL-terminated strings */
+};
+struct zans {
+        int32_t pid; /* > 0 the child (stage != 0: it failed and exited), else -errno of clone */
+        int32_t stage, errnum;
+};
+struct zarg {
+        struct cove_guest *g;
+        struct exec_req *x;
+        volatile struct child_err *ce;
+        int fds[3];
+};
+
+static int zchild(void *arg)
+{
+        struct zarg *a = arg;
+        child_exec(a->g, a->x, a->ce, a->fds[0], a->fds[1], a->fds[2], -1, true);
+}
+
+static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock, pid_t agent)
+{
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != agent || dup2(sock, 3) < 0)
+                _exit(1);
+        close_range(4, ~0U, 0); /* the channel and every other fd of the agent */
+        prctl(PR_SET_NAME, "cove-exec", 0, 0, 0);
+        if (work_attach() < 0)
+                _exit(1);
+        uint8_t *buf = malloc(Z_REQ_MAX);
+        char *stack = malloc(Z_STACK);
+        char **v = calloc(MAX_ARGS + MAX_ENV + 16, sizeof(char *));
+        if (!buf || !stack || !v)
+                _exit(1);
+        for (;;) {
+                union {
+                        struct cmsghdr h;
+                        char b[CMSG_SPACE(3 * sizeof(int))];
+                } cm;
+                struct iovec iov = {buf, Z_REQ_MAX};
+                struct msghdr mh = {.msg_iov = &iov,
+                                    .msg_iovlen = 1,
+                                    .msg_control = cm.b,
+                                    .msg_controllen = sizeof(cm.b)};
+                ssize_t n = recvmsg(3, &mh, MSG_CMSG_CLOEXEC);
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        _exit(0);
+                struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+                struct zarg a = {.g = g, .fds = {-1, -1, -1}};
+                if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+                    c->cmsg_len == CMSG_LEN(3 * sizeof(int)))
+                        memcpy(a.fds, CMSG_DATA(c), sizeof(a.fds));
+                struct zans ans = {-EINVAL, 0, 0};
+                struct zreq *q = (struct zreq *)buf;
+                /* from the agent, but a malformed one must not make the zygote read astray */
+                bool ok = a.fds[2] >= 0 && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+                          (size_t)n > sizeof(*q) && buf[n - 1] == 0 && q->argc > 0 &&
+                          q->argc <= MAX_ARGS && q->envc <= MAX_ENV + 8 &&
+                          memchr(q->cwd, 0, sizeof(q->cwd));
+                size_t k = 0;
+                for (char *sp = (char *)(q + 1), *end = (char *)buf + n;
+                     ok && k < q->argc + q->envc + 1; k++) {
+                        if (k == q->argc) { /* argv's NULL, then envp */
+                                v[k] = NULL;
+                                continue;
+                        }
+                        if (sp >= end) {
+                                ok = false;
+                                break;
+                        }
+                        v[k] = sp;
+                        sp += strlen(sp) + 1;
+                }
+                if (ok) {
+                        v[k] = NULL;
+                        struct exec_req x = {.argv = v,
+                                             .envp = v + q->argc + 1,
+                                             .switch_user = q->switch_user != 0,
+                                             .user = q->user};
+                        memcpy(x.cwd, q->cwd, sizeof(x.cwd));
+                        volatile struct child_err ce = {0, 0};
+                        a.x = &x;
+                        a.ce = &ce;
+                        pid_t pid = clone(zchild, stack + Z_STACK,
+                                          CLONE_PARENT | CLONE_VM | CLONE_VFORK, &a);
+                        ans = (struct zans){pid < 0 ? -errno : pid, ce.stage, ce.errnum};
+                }
+                for (int i = 0; i < 3; i++)
+                        if (a.fds[i] >= 0)
+                                close(a.fds[i]);
+                while (send(3, &ans, sizeof(ans), MSG_NOSIGNAL) < 0 && errno == EINTR)
+                        ;
+        }
+}
+
+void g_zygote_stop(struct cove_guest *g)
+{
+        if (g->zfd >= 0)
+                close(g->zfd);
+        if (g->zpid > 0)
+                kill(g->zpid, SIGKILL); /* reaped by g_reap, as an unknown child */
+        g->zfd = -1;
+        g->zpid = 0;
+}
+
+void g_zygote_start(struct cove_guest *g)
+{
+        if (g->zfd >= 0 || access(COVE_GUEST_WORK_PROCS, W_OK) < 0)
+                return; /* no workload cgroup to move into: a vm, or no memory cgroup */
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
+                return;
+        pid_t agent = getpid();
+        pid_t pid = fork();
+        if (pid == 0) {
+                close(sv[0]);
+                zygote_main(g, sv[1], agent);
+        }
+        close(sv[1]);
+        if (pid < 0) {
+                close(sv[0]);
+                return;
+        }
+        g->zfd = sv[0];
+        g->zpid = pid;
+}
+
+/* 1: the zygote answered (*pid, *ce); 0: no zygote took it (start it directly); -1 with e: the
+ * zygote took it and failed (it may have started it). */
+static int zygote_spawn(struct cove_guest *g, struct exec_req *x, int in, int out, int errfd,
+                        pid_t *pid, struct child_err *ce, struct cove_err *e)
+{
+        if (g->zfd < 0)
+                return 0;
+        size_t len = sizeof(struct zreq), argc = 0, envc = 0;
+        for (char **a = x->argv; *a; a++, argc++)
+                len += strlen(*a) + 1;
+        for (char **a = x->envp; *a; a++, envc++)
+                len += strlen(*a) + 1;
+        if (len > Z_REQ_MAX)
+                return 0;
+        cleanup_free uint8_t *buf = malloc(len);
+        if (!buf)
+                return 0;
+        struct zreq *q = (struct zreq *)buf;
+        memset(q, 0, sizeof(*q));
+        q->argc = (uint32_t)argc;
+        q->envc = (uint32_t)envc;
+        q->switch_user = x->switch_user;
+        q->user = x->user;
+        snprintf(q->cwd, sizeof(q->cwd), "%s", x->cwd);
+        char *sp = (char *)(q + 1);
+        for (int pass = 0; pass < 2; pass++)
+                for (char **a = pass ? x->envp : x->argv; *a; a++) {
+                        size_t l = strlen(*a) + 1;
+                        memcpy(sp, *a, l);
+                        sp += l;
+                }
+        union {
+                struct cmsghdr h;
+                char b[CMSG_SPACE(3 * sizeof(int))];
+        } cm;
+        memset(&cm, 0, sizeof(cm));
+        struct iovec iov = {buf, len};
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof(cm.b)};
+        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(3 * sizeof(int));
+        int fds[3] = {in, out, errfd};
+        memcpy(CMSG_DATA(c), fds, sizeof(fds));
+        kill(g->zpid, SIGCONT); /* a workload that stopped it only delays nothing */
+        ssize_t n;
+        while ((n = sendmsg(g->zfd, &mh, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+                ;
+        if (n != (ssize_t)len) { /* gone (or the request does not fit): the direct path */
+                g_zygote_stop(g);
+                return 0;
+        }
+        struct pollfd pf = {g->zfd, POLLIN, 0};
+        int pr;
+        while ((pr = poll(&pf, 1, Z_ANSWER_MS)) < 0 && errno == EINTR)
+                ;
+        struct zans ans;
+        if (pr == 1) {
+                while ((n = recv(g->zfd, &ans, sizeof(ans), 0)) < 0 && errno == EINTR)
+                        ;
+        }
+        siginfo_t si;
+        if (pr != 1 || n != (ssize_t)sizeof(ans)) {
+                g_zygote_stop(g);
+                return cove_err_setk(e, COVE_E_UNAVAILABLE, 0,
+                                     "exec: the sandbox's process starter stopped answering");
+        }
+        if (ans.pid <= 0) {
+                return cove_err_setk(e, g_errno_kind(-ans.pid), -ans.pid, "exec: fork");
+        }
+        memset(&si, 0, sizeof(si));
+        if (proc_find(g, (uint32_t)ans.pid) ||
+            waitid(P_PID, (id_t)ans.pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+                g_zygote_stop(g);
+                return cove_err_setk(e, COVE_E_INTERNAL, 0,
+                                     "exec: the sandbox's process starter gave a bad answer");
+        }
+        *pid = ans.pid;
+        ce->stage = ans.stage;
+        ce->errnum = ans.errnum;
+        return 1;
 }
 
 static int open_pty(struct exec_req *x, int *master, int *slave, struct cove_err *e)
@@ -901,11 +1156,23 @@ static int spawn(struct cove_guest *g, struct exec_req *x, struct gproc *p, stru
          * exec'd program's own start), and the agent waits, as it did for the exec before, until
          * the child has exec'd or failed */
         volatile struct child_err ce = {0, 0};
-        pid_t pid =
-            vfork_exec(g, x, &ce, x->want_stdin ? inp[0] : devnull, outp[1], errp[1], slave);
-        if (pid < 0) {
-                cove_err_setk(e, g_errno_kind(errno), errno, "exec: fork");
+        struct child_err zce = {0, 0};
+        pid_t pid = -1;
+        int z = x->pty || x->want_stdin
+                    ? 0
+                    : zygote_spawn(g, x, devnull, outp[1], errp[1], &pid, &zce, e);
+        if (z < 0)
                 goto out;
+        if (z == 1) {
+                ce.stage = zce.stage;
+                ce.errnum = zce.errnum;
+        } else {
+                pid = vfork_exec(g, x, &ce, x->want_stdin ? inp[0] : devnull, outp[1], errp[1],
+                                 slave);
+                if (pid < 0) {
+                        cove_err_setk(e, g_errno_kind(errno), errno, "exec: fork");
+                        goto out;
+                }
         }
         if (ce.stage) {
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
@@ -991,6 +1258,8 @@ int g_op_exec(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *e
         /* RESP before any OUT: output is only read once we are back in the loop */
         if (g_reply_ok(g, id, json_pack("{s:i}", "pid", (int)p->pid), err) < 0)
                 return -1;
+        if (g->zfd < 0 && g->zygote) /* gone: back for the next exec (its cgroup move is its own) */
+                g_zygote_start(g);
         if (g_epoll_add(g, p->out_fd, EPOLLIN, &p->s_out) < 0 ||
             (p->err_fd >= 0 && g_epoll_add(g, p->err_fd, EPOLLIN, &p->s_err) < 0)) {
                 /* cannot watch its output: treat its streams as ended */
