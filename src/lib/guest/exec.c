@@ -811,13 +811,13 @@ static int work_attach(void)
  * The ids change through raw syscalls: glibc's setuid() would broadcast the change to every
  * thread in the agent's thread list (the fence watchdog's too). */
 static void __attribute__((noreturn))
-child_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *ce, int in, int out,
+child_exec(const sigset_t *ign, struct exec_req *x, volatile struct child_err *ce, int in, int out,
            int errfd, int slave, bool attached)
 {
         sigset_t none;
         sigemptyset(&none);
         for (int s = 1; s < NSIG; s++)
-                if (sigismember(&g->ign, s) == 1)
+                if (sigismember(ign, s) == 1)
                         signal(s, SIG_DFL);
         sigprocmask(SIG_SETMASK, &none, NULL);
         if (setsid() < 0)
@@ -852,7 +852,7 @@ vfork_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *
 {
         pid_t pid = vfork();
         if (pid == 0)
-                child_exec(g, x, ce, in, out, errfd, slave, false);
+                child_exec(&g->ign, x, ce, in, out, errfd, slave, false);
         return pid;
 }
 
@@ -885,7 +885,7 @@ struct zans {
         int32_t stage, errnum;
 };
 struct zarg {
-        struct cove_guest *g;
+        const sigset_t *ign;
         struct exec_req *x;
         volatile struct child_err *ce;
         int fds[3];
@@ -894,7 +894,7 @@ struct zarg {
 static int zchild(void *arg)
 {
         struct zarg *a = arg;
-        child_exec(a->g, a->x, a->ce, a->fds[0], a->fds[1], a->fds[2], -1, true);
+        child_exec(a->ign, a->x, a->ce, a->fds[0], a->fds[1], a->fds[2], -1, true);
 }
 
 static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock, pid_t agent)
@@ -904,6 +904,7 @@ static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock
                 _exit(1);
         close_range(4, ~0U, 0); /* the channel and every other fd of the agent */
         prctl(PR_SET_NAME, "cove-exec", 0, 0, 0);
+        sigset_t ign = g->ign; /* all it uses of the agent's state */
         if (work_attach() < 0)
                 _exit(1);
         uint8_t *buf = malloc(Z_REQ_MAX);
@@ -927,7 +928,7 @@ static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock
                 if (n <= 0)
                         _exit(0);
                 struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-                struct zarg a = {.g = g, .fds = {-1, -1, -1}};
+                struct zarg a = {.ign = &ign, .fds = {-1, -1, -1}};
                 if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
                     c->cmsg_len == CMSG_LEN(3 * sizeof(int)))
                         memcpy(a.fds, CMSG_DATA(c), sizeof(a.fds));
