@@ -705,6 +705,13 @@ enum { ST_SETUP = 1, ST_USER, ST_CWD, ST_EXEC };
 struct child_err {
         int stage;
         int errnum;
+        int rfd; /* a zygote's child: its reports go to this pipe (struct zrep), else -1 */
+};
+/* What a zygote's child writes to its report pipe: its pid first, then, if it fails, the
+ * stage and errno; exec closes the pipe (O_CLOEXEC). The zygote writes pid -errno when clone
+ * fails. */
+struct zrep {
+        int32_t pid, stage, errnum;
 };
 
 /* The child of spawn() shares the agent's memory (vfork) until it execs or exits: it reports a
@@ -713,6 +720,11 @@ static void __attribute__((noreturn)) child_fail(volatile struct child_err *ce, 
 {
         ce->errnum = errno;
         ce->stage = stage;
+        if (ce->rfd >= 0) {
+                struct zrep r = {(int32_t)getpid(), stage, ce->errnum};
+                ssize_t w = write(ce->rfd, &r, sizeof(r));
+                (void)w;
+        }
         _exit(127);
 }
 
@@ -814,6 +826,11 @@ static void __attribute__((noreturn))
 child_exec(const sigset_t *ign, struct exec_req *x, volatile struct child_err *ce, int in, int out,
            int errfd, int slave, bool attached)
 {
+        if (ce->rfd >= 0) { /* who it is, before anything can kill the zygote */
+                struct zrep r = {(int32_t)getpid(), 0, 0};
+                if (write(ce->rfd, &r, sizeof(r)) != (ssize_t)sizeof(r))
+                        _exit(127);
+        }
         sigset_t none;
         sigemptyset(&none);
         for (int s = 1; s < NSIG; s++)
@@ -864,12 +881,14 @@ vfork_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *
  * The zygote is a fork of the agent that moved itself into the workload's cgroup once: it
  * starts each plain exec (no PTY, no stdin) with clone(CLONE_PARENT), so the process is born
  * there and is still the agent's child, reaped and signalled as any other. The agent sends
- * the request and its three fds over a socketpair and waits for the answer, as it waited for
- * its own vfork child. The workload can kill or stop the zygote (same uid, same pid
- * namespace): a zygote that is gone sends the exec down the direct path, and is started anew
- * after it; one that took a request and then does not answer fails that exec only (it may
- * have started it: never start it twice). Its answer is checked: the pid must be a child of
- * the agent's that it does not track yet. */
+ * the request, its three stdio fds and a report pipe over a socketpair; the child writes its
+ * pid (and a failure) to the pipe, which its exec closes, and the agent waits for the pipe's
+ * end as it waited for its own vfork child. The workload can kill or stop the zygote (same
+ * uid, same pid namespace): one that is gone before the clone leaves an empty pipe and the
+ * exec takes the direct path (the zygote is started anew after it); a child whose zygote died
+ * after the clone is still reported by the child itself; a stopped zygote gets SIGCONT; a
+ * pipe that does not end in time fails that exec only (it may have started: never start it
+ * twice). The reported pid must be a child of the agent's that it does not track yet. */
 #define Z_REQ_MAX (128u * 1024u) /* a larger request takes the direct path */
 #define Z_STACK (256u * 1024u)   /* the clone child's stack (execvp's script fallback) */
 #define Z_ANSWER_MS 20000        /* a zygote silent that long after a request is dropped */
@@ -880,15 +899,11 @@ struct zreq {
         char cwd[G_PATH_MAX];
         /* then argc + envc NUL-terminated strings */
 };
-struct zans {
-        int32_t pid; /* > 0 the child (stage != 0: it failed and exited), else -errno of clone */
-        int32_t stage, errnum;
-};
 struct zarg {
         const sigset_t *ign;
         struct exec_req *x;
         volatile struct child_err *ce;
-        int fds[3];
+        int fds[4]; /* stdin, stdout, stderr, report pipe */
 };
 
 static int zchild(void *arg)
@@ -915,7 +930,7 @@ static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock
         for (;;) {
                 union {
                         struct cmsghdr h;
-                        char b[CMSG_SPACE(3 * sizeof(int))];
+                        char b[CMSG_SPACE(4 * sizeof(int))];
                 } cm;
                 struct iovec iov = {buf, Z_REQ_MAX};
                 struct msghdr mh = {.msg_iov = &iov,
@@ -928,14 +943,14 @@ static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock
                 if (n <= 0)
                         _exit(0);
                 struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-                struct zarg a = {.ign = &ign, .fds = {-1, -1, -1}};
+                struct zarg a = {.ign = &ign, .fds = {-1, -1, -1, -1}};
                 if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-                    c->cmsg_len == CMSG_LEN(3 * sizeof(int)))
+                    c->cmsg_len == CMSG_LEN(4 * sizeof(int)))
                         memcpy(a.fds, CMSG_DATA(c), sizeof(a.fds));
-                struct zans ans = {-EINVAL, 0, 0};
+                struct zrep ans = {-EINVAL, 0, 0};
                 struct zreq *q = (struct zreq *)buf;
                 /* from the agent, but a malformed one must not make the zygote read astray */
-                bool ok = a.fds[2] >= 0 && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+                bool ok = a.fds[3] >= 0 && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
                           (size_t)n > sizeof(*q) && buf[n - 1] == 0 && q->argc > 0 &&
                           q->argc <= MAX_ARGS && q->envc <= MAX_ENV + 8 &&
                           memchr(q->cwd, 0, sizeof(q->cwd));
@@ -960,18 +975,21 @@ static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock
                                              .switch_user = q->switch_user != 0,
                                              .user = q->user};
                         memcpy(x.cwd, q->cwd, sizeof(x.cwd));
-                        volatile struct child_err ce = {0, 0};
+                        volatile struct child_err ce = {0, 0, a.fds[3]};
                         a.x = &x;
                         a.ce = &ce;
                         pid_t pid = clone(zchild, stack + Z_STACK,
                                           CLONE_PARENT | CLONE_VM | CLONE_VFORK, &a);
-                        ans = (struct zans){pid < 0 ? -errno : pid, ce.stage, ce.errnum};
+                        ans.pid = pid < 0 ? -errno : 0;
                 }
-                for (int i = 0; i < 3; i++)
+                /* the child reported itself; only a request that started nothing is told */
+                if (ans.pid < 0 && a.fds[3] >= 0) {
+                        ssize_t w = write(a.fds[3], &ans, sizeof(ans));
+                        (void)w;
+                }
+                for (int i = 0; i < 4; i++)
                         if (a.fds[i] >= 0)
                                 close(a.fds[i]);
-                while (send(3, &ans, sizeof(ans), MSG_NOSIGNAL) < 0 && errno == EINTR)
-                        ;
         }
 }
 
@@ -1007,8 +1025,8 @@ void g_zygote_start(struct cove_guest *g)
         g->zpid = pid;
 }
 
-/* 1: the zygote answered (*pid, *ce); 0: no zygote took it (start it directly); -1 with e: the
- * zygote took it and failed (it may have started it). */
+/* 1: the zygote started it (*pid; *ce says whether it failed); 0: nothing was started (take the
+ * direct path); -1 with e: it may have started and nobody can say (never started twice). */
 static int zygote_spawn(struct cove_guest *g, struct exec_req *x, int in, int out, int errfd,
                         pid_t *pid, struct child_err *ce, struct cove_err *e)
 {
@@ -1022,7 +1040,8 @@ static int zygote_spawn(struct cove_guest *g, struct exec_req *x, int in, int ou
         if (len > Z_REQ_MAX)
                 return 0;
         cleanup_free uint8_t *buf = malloc(len);
-        if (!buf)
+        int rp[2];
+        if (!buf || pipe2(rp, O_CLOEXEC) < 0)
                 return 0;
         struct zreq *q = (struct zreq *)buf;
         memset(q, 0, sizeof(*q));
@@ -1040,7 +1059,7 @@ static int zygote_spawn(struct cove_guest *g, struct exec_req *x, int in, int ou
                 }
         union {
                 struct cmsghdr h;
-                char b[CMSG_SPACE(3 * sizeof(int))];
+                char b[CMSG_SPACE(4 * sizeof(int))];
         } cm;
         memset(&cm, 0, sizeof(cm));
         struct iovec iov = {buf, len};
@@ -1049,45 +1068,68 @@ static int zygote_spawn(struct cove_guest *g, struct exec_req *x, int in, int ou
         struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(3 * sizeof(int));
-        int fds[3] = {in, out, errfd};
+        c->cmsg_len = CMSG_LEN(4 * sizeof(int));
+        int fds[4] = {in, out, errfd, rp[1]};
         memcpy(CMSG_DATA(c), fds, sizeof(fds));
         kill(g->zpid, SIGCONT); /* a workload that stopped it only delays nothing */
         ssize_t n;
         while ((n = sendmsg(g->zfd, &mh, MSG_NOSIGNAL)) < 0 && errno == EINTR)
                 ;
+        close(rp[1]);
         if (n != (ssize_t)len) { /* gone (or the request does not fit): the direct path */
+                close(rp[0]);
                 g_zygote_stop(g);
                 return 0;
         }
-        struct pollfd pf = {g->zfd, POLLIN, 0};
-        int pr;
-        while ((pr = poll(&pf, 1, Z_ANSWER_MS)) < 0 && errno == EINTR)
-                ;
-        struct zans ans;
-        if (pr == 1) {
-                while ((n = recv(g->zfd, &ans, sizeof(ans), 0)) < 0 && errno == EINTR)
-                        ;
+        /* the report pipe ends when the zygote and the child have both let go of it: the
+         * child at its exec, the zygote after the clone, either one when it dies. So a
+         * zygote killed at any point leaves either nothing started (no report) or the child's
+         * own report of its pid. */
+        struct zrep r[2];
+        size_t got = 0;
+        int64_t deadline = g_now_ms() + Z_ANSWER_MS;
+        for (;;) {
+                int64_t left = deadline - g_now_ms();
+                struct pollfd pf = {rp[0], POLLIN, 0};
+                int pr = left > 0 ? poll(&pf, 1, (int)left) : 0;
+                if (pr < 0 && errno == EINTR)
+                        continue;
+                if (pr <= 0) {
+                        got = SIZE_MAX; /* no end: it may be running */
+                        break;
+                }
+                n = got < sizeof(r) ? read(rp[0], (uint8_t *)r + got, sizeof(r) - got) : 0;
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n <= 0)
+                        break;
+                got += (size_t)n;
         }
-        siginfo_t si;
-        if (pr != 1 || n != (ssize_t)sizeof(ans)) {
+        close(rp[0]);
+        if (got == 0) { /* nothing started: the zygote died first */
                 g_zygote_stop(g);
+                return 0;
+        }
+        if (got == SIZE_MAX || got % sizeof(r[0]))
+                g_zygote_stop(g);
+        if (got == SIZE_MAX)
                 return cove_err_setk(e, COVE_E_UNAVAILABLE, 0,
                                      "exec: the sandbox's process starter stopped answering");
-        }
-        if (ans.pid <= 0) {
-                return cove_err_setk(e, g_errno_kind(-ans.pid), -ans.pid, "exec: fork");
-        }
+        if (got % sizeof(r[0]) == 0 && r[0].pid < 0)
+                return cove_err_setk(e, g_errno_kind(-r[0].pid), -r[0].pid, "exec: fork");
+        siginfo_t si;
         memset(&si, 0, sizeof(si));
-        if (proc_find(g, (uint32_t)ans.pid) ||
-            waitid(P_PID, (id_t)ans.pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
+        if (got % sizeof(r[0]) || r[0].pid <= 0 || proc_find(g, (uint32_t)r[0].pid) ||
+            waitid(P_PID, (id_t)r[0].pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
                 g_zygote_stop(g);
                 return cove_err_setk(e, COVE_E_INTERNAL, 0,
                                      "exec: the sandbox's process starter gave a bad answer");
         }
-        *pid = ans.pid;
-        ce->stage = ans.stage;
-        ce->errnum = ans.errnum;
+        *pid = r[0].pid;
+        ce->stage = got == 2 * sizeof(r[0]) ? r[1].stage : 0;
+        ce->errnum = got == 2 * sizeof(r[0]) ? r[1].errnum : 0;
+        if (ce->stage == 0 && got == 2 * sizeof(r[0]))
+                ce->stage = ST_SETUP; /* a second report always names a stage */
         return 1;
 }
 
@@ -1156,8 +1198,8 @@ static int spawn(struct cove_guest *g, struct exec_req *x, struct gproc *p, stru
         /* vfork: the agent's page tables are not copied (a fork of it cost more than the
          * exec'd program's own start), and the agent waits, as it did for the exec before, until
          * the child has exec'd or failed */
-        volatile struct child_err ce = {0, 0};
-        struct child_err zce = {0, 0};
+        volatile struct child_err ce = {0, 0, -1};
+        struct child_err zce = {0, 0, -1};
         pid_t pid = -1;
         int z = x->pty || x->want_stdin
                     ? 0
