@@ -972,7 +972,19 @@ void coved_reconcile(struct coved *d)
                 /* role node: a sandbox placed elsewhere since left its state here */
                 if (r == 0 && !coved_cluster_mine(d, &row))
                         r = 1;
+                /* a hot pause's frozen instance (control/snapshot.h) outlives a crash: the
+                 * sandbox is paused at its snapshot like any, so it goes */
+                int hot = r == 0 && !strcmp(row.state, "paused");
                 cove_sandbox_row_clear(&row);
+                if (hot) {
+                        if (cove_node_stop(d->node, de->d_name, 1, &err) < 0)
+                                cove_warn(&d->log, "reconcile", "%s", err.msg);
+                        else
+                                cove_info(&d->log, "reconcile",
+                                          "removed the frozen instance of paused sandbox %s",
+                                          de->d_name);
+                        continue;
+                }
                 if (r == 1) {
                         if (cove_node_stop(d->node, de->d_name, 1, &err) < 0)
                                 cove_warn(&d->log, "reconcile", "%s", err.msg);

@@ -47,6 +47,7 @@ struct inst {
         int busy;          /* layer snapshots in progress: stop waits for them */
         int warming;       /* pooled, but not ready to be taken yet (warm_up running) */
         int frozen;        /* cove_node_freeze() froze it (or a full dump left it frozen) */
+        int held;          /* hot-paused (cove_node_hold): not running to anyone asking */
         int fence_ttl_ms;  /* the fence TTL its guest was told (0: none) */
 };
 
@@ -1745,9 +1746,19 @@ pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id)
 {
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
-        pid_t pid = in && !in->stopping && !in->pool ? in->ri.pid : 0;
+        pid_t pid = in && !in->stopping && !in->pool && !in->held ? in->ri.pid : 0;
         pthread_mutex_unlock(&n->mu);
         return pid;
+}
+
+int cove_node_hold(struct cove_node *n, const char *sandbox_id, int held)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        if (in)
+                in->held = held;
+        pthread_mutex_unlock(&n->mu);
+        return in ? 0 : -1;
 }
 
 int cove_node_count(struct cove_node *n)

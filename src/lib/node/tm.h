@@ -24,6 +24,10 @@ struct cove_node_tm_config {
         const char *s3_endpoint; /* required with s3:// */
         int s3_timeout_s;        /* 0: 30 s */
         int cache_mb;            /* chunk cache budget (0: 1024 MiB) */
+        /* Keep each sandbox's newest captured layer image on this node (reflink layer
+         * filesystems only), so a resume or fork here clones it instead of rebuilding the
+         * layer from the store (tm.c "kept layer images"). */
+        int keep_images;
         /* The at-rest key (COVE_FSCRYPT_KEY_LEN bytes) of sandbox_id's writable layer, asked
          * for only when an encrypted layer image is opened; wiped after use. -1 with the
          * error (e.g. KEY_REVOKED). */
