@@ -517,6 +517,9 @@ static int hot_keep(struct coved *d, const struct cove_sandbox_row *row,
         struct cove_err e2;
         if (cove_node_usage(d->node, row->id, &mem, &cpu, &e2) < 0 || mem > bound || mem_low())
                 return 0;
+        /* a key revoked while the pause ran: nothing of the tenant stays in clear here */
+        if (coved_key_gate(d, row->tenant, &e2) < 0)
+                return 0;
         /* its connections out end now, as a stop ends them; a kernel that cannot: no hot
          * pause (a thaw would bring them back open) */
         unsigned aborted = 0;
@@ -572,7 +575,6 @@ static void hot_sweep(struct coved *d)
                 return;
         int64_t now = cove_mono_ns() / 1000000;
         int low = mem_low();
-        uint64_t mem, cpu;
         for (size_t i = 0; i < n; i++) {
                 const char *id = list[i].id;
                 if (sbx_lock(tm, id, 0)) /* an operation on it: the next round */
@@ -601,7 +603,7 @@ static void hot_sweep(struct coved *d)
                         why = "the sandbox was moved, resumed elsewhere or changed";
                 else if (coved_key_gate(d, row.tenant, &e2) < 0)
                         why = "its tenant's key is unusable";
-                else if (cove_node_usage(d->node, id, &mem, &cpu, &e2) < 0)
+                else if (cove_node_hold(d->node, id, 1) < 0)
                         why = "its instance is gone";
                 cove_sandbox_row_clear(&row);
                 if (why)
@@ -609,6 +611,27 @@ static void hot_sweep(struct coved *d)
                 sbx_unlock(tm, id);
         }
         free(list);
+}
+
+int cove_tm_hot_has(struct coved *d, const char *id)
+{
+        if (!d->tm)
+                return 0;
+        pthread_mutex_lock(&d->tm->mu);
+        int i = hot_find(d->tm, id);
+        pthread_mutex_unlock(&d->tm->mu);
+        return i >= 0;
+}
+
+int cove_tm_hot_drop(struct coved *d, const char *id, const char *why)
+{
+        if (!d->tm || !cove_tm_hot_has(d, id))
+                return 0;
+        sbx_lock(d->tm, id, 1);
+        int had = cove_tm_hot_has(d, id);
+        hot_end(d, id, 1, why);
+        sbx_unlock(d->tm, id);
+        return had;
 }
 
 /* ---- operations ---- */
@@ -1669,12 +1692,12 @@ void cove_tm_close(struct coved *d)
                 pthread_mutex_unlock(&tm->mu);
                 pthread_join(tm->thr, NULL);
         }
+        d->tm = NULL; /* first: the node's on_dead asks for hot pauses until it is freed */
         free(tm->busy);
         free(tm->hot); /* their instances end with the node */
         pthread_cond_destroy(&tm->cv);
         pthread_mutex_destroy(&tm->mu);
         free(tm);
-        d->tm = NULL;
 }
 
 int coved_sandbox_files(struct coved *d, const char *tenant, const char *sandbox, const char *snap,

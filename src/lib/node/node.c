@@ -1542,7 +1542,7 @@ struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id)
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
         struct cove_chan *c = NULL;
-        if (in && !in->stopping && !in->pool) {
+        if (in && !in->stopping && !in->pool && !in->held) {
                 c = in->chan;
                 cove_chan_ref(c);
         }
@@ -1586,7 +1586,7 @@ int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, 
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
         int r;
-        if (!in)
+        if (!in || in->held) /* a hot pause's frozen instance runs for nobody */
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
                                   sandbox_id);
         else if (!in->ops->usage)
@@ -1755,10 +1755,24 @@ int cove_node_hold(struct cove_node *n, const char *sandbox_id, int held)
 {
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
-        if (in)
+        struct cove_chan *c = NULL;
+        int was = in ? in->held : 0;
+        if (in) {
                 in->held = held;
+                c = in->chan;
+                cove_chan_ref(c);
+        }
         pthread_mutex_unlock(&n->mu);
-        return in ? 0 : -1;
+        if (!in)
+                return -1;
+        /* its streams end with the pause, as a stop ends them; after the thaw, readers
+         * follow what comes next */
+        if (held && !was)
+                cove_chan_cut(c, "sandbox paused");
+        else if (!held && was)
+                cove_chan_uncut(c);
+        cove_chan_unref(c);
+        return 0;
 }
 
 int cove_node_count(struct cove_node *n)

@@ -107,8 +107,10 @@ int cove_node_count(struct cove_node *n);
 /* Host pid of a running instance's init (to reach its namespaces), or 0 when none. */
 pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id);
 /* held 1: the instance is kept frozen for a hot pause (control/snapshot.h): cove_node_pid
- * says 0, so nothing (ports, egress, exec) takes it for running; 0: it runs again. 0, or
- * -1 when there is no instance. */
+ * says 0, cove_node_chan NULL and cove_node_usage CONFLICT, so nothing (ports, egress,
+ * exec, usage) takes it for running, and the host side of its streams ends as at a stop
+ * (cove_chan_cut); 0: it runs again. 0, or -1 when there is no instance (holding again
+ * is how a caller asks whether the frozen instance still exists). */
 int cove_node_hold(struct cove_node *n, const char *sandbox_id, int held);
 
 /* Warm pools (docs/architecture.md §3): keep `size` instances of this template and shape started

@@ -152,8 +152,8 @@ static void keep_path(struct cove_node_tm *tm, const char *sandbox_id, const cha
 }
 
 /* Remove the kept images whose name (after IMG_KEEP) has infix; then the oldest beyond
- * `max` of those whose name starts with prefix (all of them when prefix is NULL). With
- * keep_mu. */
+ * `max` of those whose name starts with prefix (all of them when prefix is NULL; max 0:
+ * every one whose name starts with prefix). With keep_mu. */
 static void keep_sweep(struct cove_node_tm *tm, const char *prefix, const char *infix, size_t max)
 {
         cleanup_dir DIR *dh = opendir(tm->layer_dir);
@@ -173,6 +173,10 @@ static void keep_sweep(struct cove_node_tm *tm, const char *prefix, const char *
                 }
                 if (prefix && strncmp(rest, prefix, strlen(prefix)))
                         continue;
+                if (max == 0) { /* every one of them */
+                        unlink(p);
+                        continue;
+                }
                 struct stat st;
                 if (stat(p, &st) < 0)
                         continue;
@@ -188,6 +192,17 @@ static void keep_sweep(struct cove_node_tm *tm, const char *prefix, const char *
                 snprintf(p, sizeof(p), "%s/%s", tm->layer_dir, oldest);
                 unlink(p);
         }
+}
+
+void cove_node_tm_forget(struct cove_node_tm *tm, const char *sandbox_id)
+{
+        if (!tm || !tm->layer_dir[0])
+                return;
+        char prefix[96];
+        snprintf(prefix, sizeof(prefix), "%s-", sandbox_id);
+        pthread_mutex_lock(&tm->keep_mu);
+        keep_sweep(tm, prefix, NULL, 0);
+        pthread_mutex_unlock(&tm->keep_mu);
 }
 
 /* Keep img (a capture's clone of c's layer, in the store now) instead of removing it. */

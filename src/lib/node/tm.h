@@ -139,6 +139,9 @@ void cove_node_tm_base_id(const char *store_id, char *out, size_t cap);
 /* Delete a manifest from the store (its chunks go at the next GC). NOT_FOUND if absent. */
 int cove_node_tm_delete(struct cove_node_tm *tm, const char *tenant, const char *store_id,
                         struct cove_err *err);
+/* Remove every kept layer image of sandbox_id on this node (its stop for a revoked key:
+ * they hold its files in clear). tm may be NULL. */
+void cove_node_tm_forget(struct cove_node_tm *tm, const char *sandbox_id);
 /* The store ids of the tenant's manifests; caller frees with cove_node_tm_list_free(). */
 int cove_node_tm_list(struct cove_node_tm *tm, const char *tenant, char ***ids, size_t *n,
                       struct cove_err *err);
