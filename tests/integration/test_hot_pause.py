@@ -238,3 +238,30 @@ def test_a_resume_here_clones_the_kept_layer_image(coved_factory):
     c = d.start()
     assert not glob.glob(os.path.join(d.data, "ns", "lfs", "snap", "tm-snap-keep-*"))
     c.remove(sid, purge=True)
+
+
+def test_a_revoked_key_ends_the_hot_pause_and_its_clear_copies(coved_factory):
+    """A hot pause holds the sandbox's files in clear (its layer, its kept image): the
+    tenant's key revoked, the frozen processes end, the kept images of its sandboxes go, and
+    the sandbox stays paused at its snapshot, whose resume the key gate refuses."""
+    d = coved_factory()
+    admin = d.client
+    need_full(admin)
+    t = admin.post("/v1/tenants", {}, expect=201)
+    c = admin.with_key(admin.post(f"/v1/tenants/{t['id']}/api-keys", {}, expect=201)["key"])
+    sid = new_sandbox(c)
+    start_counter(c, sid)
+    (pid,) = host_pids(sid)
+    snap = c.post(f"/v1/sandboxes/{sid}/pause")["snapshot"]
+    assert host_pids(sid) == [pid], "the pause was not a hot one"
+    mine = os.path.join(d.data, "ns", "lfs", "snap", f"tm-snap-keep-{sid}-*")
+    assert glob.glob(mine), "no kept image of the pause's layer: the check below is blind"
+    st = c.post("/v1/keys/revoke", {"tenant": t["id"]})
+    assert st["state"] == "revoked"
+    poll(lambda: host_pids(sid) == [], what="the frozen processes to end with the revocation")
+    assert not glob.glob(mine), "a kept image of the revoked tenant's sandbox is left"
+    assert c.sandbox(sid)["state"] == "paused"
+    assert c.sandbox(sid)["last_snapshot_id"] == snap["id"]
+    c.expect_error("POST", f"/v1/sandboxes/{sid}/resume", 403, "key_revoked", body={})
+    assert c.sandbox(sid)["state"] == "paused"
+    assert not thaws(d, sid)
