@@ -4,7 +4,12 @@ stop-the-world pause per snapshot of a sandbox with 100 MB written, for each kin
 what rolling snapshots take; full: files + memory + processes with CRIU, where the node can),
 the pause of real rolling snapshots, pause and resume latency from the local store for
 files and full snapshots (client wall time and coved's own figure), fork of 10 at once, and
-the bytes an idle sandbox's next snapshot adds. Prints a markdown table.
+the bytes an idle sandbox's next snapshot adds. Prints a markdown table, then goal 5 of the
+performance work with PASS/FAIL next to anchors of the same run: a resume right after a full
+pause (a thaw where coved keeps pauses hot) next to a resume from the store of an older full
+snapshot (CRIU restore), the 100 MB sandbox's resume from a files snapshot (its kept layer
+image cloned) next to `cp --reflink` of 100 MB, and the fork of 10 next to ten sequential
+restores.
 
     bench/timemachine.py --build build [--rounds 20] [--mb 100]
 
@@ -14,6 +19,7 @@ import argparse
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "lib"))
 from cove import Coved  # noqa: E402
-from benchlib import pct, timed  # noqa: E402
+from benchlib import loadavg, pct, timed  # noqa: E402
 
 
 
@@ -33,6 +39,63 @@ def row(name, xs, unit="ms"):
             f"| {len(xs)} | {unit} |")
 
 
+
+
+def reflink_anchor(data, mb):
+    """`cp --reflink=always` of an mb MB file on coved's layer filesystem (what a resume that
+    reuses a kept layer image costs at least), ms; None where there is no such filesystem."""
+    lfs = os.path.join(data, "ns", "lfs")
+    if not os.path.isdir(lfs):
+        return None
+    src, dst = os.path.join(lfs, "bench-reflink-src"), os.path.join(lfs, "bench-reflink-dst")
+    try:
+        with open(src, "wb") as f:
+            for _ in range(mb):
+                f.write(os.urandom(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+        _, ms = timed(lambda: subprocess.run(["cp", "--reflink=always", src, dst], check=True))
+        return ms
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    finally:
+        for x in (src, dst):
+            try:
+                os.unlink(x)
+            except OSError:
+                pass
+
+
+def goals(res, mb, fork_kind, fork_ms, reflink_ms):
+    """Issue 18 goal 5: memory resume, resume of the mb MB sandbox and fork of 10, each with
+    PASS/FAIL next to an anchor of this same run."""
+    def p50(xs):
+        return pct(xs, 50) if xs else None
+
+    def fig(v):
+        return "-" if v is None else f"{v:.1f} ms"
+
+    def verdict(v, limit):
+        return "—" if v is None else ("PASS" if v <= limit else "FAIL")
+    small, big = res["small"][2], res[f"{mb} MB"][2]
+    hot, cold = p50(small.get("full")), p50(small.get("full, restored from the store"))
+    big_files, big_full = p50(big.get("files")), p50(big.get("full"))
+    small_files = p50(small.get("files"))
+    print(f"\ngoals (load {loadavg()})\n")
+    print("| goal | figure | target | | same-run anchor |")
+    print("|---|---|---|---|---|")
+    print(f"| memory resume p50, small sandbox (resume right after its pause: a thaw) | "
+          f"{fig(hot)} | ≤ 30 ms | {verdict(hot, 30)} | resume from the store (CRIU restore) "
+          f"of an older full snapshot of it: {fig(cold)} |")
+    print(f"| resume p50 of the {mb} MB sandbox from a files snapshot (kept layer image) | "
+          f"{fig(big_files)} | ≤ 50 ms | {verdict(big_files, 50)} | `cp --reflink` of {mb} MB "
+          f"on the layer filesystem: {fig(reflink_ms)}; small sandbox: {fig(small_files)} |")
+    print(f"| resume p50 of the {mb} MB sandbox from its pause's full snapshot (a thaw) | "
+          f"{fig(big_full)} | ≤ 50 ms | {verdict(big_full, 50)} | - |")
+    seq = None if cold is None else 10 * cold
+    print(f"| fork of 10 from a {fork_kind} snapshot | {fork_ms:.0f} ms | ≤ 300 ms | "
+          f"{verdict(fork_ms if fork_kind == 'full' else None, 300)} | ten sequential "
+          f"restores from the store (10 × the p50 above): {fig(seq)} |")
 
 
 def main():
@@ -105,10 +168,18 @@ def main():
                                              {"snapshot_id": sf["id"]}))
                 rs.setdefault(sf["kind"], []).append(ms)
                 if p["snapshot"]["kind"] != sf["kind"]:  # a full pause: resume from it too
+                    p1 = p
                     p = c.post(f"/v1/sandboxes/{s_id}/pause")
                     kind_of[p["snapshot"]["id"]] = p["snapshot"]["kind"]
                     _, ms = timed(lambda: c.post(f"/v1/sandboxes/{s_id}/resume"))
+                    # a resume right after the pause: a thaw where coved keeps pauses hot
                     rs.setdefault(p["snapshot"]["kind"], []).append(ms)
+                    # the same-run anchor: a full resume from the store (an older full
+                    # snapshot than the pause's, so no frozen copy is at it: CRIU restores)
+                    c.post(f"/v1/sandboxes/{s_id}/pause")
+                    _, ms = timed(lambda: c.post(f"/v1/sandboxes/{s_id}/resume",
+                                                 {"snapshot_id": p1["snapshot"]["id"]}))
+                    rs.setdefault("full, restored from the store", []).append(ms)
             res[name] = (pw, "/".join(sorted(pkind)), rs)
         server = {}
         with open(d.log_path, errors="replace") as f:
@@ -116,8 +187,10 @@ def main():
                 m = re.search(r"resumed from snapshot (\S+) in ([\d.]+) ms \(restore ([\d.]+) "
                               r"ms, start ([\d.]+) ms\)", line)
                 if m and small in line:
-                    server.setdefault(kind_of.get(m.group(1), "?"), []).append(
-                        tuple(float(x) for x in m.groups()[1:]))
+                    k = kind_of.get(m.group(1), "?")
+                    if "a thaw of its hot pause" in line:
+                        k += ", a thaw of its hot pause"
+                    server.setdefault(k, []).append(tuple(float(x) for x in m.groups()[1:]))
         # fork of 10 at once from the small sandbox's newest snapshot
         snap_id = c.sandbox(small)["last_snapshot_id"]
         fk = c.get(f"/v1/snapshots/{snap_id}")["kind"]
@@ -125,6 +198,7 @@ def main():
                                         {"snapshot_id": snap_id, "count": 10}, expect=(201,)))
         for x in f["sandboxes"]:
             c.remove(x["id"], purge=True)
+        reflink_ms = reflink_anchor(data, a.mb)
         print(f"time machine, ns runtime, busybox; {a.mb} MB written; load "
               f"{open('/proc/loadavg').read().split()[0]}; node snapshots: {node_kind}"
               f"{'; COVE_CRIU=' + os.environ['COVE_CRIU'] if 'COVE_CRIU' in os.environ else ''}"
@@ -153,6 +227,7 @@ def main():
               f"the unchanged sandbox added {s2['new_bytes']} bytes "
               f"({100.0 * s2['new_bytes'] / max(1, s1['size_bytes']):.3f}% of its "
               f"{s1['size_bytes'] / 1e6:.1f} MB)")
+        goals(res, a.mb, fk, fork_ms, reflink_ms)
     finally:
         d.stop()
         shutil.rmtree(data, ignore_errors=True)

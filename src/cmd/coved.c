@@ -15,7 +15,7 @@
  *              [--lease-ttl S] [--lease-renew S]
  *              [--forward-connect-timeout S] [--forward-head-timeout S]
  *              [--placement-k N] [--max-starts-per-node N] [--node-lost-grace S]
- *              [--cpu-overcommit N]
+ *              [--cpu-overcommit N] [--pause-hot-s S] [--pause-hot-mb N]
  *        coved node-token --cluster-key-file F --node-name NAME  (prints the token) */
 #include <getopt.h>
 #include <signal.h>
@@ -77,6 +77,10 @@ static void usage(FILE *f)
                 "             [--control URL]  node: a control replica (http://HOST:PORT)\n"
                 "             [--advertise URL]  node: where controls reach its node API\n"
                 "                                (default http://<--listen>)\n"
+                "             [--pause-hot-s S]  a sandbox paused with a full snapshot stays\n"
+                "                                frozen in memory S seconds, so an early resume\n"
+                "                                is a thaw (default 120; 0: every pause stops it)\n"
+                "             [--pause-hot-mb N]  memory hot-paused sandboxes may hold (2048)\n"
                 "             [--lease-ttl S] [--lease-renew S]  node lease (default 10, 2)\n"
                 "             [--guest-fence-ttl MS] [--guest-fence-heartbeat MS]  for the\n"
                 "                                cluster agent and tests: each guest freezes its\n"
@@ -254,6 +258,8 @@ int main(int argc, char **argv)
             {"node-lost-grace", required_argument, 0, 1242},
             {"cpu-overcommit", required_argument, 0, 1243},
             {"test-hooks", required_argument, 0, 'X'}, /* tests only: util/testhooks.h */
+            {"pause-hot-s", required_argument, 0, 1300},
+            {"pause-hot-mb", required_argument, 0, 1301},
             {"help", no_argument, 0, 'h'},
             {0, 0, 0, 0},
         };
@@ -422,6 +428,22 @@ int main(int argc, char **argv)
                         o.store.cache_mb = atoi(optarg);
                         if (o.store.cache_mb < 1 || o.store.cache_mb > (1 << 24)) {
                                 fprintf(stderr, "coved: --chunk-cache-mb takes 1 to 16777216\n");
+                                return 2;
+                        }
+                        break;
+                case 1300:
+                        o.pause_hot_s = atoi(optarg);
+                        if (o.pause_hot_s < 0 || o.pause_hot_s > 86400) {
+                                fprintf(stderr, "coved: --pause-hot-s takes 0 to 86400\n");
+                                return 2;
+                        }
+                        if (o.pause_hot_s == 0)
+                                o.pause_hot_s = -1; /* off */
+                        break;
+                case 1301:
+                        o.pause_hot_mb = atoi(optarg);
+                        if (o.pause_hot_mb < 1 || o.pause_hot_mb > (1 << 24)) {
+                                fprintf(stderr, "coved: --pause-hot-mb takes 1 to 16777216\n");
                                 return 2;
                         }
                         break;

@@ -268,7 +268,8 @@ def chunk_objects(data_dir):
 
 
 def test_tampered_chunk_resume_fails_and_stays_paused(coved_factory):
-    d = coved_factory()
+    # a resume from the store: no hot pause or kept layer image to resume from instead
+    d = coved_factory(extra_args=["--pause-hot-s", "0"])
     c = d.client
     sid = new_sandbox(c)
     c.put_file(sid, "/home/data.bin", os.urandom(1 << 20))
@@ -299,7 +300,8 @@ def test_resume_start_failure_leaves_nothing(coved_factory, templates_dir, tmp_p
     tdir = tmp_path / "templates"
     tdir.mkdir()
     subprocess.run(["cp", "-a", os.path.join(templates_dir, "busybox"), str(tdir)], check=True)
-    d = coved_factory(extra_args=["--templates-dir", str(tdir)])
+    # a resume from the store (no hot pause to thaw, no kept layer image)
+    d = coved_factory(extra_args=["--templates-dir", str(tdir), "--pause-hot-s", "0"])
     c = d.client
     sid = new_sandbox(c)
     c.put_file(sid, "/home/keep.txt", b"kept\n")

@@ -335,6 +335,8 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
         pthread_mutex_init(&d->mu, NULL);
         pthread_mutex_init(&d->quota_mu, NULL);
         d->encrypt_layers = o->encrypt_layers;
+        d->pause_hot_s = o->pause_hot_s < 0 ? 0 : o->pause_hot_s ? o->pause_hot_s : 120;
+        d->pause_hot_mb = o->pause_hot_mb > 0 ? o->pause_hot_mb : 2048;
         d->store = o->store;
         pthread_cond_init(&d->cv, NULL);
         cove_keys_cache_ttl_set(o->key_cache_ttl_s < 0 ? 60000
@@ -457,6 +459,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .s3_endpoint = d->store.s3_endpoint,
             .s3_timeout_s = d->store.s3_timeout_s,
             .cache_mb = d->store.cache_mb,
+            .keep_images = d->pause_hot_s > 0, /* the same knob as hot pauses */
             .layer_key = coved_pool_layer_key,
             .arg = d,
         };

@@ -87,6 +87,11 @@ struct coved_options {
          * in roles control and node; NULL in role all: <data>/keys/node.kek). */
         const char *default_kek_file;
         struct coved_nodes_options nodes; /* placement, node loss, drain */
+        /* Hot pauses (control/snapshot.h): a sandbox paused with a full snapshot stays frozen
+         * in memory this many seconds, so a resume within it is a thaw (0: 120; -1: off,
+         * every pause stops the instance); at most pause_hot_mb MiB of them (0: 2048). */
+        int pause_hot_s;
+        int pause_hot_mb;
 };
 
 /* The shape of a sandbox created without cpus/memory_mb/disk_mb; the warm pools hold it. */
@@ -167,6 +172,8 @@ struct coved {
         struct coved_nodes_options nodes_opt; /* defaults filled by coved_open */
         struct coved_nodes *nodes; /* node-loss sweeper and drains (control/nodes.h); NULL
                                     * unless role control */
+        int pause_hot_s;           /* hot pauses: seconds a paused sandbox stays frozen (0: off) */
+        int pause_hot_mb;          /* hot pauses: memory they may hold, MiB */
 };
 
 /* Open the catalog, ensure the default tenant and admin key (data_dir/admin.key, 0600),

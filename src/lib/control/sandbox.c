@@ -20,6 +20,7 @@
 #include "control/template.h"
 #include "control/tbuild.h"
 #include "control/tenant.h"
+#include "node/tm.h"
 #include "crypto/keys.h"
 #include "util/cleanup.h"
 #include "util/util.h"
@@ -761,6 +762,10 @@ void cove_sandbox_stop_purge(struct coved *d, const char *id, const char *why)
                 cove_sandbox_row_clear(&row);
                 return;
         }
+        /* a hot pause's frozen instance goes like any (it holds the layer in clear); the
+         * sandbox stays paused at its snapshot, which only the key opens */
+        cove_tm_hot_drop(d, id, why);
+        cove_node_tm_forget(d->ntm, id);
         if (cove_node_stop(d->node, id, 1, &err) < 0)
                 cove_warn(&d->log, "sandbox.stop", "%s", err.msg);
         if (r == 0 && strcmp(row.state, "paused") != 0 && strcmp(row.state, "stopped") != 0) {
@@ -778,6 +783,19 @@ void cove_sandbox_stop_purge(struct coved *d, const char *id, const char *why)
 void coved_on_instance_dead(void *arg, const char *id, const char *why)
 {
         struct coved *d = arg;
+        if (cove_tm_hot_has(d, id)) {
+                /* a hot pause's frozen instance ended (killed from outside): the sandbox is
+                 * paused at its snapshot as before; the sweep ends the hot pause and the
+                 * next resume restores from the store */
+                cove_info(&d->log, "sandbox.pause",
+                          "sandbox %s: the frozen instance of its hot pause ended (%s); it "
+                          "stays paused",
+                          id, why);
+                struct cove_err e2;
+                if (cove_node_stop(d->node, id, 0, &e2) < 0)
+                        cove_warn(&d->log, "sandbox.pause", "%s", e2.msg);
+                return;
+        }
         cove_warn(&d->log, "sandbox.dead", "sandbox %s: %s", id, why);
         /* free the host side (cgroups, uid range) now; the row says what happened */
         struct cove_err err;
@@ -986,7 +1004,19 @@ void coved_reconcile(struct coved *d)
                 /* role node: a sandbox placed elsewhere since left its state here */
                 if (r == 0 && !coved_cluster_mine(d, &row))
                         r = 1;
+                /* a hot pause's frozen instance (control/snapshot.h) outlives a crash: the
+                 * sandbox is paused at its snapshot like any, so it goes */
+                int hot = r == 0 && !strcmp(row.state, "paused");
                 cove_sandbox_row_clear(&row);
+                if (hot) {
+                        if (cove_node_stop(d->node, de->d_name, 1, &err) < 0)
+                                cove_warn(&d->log, "reconcile", "%s", err.msg);
+                        else
+                                cove_info(&d->log, "reconcile",
+                                          "removed the frozen instance of paused sandbox %s",
+                                          de->d_name);
+                        continue;
+                }
                 if (r == 1) {
                         if (cove_node_stop(d->node, de->d_name, 1, &err) < 0)
                                 cove_warn(&d->log, "reconcile", "%s", err.msg);

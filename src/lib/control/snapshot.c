@@ -26,6 +26,20 @@
 #define LABEL_MAX 127
 #define THIN_EVERY_MS 30000
 
+/* A hot pause: the sandbox is paused (its full snapshot committed, the catalog says
+ * `paused`) but its instance is kept frozen at that snapshot, so a resume from it is a
+ * thaw instead of a restore. The instance holds the uid range and the layer; the catalog row
+ * says uid_base 0 like any paused sandbox, so a crash leaves an ordinary paused sandbox (the
+ * restart's reconcile removes the frozen leftovers and the next resume restores from the
+ * store). */
+struct hot_pause {
+        char id[64];       /* the sandbox */
+        char snap[64];     /* its pause's snapshot: the instance is frozen at it */
+        uint32_t uid_base; /* the instance's uid range */
+        int64_t since_ms;  /* mono ms of the pause */
+        uint64_t mem;      /* bytes its cgroup held at the pause */
+};
+
 struct cove_tm {
         struct cove_node_tm *node; /* captures, restores and the chunk store (node/tm.h) */
         pthread_mutex_t mu;        /* busy, quit, kicked */
@@ -37,6 +51,8 @@ struct cove_tm {
         int rolling_off; /* the runtime cannot snapshot: rolling snapshots stopped */
         int gc_wanted;   /* snapshots were deleted since the last GC */
         int64_t last_thin_ms;
+        struct hot_pause *hot; /* hot-paused sandboxes (mu), oldest first */
+        size_t nhot, caphot;
 };
 
 /* ---- per-sandbox serialisation ---- */
@@ -391,6 +407,233 @@ static void set_running(struct coved *d, struct cove_sandbox_row *row, const cha
         snprintf(row->node, sizeof(row->node), "%s", d->node_name); /* it runs here now */
 }
 
+/* ---- hot pauses ---- */
+
+static int hot_find(struct cove_tm *tm, const char *id) /* with mu */
+{
+        for (size_t i = 0; i < tm->nhot; i++)
+                if (!strcmp(tm->hot[i].id, id))
+                        return (int)i;
+        return -1;
+}
+
+/* Take id's entry out of the table: 1 with *out (may be NULL), 0 when it has none. */
+static int hot_take(struct cove_tm *tm, const char *id, struct hot_pause *out)
+{
+        pthread_mutex_lock(&tm->mu);
+        int i = hot_find(tm, id);
+        if (i >= 0) {
+                if (out)
+                        *out = tm->hot[i];
+                memmove(&tm->hot[i], &tm->hot[i + 1],
+                        (tm->nhot - (size_t)i - 1) * sizeof(*tm->hot));
+                tm->nhot--;
+        }
+        pthread_mutex_unlock(&tm->mu);
+        return i >= 0;
+}
+
+/* End id's hot pause (id locked by the caller): the entry goes and, with stop, its frozen
+ * instance is stopped and its layer and state removed (the store holds the snapshot; the
+ * next resume restores from it). stop 0: only when the catalog says it runs here again. */
+static void hot_end(struct coved *d, const char *id, int stop, const char *why)
+{
+        struct hot_pause h;
+        if (!hot_take(d->tm, id, &h))
+                return;
+        struct cove_err e2;
+        if (stop && cove_node_stop(d->node, id, 1, &e2) < 0)
+                cove_warn(&d->log, "sandbox.pause", "%s", e2.msg);
+        cove_info(&d->log, "sandbox.pause", "sandbox %s: hot pause ended after %.1f s (%s)%s", id,
+                  (double)(cove_mono_ns() / 1000000 - h.since_ms) / 1000.0, why,
+                  stop ? ": its instance is stopped, a resume restores from the store" : "");
+}
+
+/* 1 when the node is short of memory: MemAvailable under a tenth of MemTotal. */
+static int mem_low(void)
+{
+        cleanup_fclose FILE *f = fopen("/proc/meminfo", "re");
+        char line[128];
+        unsigned long long total = 0, avail = 0, v;
+        while (f && fgets(line, sizeof(line), f)) {
+                if (sscanf(line, "MemTotal: %llu kB", &v) == 1)
+                        total = v;
+                else if (sscanf(line, "MemAvailable: %llu kB", &v) == 1)
+                        avail = v;
+        }
+        return total && avail < total / 10;
+}
+
+static uint64_t hot_total(struct cove_tm *tm) /* with mu */
+{
+        uint64_t sum = 0;
+        for (size_t i = 0; i < tm->nhot; i++)
+                sum += tm->hot[i].mem;
+        return sum;
+}
+
+/* Stop the oldest hot pauses (but not keep's) until they hold at most room bytes; one that
+ * has an operation running is left for the next sweep. */
+static void hot_evict(struct coved *d, uint64_t room, const char *keep)
+{
+        struct cove_tm *tm = d->tm;
+        for (size_t k = 0;; k++) {
+                char id[64] = "";
+                pthread_mutex_lock(&tm->mu);
+                if (hot_total(tm) > room && k < tm->nhot) {
+                        size_t skipped = 0;
+                        for (size_t i = 0; i < tm->nhot && !id[0]; i++)
+                                if (strcmp(tm->hot[i].id, keep) && skipped++ == k)
+                                        snprintf(id, sizeof(id), "%s", tm->hot[i].id);
+                }
+                pthread_mutex_unlock(&tm->mu);
+                if (!id[0])
+                        return;
+                if (sbx_lock(tm, id, 0) == 0) {
+                        hot_end(d, id, 1, "memory bound of hot pauses");
+                        sbx_unlock(tm, id);
+                        k--; /* the list moved up */
+                }
+        }
+}
+
+/* After the pause's snapshot of row (locked; a full one left the instance frozen): keep it
+ * hot when hot pauses are on, the snapshot is an ns checkpoint (so a thaw resumes exactly
+ * the snapshot's state) and the memory bound has room (the oldest hot pauses make room).
+ * Its egress link and connections go now, as at a stop: nothing of it reaches the network
+ * while it is paused. 1 kept, 0 not (the caller stops it). */
+static int hot_keep(struct coved *d, const struct cove_sandbox_row *row,
+                    const struct cove_snapshot_row *snap, uint32_t uid_base)
+{
+        struct cove_tm *tm = d->tm;
+        /* role node: the control may place the resume on any node, and this one learns of
+         * it only at its next sweep, so for a while there would be two instances of one
+         * sandbox (one frozen, holding memory the placement counts as free, and on a
+         * host shared by several nodes the same cgroup): a cluster's pause stops it */
+        if (d->pause_hot_s <= 0 || d->role != COVED_ROLE_ALL || strcmp(snap->kind, "full") ||
+            strcmp(row->runtime, "ns") || !uid_base)
+                return 0;
+        uint64_t mem = 0, cpu = 0, bound = (uint64_t)d->pause_hot_mb << 20;
+        struct cove_err e2;
+        if (cove_node_usage(d->node, row->id, &mem, &cpu, &e2) < 0 || mem > bound || mem_low())
+                return 0;
+        /* a key revoked while the pause ran: nothing of the tenant stays in clear here */
+        if (coved_key_gate(d, row->tenant, &e2) < 0)
+                return 0;
+        /* its connections out end now, as a stop ends them; a kernel that cannot: no hot
+         * pause (a thaw would bring them back open) */
+        unsigned aborted = 0;
+        if (cove_node_tcp_abort(d->node, row->id, &aborted, &e2) < 0) {
+                cove_warn(&d->log, "sandbox.pause", "sandbox %s: no hot pause: %s", row->id,
+                          e2.msg);
+                return 0;
+        }
+        hot_evict(d, bound - mem, row->id);
+        pthread_mutex_lock(&tm->mu);
+        int kept = hot_total(tm) + mem <= bound;
+        if (kept && tm->nhot == tm->caphot) {
+                size_t nc = tm->caphot ? tm->caphot * 2 : 16;
+                void *nh = realloc(tm->hot, nc * sizeof(*tm->hot));
+                if (nh) {
+                        tm->hot = nh;
+                        tm->caphot = nc;
+                } else {
+                        kept = 0;
+                }
+        }
+        if (kept) {
+                struct hot_pause *h = &tm->hot[tm->nhot++];
+                memset(h, 0, sizeof(*h));
+                snprintf(h->id, sizeof(h->id), "%s", row->id);
+                snprintf(h->snap, sizeof(h->snap), "%s", snap->id);
+                h->uid_base = uid_base;
+                h->since_ms = cove_mono_ns() / 1000000;
+                h->mem = mem;
+        }
+        pthread_mutex_unlock(&tm->mu);
+        if (kept) {
+                cove_node_hold(d->node, row->id, 1);
+                coved_egress_on_stop(d, row->id);
+        }
+        return kept;
+}
+
+/* The background thread's round: end the hot pauses that aged past --pause-hot-s, all of
+ * them while the node is short of memory, and those whose sandbox changed meanwhile
+ * (deleted, resumed or moved elsewhere by another node, its tenant's key revoked, its
+ * instance gone). */
+static void hot_sweep(struct coved *d)
+{
+        struct cove_tm *tm = d->tm;
+        pthread_mutex_lock(&tm->mu);
+        size_t n = tm->nhot;
+        struct hot_pause *list = n ? malloc(n * sizeof(*list)) : NULL;
+        if (list)
+                memcpy(list, tm->hot, n * sizeof(*list));
+        pthread_mutex_unlock(&tm->mu);
+        if (!list)
+                return;
+        int64_t now = cove_mono_ns() / 1000000;
+        int low = mem_low();
+        for (size_t i = 0; i < n; i++) {
+                const char *id = list[i].id;
+                if (sbx_lock(tm, id, 0)) /* an operation on it: the next round */
+                        continue;
+                pthread_mutex_lock(&tm->mu);
+                int j = hot_find(tm, id);
+                int same = j >= 0 && !strcmp(tm->hot[j].snap, list[i].snap);
+                pthread_mutex_unlock(&tm->mu);
+                struct cove_sandbox_row row;
+                struct cove_err e2;
+                memset(&row, 0, sizeof(row));
+                const char *why = NULL;
+                int stop = 1;
+                if (!same)
+                        why = NULL;
+                else if (now - list[i].since_ms >= (int64_t)d->pause_hot_s * 1000)
+                        why = "it aged past --pause-hot-s";
+                else if (low)
+                        why = "the node is short of memory";
+                else if (d->cat_ops->sandbox_get(d->cat, NULL, id, &row, &e2) != 0)
+                        why = "the sandbox is gone";
+                else if (!strcmp(row.state, "running") && coved_cluster_mine(d, &row))
+                        why = "it runs again", stop = 0;
+                else if (strcmp(row.state, "paused") || !coved_cluster_mine(d, &row) ||
+                         strcmp(row.last_snapshot_id, list[i].snap))
+                        why = "the sandbox was moved, resumed elsewhere or changed";
+                else if (coved_key_gate(d, row.tenant, &e2) < 0)
+                        why = "its tenant's key is unusable";
+                else if (cove_node_hold(d->node, id, 1) < 0)
+                        why = "its instance is gone";
+                cove_sandbox_row_clear(&row);
+                if (why)
+                        hot_end(d, id, stop, why);
+                sbx_unlock(tm, id);
+        }
+        free(list);
+}
+
+int cove_tm_hot_has(struct coved *d, const char *id)
+{
+        if (!d->tm)
+                return 0;
+        pthread_mutex_lock(&d->tm->mu);
+        int i = hot_find(d->tm, id);
+        pthread_mutex_unlock(&d->tm->mu);
+        return i >= 0;
+}
+
+int cove_tm_hot_drop(struct coved *d, const char *id, const char *why)
+{
+        if (!d->tm || !cove_tm_hot_has(d, id))
+                return 0;
+        sbx_lock(d->tm, id, 1);
+        int had = cove_tm_hot_has(d, id);
+        hot_end(d, id, 1, why);
+        sbx_unlock(d->tm, id);
+        return had;
+}
+
 /* ---- operations ---- */
 
 int cove_sandbox_pause(struct coved *d, const char *tenant, const char *id, json_t **out,
@@ -427,20 +670,30 @@ int cove_sandbox_pause_kind(struct coved *d, const char *tenant, const char *id,
                 }
                 goto out;
         }
-        /* the snapshot holds everything: free the instance, its layer and uid range */
-        if (cove_node_stop(d->node, id, 1, &e2) < 0)
+        /* the snapshot holds everything: free the instance, its layer and uid range; or,
+         * for a full one, keep the instance frozen for a while (a hot pause) */
+        uint32_t uid_base = row.uid_base;
+        int hot = hot_keep(d, &row, &snap, uid_base);
+        if (!hot && cove_node_stop(d->node, id, 1, &e2) < 0)
                 cove_warn(&d->log, "sandbox.pause", "%s", e2.msg);
-        if ((r = reload(d, id, &row, err)) < 0)
+        if ((r = reload(d, id, &row, err)) < 0) {
+                if (hot)
+                        hot_end(d, id, 1, "the sandbox is gone");
                 goto out;
+        }
         snprintf(row.state, sizeof(row.state), "paused");
         row.uid_base = 0;
         row.expires_at = 0;
         row_set_error(&row, NULL);
-        if ((r = row_write(d, &row, err)) < 0)
+        if ((r = row_write(d, &row, err)) < 0) {
+                if (hot)
+                        hot_end(d, id, 1, "the catalog refused the paused state");
                 goto out;
+        }
         coved_audit_control(d, row.tenant, id, "pause", json_pack("{s:s}", "snapshot", snap.id));
-        cove_info(&d->log, "sandbox.pause", "sandbox %s paused at snapshot %s in %.1f ms", id,
-                  snap.id, (double)(cove_mono_ns() - t0) / 1e6);
+        cove_info(&d->log, "sandbox.pause", "sandbox %s paused at snapshot %s in %.1f ms%s", id,
+                  snap.id, (double)(cove_mono_ns() - t0) / 1e6,
+                  hot ? " (hot: kept frozen in memory)" : "");
         *out = json_pack("{s:o, s:o}", "sandbox", cove_sandbox_json(&row), "snapshot",
                          cove_snapshot_json(&snap));
 out:
@@ -510,17 +763,32 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         coved_quota_unlock(d);
         if (r < 0)
                 goto out;
-        /* a stopped sandbox may have left state behind (a crash): start from a clean slate */
         struct cove_err e2;
-        cove_node_stop(d->node, id, 1, &e2);
-        struct cove_node_tm_image im;
-        int64_t t1 = cove_mono_ns();
-        byok_upgrade(&row, byok);
-        r = restore_image(d, &snap, &row, &im, err);
-        int64_t t2 = cove_mono_ns();
-        if (r == 0)
-                r = start_from_image(d, &row, &im, err);
-        int64_t t3 = cove_mono_ns();
+        struct hot_pause hp;
+        int64_t t1 = cove_mono_ns(), t2 = t1, t3 = t1;
+        /* a hot pause at this very snapshot: its frozen instance is the snapshot's state, so
+         * thawing it is the resume (not when the layer is to be encrypted anew, byok_upgrade) */
+        int thawed = hot_take(d->tm, id, &hp) && !strcmp(hp.snap, snap.id) &&
+                     !strcmp(prev, "paused") && coved_cluster_mine(d, &row) &&
+                     !(byok == 1 && !row.storage_encrypted) &&
+                     cove_node_freeze(d->node, id, 0, &e2) == 0;
+        if (thawed) {
+                cove_node_hold(d->node, id, 0);
+                row.uid_base = hp.uid_base;
+                t3 = cove_mono_ns();
+        } else {
+                /* a stopped sandbox may have left state behind (a crash), a hot pause its
+                 * frozen instance: start from a clean slate */
+                cove_node_stop(d->node, id, 1, &e2);
+                struct cove_node_tm_image im;
+                t1 = cove_mono_ns();
+                byok_upgrade(&row, byok);
+                r = restore_image(d, &snap, &row, &im, err);
+                t2 = cove_mono_ns();
+                if (r == 0)
+                        r = start_from_image(d, &row, &im, err);
+                t3 = cove_mono_ns();
+        }
         if (r < 0) {
                 cove_err_wrap(err, "resume of sandbox %s", id);
                 if (reload(d, id, &row, &e2) == 0) {
@@ -547,9 +815,10 @@ int cove_sandbox_resume(struct coved *d, const char *tenant, const char *id, jso
         coved_egress_refresh(d, row.tenant, id); /* a new instance: a new link */
         coved_audit_control(d, row.tenant, id, "resume", json_pack("{s:s}", "snapshot", snap.id));
         cove_info(&d->log, "sandbox.resume",
-                  "sandbox %s resumed from snapshot %s in %.1f ms (restore %.1f ms, start %.1f ms)",
+                  "sandbox %s resumed from snapshot %s in %.1f ms (restore %.1f ms, start %.1f "
+                  "ms)%s",
                   id, snap.id, (double)(cove_mono_ns() - t0) / 1e6, (double)(t2 - t1) / 1e6,
-                  (double)(t3 - t2) / 1e6);
+                  (double)(t3 - t2) / 1e6, thawed ? ", a thaw of its hot pause" : "");
         *out = cove_sandbox_json(&row);
 out:
         sbx_unlock(d->tm, id);
@@ -607,6 +876,7 @@ int cove_sandbox_rewind(struct coved *d, const char *tenant, const char *id, jso
                 goto out;
         }
         struct cove_err e2;
+        hot_take(d->tm, id, NULL);           /* a hot pause's frozen instance goes too */
         cove_node_stop(d->node, id, 1, &e2); /* switch only now that the new layer is complete */
         if ((r = reload(d, id, &row, err)) < 0) {
                 cove_node_tm_image_drop(d->tm->node, &im);
@@ -670,6 +940,48 @@ static void fork_overrides(struct cove_sandbox_row *s, json_t *over)
                 snprintf(s->on_timeout, sizeof(s->on_timeout), "%s", json_string_value(ot));
 }
 
+/* One fork's restore and start, on a thread of its own. */
+struct fork_job {
+        struct coved *d;
+        const struct cove_snapshot_row *snap;
+        struct cove_sandbox_row row; /* the fork's row (inserted: state starting) */
+        pthread_t thr;
+        int started; /* thr runs */
+        int r;
+        struct cove_err err;
+};
+
+static void *fork_main(void *arg)
+{
+        struct fork_job *j = arg;
+        struct cove_node_tm_image im;
+        j->r = restore_image(j->d, j->snap, &j->row, &im, &j->err);
+        if (j->r == 0)
+                j->r = start_from_image(j->d, &j->row, &im, &j->err);
+        return NULL;
+}
+
+/* Restore and start every job at once (a thread each; where a thread cannot be made, on
+ * this one). 0 when all of them run; else -1 with the first error (the caller stops
+ * them all). */
+static int fork_run(struct fork_job *jobs, int n, struct cove_err *err)
+{
+        for (int i = 0; i < n; i++)
+                jobs[i].started = pthread_create(&jobs[i].thr, NULL, fork_main, &jobs[i]) == 0;
+        int r = 0;
+        for (int i = 0; i < n; i++) {
+                if (jobs[i].started)
+                        pthread_join(jobs[i].thr, NULL);
+                else
+                        fork_main(&jobs[i]);
+                if (jobs[i].r < 0 && r == 0) {
+                        *err = jobs[i].err;
+                        r = -1;
+                }
+        }
+        return r;
+}
+
 int cove_sandbox_fork_ext(struct coved *d, const char *tenant, const char *id, json_t *body,
                           json_t *over, json_t **out, struct cove_err *err)
 {
@@ -726,56 +1038,60 @@ int cove_sandbox_fork_ext(struct coved *d, const char *tenant, const char *id, j
         int64_t t0 = cove_mono_ns();
         json_t *list = json_array();
         char(*made)[64] = calloc((size_t)count, 64);
+        struct fork_job *jobs = calloc((size_t)count, sizeof(*jobs));
         int nmade = 0;
-        for (int i = 0; made && i < count; i++) {
-                struct cove_sandbox_row s;
-                memset(&s, 0, sizeof(s));
-                snprintf(s.tenant, sizeof(s.tenant), "%s", src.tenant);
-                snprintf(s.template_name, sizeof(s.template_name), "%s", src.template_name);
-                snprintf(s.runtime, sizeof(s.runtime), "%s", src.runtime);
-                snprintf(s.on_timeout, sizeof(s.on_timeout), "%s", src.on_timeout);
-                snprintf(s.node, sizeof(s.node), "%s", src.node);
-                s.cpus = src.cpus;
-                s.memory_mb = src.memory_mb;
-                s.disk_mb = src.disk_mb;
-                s.timeout_s = src.timeout_s;
-                s.snapshot_interval_s = src.snapshot_interval_s;
-                s.storage_encrypted = src.storage_encrypted;
-                byok_upgrade(&s, byok);
-                s.metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
-                s.env_json = strdup(src.env_json ? src.env_json : "{}");
-                s.retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
-                fork_overrides(&s, over);
+        /* the rows first, one by one (the catalog), then every restore and start at once
+         * (the chunk store's reads, CRIU and the start overlap), then the rows say running */
+        for (int i = 0; made && jobs && i < count; i++) {
+                struct cove_sandbox_row *sr = &jobs[i].row;
+                snprintf(sr->tenant, sizeof(sr->tenant), "%s", src.tenant);
+                snprintf(sr->template_name, sizeof(sr->template_name), "%s", src.template_name);
+                snprintf(sr->runtime, sizeof(sr->runtime), "%s", src.runtime);
+                snprintf(sr->on_timeout, sizeof(sr->on_timeout), "%s", src.on_timeout);
+                snprintf(sr->node, sizeof(sr->node), "%s", src.node);
+                sr->cpus = src.cpus;
+                sr->memory_mb = src.memory_mb;
+                sr->disk_mb = src.disk_mb;
+                sr->timeout_s = src.timeout_s;
+                sr->snapshot_interval_s = src.snapshot_interval_s;
+                sr->storage_encrypted = src.storage_encrypted;
+                byok_upgrade(sr, byok);
+                sr->metadata_json = strdup(src.metadata_json ? src.metadata_json : "{}");
+                sr->env_json = strdup(src.env_json ? src.env_json : "{}");
+                sr->retention_json = src.retention_json ? strdup(src.retention_json) : NULL;
+                fork_overrides(sr, over);
                 /* a fork's first snapshot has the forked snapshot as parent */
-                snprintf(s.last_snapshot_id, sizeof(s.last_snapshot_id), "%s", snap.id);
-                s.created_at = tm_now();
-                snprintf(s.state, sizeof(s.state), "starting");
-                struct cove_node_tm_image im;
-                r = cove_id_new("sbx_", s.id, sizeof(s.id), err);
+                snprintf(sr->last_snapshot_id, sizeof(sr->last_snapshot_id), "%s", snap.id);
+                sr->created_at = tm_now();
+                snprintf(sr->state, sizeof(sr->state), "starting");
+                r = cove_id_new("sbx_", sr->id, sizeof(sr->id), err);
                 if (r == 0)
-                        r = d->cat_ops->sandbox_insert(d->cat, &s, err);
-                if (r == 0) {
-                        snprintf(made[nmade++], 64, "%s", s.id);
-                        r = restore_image(d, &snap, &s, &im, err);
-                }
-                if (r == 0)
-                        r = start_from_image(d, &s, &im, err);
-                if (r == 0) {
-                        set_running(d, &s, snap.id);
-                        r = row_write(d, &s, err);
-                }
-                if (r == 0) {
-                        coved_egress_copy(d, s.tenant, id, s.id);
-                        coved_audit_control(
-                            d, s.tenant, s.id, "fork",
-                            json_pack("{s:s, s:s}", "from", id, "snapshot", snap.id));
-                        json_array_append_new(list, cove_sandbox_json(&s));
-                }
-                cove_sandbox_row_clear(&s);
+                        r = d->cat_ops->sandbox_insert(d->cat, sr, err);
                 if (r < 0)
                         break;
+                snprintf(made[nmade++], 64, "%s", sr->id);
+                jobs[i].d = d;
+                jobs[i].snap = &snap;
         }
-        if (!made)
+        if (made && jobs && r == 0)
+                r = fork_run(jobs, count, err);
+        for (int i = 0; made && jobs && r == 0 && i < count; i++) {
+                struct cove_sandbox_row *sr = &jobs[i].row;
+                set_running(d, sr, snap.id);
+                r = row_write(d, sr, err);
+                if (r == 0) {
+                        coved_egress_copy(d, sr->tenant, id, sr->id);
+                        coved_audit_control(
+                            d, sr->tenant, sr->id, "fork",
+                            json_pack("{s:s, s:s}", "from", id, "snapshot", snap.id));
+                        json_array_append_new(list, cove_sandbox_json(sr));
+                }
+        }
+        int oom = !made || !jobs;
+        for (int i = 0; jobs && i < count; i++)
+                cove_sandbox_row_clear(&jobs[i].row);
+        free(jobs);
+        if (oom)
                 r = cove_err_set(err, ENOMEM, "fork");
         if (r < 0) {
                 /* all or nothing */
@@ -815,6 +1131,7 @@ int cove_sandbox_stop_keep(struct coved *d, const char *tenant, const char *id,
         struct cove_err e2;
         if (!strcmp(row.state, "running") && cove_node_stop(d->node, id, 1, &e2) < 0)
                 cove_warn(&d->log, "sandbox.stop", "%s", e2.msg);
+        hot_end(d, id, 1, "the sandbox was stopped");
         if ((r = reload(d, id, &row, err)) < 0)
                 goto out;
         snprintf(row.state, sizeof(row.state), "stopped");
@@ -1248,6 +1565,7 @@ static void *tm_main(void *arg)
                 int off = tm->rolling_off;
                 pthread_mutex_unlock(&tm->mu);
                 int64_t wait = off ? 5000 : roll(d);
+                hot_sweep(d);
                 int64_t now = tm_now();
                 pthread_mutex_lock(&tm->mu);
                 int gc = tm->gc_wanted;
@@ -1374,11 +1692,12 @@ void cove_tm_close(struct coved *d)
                 pthread_mutex_unlock(&tm->mu);
                 pthread_join(tm->thr, NULL);
         }
+        d->tm = NULL; /* first: the node's on_dead asks for hot pauses until it is freed */
         free(tm->busy);
+        free(tm->hot); /* their instances end with the node */
         pthread_cond_destroy(&tm->cv);
         pthread_mutex_destroy(&tm->mu);
         free(tm);
-        d->tm = NULL;
 }
 
 int coved_sandbox_files(struct coved *d, const char *tenant, const char *sandbox, const char *snap,

@@ -32,6 +32,14 @@ int cove_tm_open(struct coved *d, struct cove_err *err);
 void cove_tm_close(struct coved *d);
 /* Wake the background thread (a sandbox was created or resumed). */
 void cove_tm_kick(struct coved *d);
+/* Hot pauses (snapshot.c): a sandbox paused with a full snapshot whose instance is kept
+ * frozen at it for a while, so a resume is a thaw. Toward the API it is paused like any
+ * (no instance that runs, exec, usage, streams end). has: 1 while id is hot-paused. drop
+ * (waits for an operation on id): end its hot pause, the frozen instance and its layer
+ * go, the sandbox stays paused at its snapshot (a resume restores from the store); 1 when
+ * it had one. */
+int cove_tm_hot_has(struct coved *d, const char *id);
+int cove_tm_hot_drop(struct coved *d, const char *id, const char *why);
 
 json_t *cove_snapshot_json(const struct cove_snapshot_row *s);
 

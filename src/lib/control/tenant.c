@@ -16,7 +16,9 @@
 
 #include "control/apikey.h"
 #include "control/audit.h"
+#include "control/snapshot.h"
 #include "crypto/keys.h"
+#include "node/tm.h"
 #include "util/cleanup.h"
 #include "util/util.h"
 
@@ -664,13 +666,14 @@ int coved_key_rewrap(struct coved *d, const char *actor, const char *tenant, jso
 struct stop_ctx {
         char (*ids)[64];
         size_t n, cap;
-        int all; /* 1: every sandbox (purge host state); 0: only running ones */
+        int all; /* 1: every sandbox (purge host state); 0: only running ones; -1: the others */
 };
 
 static int collect_stop(const struct cove_sandbox_row *row, void *arg)
 {
         struct stop_ctx *x = arg;
-        if (!x->all && !running_state(row->state))
+        if ((x->all == 0 && !running_state(row->state)) ||
+            (x->all < 0 && running_state(row->state)))
                 return 0;
         if (x->n == x->cap) {
                 size_t nc = x->cap ? 2 * x->cap : 16;
@@ -767,6 +770,26 @@ static int stop_tenant(struct coved *d, const char *tenant, const char *why)
         return (int)x.n;
 }
 
+/* The finish policy: the running sandboxes go on, but what the others left in clear on
+ * this node goes (a hot pause's frozen copy, kept layer images): their snapshots need the
+ * key like any. */
+static void drop_idle_copies(struct coved *d, const char *tenant, const char *why)
+{
+        struct stop_ctx x = {.all = -1};
+        struct cove_err err;
+        if (!d->node)
+                return;
+        if (d->cat_ops->sandbox_list(d->cat, tenant, NULL, collect_stop, &x, &err) < 0)
+                cove_warn(&d->log, "key.revoke", "%s", err.msg);
+        for (size_t i = 0; i < x.n; i++) {
+                cove_tm_hot_drop(d, x.ids[i], why);
+                cove_node_tm_forget(d->ntm, x.ids[i]);
+        }
+        if (x.n)
+                trim_layers(d);
+        free(x.ids);
+}
+
 int coved_key_revoke(struct coved *d, const char *actor, const char *tenant, json_t *body,
                      json_t **out, struct cove_err *err)
 {
@@ -793,6 +816,8 @@ int coved_key_revoke(struct coved *d, const char *actor, const char *tenant, jso
                 cove_node_pool_drop(d->node, tenant);
         if (!strcmp(policy, "stop"))
                 stopped = stop_tenant(d, tenant, "the tenant's key was revoked");
+        else
+                drop_idle_copies(d, tenant, "the tenant's key was revoked");
         audit(d, tenant, "key", "revoke", "allow", actor,
               json_pack("{s:s, s:s, s:i, s:b}", "policy", policy, "key_id", s.rec.key_id,
                         "sandboxes_stopped", stopped, "already", r == 1));

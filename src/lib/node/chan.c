@@ -82,10 +82,12 @@ struct proc {
         json_t *cmd;
         int64_t started_at;
         int running;
-        int stdin_open;    /* started with stdin:true and no EOF sent yet */
-        int hold;          /* a reader takes every event: pause the guest rather than drop */
-        uint64_t held_seq; /* last seq that reader took */
-        size_t unread;     /* event bytes after held_seq */
+        int stdin_open;     /* started with stdin:true and no EOF sent yet */
+        int hold;           /* a reader takes every event: pause the guest rather than drop */
+        uint64_t held_seq;  /* last seq that reader took */
+        size_t unread;      /* event bytes after held_seq */
+        uint64_t cut_seq;   /* the ERROR event a cut (cove_chan_cut) ended its readers with */
+        uint64_t floor_seq; /* readers start after it: what came before a cut is not replayed */
         struct cove_replay rb;
 };
 
@@ -296,6 +298,42 @@ void cove_chan_close(struct cove_chan *c, const char *why)
         pthread_mutex_unlock(&c->mu);
         /* unblock a writer stuck on a full socket and make the guest see EOF */
         shutdown(c->fd, SHUT_RDWR);
+}
+
+void cove_chan_cut(struct cove_chan *c, const char *why)
+{
+        void (*notify)(void *, struct cove_chan *) = NULL;
+        void *narg = NULL;
+        pthread_mutex_lock(&c->mu);
+        for (struct proc *p = c->procs; p; p = p->next) {
+                if (!p->running)
+                        continue;
+                uint64_t seq =
+                    cove_replay_append(&p->rb, COVE_EV_ERROR, why, (uint32_t)strlen(why));
+                p->cut_seq = seq ? seq : p->rb.next_seq - 1;
+                p->hold = 0; /* its reader ends here: nothing holds the guest back any more */
+                p->unread = 0;
+        }
+        for (struct cove_watch *w = c->watches; w; w = w->next)
+                w->rb.closed = 1;
+        if (c->rx_paused) {
+                c->rx_paused = 0;
+                notify = c->rx_notify;
+                narg = c->rx_arg;
+        }
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        if (notify)
+                notify(narg, c);
+}
+
+void cove_chan_uncut(struct cove_chan *c)
+{
+        pthread_mutex_lock(&c->mu);
+        for (struct proc *p = c->procs; p; p = p->next)
+                if (p->cut_seq > p->floor_seq)
+                        p->floor_seq = p->cut_seq;
+        pthread_mutex_unlock(&c->mu);
 }
 
 int cove_chan_is_closed(struct cove_chan *c)
@@ -1204,8 +1242,8 @@ static int proc_wait(struct cove_chan *c, uint32_t pid, uint64_t after, struct c
                         r = cove_err_setk(err, COVE_E_NOT_FOUND, 0, "process %u not found", pid);
                         break;
                 }
-                r = replay_wait(c, &p->rb, after, out, fn, arg, lost_through, &dl, cancel,
-                                &c->procs_gen, err);
+                r = replay_wait(c, &p->rb, after < p->floor_seq ? p->floor_seq : after, out, fn,
+                                arg, lost_through, &dl, cancel, &c->procs_gen, err);
                 /* 4: a record was freed while we waited (maybe this one): look it up again */
                 if (r != 4)
                         break;

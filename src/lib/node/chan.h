@@ -67,6 +67,12 @@ int cove_chan_thaw(struct cove_chan *c, struct cove_err *err);
 /* Mark dead (guest gone, sandbox stopped): wakes and fails every waiter. */
 void cove_chan_close(struct cove_chan *c, const char *why);
 int cove_chan_is_closed(struct cove_chan *c);
+/* A hot pause (the guest kept frozen): end the host side of every stream as a close would
+ * (each running process's readers get an ERROR event with why, watches end) while the
+ * channel stays open. uncut, at the thaw: a reader of such a process starts after that
+ * event (it follows the output from the thaw on, as after a restore). */
+void cove_chan_cut(struct cove_chan *c, const char *why);
+void cove_chan_uncut(struct cove_chan *c);
 /* Set how a consumer wakes the I/O thread when rx resumes. */
 void cove_chan_set_rx_notify(struct cove_chan *c, void (*fn)(void *arg, struct cove_chan *c),
                              void *arg);

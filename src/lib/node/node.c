@@ -47,6 +47,7 @@ struct inst {
         int busy;          /* layer snapshots in progress: stop waits for them */
         int warming;       /* pooled, but not ready to be taken yet (warm_up running) */
         int frozen;        /* cove_node_freeze() froze it (or a full dump left it frozen) */
+        int held;          /* hot-paused (cove_node_hold): not running to anyone asking */
         int fence_ttl_ms;  /* the fence TTL its guest was told (0: none) */
 };
 
@@ -1541,7 +1542,7 @@ struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id)
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
         struct cove_chan *c = NULL;
-        if (in && !in->stopping && !in->pool) {
+        if (in && !in->stopping && !in->pool && !in->held) {
                 c = in->chan;
                 cove_chan_ref(c);
         }
@@ -1585,7 +1586,7 @@ int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, 
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
         int r;
-        if (!in)
+        if (!in || in->held) /* a hot pause's frozen instance runs for nobody */
                 r = cove_err_setk(err, COVE_E_CONFLICT, 0, "sandbox %s has no running instance",
                                   sandbox_id);
         else if (!in->ops->usage)
@@ -1745,9 +1746,33 @@ pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id)
 {
         pthread_mutex_lock(&n->mu);
         struct inst *in = find_locked(n, sandbox_id);
-        pid_t pid = in && !in->stopping && !in->pool ? in->ri.pid : 0;
+        pid_t pid = in && !in->stopping && !in->pool && !in->held ? in->ri.pid : 0;
         pthread_mutex_unlock(&n->mu);
         return pid;
+}
+
+int cove_node_hold(struct cove_node *n, const char *sandbox_id, int held)
+{
+        pthread_mutex_lock(&n->mu);
+        struct inst *in = find_locked(n, sandbox_id);
+        struct cove_chan *c = NULL;
+        int was = in ? in->held : 0;
+        if (in) {
+                in->held = held;
+                c = in->chan;
+                cove_chan_ref(c);
+        }
+        pthread_mutex_unlock(&n->mu);
+        if (!in)
+                return -1;
+        /* its streams end with the pause, as a stop ends them; after the thaw, readers
+         * follow what comes next */
+        if (held && !was)
+                cove_chan_cut(c, "sandbox paused");
+        else if (!held && was)
+                cove_chan_uncut(c);
+        cove_chan_unref(c);
+        return 0;
 }
 
 int cove_node_count(struct cove_node *n)

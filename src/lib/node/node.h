@@ -106,6 +106,12 @@ int cove_node_kill(struct cove_node *n, const char *sandbox_id, int purge, struc
 int cove_node_count(struct cove_node *n);
 /* Host pid of a running instance's init (to reach its namespaces), or 0 when none. */
 pid_t cove_node_pid(struct cove_node *n, const char *sandbox_id);
+/* held 1: the instance is kept frozen for a hot pause (control/snapshot.h): cove_node_pid
+ * says 0, cove_node_chan NULL and cove_node_usage CONFLICT, so nothing (ports, egress,
+ * exec, usage) takes it for running, and the host side of its streams ends as at a stop
+ * (cove_chan_cut); 0: it runs again. 0, or -1 when there is no instance (holding again
+ * is how a caller asks whether the frozen instance still exists). */
+int cove_node_hold(struct cove_node *n, const char *sandbox_id, int held);
 
 /* Warm pools (docs/architecture.md §3): keep `size` instances of this template and shape started
  * and shaken hands with, refilled by a background thread, so a create takes one instead of starting
@@ -167,6 +173,15 @@ int cove_node_has_full(struct cove_node *n, const char *sandbox_id);
 #define COVE_NODE_VM_GUEST_ADDR 0xa9fe6402u /* 169.254.100.2: the guest's eth0 behind QEMU */
 int cove_node_port_connect(struct cove_node *n, const char *sandbox_id, const char *runtime,
                            uint16_t port, int timeout_ms, int *fd, struct cove_err *err);
+
+/* Abort every TCP connection of sandbox_id's running instance that leaves it (not both ends
+ * on loopback), through sock_diag's SOCK_DESTROY in its network namespace: its processes
+ * get ECONNABORTED at the next use, as after a restore (runtime/criu.h --tcp-close). For a
+ * hot pause (control/snapshot.h), whose frozen instance keeps its sockets. *count: how many.
+ * -1 with CONFLICT (no instance) or UNAVAILABLE (the kernel refused: no
+ * CONFIG_INET_DIAG_DESTROY). */
+int cove_node_tcp_abort(struct cove_node *n, const char *sandbox_id, unsigned *count,
+                        struct cove_err *err);
 
 void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint64_t *missed);
 int cove_node_usage(struct cove_node *n, const char *sandbox_id, uint64_t *mem, uint64_t *cpu,

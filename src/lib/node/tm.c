@@ -10,8 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <linux/fs.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -25,6 +28,11 @@
 #define IMG_SNAP "tm-snap-"
 #define IMG_RESTORE "tm-restore-"
 #define MEM_SUFFIX "-mem" /* store id of a full snapshot's checkpoint: <snapshot id>-mem */
+/* kept layer images: tm-snap-keep-<sandbox>-<snapshot>-<p|e>.img (p plain, e encrypted);
+ * a tm-snap- name, so the start-up sweep removes them like any temporary image */
+#define IMG_KEEP IMG_SNAP "keep-"
+#define KEEP_MAX 32        /* kept images per node (the oldest go first) */
+#define KEEP_PER_SANDBOX 2 /* its newest: e.g. a rolling one and its pause's */
 
 struct cove_node_tm {
         struct cove_node *node;
@@ -36,7 +44,9 @@ struct cove_node_tm {
         /* CRIU checkpoints in flight (plaintext memory): on tmpfs, never on a disk where the
          * blocks would outlive the delete (encrypted layers, revocation) */
         char mem_dir[PATH_MAX];
-        pthread_mutex_t io_mu; /* one capture (or GC) at a time: bounded background I/O */
+        pthread_mutex_t io_mu;   /* one capture (or GC) at a time: bounded background I/O */
+        int reflink;             /* layer_dir clones files (FICLONE): kept images are cheap */
+        pthread_mutex_t keep_mu; /* kept images: names in layer_dir */
 };
 
 /* A store failure (full, I/O error, missing or tampered chunk) is not the request's fault
@@ -121,6 +131,166 @@ static int restore_full(struct cove_node_tm *tm, const char *tenant, const char 
                 return cove_err_wrap(err, "restore of snapshot %s failed", snap);
         }
         return 0;
+}
+
+/* ---- kept layer images ----
+ * A capture's layer clone, once it is in the store, is kept (renamed, nothing copied) as
+ * one of the newest images of its sandbox on this node, so a resume or rewind of that
+ * sandbox to that snapshot here (or a fork of a plain layer) clones it (FICLONE on the
+ * reflink layer filesystem: no data copied) instead of rebuilding the layer from the
+ * store's chunks. It is the very image the snapshot was captured from; the store stays
+ * the truth (another node, an older snapshot, an encrypted fork, a restart: all restore
+ * from the store). Not durable: a restart removes them (tm-snap-); at most KEEP_MAX per
+ * node and KEEP_PER_SANDBOX per sandbox; deleting the snapshot removes its image. Only
+ * where the layer filesystem has reflinks and cfg.keep_images is set. */
+
+static void keep_path(struct cove_node_tm *tm, const char *sandbox_id, const char *snap_id,
+                      int encrypted, char *out, size_t cap)
+{
+        snprintf(out, cap, "%s/" IMG_KEEP "%s-%s-%c.img", tm->layer_dir, sandbox_id, snap_id,
+                 encrypted ? 'e' : 'p');
+}
+
+/* Remove the kept images whose name (after IMG_KEEP) has infix; then the oldest beyond
+ * `max` of those whose name starts with prefix (all of them when prefix is NULL; max 0:
+ * every one whose name starts with prefix). With keep_mu. */
+static void keep_sweep(struct cove_node_tm *tm, const char *prefix, const char *infix, size_t max)
+{
+        cleanup_dir DIR *dh = opendir(tm->layer_dir);
+        struct dirent *de;
+        size_t pl = strlen(IMG_KEEP), n = 0;
+        char oldest[NAME_MAX + 1] = "";
+        struct timespec ot = {0};
+        while (dh && (de = readdir(dh))) {
+                if (strncmp(de->d_name, IMG_KEEP, pl))
+                        continue;
+                const char *rest = de->d_name + pl;
+                char p[PATH_MAX + 256];
+                snprintf(p, sizeof(p), "%s/%s", tm->layer_dir, de->d_name);
+                if (infix && strstr(rest, infix)) {
+                        unlink(p);
+                        continue;
+                }
+                if (prefix && strncmp(rest, prefix, strlen(prefix)))
+                        continue;
+                if (max == 0) { /* every one of them */
+                        unlink(p);
+                        continue;
+                }
+                struct stat st;
+                if (stat(p, &st) < 0)
+                        continue;
+                n++;
+                if (!oldest[0] || st.st_mtim.tv_sec < ot.tv_sec ||
+                    (st.st_mtim.tv_sec == ot.tv_sec && st.st_mtim.tv_nsec < ot.tv_nsec)) {
+                        snprintf(oldest, sizeof(oldest), "%s", de->d_name);
+                        ot = st.st_mtim;
+                }
+        }
+        if (n > max && oldest[0]) { /* one capture adds one: one goes */
+                char p[PATH_MAX + 256];
+                snprintf(p, sizeof(p), "%s/%s", tm->layer_dir, oldest);
+                unlink(p);
+        }
+}
+
+void cove_node_tm_forget(struct cove_node_tm *tm, const char *sandbox_id)
+{
+        if (!tm || !tm->layer_dir[0])
+                return;
+        char prefix[96];
+        snprintf(prefix, sizeof(prefix), "%s-", sandbox_id);
+        pthread_mutex_lock(&tm->keep_mu);
+        keep_sweep(tm, prefix, NULL, 0);
+        pthread_mutex_unlock(&tm->keep_mu);
+}
+
+/* Keep img (a capture's clone of c's layer, in the store now) instead of removing it. */
+static void keep_image(struct cove_node_tm *tm, const struct cove_node_tm_capture *c,
+                       const char *img)
+{
+        if (!tm->reflink) {
+                unlink(img);
+                return;
+        }
+        char kp[PATH_MAX], prefix[96];
+        keep_path(tm, c->sandbox_id, c->snap_id, c->encrypted, kp, sizeof(kp));
+        snprintf(prefix, sizeof(prefix), "%s-", c->sandbox_id);
+        pthread_mutex_lock(&tm->keep_mu);
+        if (rename(img, kp) < 0)
+                unlink(img);
+        keep_sweep(tm, prefix, NULL, KEEP_PER_SANDBOX); /* the sandbox's oldest one */
+        keep_sweep(tm, NULL, NULL, KEEP_MAX);
+        pthread_mutex_unlock(&tm->keep_mu);
+}
+
+/* The kept image of q's snapshot that q's sandbox may start from, into kp: its own, or,
+ * for a plain layer (no per-sandbox key), a plain one of another sandbox of the tenant (a
+ * fork). With keep_mu. 0 found, -1 none. */
+static int keep_find(struct cove_node_tm *tm, const struct cove_node_tm_restore *q, char *kp,
+                     size_t cap)
+{
+        struct stat st;
+        keep_path(tm, q->sandbox_id, q->snap_id, q->encrypted, kp, cap);
+        if (stat(kp, &st) == 0 || q->encrypted)
+                return stat(kp, &st) == 0 ? 0 : -1;
+        char suffix[96];
+        snprintf(suffix, sizeof(suffix), "-%s-p.img", q->snap_id);
+        size_t sl = strlen(suffix), pl = strlen(IMG_KEEP);
+        cleanup_dir DIR *dh = opendir(tm->layer_dir);
+        struct dirent *de;
+        while (dh && (de = readdir(dh))) {
+                size_t nl = strlen(de->d_name);
+                if (nl > pl + sl && !strncmp(de->d_name, IMG_KEEP, pl) &&
+                    !strcmp(de->d_name + nl - sl, suffix)) {
+                        snprintf(kp, cap, "%s/%s", tm->layer_dir, de->d_name);
+                        return 0;
+                }
+        }
+        return -1;
+}
+
+/* A clone of the kept image of q's snapshot for q's sandbox at img: 0, or -1 when there is
+ * none (nothing left: the caller restores from the store). The caller checked that the
+ * snapshot is of q's tenant. */
+static int keep_clone(struct cove_node_tm *tm, const struct cove_node_tm_restore *q,
+                      const char *img)
+{
+        char kp[PATH_MAX];
+        pthread_mutex_lock(&tm->keep_mu);
+        if (!tm->reflink || keep_find(tm, q, kp, sizeof(kp)) < 0) {
+                pthread_mutex_unlock(&tm->keep_mu);
+                return -1;
+        }
+        int in = tm->reflink ? open(kp, O_RDONLY | O_CLOEXEC) : -1;
+        int out = in < 0 ? -1 : open(img, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        int r = out < 0 || ioctl(out, FICLONE, in) < 0 ? -1 : 0;
+        pthread_mutex_unlock(&tm->keep_mu);
+        if (in >= 0)
+                close(in);
+        if (out >= 0)
+                close(out);
+        if (r < 0 && out >= 0)
+                unlink(img);
+        return r;
+}
+
+/* 1 when files in dir can be cloned (FICLONE). */
+static int reflink_works(const char *dir)
+{
+        char a[PATH_MAX], b[PATH_MAX];
+        snprintf(a, sizeof(a), "%s/" IMG_SNAP "probe-a", dir);
+        snprintf(b, sizeof(b), "%s/" IMG_SNAP "probe-b", dir);
+        int fa = open(a, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        int fb = fa < 0 ? -1 : open(b, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        int ok = fb >= 0 && write(fa, "probe", 5) == 5 && ioctl(fb, FICLONE, fa) == 0;
+        if (fa >= 0)
+                close(fa);
+        if (fb >= 0)
+                close(fb);
+        unlink(a);
+        unlink(b);
+        return ok;
 }
 
 /* ---- capture ---- */
@@ -257,7 +427,10 @@ int cove_node_tm_capture(struct cove_node_tm *tm, const struct cove_node_tm_capt
                 }
         }
         pthread_mutex_unlock(&tm->io_mu);
-        unlink(img);
+        if (r == 0)
+                keep_image(tm, c, img);
+        else
+                unlink(img);
         if (full) {
                 struct cove_err e2;
                 cove_rm_rf(mem, &e2);
@@ -293,6 +466,12 @@ static int restore_files(struct cove_node_tm *tm, const char *tenant, const char
         snprintf(img, cap, "%s/" IMG_RESTORE "%s-%s.img", tm->layer_dir, snap, rnd);
         int tree_fd = -1;
         *h = NULL;
+        if (!strcmp(tenant, target->sandbox_tenant) && keep_clone(tm, target, img) == 0) {
+                cove_info(tm->log, "snapshot.restore",
+                          "sandbox %s: the layer of snapshot %s cloned from its kept image",
+                          target->sandbox_id, snap);
+                return 0; /* start() mounts it (no handle) */
+        }
         struct cove_snapshot_stats st;
         /* an encrypted target's layer is encrypted from the first byte restored */
         uint8_t key[COVE_FSCRYPT_KEY_LEN];
@@ -502,6 +681,13 @@ int cove_node_tm_delete(struct cove_node_tm *tm, const char *tenant, const char 
 {
         if (!tm || !tm->store)
                 return cove_err_setk(err, COVE_E_UNAVAILABLE, 0, "no snapshot store");
+        if (tm->layer_dir[0]) {
+                char infix[96];
+                snprintf(infix, sizeof(infix), "-%s-", store_id);
+                pthread_mutex_lock(&tm->keep_mu);
+                keep_sweep(tm, NULL, infix, KEEP_MAX);
+                pthread_mutex_unlock(&tm->keep_mu);
+        }
         return cove_snapshot_delete(tm->store, tenant, store_id, err);
 }
 
@@ -642,6 +828,7 @@ int cove_node_tm_open(struct cove_node *node, const struct cove_node_tm_config *
         if (!tm)
                 return cove_err_set(err, ENOMEM, "time machine");
         pthread_mutex_init(&tm->io_mu, NULL);
+        pthread_mutex_init(&tm->keep_mu, NULL);
         tm->node = node;
         tm->cfg = *cfg;
         tm->log = cfg->log;
@@ -685,6 +872,7 @@ int cove_node_tm_open(struct cove_node *node, const struct cove_node_tm_config *
                 goto fail;
         }
         cleanup_tmp(tm);
+        tm->reflink = cfg->keep_images && tm->layer_dir[0] && reflink_works(tm->layer_dir);
         *out = tm;
         return 0;
 fail:
@@ -700,5 +888,6 @@ void cove_node_tm_close(struct cove_node_tm *tm)
         if (tm->mem_dir[0])
                 rmdir(tm->mem_dir); /* empty unless an operation is still in flight */
         pthread_mutex_destroy(&tm->io_mu);
+        pthread_mutex_destroy(&tm->keep_mu);
         free(tm);
 }

@@ -24,6 +24,10 @@ struct cove_node_tm_config {
         const char *s3_endpoint; /* required with s3:// */
         int s3_timeout_s;        /* 0: 30 s */
         int cache_mb;            /* chunk cache budget (0: 1024 MiB) */
+        /* Keep each sandbox's newest captured layer image on this node (reflink layer
+         * filesystems only), so a resume or fork here clones it instead of rebuilding the
+         * layer from the store (tm.c "kept layer images"). */
+        int keep_images;
         /* The at-rest key (COVE_FSCRYPT_KEY_LEN bytes) of sandbox_id's writable layer, asked
          * for only when an encrypted layer image is opened; wiped after use. -1 with the
          * error (e.g. KEY_REVOKED). */
@@ -135,6 +139,9 @@ void cove_node_tm_base_id(const char *store_id, char *out, size_t cap);
 /* Delete a manifest from the store (its chunks go at the next GC). NOT_FOUND if absent. */
 int cove_node_tm_delete(struct cove_node_tm *tm, const char *tenant, const char *store_id,
                         struct cove_err *err);
+/* Remove every kept layer image of sandbox_id on this node (its stop for a revoked key:
+ * they hold its files in clear). tm may be NULL. */
+void cove_node_tm_forget(struct cove_node_tm *tm, const char *sandbox_id);
 /* The store ids of the tenant's manifests; caller frees with cove_node_tm_list_free(). */
 int cove_node_tm_list(struct cove_node_tm *tm, const char *tenant, char ***ids, size_t *n,
                       struct cove_err *err);
