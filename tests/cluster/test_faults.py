@@ -17,6 +17,8 @@ import pytest
 
 from cove import Client, CoveError, poll
 
+pytestmark = pytest.mark.slow  # minutes: not in the sanitizer pass
+
 WORKLOAD = "sh -c 'while true; do date +%s%N >> /home/hb; sleep 0.2; done' >/dev/null 2>&1 &"
 BIG_MB = 48  # written before a fault meant to land during a capture or a restore
 RECOVERY_S = 120  # lease TTL + the lost grace + a restore, on a loaded 2-core machine

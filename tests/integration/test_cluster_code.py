@@ -16,6 +16,7 @@ roles = pytest.importorskip("test_cluster_roles",
                             reason="needs the cluster roles and their test set-up "
                                    "(tests/integration/test_cluster_roles.py)")
 cluster, pg, rgw, pytestmark = roles.cluster, roles.pg, roles.rgw, roles.pytestmark
+pytestmark = [*pytestmark, pytest.mark.slow]  # minutes: not in the sanitizer pass
 Member, live_nodes = roles.Member, roles.live_nodes
 
 TEMPLATES = ["--templates", "busybox,base,code-interpreter"]

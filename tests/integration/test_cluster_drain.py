@@ -16,6 +16,7 @@ roles = pytest.importorskip("test_cluster_roles",
                             reason="needs the cluster roles and their test set-up "
                                    "(tests/integration/test_cluster_roles.py)")
 cluster, pg, rgw, pytestmark = roles.cluster, roles.pg, roles.rgw, roles.pytestmark
+pytestmark = [*pytestmark, pytest.mark.slow]  # minutes: not in the sanitizer pass
 exec_out, init_pid, live_nodes = roles.exec_out, roles.init_pid, roles.live_nodes
 
 

@@ -15,6 +15,7 @@ roles = pytest.importorskip("test_cluster_roles",
                             reason="needs the cluster roles and their test set-up "
                                    "(tests/integration/test_cluster_roles.py)")
 cluster, pg, rgw, pytestmark = roles.cluster, roles.pg, roles.rgw, roles.pytestmark
+pytestmark = [*pytestmark, pytest.mark.slow]  # minutes: not in the sanitizer pass
 exec_out, live_nodes = roles.exec_out, roles.live_nodes
 
 

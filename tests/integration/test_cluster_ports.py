@@ -19,6 +19,7 @@ roles = pytest.importorskip("test_cluster_roles",
                             reason="needs the cluster roles and their test set-up "
                                    "(tests/integration/test_cluster_roles.py)")
 pg, rgw, pytestmark = roles.pg, roles.rgw, roles.pytestmark
+pytestmark = [*pytestmark, pytest.mark.slow]  # minutes: not in the sanitizer pass
 Member, live_nodes = roles.Member, roles.live_nodes
 from test_ports import HTTP, WS, start_app, ws_connect, ws_recv, ws_send  # noqa: E402
 

@@ -16,6 +16,8 @@ import pytest
 from cove import Coved, free_port, poll
 from npmdir import npm_dir
 
+pytestmark = pytest.mark.slow  # minutes: not in the sanitizer pass
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CI_SRC = os.path.join(ROOT, "tests", "e2b-ci")
 
