@@ -892,7 +892,6 @@ vfork_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *
 #define Z_REQ_MAX (128u * 1024u) /* a larger request takes the direct path */
 #define Z_STACK (256u * 1024u)   /* the clone child's stack (execvp's script fallback) */
 #define Z_ANSWER_MS 20000        /* a zygote silent that long after a request is dropped */
-#define Z_READY_MS 5000          /* a zygote not in its cgroup by then is dropped */
 struct zreq {
         uint32_t argc, envc;
         uint32_t switch_user;
@@ -922,10 +921,6 @@ static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock
         prctl(PR_SET_NAME, "cove-exec", 0, 0, 0);
         sigset_t ign = g->ign; /* all it uses of the agent's state */
         if (work_attach() < 0)
-                _exit(1);
-        /* attached, its cgroup.procs fd closed: the agent waits for this before it answers
-         * anything, so a checkpoint (CRIU cannot dump that fd) never finds it open */
-        if (write(3, "R", 1) != 1)
                 _exit(1);
         uint8_t *buf = malloc(Z_REQ_MAX);
         char *stack = malloc(Z_STACK);
@@ -1024,16 +1019,6 @@ void g_zygote_start(struct cove_guest *g)
         close(sv[1]);
         if (pid < 0) {
                 close(sv[0]);
-                return;
-        }
-        struct pollfd pf = {sv[0], POLLIN, 0};
-        char ready = 0;
-        int pr;
-        while ((pr = poll(&pf, 1, Z_READY_MS)) < 0 && errno == EINTR)
-                ;
-        if (pr != 1 || read(sv[0], &ready, 1) != 1 || ready != 'R') {
-                close(sv[0]);       /* the direct path; the next exec tries again */
-                kill(pid, SIGKILL); /* reaped by g_reap, as an unknown child */
                 return;
         }
         g->zfd = sv[0];
@@ -1313,13 +1298,11 @@ int g_op_exec(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *e
                 p->deadline_ms = g_now_ms() + x.timeout_s * 1000;
         g->procs[g->nprocs++] = p;
         exec_req_free(&x);
-        /* gone: back for the next exec (its cgroup move is its own), attached before the
-         * answer, so nothing coved does after it meets the zygote half-way into its cgroup */
-        if (g->zfd < 0 && g->zygote)
-                g_zygote_start(g);
         /* RESP before any OUT: output is only read once we are back in the loop */
         if (g_reply_ok(g, id, json_pack("{s:i}", "pid", (int)p->pid), err) < 0)
                 return -1;
+        if (g->zfd < 0 && g->zygote) /* gone: back for the next exec (its cgroup move is its own) */
+                g_zygote_start(g);
         if (g_epoll_add(g, p->out_fd, EPOLLIN, &p->s_out) < 0 ||
             (p->err_fd >= 0 && g_epoll_add(g, p->err_fd, EPOLLIN, &p->s_err) < 0)) {
                 /* cannot watch its output: treat its streams as ended */
