@@ -206,7 +206,7 @@ class Bench:
     # -- 1. create -> ready --------------------------------------------------------------
     def bench_create(self):
         n = self.a.creates
-        post, ready, dele, teardown, first = [], [], [], [], []
+        post, ready, dele, teardown = [], [], [], []
         for _ in range(3):  # warm-up: golden image, template caches
             sb = self.create()
             exec_true(self.ka, sb["id"])
@@ -237,7 +237,6 @@ class Bench:
                 time.sleep(0.0005)
             teardown.append((time.perf_counter() - t2) * 1e3)
             post.append((t1 - t0) * 1e3)
-            first.append((t2 - t1) * 1e3)  # the first exec in a fresh sandbox
             ready.append((t2 - t0) * 1e3)
             dele.append((t3 - t2) * 1e3)
         sd = self.server_delete_ms()[-len(dele):] if dele else []
@@ -245,7 +244,6 @@ class Bench:
             self.res["delete_server"] = {k: pct([x[i] for x in sd], 50)
                                          for i, k in enumerate(("total", "kill", "catalog"))}
         self.res["create"] = {"post": summary(post), "ready": summary(ready),
-                              "first_exec": summary(first),
                               "delete": summary(dele), "teardown": summary(teardown),
                               "loops_per_sandbox": loops_max,
                               "errors": errors,
@@ -470,19 +468,6 @@ class Bench:
         self.delete(sid)
         self.res["exec"] = summary(xs)
         self.res["exec"]["cpu"] = cpu
-        # the anchor: the same program spawned and reaped straight on the host, no sandbox, no
-        # API (its own start is most of an exec round trip on a machine where CPUID traps)
-        bb = os.path.join(self.templates, "busybox", "rootfs", "bin", "busybox")
-        js = os.path.join(self.out, "hyperfine-busybox-true.json")
-        r = subprocess.run(["hyperfine", "-N", "--warmup", "20", "--runs", str(self.a.execs),
-                            "--style", "none", "--export-json", js, f"{bb} true"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if r.returncode == 0:
-            with open(js) as f:
-                self.res["exec"]["anchor"] = summary([t * 1e3 for t in
-                                                      json.load(f)["results"][0]["times"]])
-        else:
-            self.notes.append(f"exec anchor (hyperfine {bb} true) failed: {r.stderr[:200]}")
         log(f"exec: p50 {pct(xs, 50):.3f} ms; per exec CPU {cpu}")
 
     # -- 4. reconnect ------------------------------------------------------------------
@@ -929,20 +914,10 @@ http {{
             row(f"exec `true` wait:true ms, {e['n']} (p50 / p90 / p99)",
                 f"{e['p50']:.3f} / {e['p90']:.3f} / {e['p99']:.3f}", "p50 ≤ 1",
                 e["p50"] <= 1,
-                (f"anchor, the same busybox `true` spawned and reaped on the host (hyperfine -N): "
-                 f"p50 {e['anchor']['p50']:.3f} / p90 {e['anchor']['p90']:.3f}; "
-                 if e.get("anchor") else "") +
                 (f"CPU per round trip: coved {e['cpu']['coved_us']:.0f} µs, guest + `true` "
                  f"{e['cpu']['guest_us']:.0f} µs, this client {e['cpu']['client_us']:.0f} µs; "
                  f"coved context switches {e['cpu']['coved_ctx_switches']:.1f}"
                  if e.get("cpu") else ""))
-        fe = (r.get("create") or {}).get("first_exec")
-        if fe and e:
-            row("first exec in a fresh sandbox ms (p50 / p90), vs later execs' p50",
-                f"{fe['p50']:.3f} / {fe['p90']:.3f}", "p50 ≤ 1.25 × later p50",
-                fe["p50"] <= 1.25 * e["p50"],
-                f"later execs (exec row above) p50 {e['p50']:.3f}; the first exec is the `exec "
-                f"true` of each create→ready above")
         rc = r.get("reconnect")
         if rc and rc["wrk"]:
             best = max(rc["wrk"].values(), key=lambda w: w["rate"])

@@ -539,52 +539,6 @@ static void exec_as_user(void **state)
         json_decref(po.exit);
 }
 
-/* The program is looked up in the PATH the request gives (not the agent's), a file without a
- * #! line runs under /bin/sh, and a signal the agent ignores (SIGPIPE) is at its default in
- * what it runs. */
-static void exec_path_script_and_signals(void **state)
-{
-        struct node *n = *state;
-        char path[256];
-        snprintf(path, sizeof(path), "%s/bin", n->dir);
-        assert_int_equal(mkdir(path, 0755), 0);
-        snprintf(path, sizeof(path), "%s/bin/only-here", n->dir);
-        int fd = open(path, O_CREAT | O_WRONLY, 0755);
-        assert_true(fd >= 0);
-        const char *script = "echo from-script \"$@\"\n";
-        assert_int_equal(write(fd, script, strlen(script)), (ssize_t)strlen(script));
-        close(fd);
-        char pathenv[300];
-        snprintf(pathenv, sizeof(pathenv), "/nonexistent:%s/bin:/usr/bin:/bin", n->dir);
-        int pid = start(n, json_pack("{s:s, s:[s,s], s:{s:s}}", "op", "exec", "cmd", "only-here",
-                                     "a1", "env", "PATH", pathenv));
-        struct proc_out po;
-        collect(n, pid, &po, 10000);
-        po.out[po.nout] = 0;
-        assert_string_equal(po.out, "from-script a1\n");
-        assert_int_equal(exit_code(&po), 0);
-        json_decref(po.exit);
-        /* without that PATH it is not found */
-        json_t *r = call(n, json_pack("{s:s, s:[s]}", "op", "exec", "cmd", "only-here"));
-        assert_err(r, "not_found");
-        json_decref(r);
-        /* the same by its path */
-        pid = start(n, json_pack("{s:s, s:[s,s]}", "op", "exec", "cmd", path, "b2"));
-        collect(n, pid, &po, 10000);
-        po.out[po.nout] = 0;
-        assert_string_equal(po.out, "from-script b2\n");
-        json_decref(po.exit);
-        /* SigIgn of the exec'd process: no SIGPIPE (bit 12) */
-        pid = start(n, json_pack("{s:s, s:[s,s,s]}", "op", "exec", "cmd", "grep", "^SigIgn",
-                                 "/proc/self/status"));
-        collect(n, pid, &po, 10000);
-        po.out[po.nout] = 0;
-        unsigned long long ign = ~0ULL;
-        assert_int_equal(sscanf(po.out, "SigIgn: %llx", &ign), 1);
-        assert_int_equal(ign & (1ULL << (SIGPIPE - 1)), 0);
-        json_decref(po.exit);
-}
-
 static void exec_killed_by_signal(void **state)
 {
         struct node *n = *state;
@@ -1142,7 +1096,6 @@ int main(void)
             cmocka_unit_test_setup_teardown(exec_stdout_stderr_exit, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_argv_and_default_env, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_as_user, setup, teardown),
-            cmocka_unit_test_setup_teardown(exec_path_script_and_signals, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_killed_by_signal, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_missing_binary, setup, teardown),
             cmocka_unit_test_setup_teardown(exec_stdin_cat, setup, teardown),

@@ -12,18 +12,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <termios.h>
 #include <unistd.h>
@@ -34,6 +29,8 @@
 #define MAX_ARGS 4096
 #define MAX_ENV 1024
 #define MAX_TIMEOUT_S (365LL * 24 * 3600)
+
+extern char **environ;
 
 /* ---- users ---- */
 
@@ -426,14 +423,7 @@ int g_reap(struct cove_guest *g, struct cove_err *err)
                 int st;
                 pid_t pid = waitpid(-1, &st, WNOHANG);
                 if (pid <= 0)
-                        return 0;     /* 0: none left exited; -1: ECHILD */
-                if (pid == g->zpid) { /* killed by the workload: the next exec starts it again */
-                        if (WIFEXITED(st) && WEXITSTATUS(st) == 1)
-                                g->zygote = false; /* it could not set itself up here */
-                        g->zpid = 0;
-                        g_zygote_stop(g);
-                        continue;
-                }
+                        return 0; /* 0: none left exited; -1: ECHILD */
                 for (size_t i = 0; i < g->nprocs; i++) {
                         struct gproc *p = g->procs[i];
                         if (p->dead || p->reaped || p->pid != pid)
@@ -520,7 +510,6 @@ void g_procs_sweep(struct cove_guest *g)
 
 void g_procs_kill_all(struct cove_guest *g)
 {
-        g_zygote_stop(g);
         for (size_t i = 0; i < g->nprocs; i++) {
                 struct gproc *p = g->procs[i];
                 if (p->dead)
@@ -705,101 +694,35 @@ enum { ST_SETUP = 1, ST_USER, ST_CWD, ST_EXEC };
 struct child_err {
         int stage;
         int errnum;
-        int rfd; /* a zygote's child: its reports go to this pipe (struct zrep), else -1 */
-};
-/* What a zygote's child writes to its report pipe: its pid first, then, if it fails, the
- * stage and errno; exec closes the pipe (O_CLOEXEC). The zygote writes pid -errno when clone
- * fails. */
-struct zrep {
-        int32_t pid, stage, errnum;
 };
 
-/* The child of spawn() shares the agent's memory (vfork) until it execs or exits: it reports a
- * failure through *ce, which the agent reads once vfork returns. */
-static void __attribute__((noreturn)) child_fail(volatile struct child_err *ce, int stage)
+static void __attribute__((noreturn)) child_fail(int efd, int stage)
 {
-        ce->errnum = errno;
-        ce->stage = stage;
-        if (ce->rfd >= 0) {
-                struct zrep r = {(int32_t)getpid(), stage, ce->errnum};
-                ssize_t w = write(ce->rfd, &r, sizeof(r));
-                (void)w;
-        }
+        struct child_err ce = {stage, errno};
+        ssize_t w = write(efd, &ce, sizeof(ce));
+        (void)w;
         _exit(127);
 }
 
-/* execvp with the request's environment: PATH is looked up in envp (the agent's own environ is
- * shared with the vfork child and must not change), a file without a #! line runs under
- * /bin/sh, as execvp does. Returns only on failure, errno set. Stack only, no allocation. */
-static void exec_search(char *const argv[], char *const envp[])
+/* In the child, after fork: never returns. Only async-signal-safe work plus execvp (we are
+ * single-threaded, so the heap is consistent). */
+static void __attribute__((noreturn))
+child_exec(struct exec_req *x, int efd, int in, int out, int errfd, int slave)
 {
-        const char *file = argv[0];
-        size_t argc = 0;
-        while (argv[argc])
-                argc++;
-        char *sh_argv[argc + 2]; /* bounded by MAX_ARGS */
-        if (strchr(file, '/')) {
-                execve(file, argv, envp);
-                if (errno == ENOEXEC) {
-                        sh_argv[0] = (char *)"/bin/sh";
-                        sh_argv[1] = (char *)file;
-                        memcpy(sh_argv + 2, argv + 1, argc * sizeof(char *));
-                        execve("/bin/sh", sh_argv, envp);
-                        errno = ENOEXEC;
-                }
-                return;
-        }
-        const char *path = NULL;
-        for (char *const *e = envp; *e; e++)
-                if (strncmp(*e, "PATH=", 5) == 0)
-                        path = *e + 5;
-        if (!path)
-                path = "/bin:/usr/bin";
-        size_t fl = strlen(file);
-        bool eacces = false;
-        char buf[G_PATH_MAX];
-        for (const char *p = path;; p++) {
-                const char *end = strchrnul(p, ':');
-                size_t dl = (size_t)(end - p);
-                if (dl + fl + 2 <= sizeof(buf)) {
-                        memcpy(buf, p, dl);
-                        size_t o = dl;
-                        if (dl == 0) /* an empty entry is the working directory */
-                                buf[o++] = '.';
-                        buf[o++] = '/';
-                        memcpy(buf + o, file, fl + 1);
-                        execve(buf, argv, envp);
-                        if (errno == ENOEXEC) {
-                                sh_argv[0] = (char *)"/bin/sh";
-                                sh_argv[1] = buf;
-                                memcpy(sh_argv + 2, argv + 1, argc * sizeof(char *));
-                                execve("/bin/sh", sh_argv, envp);
-                                errno = ENOEXEC;
-                                return;
-                        }
-                        if (errno == EACCES)
-                                eacces = true;
-                        else if (errno != ENOENT && errno != ENOTDIR && errno != ESTALE &&
-                                 errno != ENODEV && errno != ETIMEDOUT)
-                                return;
-                }
-                if (!*end)
-                        break;
-                p = end;
-        }
-        errno = eacces ? EACCES : ENOENT;
-}
-
-/* Into the workload's cgroup, killable: what the agent runs must not share its shield. System
- * calls only (a vfork child runs it). -1 with errno. */
-static int work_attach(void)
-{
+        sigset_t none;
+        sigemptyset(&none);
+        for (int s = 1; s < NSIG; s++)
+                if (s != SIGKILL && s != SIGSTOP)
+                        signal(s, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        if (setsid() < 0)
+                child_fail(efd, ST_SETUP);
         /* the ns runtime shields cove-guest from the OOM killer (-1000); what it runs must stay
          * killable (best effort: without /proc there is no such setting to undo) */
         int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
         if (oom >= 0) {
                 if (write(oom, "0\n", 2) != 2)
-                        return -1;
+                        child_fail(efd, ST_SETUP);
                 close(oom);
         }
         /* into the workload's memory cgroup (ns runtime), so that an OOM there ends what runs
@@ -810,327 +733,30 @@ static int work_attach(void)
         int cg = open(COVE_GUEST_WORK_PROCS, O_WRONLY | O_CLOEXEC);
         if (cg >= 0) {
                 if (write(cg, "0", 1) != 1 && errno != EACCES && errno != EPERM)
-                        return -1;
+                        child_fail(efd, ST_SETUP);
                 close(cg);
         } else if (errno != ENOENT && errno != EACCES && errno != EPERM) {
-                return -1;
+                child_fail(efd, ST_SETUP);
         }
-        return 0;
-}
-
-/* In the vfork child: never returns. It shares the agent's memory, so only system calls and
- * stack work: no allocation, no stdio, no libc call that takes a lock or changes global state.
- * The ids change through raw syscalls: glibc's setuid() would broadcast the change to every
- * thread in the agent's thread list (the fence watchdog's too). */
-static void __attribute__((noreturn))
-child_exec(const sigset_t *ign, struct exec_req *x, volatile struct child_err *ce, int in, int out,
-           int errfd, int slave, bool attached)
-{
-        if (ce->rfd >= 0) { /* who it is, before anything can kill the zygote */
-                struct zrep r = {(int32_t)getpid(), 0, 0};
-                if (write(ce->rfd, &r, sizeof(r)) != (ssize_t)sizeof(r))
-                        _exit(127);
-        }
-        sigset_t none;
-        sigemptyset(&none);
-        for (int s = 1; s < NSIG; s++)
-                if (sigismember(ign, s) == 1)
-                        signal(s, SIG_DFL);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        if (setsid() < 0)
-                child_fail(ce, ST_SETUP);
-        if (!attached && work_attach() < 0)
-                child_fail(ce, ST_SETUP);
         if (slave >= 0) {
                 if (ioctl(slave, TIOCSCTTY, 0) < 0)
-                        child_fail(ce, ST_SETUP);
+                        child_fail(efd, ST_SETUP);
                 in = out = errfd = slave;
         }
         /* dup2 onto itself would keep O_CLOEXEC: fds 0-2 are always taken in the guest */
         if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(errfd, 2) < 0)
-                child_fail(ce, ST_SETUP);
+                child_fail(efd, ST_SETUP);
         close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
         if (x->switch_user) {
-                if (syscall(SYS_setgroups, (size_t)x->user.ngroups, x->user.groups) < 0 ||
-                    syscall(SYS_setgid, x->user.gid) < 0 || syscall(SYS_setuid, x->user.uid) < 0)
-                        child_fail(ce, ST_USER);
+                if (setgroups((size_t)x->user.ngroups, x->user.groups) < 0 ||
+                    setgid(x->user.gid) < 0 || setuid(x->user.uid) < 0)
+                        child_fail(efd, ST_USER);
         }
         if (chdir(x->cwd) < 0)
-                child_fail(ce, ST_CWD);
-        exec_search(x->argv, x->envp);
-        child_fail(ce, ST_EXEC);
-}
-
-/* vfork in a frame of its own: nothing of the caller's is live across it (the child runs on
- * the agent's stack until it execs). */
-static pid_t __attribute__((noinline))
-vfork_exec(struct cove_guest *g, struct exec_req *x, volatile struct child_err *ce, int in, int out,
-           int errfd, int slave)
-{
-        pid_t pid = vfork();
-        if (pid == 0)
-                child_exec(&g->ign, x, ce, in, out, errfd, slave, false);
-        return pid;
-}
-
-/* ---- the exec zygote ----
- * Moving a new process into the workload's cgroup (the write to cgroup.procs above) takes the
- * kernel's global cgroup_threadgroup_rwsem for writing, which waits for an RCU grace period
- * unless another such write happened just before: 5-16 ms on the loaded 2-core dev box for
- * the first exec after a pause (a fresh sandbox's first one included), 10-60 us back to back.
- * The zygote is a fork of the agent that moved itself into the workload's cgroup once: it
- * starts each plain exec (no PTY, no stdin) with clone(CLONE_PARENT), so the process is born
- * there and is still the agent's child, reaped and signalled as any other. The agent sends
- * the request, its three stdio fds and a report pipe over a socketpair; the child writes its
- * pid (and a failure) to the pipe, which its exec closes, and the agent waits for the pipe's
- * end as it waited for its own vfork child. The workload can kill or stop the zygote (same
- * uid, same pid namespace): one that is gone before the clone leaves an empty pipe and the
- * exec takes the direct path (the zygote is started anew after it); a child whose zygote died
- * after the clone is still reported by the child itself; a stopped zygote gets SIGCONT; a
- * pipe that does not end in time fails that exec only (it may have started: never start it
- * twice). The reported pid must be a child of the agent's that it does not track yet. */
-#define Z_REQ_MAX (128u * 1024u) /* a larger request takes the direct path */
-#define Z_STACK (256u * 1024u)   /* the clone child's stack (execvp's script fallback) */
-#define Z_ANSWER_MS 20000        /* a zygote silent that long after a request is dropped */
-struct zreq {
-        uint32_t argc, envc;
-        uint32_t switch_user;
-        struct guser user;
-        char cwd[G_PATH_MAX];
-        /* then argc + envc NUL-terminated strings */
-};
-struct zarg {
-        const sigset_t *ign;
-        struct exec_req *x;
-        volatile struct child_err *ce;
-        int fds[4]; /* stdin, stdout, stderr, report pipe */
-};
-
-static int zchild(void *arg)
-{
-        struct zarg *a = arg;
-        child_exec(a->ign, a->x, a->ce, a->fds[0], a->fds[1], a->fds[2], -1, true);
-}
-
-static void __attribute__((noreturn)) zygote_main(struct cove_guest *g, int sock, pid_t agent)
-{
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != agent || dup2(sock, 3) < 0)
-                _exit(1);
-        close_range(4, ~0U, 0); /* the channel and every other fd of the agent */
-        prctl(PR_SET_NAME, "cove-exec", 0, 0, 0);
-        sigset_t ign = g->ign; /* all it uses of the agent's state */
-        if (work_attach() < 0)
-                _exit(1);
-        uint8_t *buf = malloc(Z_REQ_MAX);
-        char *stack = malloc(Z_STACK);
-        char **v = calloc(MAX_ARGS + MAX_ENV + 16, sizeof(char *));
-        if (!buf || !stack || !v)
-                _exit(1);
-        for (;;) {
-                union {
-                        struct cmsghdr h;
-                        char b[CMSG_SPACE(4 * sizeof(int))];
-                } cm;
-                struct iovec iov = {buf, Z_REQ_MAX};
-                struct msghdr mh = {.msg_iov = &iov,
-                                    .msg_iovlen = 1,
-                                    .msg_control = cm.b,
-                                    .msg_controllen = sizeof(cm.b)};
-                ssize_t n = recvmsg(3, &mh, MSG_CMSG_CLOEXEC);
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n <= 0)
-                        _exit(0);
-                struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-                struct zarg a = {.ign = &ign, .fds = {-1, -1, -1, -1}};
-                if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-                    c->cmsg_len == CMSG_LEN(4 * sizeof(int)))
-                        memcpy(a.fds, CMSG_DATA(c), sizeof(a.fds));
-                struct zrep ans = {-EINVAL, 0, 0};
-                struct zreq *q = (struct zreq *)buf;
-                /* from the agent, but a malformed one must not make the zygote read astray */
-                bool ok = a.fds[3] >= 0 && !(mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-                          (size_t)n > sizeof(*q) && buf[n - 1] == 0 && q->argc > 0 &&
-                          q->argc <= MAX_ARGS && q->envc <= MAX_ENV + 8 &&
-                          memchr(q->cwd, 0, sizeof(q->cwd));
-                size_t k = 0;
-                for (char *sp = (char *)(q + 1), *end = (char *)buf + n;
-                     ok && k < q->argc + q->envc + 1; k++) {
-                        if (k == q->argc) { /* argv's NULL, then envp */
-                                v[k] = NULL;
-                                continue;
-                        }
-                        if (sp >= end) {
-                                ok = false;
-                                break;
-                        }
-                        v[k] = sp;
-                        sp += strlen(sp) + 1;
-                }
-                if (ok) {
-                        v[k] = NULL;
-                        struct exec_req x = {.argv = v,
-                                             .envp = v + q->argc + 1,
-                                             .switch_user = q->switch_user != 0,
-                                             .user = q->user};
-                        memcpy(x.cwd, q->cwd, sizeof(x.cwd));
-                        volatile struct child_err ce = {0, 0, a.fds[3]};
-                        a.x = &x;
-                        a.ce = &ce;
-                        pid_t pid = clone(zchild, stack + Z_STACK,
-                                          CLONE_PARENT | CLONE_VM | CLONE_VFORK, &a);
-                        ans.pid = pid < 0 ? -errno : 0;
-                }
-                /* the child reported itself; only a request that started nothing is told */
-                if (ans.pid < 0 && a.fds[3] >= 0) {
-                        ssize_t w = write(a.fds[3], &ans, sizeof(ans));
-                        (void)w;
-                }
-                for (int i = 0; i < 4; i++)
-                        if (a.fds[i] >= 0)
-                                close(a.fds[i]);
-        }
-}
-
-void g_zygote_stop(struct cove_guest *g)
-{
-        if (g->zfd >= 0)
-                close(g->zfd);
-        if (g->zpid > 0)
-                kill(g->zpid, SIGKILL); /* reaped by g_reap, as an unknown child */
-        g->zfd = -1;
-        g->zpid = 0;
-}
-
-void g_zygote_start(struct cove_guest *g)
-{
-        if (g->zfd >= 0 || access(COVE_GUEST_WORK_PROCS, W_OK) < 0)
-                return; /* no workload cgroup to move into: a vm, or no memory cgroup */
-        int sv[2];
-        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0)
-                return;
-        pid_t agent = getpid();
-        pid_t pid = fork();
-        if (pid == 0) {
-                close(sv[0]);
-                zygote_main(g, sv[1], agent);
-        }
-        close(sv[1]);
-        if (pid < 0) {
-                close(sv[0]);
-                return;
-        }
-        g->zfd = sv[0];
-        g->zpid = pid;
-}
-
-/* 1: the zygote started it (*pid; *ce says whether it failed); 0: nothing was started (take the
- * direct path); -1 with e: it may have started and nobody can say (never started twice). */
-static int zygote_spawn(struct cove_guest *g, struct exec_req *x, int in, int out, int errfd,
-                        pid_t *pid, struct child_err *ce, struct cove_err *e)
-{
-        if (g->zfd < 0)
-                return 0;
-        size_t len = sizeof(struct zreq), argc = 0, envc = 0;
-        for (char **a = x->argv; *a; a++, argc++)
-                len += strlen(*a) + 1;
-        for (char **a = x->envp; *a; a++, envc++)
-                len += strlen(*a) + 1;
-        if (len > Z_REQ_MAX)
-                return 0;
-        cleanup_free uint8_t *buf = malloc(len);
-        int rp[2];
-        if (!buf || pipe2(rp, O_CLOEXEC) < 0)
-                return 0;
-        struct zreq *q = (struct zreq *)buf;
-        memset(q, 0, sizeof(*q));
-        q->argc = (uint32_t)argc;
-        q->envc = (uint32_t)envc;
-        q->switch_user = x->switch_user;
-        q->user = x->user;
-        snprintf(q->cwd, sizeof(q->cwd), "%s", x->cwd);
-        char *sp = (char *)(q + 1);
-        for (int pass = 0; pass < 2; pass++)
-                for (char **a = pass ? x->envp : x->argv; *a; a++) {
-                        size_t l = strlen(*a) + 1;
-                        memcpy(sp, *a, l);
-                        sp += l;
-                }
-        union {
-                struct cmsghdr h;
-                char b[CMSG_SPACE(4 * sizeof(int))];
-        } cm;
-        memset(&cm, 0, sizeof(cm));
-        struct iovec iov = {buf, len};
-        struct msghdr mh = {
-            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b, .msg_controllen = sizeof(cm.b)};
-        struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(4 * sizeof(int));
-        int fds[4] = {in, out, errfd, rp[1]};
-        memcpy(CMSG_DATA(c), fds, sizeof(fds));
-        kill(g->zpid, SIGCONT); /* a workload that stopped it only delays nothing */
-        ssize_t n;
-        while ((n = sendmsg(g->zfd, &mh, MSG_NOSIGNAL)) < 0 && errno == EINTR)
-                ;
-        close(rp[1]);
-        if (n != (ssize_t)len) { /* gone (or the request does not fit): the direct path */
-                close(rp[0]);
-                g_zygote_stop(g);
-                return 0;
-        }
-        /* the report pipe ends when the zygote and the child have both let go of it: the
-         * child at its exec, the zygote after the clone, either one when it dies. So a
-         * zygote killed at any point leaves either nothing started (no report) or the child's
-         * own report of its pid. */
-        struct zrep r[2];
-        size_t got = 0;
-        int64_t deadline = g_now_ms() + Z_ANSWER_MS;
-        for (;;) {
-                int64_t left = deadline - g_now_ms();
-                struct pollfd pf = {rp[0], POLLIN, 0};
-                int pr = left > 0 ? poll(&pf, 1, (int)left) : 0;
-                if (pr < 0 && errno == EINTR)
-                        continue;
-                if (pr <= 0) {
-                        got = SIZE_MAX; /* no end: it may be running */
-                        break;
-                }
-                n = got < sizeof(r) ? read(rp[0], (uint8_t *)r + got, sizeof(r) - got) : 0;
-                if (n < 0 && errno == EINTR)
-                        continue;
-                if (n <= 0)
-                        break;
-                got += (size_t)n;
-        }
-        close(rp[0]);
-        if (got == 0) { /* nothing started: the zygote died first */
-                g_zygote_stop(g);
-                return 0;
-        }
-        if (got == SIZE_MAX || got % sizeof(r[0]))
-                g_zygote_stop(g);
-        if (got == SIZE_MAX)
-                return cove_err_setk(e, COVE_E_UNAVAILABLE, 0,
-                                     "exec: the sandbox's process starter stopped answering");
-        if (got % sizeof(r[0]) == 0 && r[0].pid < 0)
-                return cove_err_setk(e, g_errno_kind(-r[0].pid), -r[0].pid, "exec: fork");
-        siginfo_t si;
-        memset(&si, 0, sizeof(si));
-        if (got % sizeof(r[0]) || r[0].pid <= 0 || proc_find(g, (uint32_t)r[0].pid) ||
-            waitid(P_PID, (id_t)r[0].pid, &si, WEXITED | WNOHANG | WNOWAIT) < 0) {
-                g_zygote_stop(g);
-                return cove_err_setk(e, COVE_E_INTERNAL, 0,
-                                     "exec: the sandbox's process starter gave a bad answer");
-        }
-        *pid = r[0].pid;
-        ce->stage = got == 2 * sizeof(r[0]) ? r[1].stage : 0;
-        ce->errnum = got == 2 * sizeof(r[0]) ? r[1].errnum : 0;
-        if (ce->stage == 0 && got == 2 * sizeof(r[0]))
-                ce->stage = ST_SETUP; /* a second report always names a stage */
-        return 1;
+                child_fail(efd, ST_CWD);
+        environ = x->envp;
+        execvp(x->argv[0], x->argv);
+        child_fail(efd, ST_EXEC);
 }
 
 static int open_pty(struct exec_req *x, int *master, int *slave, struct cove_err *e)
@@ -1176,9 +802,13 @@ static int set_nonblock(int fd)
 /* Starts the process. 0 with *out filled, or -1 with e (request error). */
 static int spawn(struct cove_guest *g, struct exec_req *x, struct gproc *p, struct cove_err *e)
 {
-        int inp[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1};
+        int inp[2] = {-1, -1}, outp[2] = {-1, -1}, errp[2] = {-1, -1}, ep[2] = {-1, -1};
         int master = -1, slave = -1, devnull = -1;
         int ret = -1;
+        if (pipe2(ep, O_CLOEXEC) < 0) {
+                cove_err_set(e, errno, "exec: pipe");
+                goto out;
+        }
         if (x->pty) {
                 if (open_pty(x, &master, &slave, e) < 0)
                         goto out;
@@ -1195,29 +825,20 @@ static int spawn(struct cove_guest *g, struct exec_req *x, struct gproc *p, stru
                         goto out;
                 }
         }
-        /* vfork: the agent's page tables are not copied (a fork of it cost more than the
-         * exec'd program's own start), and the agent waits, as it did for the exec before, until
-         * the child has exec'd or failed */
-        volatile struct child_err ce = {0, 0, -1};
-        struct child_err zce = {0, 0, -1};
-        pid_t pid = -1;
-        int z = x->pty || x->want_stdin
-                    ? 0
-                    : zygote_spawn(g, x, devnull, outp[1], errp[1], &pid, &zce, e);
-        if (z < 0)
+        pid_t pid = fork();
+        if (pid < 0) {
+                cove_err_setk(e, g_errno_kind(errno), errno, "exec: fork");
                 goto out;
-        if (z == 1) {
-                ce.stage = zce.stage;
-                ce.errnum = zce.errnum;
-        } else {
-                pid = vfork_exec(g, x, &ce, x->want_stdin ? inp[0] : devnull, outp[1], errp[1],
-                                 slave);
-                if (pid < 0) {
-                        cove_err_setk(e, g_errno_kind(errno), errno, "exec: fork");
-                        goto out;
-                }
         }
-        if (ce.stage) {
+        if (pid == 0)
+                child_exec(x, ep[1], x->want_stdin ? inp[0] : devnull, outp[1], errp[1], slave);
+        close(ep[1]);
+        ep[1] = -1;
+        struct child_err ce;
+        ssize_t n;
+        while ((n = read(ep[0], &ce, sizeof(ce))) < 0 && errno == EINTR)
+                ;
+        if (n == (ssize_t)sizeof(ce)) {
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
                 enum cove_err_kind k = ce.errnum == ENOENT ? COVE_E_NOT_FOUND
@@ -1254,7 +875,7 @@ static int spawn(struct cove_guest *g, struct exec_req *x, struct gproc *p, stru
         }
         ret = 0;
 out:
-        for (int *fds[] = {inp, outp, errp}, i = 0; i < 3; i++) {
+        for (int *fds[] = {inp, outp, errp, ep}, i = 0; i < 4; i++) {
                 close_fd(&fds[i][0]);
                 close_fd(&fds[i][1]);
         }
@@ -1301,8 +922,6 @@ int g_op_exec(struct cove_guest *g, uint32_t id, json_t *req, struct cove_err *e
         /* RESP before any OUT: output is only read once we are back in the loop */
         if (g_reply_ok(g, id, json_pack("{s:i}", "pid", (int)p->pid), err) < 0)
                 return -1;
-        if (g->zfd < 0 && g->zygote) /* gone: back for the next exec (its cgroup move is its own) */
-                g_zygote_start(g);
         if (g_epoll_add(g, p->out_fd, EPOLLIN, &p->s_out) < 0 ||
             (p->err_fd >= 0 && g_epoll_add(g, p->err_fd, EPOLLIN, &p->s_err) < 0)) {
                 /* cannot watch its output: treat its streams as ended */

@@ -629,7 +629,7 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
         }
         g->chan = opts->channel_fd;
         g->listen = opts->listen_fd > 2 ? opts->listen_fd : -1;
-        g->epfd = g->sigfd = g->rootfd = g->askfd = g->zfd = -1;
+        g->epfd = g->sigfd = g->rootfd = g->askfd = -1;
         g->fence.chan = g->fence.wake = -1;
         for (int i = 0; i < G_MAX_ASKS; i++)
                 g->asks[i].fd = -1;
@@ -668,14 +668,6 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
         if (!g->pid1)
                 prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
         signal(SIGPIPE, SIG_IGN);
-        /* what an exec must set back to SIG_DFL (a handler would be reset by execve itself,
-         * an ignored signal is not); read once here instead of in every exec's child */
-        sigemptyset(&g->ign);
-        for (int s = 1; s < NSIG; s++) {
-                struct sigaction sa;
-                if (sigaction(s, NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
-                        sigaddset(&g->ign, s);
-        }
         sigset_t ss;
         sigemptyset(&ss);
         sigaddset(&ss, SIGCHLD);
@@ -695,10 +687,6 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err)
                 goto out;
         }
         g_ask_open(g); /* best effort: without it the sandbox cannot ask */
-        /* best effort: without it each exec moves itself into its cgroup. The runtime may
-         * set that cgroup up only after we started: tried again after each exec until then */
-        g->zygote = true;
-        g_zygote_start(g);
         /* children that exited before we blocked SIGCHLD */
         if (g_reap(g, err) < 0)
                 goto out;

@@ -7,7 +7,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -91,10 +90,6 @@ struct cove_guest {
         bool vm;          /* init of a vm sandbox: HELLO sets hostname, clock, entropy */
         unsigned vm_ids;  /* identities this kernel has taken (0 in a template snapshot) */
         bool chan_paused; /* a stdin window is full: stop reading the channel */
-        sigset_t ign;     /* signals at SIG_IGN here (SIGPIPE, inherited ones): SIG_DFL in execs */
-        int zfd;          /* socket to the exec zygote (exec.c), -1: none */
-        pid_t zpid;       /* the zygote, 0: none */
-        bool zygote;      /* the zygote is wanted here: started (again) after an exec without it */
         const struct cove_log *log;
         struct cove_decoder dec;
         struct gsrc s_chan, s_sig;
@@ -182,10 +177,6 @@ int g_proc_event(struct cove_guest *g, struct gsrc *s, uint32_t events, struct c
 int g_reap(struct cove_guest *g, struct cove_err *err);
 int g_proc_timers(struct cove_guest *g, int64_t now, int64_t *next, struct cove_err *err);
 void g_forward_signal(struct cove_guest *g, int sig);
-/* The exec zygote (exec.c): start (where there is a workload cgroup to move execs into; a
- * no-op otherwise or when it runs) and stop (kill; its exit is reaped as an unknown child). */
-void g_zygote_start(struct cove_guest *g);
-void g_zygote_stop(struct cove_guest *g);
 void g_procs_sweep(struct cove_guest *g);
 void g_procs_kill_all(struct cove_guest *g);
 bool g_stdin_window_full(struct cove_guest *g);
