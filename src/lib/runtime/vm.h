@@ -4,6 +4,8 @@
 #define COVE_RUNTIME_VM_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include "runtime/runtime.h"
 
@@ -26,6 +28,10 @@ const char *cove_vm_kernel_dir(char *buf, size_t cap);
 /* The initramfs for guest (cove-guest as /init plus the kernel cache's modules), built once
  * into dir/initrd-<key>; its path in out. */
 int cove_vm_initrd(const char *dir, const char *guest, char *out, size_t cap, struct cove_err *err);
+/* Copy len bytes of in from in_off to out at out_off (copy_file_range: reflinked where the
+ * filesystem can; read/write across filesystems). */
+int cove_vm_copy_range(int in, off_t in_off, int out, off_t out_off, uint64_t len,
+                       struct cove_err *err);
 /* A sparse ext4 image at path holding the template rootfs directory (mkfs.ext4 -d). */
 int cove_vm_root_image(const char *rootfs, const char *path, struct cove_err *err);
 

@@ -537,24 +537,9 @@ static int copy_sparse(int in, off_t in_off, int out, off_t out_off, uint64_t le
                         break;
                 if (hole > end)
                         hole = end;
-                loff_t a = data, b = out_off + (data - in_off);
-                while (a < hole) {
-                        ssize_t k = copy_file_range(in, &a, out, &b, (size_t)(hole - a), 0);
-                        if (k < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
-                                char buf[1 << 16];
-                                size_t want = (size_t)(hole - a) < sizeof(buf) ? (size_t)(hole - a)
-                                                                               : sizeof(buf);
-                                k = pread(in, buf, want, a);
-                                if (k > 0 && pwrite(out, buf, (size_t)k, b) != k)
-                                        k = -1;
-                                if (k > 0) {
-                                        a += k;
-                                        b += k;
-                                }
-                        }
-                        if (k <= 0)
-                                return cove_err_set(err, k < 0 ? errno : EIO, "copy");
-                }
+                if (cove_vm_copy_range(in, data, out, out_off + (data - in_off),
+                                       (uint64_t)(hole - data), err) < 0)
+                        return -1;
                 pos = hole;
         }
         return 0;

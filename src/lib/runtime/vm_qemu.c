@@ -1390,9 +1390,8 @@ static int vm_collect(struct cove_runtime *rt, const char *guest, const char *st
         return n;
 }
 
-/* Copy len bytes of in from in_off to out at out_off (reflinked where the filesystem can). */
-static int copy_fd_range(int in, off_t in_off, int out, off_t out_off, uint64_t len,
-                         struct cove_err *err)
+int cove_vm_copy_range(int in, off_t in_off, int out, off_t out_off, uint64_t len,
+                       struct cove_err *err)
 {
         off_t end = in_off + (off_t)len;
         while (in_off < end) {
@@ -1410,7 +1409,7 @@ static int copy_fd_range(int in, off_t in_off, int out, off_t out_off, uint64_t 
                         }
                 }
                 if (k <= 0)
-                        return cove_err_set(err, k < 0 ? errno : EIO, "vm: copy into snapshot");
+                        return cove_err_set(err, k < 0 ? errno : EIO, "vm: copy");
         }
         return 0;
 }
@@ -1421,7 +1420,7 @@ static int copy_range(int fd, off_t off, const char *path, uint64_t len, struct 
         int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (out < 0)
                 return cove_err_set(err, errno, "vm: create %s", path);
-        if (copy_fd_range(fd, off, out, 0, len, err) < 0) {
+        if (cove_vm_copy_range(fd, off, out, 0, len, err) < 0) {
                 close(out);
                 unlink(path);
                 return cove_err_wrap(err, "vm: copy disk image");
@@ -1809,7 +1808,7 @@ static int disk_capture(const char *disk, int dst, uint64_t *len, struct cove_er
                 return -1;
         }
         *len = (uint64_t)st.st_size;
-        int r = ioctl(dst, FICLONE, dfd) == 0 ? 0 : copy_fd_range(dfd, 0, dst, 0, *len, err);
+        int r = ioctl(dst, FICLONE, dfd) == 0 ? 0 : cove_vm_copy_range(dfd, 0, dst, 0, *len, err);
         close(dfd);
         return r;
 }
@@ -1935,8 +1934,8 @@ out:
         if (r == 0) {
                 h.mem_len = (uint64_t)st.st_size;
                 h.mem_off = (h.disk_off + h.disk_len + VMF_ALIGN - 1) / VMF_ALIGN * VMF_ALIGN;
-                if (copy_fd_range(diskfd, 0, out_fd, (off_t)h.disk_off, h.disk_len, err) < 0 ||
-                    copy_fd_range(memfd, 0, out_fd, (off_t)h.mem_off, h.mem_len, err) < 0)
+                if (cove_vm_copy_range(diskfd, 0, out_fd, (off_t)h.disk_off, h.disk_len, err) < 0 ||
+                    cove_vm_copy_range(memfd, 0, out_fd, (off_t)h.mem_off, h.mem_len, err) < 0)
                         r = -1;
                 else if (pwrite(out_fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h))
                         r = cove_err_set(err, errno, "vm: write snapshot header");
