@@ -1349,6 +1349,33 @@ static void pg_restart_unavailable_then_recovers(void **state)
         assert_int_equal(ops->wait_wakeup(f->c, NULL, 60000, &err), 0);
 }
 
+/* PostgreSQL restarted while the catalog's connections sat idle: the first call after it
+ * works (the pool drops the connections the server closed instead of failing one call with
+ * "connection lost"). */
+static void pg_restart_while_idle_first_call_works(void **state)
+{
+        struct fx *f = *state;
+        const char *stop = getenv("COVE_TEST_PG_STOP"), *start = getenv("COVE_TEST_PG_START");
+        if (!f->db.pg || !stop || !start) {
+                print_message("skipped: needs PostgreSQL and COVE_TEST_PG_STOP/START\n");
+                skip();
+        }
+        f->c = open_ok(f);
+        struct cove_err err = {0};
+        struct cove_tenant_row t;
+        add_tenant(f->c, "t1");
+        assert_int_equal(ops->tenant_get(f->c, "t1", &t, &err), 0); /* a pooled connection */
+        assert_int_equal(system(stop), 0);
+        assert_int_equal(system(start), 0);
+        for (int i = 0; i < 3; i++) {
+                int rc = ops->tenant_get(f->c, "t1", &t, &err);
+                if (rc != 0)
+                        print_message("call %d after the restart: %s\n", i, err.msg);
+                assert_int_equal(rc, 0);
+                assert_string_equal(t.id, "t1");
+        }
+}
+
 /* A server that stops answering (SIGSTOP: its kernel still ACKs, so no TCP timeout fires)
  * never hangs a caller: the call gives up after the call timeout with UNAVAILABLE, and once
  * the server runs again the next call works. */
@@ -1422,6 +1449,8 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(shared_key_records_revoke_reaches_cache, setup,
                                             teardown),
             cmocka_unit_test_setup_teardown(pg_restart_unavailable_then_recovers, setup, teardown),
+            cmocka_unit_test_setup_teardown(pg_restart_while_idle_first_call_works, setup,
+                                            teardown),
             cmocka_unit_test_setup_teardown(pg_frozen_server_bounded, setup, teardown),
             cmocka_unit_test(dsn_redact_hides_passwords),
         };

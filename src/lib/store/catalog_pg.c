@@ -170,15 +170,33 @@ static PGconn *pg_connect(struct cove_catalog *c, struct cove_err *err)
         return conn;
 }
 
+/* An idle pool connection has nothing to read: the server says nothing between calls on a
+ * connection that does not LISTEN. One that is readable or hung up was closed by the server
+ * (a restart, an administrator's terminate: its FATAL message and then EOF), and a call on
+ * it would fail with "connection lost" although the server is back; it is dropped instead. */
+static int idle_conn_gone(PGconn *conn)
+{
+        struct pollfd pfd = {.fd = PQsocket(conn), .events = POLLIN};
+        if (pfd.fd < 0)
+                return 1;
+        return poll(&pfd, 1, 0) > 0;
+}
+
 static PGconn *conn_get(struct cove_catalog *c, struct cove_err *err)
 {
         pthread_mutex_lock(&c->mu);
         while (c->nidle == 0 && c->nopen >= POOL_MAX)
                 pthread_cond_wait(&c->cv, &c->mu);
-        if (c->nidle > 0) {
+        while (c->nidle > 0) {
                 PGconn *conn = c->idle[--c->nidle];
+                if (!idle_conn_gone(conn)) {
+                        pthread_mutex_unlock(&c->mu);
+                        return conn;
+                }
+                c->nopen--; /* closed below, outside the lock; the next idle one is checked */
                 pthread_mutex_unlock(&c->mu);
-                return conn;
+                PQfinish(conn);
+                pthread_mutex_lock(&c->mu);
         }
         c->nopen++;
         pthread_mutex_unlock(&c->mu);
