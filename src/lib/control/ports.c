@@ -381,14 +381,44 @@ static void reload(void *arg, const char *sandbox)
                 cove_warn(&d->log, "ports", "load the exposed ports of %s: %s", sandbox, e.msg);
 }
 
+struct adopting {
+        struct coved *d;
+        uint16_t ports[256]; /* the stored exposures' ports (a sandbox has few) */
+        int n, over;
+};
+
+static int adopt_one(const char *tenant, const char *key, const char *owner, const char *json,
+                     void *arg)
+{
+        struct adopting *a = arg;
+        json_error_t je;
+        json_t *o = json_loads(json, 0, &je);
+        json_int_t port = json_integer_value(json_object_get(o, "port"));
+        json_decref(o);
+        if (a->n < (int)(sizeof(a->ports) / sizeof(a->ports[0])))
+                a->ports[a->n++] = (uint16_t)port;
+        else
+                a->over = 1;
+        return load_one(tenant, key, owner, json, a->d);
+}
+
+/* Role node: sandbox id came to this node (or came back): its exposures become the stored
+ * ones. One it holds already, unchanged, keeps its connections (a head relayed as the
+ * sandbox arrived may have loaded it first, and is being answered); others are replaced
+ * and those no longer stored are removed. */
 void coved_ports_adopt(struct coved *d, const char *id)
 {
         if (!d->ports || d->role != COVED_ROLE_NODE)
                 return;
         struct cove_err e;
-        cove_ports_unexpose(d->ports->p, id, -1);
-        if (d->cat_ops->doc_list(d->cat, DOC_KIND, NULL, id, load_one, d, &e) < 0)
+        struct adopting a = {.d = d};
+        if (d->cat_ops->doc_list(d->cat, DOC_KIND, NULL, id, adopt_one, &a, &e) < 0) {
                 cove_warn(&d->log, "ports", "load the exposed ports of %s: %s", id, e.msg);
+                cove_ports_unexpose(d->ports->p, id, -1); /* none that may be stale */
+                return;
+        }
+        if (!a.over)
+                cove_ports_unexpose_others(d->ports->p, id, a.ports, a.n);
 }
 
 const char *coved_ports_via(struct coved *d)

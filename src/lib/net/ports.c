@@ -351,6 +351,12 @@ int cove_ports_expose(struct cove_ports *p, const char *tenant, const char *sand
         for (int i = 0; i < p->nexpo; i++)
                 if (!strcmp(p->expos[i].sandbox, sandbox) && p->expos[i].port == port)
                         e = &p->expos[i];
+        if (e && !strcmp(e->tenant, tenant) && e->pub == public_ && e->auto_resume == auto_resume &&
+            e->addr == addr &&
+            (public_ || (hash && !memcmp(e->hash, hash, COVE_PORTS_TOKEN_HASH)))) {
+                pthread_mutex_unlock(&p->mu); /* the same again: its connections stay */
+                return 0;
+        }
         if (!e) {
                 if (p->nexpo == p->capexpo) {
                         int nc = p->capexpo ? p->capexpo * 2 : 64;
@@ -392,12 +398,22 @@ int cove_ports_has(struct cove_ports *p, const char *sandbox, uint16_t port)
         return has;
 }
 
-void cove_ports_unexpose(struct cove_ports *p, const char *sandbox, int port)
+static int kept(uint16_t port, const uint16_t *keep, int n)
+{
+        for (int i = 0; i < n; i++)
+                if (keep[i] == port)
+                        return 1;
+        return 0;
+}
+
+static void unexpose_where(struct cove_ports *p, const char *sandbox, int port,
+                           const uint16_t *keep, int nkeep)
 {
         pthread_mutex_lock(&p->mu);
         for (int i = 0; i < p->nexpo;) {
                 struct expo *e = &p->expos[i];
-                if (!strcmp(e->sandbox, sandbox) && (port < 0 || e->port == port))
+                if (!strcmp(e->sandbox, sandbox) && (port < 0 || e->port == port) &&
+                    !(keep && kept(e->port, keep, nkeep)))
                         p->expos[i] = p->expos[--p->nexpo];
                 else
                         i++;
@@ -407,6 +423,17 @@ void cove_ports_unexpose(struct cove_ports *p, const char *sandbox, int port)
         uint64_t one = 1;
         ssize_t w = write(p->wake_fd, &one, sizeof(one));
         (void)w;
+}
+
+void cove_ports_unexpose(struct cove_ports *p, const char *sandbox, int port)
+{
+        unexpose_where(p, sandbox, port, NULL, 0);
+}
+
+void cove_ports_unexpose_others(struct cove_ports *p, const char *sandbox, const uint16_t *keep,
+                                int n)
+{
+        unexpose_where(p, sandbox, -1, keep, n);
 }
 
 void cove_ports_kick(struct cove_ports *p)

@@ -105,7 +105,7 @@ const char *cove_ports_bound(const struct cove_ports *p);
 
 /* Expose (or replace) port of sandbox. port 0 = every port of it (the E2B form). addr:
  * what to connect to inside the sandbox's netns (host order). Not public: hash is SHA-256
- * of its token. */
+ * of its token. The same exposure given again changes nothing (its connections stay). */
 int cove_ports_expose(struct cove_ports *p, const char *tenant, const char *sandbox, uint16_t port,
                       int public_, int auto_resume, uint32_t addr,
                       const uint8_t hash[COVE_PORTS_TOKEN_HASH], struct cove_err *err);
@@ -114,6 +114,10 @@ int cove_ports_has(struct cove_ports *p, const char *sandbox, uint16_t port);
 /* Remove an exposure (port 0: the every-port one; -1: all of the sandbox) and close its
  * open connections (audited). */
 void cove_ports_unexpose(struct cove_ports *p, const char *sandbox, int port);
+/* Remove every exposure of sandbox whose port is not one of keep[0..n) (their connections
+ * end as with unexpose); the others, and their connections, stay. */
+void cove_ports_unexpose_others(struct cove_ports *p, const char *sandbox, const uint16_t *keep,
+                                int n);
 /* The sandbox changed state (paused, resumed, gone): connections waiting for a resume look
  * again; connections to an instance that went away end by themselves. */
 void cove_ports_kick(struct cove_ports *p);
