@@ -230,29 +230,12 @@ static int relay_paused(struct coved *d, const char *sandbox, uint16_t port, con
         int hashed = hash_hex(json_string_value(json_object_get(o, "token_sha256")), h) == 0;
         int found = o != NULL;
         json_decref(o);
-        if (!found) {
-                hop->status = 404;
-                snprintf(hop->why, sizeof(hop->why), "port %u of sandbox %s is not exposed",
-                         (unsigned)port, sandbox);
-        } else if (!pub && !token) {
-                hop->status = 401;
-                snprintf(hop->why, sizeof(hop->why),
-                         "this port is private: send its token (X-Cove-Port-Token header, or "
-                         "?cove_token= once)");
-        } else if (!pub && (!hashed || !cove_ports_token_matches(h, token))) {
-                hop->status = 403;
-                snprintf(hop->why, sizeof(hop->why), "wrong token for this port");
-        } else if (!ar) {
-                hop->status = 503;
-                snprintf(hop->why, sizeof(hop->why),
-                         "sandbox %s is paused: resume it (POST /v1/sandboxes/%s/resume), or "
-                         "expose the port with auto_resume",
-                         sandbox, sandbox);
-        } else {
-                hop->paused = 1;
-                return 0;
-        }
-        return -1;
+        hop->status = cove_ports_judge(sandbox, port, found, pub, ar, hashed ? h : NULL, token, 1,
+                                       hop->why, sizeof(hop->why));
+        if (hop->status)
+                return -1;
+        hop->paused = 1;
+        return 0;
 }
 
 static int relay_hop(void *arg, const char *sandbox, uint16_t port, const char *token,

@@ -505,13 +505,11 @@ static void up_open(struct cove_ports *p, struct pc *c, const struct expo *e)
                 return;
         }
         if (w.state == COVE_PORTS_PAUSED) {
-                if (!e->auto_resume) {
-                        char why[300];
-                        snprintf(why, sizeof(why),
-                                 "sandbox %s is paused: resume it (POST /v1/sandboxes/%s/resume), "
-                                 "or expose the port with auto_resume",
-                                 e->sandbox, e->sandbox);
-                        refuse(p, c, 503, why, e->tenant, e->sandbox, c->port);
+                char why[300];
+                int st = cove_ports_judge(e->sandbox, c->port, 1, 1, e->auto_resume, NULL, NULL, 1,
+                                          why, sizeof(why));
+                if (st) {
+                        refuse(p, c, st, why, e->tenant, e->sandbox, c->port);
                         return;
                 }
                 wait_resume(p, c, e->tenant, e->sandbox);
@@ -589,9 +587,31 @@ int cove_ports_token_matches(const uint8_t hash[COVE_PORTS_TOKEN_HASH], const ch
         return CRYPTO_memcmp(h, hash, 32) == 0;
 }
 
-static int token_ok(const struct expo *e, const char *tok)
+int cove_ports_judge(const char *sandbox, uint16_t port, int found, int public_, int auto_resume,
+                     const uint8_t *hash, const char *token, int paused, char *why, size_t cap)
 {
-        return cove_ports_token_matches(e->hash, tok);
+        if (!found) {
+                snprintf(why, cap, "port %u of sandbox %s is not exposed", (unsigned)port, sandbox);
+                return 404;
+        }
+        if (!public_ && !token) {
+                snprintf(why, cap,
+                         "this port is private: send its token (X-Cove-Port-Token header, or "
+                         "?cove_token= once)");
+                return 401;
+        }
+        if (!public_ && (!hash || !cove_ports_token_matches(hash, token))) {
+                snprintf(why, cap, "wrong token for this port");
+                return 403;
+        }
+        if (paused && !auto_resume) {
+                snprintf(why, cap,
+                         "sandbox %s is paused: resume it (POST /v1/sandboxes/%s/resume), or "
+                         "expose the port with auto_resume",
+                         sandbox, sandbox);
+                return 503;
+        }
+        return 0;
 }
 
 /* The complete head at c->in[ioff..ioff+hl): 1 handled (forwarded or refused), 0 wait (it
@@ -687,29 +707,20 @@ static int on_head(struct cove_ports *p, struct pc *c, size_t hl)
                         e = *ep_;
                 pthread_mutex_unlock(&p->mu);
         }
-        if (!ep_) {
-                char m[160];
-                snprintf(m, sizeof(m), "port %u of sandbox %s is not exposed", (unsigned)rq.port,
-                         rq.sandbox);
+        char no[300];
+        int verdict =
+            cove_ports_judge(rq.sandbox, rq.port, ep_ != NULL, ep_ && e.pub, 0, ep_ ? e.hash : NULL,
+                             rq.tsrc == COVE_PORTS_TOK_NONE ? NULL : rq.token, 0, no, sizeof(no));
+        if (verdict && !ep_) {
                 char tn[64] = "";
                 if (p->cfg.tenant_of)
                         p->cfg.tenant_of(p->cfg.arg, rq.sandbox, tn, sizeof(tn));
-                refuse(p, c, 404, m, tn, tn[0] ? rq.sandbox : NULL, rq.port);
+                refuse(p, c, verdict, no, tn, tn[0] ? rq.sandbox : NULL, rq.port);
                 return 1;
         }
-        if (!e.pub) {
-                if (rq.tsrc == COVE_PORTS_TOK_NONE) {
-                        refuse(p, c, 401,
-                               "this port is private: send its token (X-Cove-Port-Token header, "
-                               "or ?cove_token= once)",
-                               e.tenant, e.sandbox, rq.port);
-                        return 1;
-                }
-                if (!token_ok(&e, rq.token)) {
-                        refuse(p, c, 403, "wrong token for this port", e.tenant, e.sandbox,
-                               rq.port);
-                        return 1;
-                }
+        if (verdict) {
+                refuse(p, c, verdict, no, e.tenant, e.sandbox, rq.port);
+                return 1;
         }
         int n;
         count_sandbox(p, e.sandbox, &n);

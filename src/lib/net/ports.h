@@ -124,6 +124,14 @@ void cove_ports_kick(struct cove_ports *p);
 
 /* 1 when tok's SHA-256 is hash (a private port's token), in constant time. */
 int cove_ports_token_matches(const uint8_t hash[COVE_PORTS_TOKEN_HASH], const char *tok);
+
+/* What the listener makes of a head for port of sandbox (one judge, for the node's listener
+ * and a control replica's check of a paused sandbox's port): 0 when it may go on, else the
+ * HTTP status with the reason in why. found: the port (or the sandbox's every-port
+ * exposure) is exposed; hash NULL: none stored; token NULL: the head carries none; paused:
+ * the sandbox is paused (then only auto_resume lets it go on, to be resumed first). */
+int cove_ports_judge(const char *sandbox, uint16_t port, int found, int public_, int auto_resume,
+                     const uint8_t *hash, const char *token, int paused, char *why, size_t cap);
 /* The auto-resume of sandbox failed: its waiting connections get 503 with why. */
 void cove_ports_resume_failed(struct cove_ports *p, const char *sandbox, const char *why);
 
