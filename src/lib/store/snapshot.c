@@ -10,6 +10,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 #include <openssl/rand.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -293,6 +294,8 @@ struct worker {
         ZSTD_CCtx *zc;
         ZSTD_DCtx *zd;
         EVP_CIPHER_CTX *cx;
+        EVP_MAC_CTX *mac; /* HMAC-SHA256 keyed for mac_t, set up on first use */
+        const struct tenant *mac_t;
         uint8_t *zbuf; /* compression output */
         size_t zcap;
         uint64_t ns_hash, ns_compress, ns_encrypt, ns_write, ns_read;
@@ -312,6 +315,7 @@ static void worker_fini(struct worker *w)
         ZSTD_freeCCtx(w->zc);
         ZSTD_freeDCtx(w->zd);
         EVP_CIPHER_CTX_free(w->cx);
+        EVP_MAC_CTX_free(w->mac); /* cleanses its copy of the key */
         free(w->zbuf);
 }
 
@@ -319,6 +323,35 @@ static void chunk_id(const struct tenant *t, const void *data, size_t len, uint8
 {
         unsigned int ml = 0;
         HMAC(EVP_sha256(), t->keys->chunk_name, COVE_KEY_LEN, data, len, id, &ml);
+}
+
+/* chunk_id() with the worker's keyed HMAC context: the one-shot HMAC() looks the MAC and
+ * the digest up and keys them again for every chunk (perf: ~3% of a capture's CPU). Same
+ * bytes out; falls back to HMAC() if the context cannot be set up. */
+static void chunk_id_w(struct worker *w, const struct tenant *t, const void *data, size_t len,
+                       uint8_t id[32])
+{
+        if (!w->mac) {
+                EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
+                w->mac = m ? EVP_MAC_CTX_new(m) : NULL;
+                EVP_MAC_free(m);
+                w->mac_t = NULL;
+        }
+        int ok = w->mac != NULL;
+        if (ok && w->mac_t != t) {
+                char digest[] = "SHA256";
+                OSSL_PARAM ps[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                                   OSSL_PARAM_construct_end()};
+                ok = EVP_MAC_init(w->mac, t->keys->chunk_name, COVE_KEY_LEN, ps) == 1;
+                w->mac_t = ok ? t : NULL;
+        }
+        size_t ol = 0;
+        if (ok && EVP_MAC_init(w->mac, NULL, 0, NULL) == 1 &&
+            EVP_MAC_update(w->mac, data, len) == 1 && EVP_MAC_final(w->mac, id, &ol, 32) == 1 &&
+            ol == 32)
+                return;
+        w->mac_t = NULL;
+        chunk_id(t, data, len, id);
 }
 
 /* Seal plain into a new object: header || AES-256-GCM(zstd?(plain)) || tag, with
@@ -708,7 +741,7 @@ static void cap_job(void *ctx, struct worker *w, struct job *j)
         if (cap_failed(c))
                 goto out;
         int64_t t0 = cove_mono_ns();
-        chunk_id(c->t, j->data, j->len, id);
+        chunk_id_w(w, c->t, j->data, j->len, id);
         w->ns_hash += (uint64_t)(cove_mono_ns() - t0);
         memcpy(cap_idslot(c, j->k), id, 32);
         pthread_mutex_lock(&c->mu);
