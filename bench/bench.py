@@ -1036,7 +1036,8 @@ http {{
                 ratio >= 0.8,
                 f"`dd if=/dev/zero bs=1M conv=fdatasync` on the same disk: {cp['dd_mbps']:.0f} "
                 f"MB/s (before {cp['dd_before']:.0f} / after {cp['dd_after']:.0f}); "
-                f"load {cp['load']:.2f}")
+                f"CPU per MB: capture {cp.get('capture_cpu_ms_per_mb', 0):.2f} ms, "
+                f"dd {cp.get('dd_cpu_ms_per_mb', 0):.2f} ms; load {cp['load']:.2f}")
         out = ["| measure | value | goal | pass | comparison / detail |",
                "|---|---|---|---|---|"]
         out += [f"| {a} | {b} | {g} | {p} | {d} |" for a, b, g, p, d in rows]
