@@ -730,7 +730,13 @@ child_exec(struct exec_req *x, int efd, int in, int out, int errfd, int slave)
         /* Best effort: one ASan run saw EACCES here on a fresh sandbox's first exec (cause not
          * found yet). The process then stays in the sandbox's own memory cgroup: still under
          * memory_mb, only the guest loses its reserve for it. Failing the exec would be worse. */
-        int cg = open(COVE_GUEST_WORK_PROCS, O_WRONLY | O_CLOEXEC);
+        /* v1: "0" into tasks moves this thread, which is the whole (single-threaded) child,
+         * without the kernel's global cgroup_threadgroup_rwsem that cgroup.procs takes: its
+         * write lock waits for an RCU grace period whenever no other migration ran in the
+         * last one, 4-19 ms on a loaded host (docs/performance.md, "The first exec") */
+        int cg = open(COVE_GUEST_WORK_TASKS, O_WRONLY | O_CLOEXEC);
+        if (cg < 0)
+                cg = open(COVE_GUEST_WORK_PROCS, O_WRONLY | O_CLOEXEC);
         if (cg >= 0) {
                 if (write(cg, "0", 1) != 1 && errno != EACCES && errno != EPERM)
                         child_fail(efd, ST_SETUP);

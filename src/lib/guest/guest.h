@@ -35,6 +35,9 @@ int cove_guest_run(const struct cove_guest_opts *opts, struct cove_err *err);
  * workload never picks the guest (runtime/cgroup.h). Absent in vm sandboxes. */
 #define COVE_GUEST_CGROUP_DIR "/dev/.cove-cgroup"
 #define COVE_GUEST_WORK_PROCS COVE_GUEST_CGROUP_DIR "/work/cgroup.procs"
+/* cgroup v1 only: the guest's child moves itself through this file (a thread, itself: no
+ * host-wide lock); cgroup.procs where it is absent or not delegated */
+#define COVE_GUEST_WORK_TASKS COVE_GUEST_CGROUP_DIR "/work/tasks"
 
 /* In-sandbox requests to the node (docs/guest-protocol.md, "Asks"). */
 #define COVE_ASK_SOCKET "cove-guest-ask" /* abstract unix socket name */

@@ -813,6 +813,12 @@ int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid
         grp_path(cg, mh, wid, "cgroup.procs", p, sizeof(p));
         if (chown(p, uid, (gid_t)-1) < 0)
                 return cove_err_set(err, errno, "cgroup: delegate %s", p);
+        if (!cg->v2) {
+                /* the guest's children move themselves through tasks (guest.h) */
+                grp_path(cg, mh, wid, "tasks", p, sizeof(p));
+                if (chown(p, uid, (gid_t)-1) < 0 && errno != ENOENT)
+                        return cove_err_set(err, errno, "cgroup: delegate %s", p);
+        }
         if (cg->v2) {
                 grp_path(cg, mh, id, "cgroup.procs", p, sizeof(p));
                 if (chown(p, uid, (gid_t)-1) < 0)

@@ -73,13 +73,14 @@ int cove_cgroup_exists(const struct cove_cgroups *cg, const char *id);
 
 /* The workload's group (limits.guest_reserve_mb). The sandbox sees its group of the memory
  * hierarchy (cove/<id>) as a bind mount at COVE_GUEST_CGROUP_DIR (guest/guest.h); each process
- * PID 1 starts writes "0" to work/cgroup.procs there before it execs. cove_cgroup_work_dir():
- * the host path of that group, -1 when there is no memory controller (no work group). */
+ * PID 1 starts writes "0" to work/tasks there (v1; work/cgroup.procs on v2) before it execs.
+ * cove_cgroup_work_dir(): the host path of that group, -1 when there is no memory controller (no
+ * work group). */
 int cove_cgroup_work_dir(const struct cove_cgroups *cg, const char *id, char *out, size_t cap);
 /* Let uid (the sandbox's root on the host) move its processes into work: chown of
- * work/cgroup.procs (v2: also of cove/<id>/cgroup.procs, the common ancestor's, which the
- * kernel checks; the no-internal-process rule keeps them out of cove/<id> itself; and of
- * work/cgroup.freeze, for the guest's self-freeze). */
+ * work/cgroup.procs (v1: also of work/tasks; v2: also of cove/<id>/cgroup.procs, the common
+ * ancestor's, which the kernel checks; the no-internal-process rule keeps them out of cove/<id>
+ * itself; and of work/cgroup.freeze, for the guest's self-freeze). */
 int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid_t uid,
                               struct cove_err *err);
 /* v2 only (a no-op on v1): move pid (the sandbox's PID 1, in cove/<id> while it set up its
