@@ -227,6 +227,9 @@ def test_a_resume_here_clones_the_kept_layer_image(coved_factory):
     cloned = [e for e in d.log_lines() if e.get("event") == "snapshot.restore"
               and sf["id"] in e["msg"] and "kept image" in e["msg"]]
     assert cloned, "the resume rebuilt the layer from the store"
+    # the clone is mounted once, by the restore, and the start runs on that mount (as on a
+    # store restore's warm layer), not mounted again by the start
+    assert cloned[-1]["msg"].endswith(", mounted"), cloned[-1]["msg"]
     assert c.get_file(sid, "/home/a.txt").body == b"in the snapshot\n"
     assert c.request("GET", f"/v1/sandboxes/{sid}/files?path=/home/b.txt").status == 404
     # deleting a snapshot deletes its image; a restart sweeps the others
