@@ -141,6 +141,10 @@ def test_hot_pauses_off_or_over_their_memory_bound_stop_the_instance(coved_facto
         need_full(c)
         sid = new_sandbox(c)
         start_counter(c, sid)
+        # well over the 1 MiB bound whatever the start itself left charged to the sandbox
+        # (its files in the page cache count as its memory)
+        r = c.exec(sid, "dd if=/dev/urandom of=/home/fill bs=1M count=8 2>/dev/null")
+        assert r["exit_code"] == 0, r
         c.post(f"/v1/sandboxes/{sid}/pause")
         assert host_pids(sid) == [], args  # stopped when the pause answered
         c.post(f"/v1/sandboxes/{sid}/resume")
@@ -227,6 +231,9 @@ def test_a_resume_here_clones_the_kept_layer_image(coved_factory):
     cloned = [e for e in d.log_lines() if e.get("event") == "snapshot.restore"
               and sf["id"] in e["msg"] and "kept image" in e["msg"]]
     assert cloned, "the resume rebuilt the layer from the store"
+    # the clone is mounted once, by the restore, and the start runs on that mount (as on a
+    # store restore's warm layer), not mounted again by the start
+    assert cloned[-1]["msg"].endswith(", mounted"), cloned[-1]["msg"]
     assert c.get_file(sid, "/home/a.txt").body == b"in the snapshot\n"
     assert c.request("GET", f"/v1/sandboxes/{sid}/files?path=/home/b.txt").status == 404
     # deleting a snapshot deletes its image; a restart sweeps the others

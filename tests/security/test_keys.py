@@ -309,6 +309,36 @@ def test_encrypted_working_storage(coved_factory):
     assert grep_data(d.data, mark) == [] and grep_data(d.data, pmark) == []
 
 
+def test_resume_from_an_encrypted_kept_image_stays_encrypted(coved_factory):
+    """A resume to a files snapshot on the node that took it clones the snapshot's kept layer
+    image and mounts it with the sandbox's key before the start: the files come back, the
+    layer is still encrypted (the marker is in no file of the data dir), and revocation
+    still refuses the next resume."""
+    d = coved_factory()
+    tid, c = new_tenant(d.client)
+    s = c.create(template="busybox", storage_encrypted=True)
+    mark = "COVE-KEPT-" + secrets.token_hex(12)
+    write_marker(c, s["id"], mark)
+    sf = c.post(f"/v1/sandboxes/{s['id']}/snapshots", {"kind": "files"}, expect=(200, 201))
+    c.exec(s["id"], "rm /root/marker.txt && echo later > /root/later.txt && sync")
+    c.post(f"/v1/sandboxes/{s['id']}/pause", {})
+    r = c.post(f"/v1/sandboxes/{s['id']}/resume", {"snapshot_id": sf["id"]})
+    assert r["state"] == "running" and r["storage_encrypted"] is True
+    assert [e for e in d.log_lines() if e.get("event") == "snapshot.restore"
+            and sf["id"] in e["msg"] and e["msg"].endswith("kept image, mounted")], \
+        "the resume did not run on the kept image mounted with its key"
+    assert c.exec(s["id"], "cat /root/marker.txt; ls /root")["stdout"] == mark + "\n" + \
+        "marker.txt\n"
+    c.exec(s["id"], "cp /root/marker.txt /root/again.txt && sync")
+    assert grep_data(d.data, mark) == [], "plaintext of an encrypted layer found at rest"
+    c.post(f"/v1/sandboxes/{s['id']}/pause", {})
+    st = c.post("/v1/keys/revoke", {"tenant": tid})
+    assert st["state"] == "revoked"
+    c.expect_error("POST", f"/v1/sandboxes/{s['id']}/resume", 403, "key_revoked",
+                   body={"snapshot_id": sf["id"]})
+    assert grep_data(d.data, mark) == []
+
+
 def test_encrypt_layers_default(coved_factory):
     d = coved_factory(extra_args=["--encrypt-layers"])
     s = d.client.create(template="busybox")

@@ -924,6 +924,42 @@ static void restore_on_open_layer(void **state)
         assert_int_equal(mounts_under(layers), mounts0);
         assert_int_equal(wait_loops(images, loops0), loops0);
 
+        /* a clone of a closed image (a kept one), opened read-write as it is
+         * (COVE_LAYER_OPEN_CLONE), and a start on that mount */
+        char orig[PATH_MAX];
+        snprintf(orig, sizeof(orig), "%s/open-orig-%d.img", dir, (int)getpid());
+        if (cove_runtime_ns.layer_open(rt, orig, 1, 512, NULL, &rfd, &h, &err) < 0)
+                fail_msg("layer_open create: %s", err.msg);
+        assert_int_equal(mkdirat(rfd, "root", 0700), 0);
+        fd = openat(rfd, "root/kept", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, "kept\n", 5), 5);
+        close(fd);
+        close(rfd);
+        cove_runtime_ns.layer_close(rt, h);
+        assert_int_equal(wait_loops(dir, 0), 0);
+        sh("cp --reflink=auto %s %s", orig, img);
+        assert_int_equal(unlink(orig), 0);
+        if (cove_runtime_ns.layer_open(rt, img, COVE_LAYER_OPEN_CLONE, 0, NULL, &rfd, &h, &err) < 0)
+                fail_msg("layer_open clone: %s", err.msg);
+        assert_int_equal(mkdirat(rfd, "tmp", 01777), 0); /* read-write */
+        close(rfd);
+        struct sbx k;
+        spec_init(&k);
+        k.spec.disk_mb = 512;
+        k.spec.layer_image = img;
+        k.spec.layer_handle = h;
+        t = start(&k);
+        print_message("[  NOTE    ] start() on a clone's open layer: %.2f ms\n", t / 1e6);
+        assert_int_equal(access(img, F_OK), -1); /* taken over */
+        assert_string_equal(ask(&k, "sh grep -qx kept /root/kept"), "exit 0");
+        assert_int_equal(mounts_under(layers), mounts0 + 1);
+        assert_int_equal(loops_under(images), loops0 + 1); /* the clone's one loop device */
+        assert_int_equal(loops_under(dir), 0);
+        stop(&k);
+        assert_int_equal(mounts_under(layers), mounts0);
+        assert_int_equal(wait_loops(images, loops0), loops0);
+
         /* the start fails after taking the mount over (no guest binary) */
         if (cove_runtime_ns.layer_open(rt, img, 1, 512, NULL, &rfd, &h, &err) < 0)
                 fail_msg("layer_open create: %s", err.msg);

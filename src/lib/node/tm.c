@@ -466,16 +466,29 @@ static int restore_files(struct cove_node_tm *tm, const char *tenant, const char
         snprintf(img, cap, "%s/" IMG_RESTORE "%s-%s.img", tm->layer_dir, snap, rnd);
         int tree_fd = -1;
         *h = NULL;
+        uint8_t key[COVE_FSCRYPT_KEY_LEN];
+        int enc = target->encrypted;
         if (!strcmp(tenant, target->sandbox_tenant) && keep_clone(tm, target, img) == 0) {
+                /* mounted here, as a store restore's layer is: the start runs on this mount
+                 * (no second search for a loop device bound to the image, no wait for one to
+                 * let go). Without the mount (no key now, a mount error) start() mounts the
+                 * clone itself and reports why it cannot. */
+                struct cove_err me;
+                int kr =
+                    enc ? layer_key(tm, target->sandbox_tenant, target->sandbox_id, key, &me) : 0;
+                if (kr == 0 && cove_node_layer_open(tm->node, img, COVE_LAYER_OPEN_CLONE, 0,
+                                                    enc ? key : NULL, &tree_fd, h, &me) == 0)
+                        close(tree_fd);
+                else
+                        *h = NULL;
+                OPENSSL_cleanse(key, sizeof(key));
                 cove_info(tm->log, "snapshot.restore",
-                          "sandbox %s: the layer of snapshot %s cloned from its kept image",
-                          target->sandbox_id, snap);
-                return 0; /* start() mounts it (no handle) */
+                          "sandbox %s: the layer of snapshot %s cloned from its kept image%s",
+                          target->sandbox_id, snap, *h ? ", mounted" : "");
+                return 0;
         }
         struct cove_snapshot_stats st;
         /* an encrypted target's layer is encrypted from the first byte restored */
-        uint8_t key[COVE_FSCRYPT_KEY_LEN];
-        int enc = target->encrypted;
         int r = enc ? layer_key(tm, target->sandbox_tenant, target->sandbox_id, key, err) : 0;
         if (r == 0)
                 r = cove_node_layer_open(tm->node, img, 1, target->disk_mb, enc ? key : NULL,

@@ -269,11 +269,15 @@ static int loop_bound_to(int img, int ro)
         return -1;
 }
 
-static int loop_fsmount_fd(int img, const char *name, const char *fstype, int ro,
+/* fresh: img is a file this process made just now (a copy, a clone), so no loop device can be
+ * bound to it (a bound file stays open in the kernel: its inode number is not reused) and the
+ * scan of every loop device (thousands on a long-lived host, most of a resume's start) is
+ * skipped. */
+static int loop_fsmount_fd(int img, const char *name, const char *fstype, int ro, int fresh,
                            struct cove_err *err)
 {
         char dev[64];
-        int bound = loop_bound_to(img, ro);
+        int bound = fresh ? -1 : loop_bound_to(img, ro);
         if (bound >= 0) {
                 snprintf(dev, sizeof(dev), "/dev/loop%d", bound);
                 int m = dev_fsmount(dev, fstype, ro);
@@ -310,12 +314,12 @@ static int loop_fsmount_fd(int img, const char *name, const char *fstype, int ro
 }
 
 /* loop_fsmount_fd() of the ext4 image <image> under dfd, read-write. */
-static int loop_fsmount(int dfd, const char *image, struct cove_err *err)
+static int loop_fsmount(int dfd, const char *image, int fresh, struct cove_err *err)
 {
         cleanup_close int img = openat(dfd, image, O_RDWR | O_CLOEXEC);
         if (img < 0)
                 return cove_err_set(err, errno, "open %s", image);
-        return loop_fsmount_fd(img, image, "ext4", 0, err);
+        return loop_fsmount_fd(img, image, "ext4", 0, fresh, err);
 }
 
 /* Attach a detached mount (fsmount fd) at dir <name> under dfd. */
@@ -369,7 +373,7 @@ static int pool_make(struct cove_layers *l, uint64_t mb, unsigned seq, struct po
                 return -1;
         if (sparse_copy(golden, l->pool_fd, e->name, err) < 0)
                 goto fail;
-        if ((e->mfd = loop_fsmount(l->pool_fd, e->name, err)) < 0)
+        if ((e->mfd = loop_fsmount(l->pool_fd, e->name, 1, err)) < 0)
                 goto fail;
         root = openat(e->mfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (layer_dirs(root, e->name, err) < 0)
@@ -630,7 +634,7 @@ static int layerfs_setup(struct cove_layers *l, const char *ns_dir, struct cove_
         cleanup_close int fd = open(img, O_RDWR | O_CLOEXEC);
         if (fd < 0)
                 return cove_err_set(err, errno, "open %s", img);
-        cleanup_close int m = loop_fsmount_fd(fd, img, "xfs", 0, err);
+        cleanup_close int m = loop_fsmount_fd(fd, img, "xfs", 0, 0, err);
         if (m < 0)
                 return cove_err_wrap(err, "layer filesystem");
         if (move_mount(m, "", AT_FDCWD, l->lfs, MOVE_MOUNT_F_EMPTY_PATH) < 0)
@@ -832,7 +836,7 @@ static int layer_create_mounted(struct cove_layers *l, const char *id, const cha
         if (golden_for(l, mb, golden, sizeof(golden), err) < 0 ||
             sparse_copy(golden, l->img_fd, img, err) < 0)
                 return -1;
-        cleanup_close int m = loop_fsmount(l->img_fd, img, err);
+        cleanup_close int m = loop_fsmount(l->img_fd, img, 1, err);
         if (m < 0)
                 return -1;
         return attach(m, l->fd, id, err);
@@ -960,7 +964,7 @@ int cove_layer_prepare(struct cove_layers *l, const char *id, uint64_t limit_mb,
                                 goto fail;
                         fresh = 1;
                 } else if (!is_mountpoint(l->fd, id)) {
-                        cleanup_close int m = loop_fsmount(l->img_fd, img, err);
+                        cleanup_close int m = loop_fsmount(l->img_fd, img, 0, err);
                         if (m < 0 || attach(m, l->fd, id, err) < 0)
                                 goto fail;
                 }
@@ -1133,7 +1137,7 @@ int cove_layer_image_open(struct cove_layers *l, const char *image, int create, 
                 return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
                                      "layer image: want an absolute path");
         cleanup_close int img = -1, m = -1, root = -1;
-        if (create) {
+        if (create == 1) {
                 if (disk_mb == 0)
                         return cove_err_setk(err, COVE_E_BAD_REQUEST, EINVAL,
                                              "layer image %s: disk_mb 0", image);
@@ -1160,7 +1164,7 @@ int cove_layer_image_open(struct cove_layers *l, const char *image, int create, 
                         if (in < 0 || img < 0)
                                 return cove_err_set(err, errno, "layer image: create %s", image);
                         if (copy_fd(in, img, err) < 0 ||
-                            (m = loop_fsmount_fd(img, image, "ext4", 0, err)) < 0)
+                            (m = loop_fsmount_fd(img, image, "ext4", 0, 1, err)) < 0)
                                 goto fail;
                 }
                 root = openat(m, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -1175,12 +1179,15 @@ int cove_layer_image_open(struct cove_layers *l, const char *image, int create, 
                             fscrypt_policy(root, "work", ident, err) < 0))
                         goto fail;
         } else {
-                img = open(image, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+                /* COVE_LAYER_OPEN_CLONE: read-write, and fresh (the caller just made the file:
+                 * no loop device can be bound to it) */
+                int clone = create == COVE_LAYER_OPEN_CLONE;
+                img = open(image, (clone ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC);
                 if (img < 0)
                         return cove_err_setk(err,
                                              errno == ENOENT ? COVE_E_NOT_FOUND : COVE_E_INTERNAL,
                                              errno, "layer image %s", image);
-                if ((m = loop_fsmount_fd(img, image, "ext4", 1, err)) < 0)
+                if ((m = loop_fsmount_fd(img, image, "ext4", !clone, clone, err)) < 0)
                         return cove_err_wrap(err, "layer image");
                 /* (the fsmount fd is O_PATH: ioctls need a real open of the root) */
                 if (key && ((root = openat(m, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0 ||
@@ -1197,7 +1204,7 @@ int cove_layer_image_open(struct cove_layers *l, const char *image, int create, 
         m = -1;
         return r;
 fail:
-        if (create)
+        if (create == 1)
                 unlink(image);
         return cove_err_wrap(err, "layer image");
 }

@@ -21,7 +21,12 @@
  * thread keeps pool_n layers per size ready (image in <lfs>/pool/, loop device attached,
  * ext4 mounted as a *detached* mount held only by an fd, upper/work/mnt made). A new layer takes
  * one: rename of the image into layers/, move_mount() of the mount onto layers/<id>. The first
- * layer of a size is built inline and starts the refill of that size. */
+ * layer of a size is built inline and starts the refill of that size.
+ *
+ * Loop devices: an image that may still be mounted (a layer reused after a crash, a restore
+ * image) is looked up among every loop device first, so it is never mounted twice; a file made
+ * just now (pool, new layer, clone) skips that scan, which costs milliseconds per thousand loop
+ * devices (a long-lived host has thousands: the kernel does not remove freed ones). */
 #ifndef COVE_RUNTIME_QUOTA_H
 #define COVE_RUNTIME_QUOTA_H
 
@@ -90,8 +95,11 @@ int cove_layer_recover(const char *image, struct cove_err *err);
  * drops it with the last fd, also when coved dies) and open its upper tree as *tree_fd.
  * create = 0: read-only. create = 1: a new empty layer of disk_mb at image (must not exist),
  * read-write: a warm layer of that size when the pool has one ready (renamed to image), else
- * a clone of the golden image. Returns the mount fd (close it, and *tree_fd and every fd under it,
- * to release the mount and its loop device) or -1 (a created image is removed again). */
+ * a clone of the golden image. create = COVE_LAYER_OPEN_CLONE: image is a file the caller
+ * has just made (a clone of a clean image, no mount of it anywhere), mounted read-write as it
+ * is (no search for a loop device already bound to it). Returns the mount fd (close it, and
+ * *tree_fd and every fd under it, to release the mount and its loop device) or -1 (a created image
+ * is removed again). */
 int cove_layer_image_open(struct cove_layers *l, const char *image, int create, unsigned disk_mb,
                           const uint8_t *key, int *tree_fd, struct cove_err *err);
 

@@ -16,6 +16,10 @@
 
 /* A writable layer opened outside any instance, to read it (capture) or fill it (restore). */
 struct cove_layer_handle;
+/* layer_open()'s create: 0 read-only, 1 a new empty image; COVE_LAYER_OPEN_CLONE an image
+ * file the caller has just made (a reflink clone of a clean layer_snapshot() image, that no
+ * mount uses), opened read-write as it is, for a start to run on that mount. */
+#define COVE_LAYER_OPEN_CLONE 2
 
 /* What a driver needs to start one instance. All strings are borrowed for the call. */
 struct cove_instance_spec {
@@ -131,9 +135,10 @@ struct cove_runtime_ops {
          * tree, the files the sandbox changed, overlay whiteouts included), or create an
          * empty one of disk_mb at path and open it read-write (restore: fill *tree_fd, then
          * close; the image can then be a spec->layer_image, and the handle, instead of
-         * layer_close, its spec->layer_handle). layer_close releases mounts and loop devices
-         * (no sync: the unmount writes back); the image file stays.
-         * Ownership contract (ns): the tree stores *sandbox* ids, 0..65535 (root is 0, the
+         * layer_close, its spec->layer_handle), or (create = COVE_LAYER_OPEN_CLONE) open a
+         * clone the caller just made read-write, its handle for a start the same way. layer_close
+         * releases mounts and loop devices (no sync: the unmount writes back); the image file
+         * stays. Ownership contract (ns): the tree stores *sandbox* ids, 0..65535 (root is 0, the
          * template's user 1000 is 1000), never host ids: a capture reads them as they are and
          * a restore writes them as they are (as host root: chown, mknod 0/0 whiteouts,
          * user.overlay.* xattrs, modes); the driver maps them to the instance's uid_base
