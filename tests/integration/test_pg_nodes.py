@@ -30,4 +30,4 @@ def test_node_decisions_on_postgres(build_dir, pg):
     assert r.returncode == 0, out[-4000:]
     runs = out.split("test(s) run.")
     assert len(runs) == 3, out[-4000:]  # SQLite, then PostgreSQL
-    assert "[  PASSED  ] 12 test(s)." in runs[2], out[-3000:]
+    assert "[  PASSED  ] 13 test(s)." in runs[2], out[-3000:]

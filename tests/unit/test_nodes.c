@@ -882,6 +882,82 @@ static void job_counts_per_node(void **state)
         assert_int_equal(err.kind, COVE_E_BAD_REQUEST);
 }
 
+/* What a node's start-up reconcile leaves of sandbox id (placed on node i): the row paused
+ * at snapshot snap, observed "paused" under the node's epoch, the desired state as it was. */
+static void reconciled_paused(struct fx *f, int i, const char *id, const char *snap)
+{
+        struct cove_err err = {0};
+        snap_add(f, id, snap, "files", cove_now_ms());
+        struct cove_sandbox_row r = sbx_get(f, id);
+        snprintf(r.state, sizeof(r.state), "paused");
+        snprintf(r.last_snapshot_id, sizeof(r.last_snapshot_id), "%s", snap);
+        assert_int_equal(ops->sandbox_update(f->d.cat, &r, &err), 0);
+        cove_sandbox_row_clear(&r);
+        struct cove_placement_row p = placement(f, id);
+        assert_int_equal(ops->placement_observe(f->d.cat, id, f->names[i], f->epoch[i],
+                                                p.generation, "paused", NULL, &err),
+                         0);
+}
+
+/* Claim node i's oldest job and finish it done, without any observation. */
+static void finish_next(struct fx *f, int i, const char *want)
+{
+        struct cove_job_row j;
+        struct cove_err err = {0};
+        assert_int_equal(ops->job_claim(f->d.cat, f->names[i], f->epoch[i], &j, &err), 0);
+        char got[96];
+        snprintf(got, sizeof(got), "%s:%s", j.kind, j.sandbox_id);
+        assert_string_equal(got, want);
+        assert_int_equal(
+            ops->job_finish(f->d.cat, j.id, f->names[i], f->epoch[i], j.generation, 1, "{}", &err),
+            0);
+        cove_job_row_clear(&j);
+}
+
+static void restarted_node_resumes_what_its_reconcile_paused(void **state)
+{
+        struct fx *f = *state;
+        struct cove_err err = {0};
+        int a = node_up(f, "a", 8, 60000, FEAT);
+        sbx_add(f, "sbx_run", "a", "running");   /* desired running: resumed */
+        sbx_add(f, "sbx_user", "a", "paused");   /* paused by its user: left */
+        sbx_add(f, "sbx_asked", "a", "running"); /* resumed since, not reported: left */
+        reconciled_paused(f, a, "sbx_run", "snap_run");
+        reconciled_paused(f, a, "sbx_user", "snap_user");
+        reconciled_paused(f, a, "sbx_asked", "snap_asked");
+        int64_t gen = placement(f, "sbx_run").generation;
+
+        /* nothing while the node has a job open (one its old process claimed converges) */
+        assert_int_equal(place_as_control(f, "sbx_asked", "a", "running", "resume", -1, &err), 0);
+        assert_int_equal(coved_nodes_resume_restarted(&f->d, "a", NULL, &err), 0);
+        assert_int_equal(placement(f, "sbx_run").generation, gen);
+        finish_next(f, a, "resume:sbx_asked"); /* its observation not in yet */
+
+        json_t *tried = json_object();
+        assert_int_equal(coved_nodes_resume_restarted(&f->d, "a", tried, &err), 1);
+        struct cove_placement_row p = placement(f, "sbx_run");
+        assert_string_equal(p.node, "a");
+        assert_string_equal(p.desired_state, "running");
+        assert_int_equal(p.generation, gen + 1);
+        assert_string_equal(placement(f, "sbx_user").desired_state, "paused");
+        int64_t asked = placement(f, "sbx_asked").generation;
+        finish_next(f, a, "resume:sbx_run");
+        assert_int_equal(placement(f, "sbx_asked").generation, asked);
+        /* once per sandbox for a tried set: a resume that failed (the row still paused,
+         * observed paused again) is not placed twice */
+        p = placement(f, "sbx_run");
+        assert_int_equal(ops->placement_observe(f->d.cat, "sbx_run", "a", f->epoch[a], p.generation,
+                                                "paused", NULL, &err),
+                         0);
+        assert_int_equal(coved_nodes_resume_restarted(&f->d, "a", tried, &err), 0);
+        assert_int_equal(placement(f, "sbx_run").generation, gen + 1);
+        json_decref(tried);
+        /* the set is what held it back: without one it is placed again */
+        assert_int_equal(coved_nodes_resume_restarted(&f->d, "a", NULL, &err), 1);
+        assert_int_equal(placement(f, "sbx_run").generation, gen + 2);
+        assert_string_equal(placement(f, "sbx_user").desired_state, "paused");
+}
+
 static int run_all(const char *name)
 {
         const struct CMUnitTest tests[] = {
@@ -899,6 +975,8 @@ static int run_all(const char *name)
             cmocka_unit_test_setup_teardown(starts_in_flight_count_per_node, setup, teardown),
             cmocka_unit_test_setup_teardown(job_counts_per_node, setup, teardown),
             cmocka_unit_test_setup_teardown(cpus_are_overcommitted_memory_is_not, setup, teardown),
+            cmocka_unit_test_setup_teardown(restarted_node_resumes_what_its_reconcile_paused, setup,
+                                            teardown),
         };
         return _cmocka_run_group_tests(name, tests, sizeof(tests) / sizeof(tests[0]), NULL, NULL);
 }

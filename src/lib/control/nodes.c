@@ -20,6 +20,9 @@ struct coved_nodes {
         pthread_cond_t cv;
         int quit, kicked;
         json_t *retry; /* sandbox id → mono ms before which a failed move is not retried */
+        /* node name → {"epoch", "since": mono ms it was first seen, "tried": {id: true}}:
+         * a node's restart (resume_restarted) */
+        json_t *epochs;
 };
 
 #define MOVE_RETRY_MS 10000
@@ -637,6 +640,126 @@ static int recover_node(struct coved *d, const struct cove_node_row *n, struct c
         return changed;
 }
 
+/* ---- a node's restart (docs/cluster.md "A node restarted") ---- */
+
+/* How long after this replica first saw a node's new epoch it looks for the sandboxes that
+ * node's start-up reconcile left paused (the reconcile runs right after the acquire; this
+ * covers a slow one on a loaded host). */
+#define RESTART_WINDOW_MS 60000
+
+/* The tried set of node nr's current epoch while it is within RESTART_WINDOW_MS of being
+ * first seen (borrowed: only the sweeper thread uses it), else NULL. A new epoch (a
+ * restart, or this replica's first look at the node) opens the window. */
+static json_t *restart_window(struct coved *d, const struct cove_node_row *nr)
+{
+        struct coved_nodes *n = d->nodes;
+        if (!n || !n->epochs)
+                return NULL;
+        int64_t now = mono_ms();
+        pthread_mutex_lock(&n->mu);
+        json_t *e = json_object_get(n->epochs, nr->name);
+        if (!e || json_integer_value(json_object_get(e, "epoch")) != nr->epoch) {
+                e = json_pack("{s:I, s:I, s:{}}", "epoch", (json_int_t)nr->epoch, "since",
+                              (json_int_t)now, "tried");
+                if (e)
+                        json_object_set_new(n->epochs, nr->name, e);
+        }
+        json_t *tried = NULL;
+        if (e && now - json_integer_value(json_object_get(e, "since")) < RESTART_WINDOW_MS)
+                tried = json_object_get(e, "tried");
+        pthread_mutex_unlock(&n->mu);
+        return tried;
+}
+
+#define OPEN_JOB_KINDS "start,stop,pause,resume,recover,snapshot,rewind,fork"
+
+struct on_node {
+        const char *node;
+        json_t *ids;
+};
+
+static int collect_on(const struct cove_sandbox_row *row, void *arg)
+{
+        struct on_node *x = arg;
+        if (!strcmp(row->node, x->node) && row->last_snapshot_id[0])
+                json_array_append_new(x->ids, json_string(row->id));
+        return 0;
+}
+
+struct node_busy {
+        const char *node;
+        int busy; /* open jobs for sandboxes placed on it */
+};
+
+static int open_jobs_cb(const char *node, int64_t count, void *arg)
+{
+        struct node_busy *x = arg;
+        if (!strcmp(node, x->node) && count > 0)
+                x->busy = 1;
+        return 0;
+}
+
+int coved_nodes_resume_restarted(struct coved *d, const char *node, json_t *tried,
+                                 struct cove_err *err)
+{
+        /* a job the node's old process claimed (its new one takes it back: a resume or a
+         * start under way converges by itself) or any other in flight: a later pass */
+        struct node_busy busy = {node, 0};
+        if (d->cat_ops->job_counts(d->cat, OPEN_JOB_KINDS, open_jobs_cb, &busy, err) < 0)
+                return -1;
+        if (busy.busy)
+                return 0;
+        struct on_node x = {node, json_array()};
+        if (!x.ids)
+                return cove_err_set(err, ENOMEM, "node %s", node);
+        if (d->cat_ops->sandbox_list(d->cat, NULL, "paused", collect_on, &x, err) < 0) {
+                json_decref(x.ids);
+                return -1;
+        }
+        int placed = 0;
+        size_t i;
+        json_t *v;
+        json_array_foreach(x.ids, i, v)
+        {
+                const char *id = json_string_value(v);
+                if (tried && json_object_get(tried, id))
+                        continue;
+                struct cove_placement_row p;
+                struct cove_err e2;
+                int r = d->cat_ops->placement_get(d->cat, id, &p, &e2);
+                if (r != 0 || strcmp(p.node, node) || strcmp(p.desired_state, "running") ||
+                    strcmp(p.observed_state, "paused"))
+                        continue;
+                struct cove_sandbox_row s;
+                if (d->cat_ops->sandbox_get(d->cat, NULL, id, &s, &e2) != 0)
+                        continue;
+                /* the row is settled after the observe: until then, a later pass */
+                if (strcmp(s.state, "paused") || !s.last_snapshot_id[0] || strcmp(s.node, node)) {
+                        cove_sandbox_row_clear(&s);
+                        continue;
+                }
+                if (tried) /* once: a resume that fails is not retried from here */
+                        json_object_set_new(tried, id, json_true());
+                int64_t job = 0;
+                if (place_write(d, id, node, "running", "resume", NULL, p.generation, &job, &e2) ==
+                    0) {
+                        placed++;
+                        cove_audit_log(d->audit, s.tenant, id, "control", "sandbox.resume", "",
+                                       json_pack("{s:s, s:s, s:s, s:I}", "node", node,
+                                                 "snapshot_id", s.last_snapshot_id, "reason",
+                                                 "node restarted", "job", (json_int_t)job));
+                        cove_info(&d->log, "node.restart",
+                                  "sandbox %s: node %s restarted: resuming it there from %s", id,
+                                  node, s.last_snapshot_id);
+                } else if (e2.kind != COVE_E_CONFLICT) { /* conflict: placed meanwhile */
+                        cove_warn(&d->log, "node.restart", "sandbox %s: %s", id, e2.msg);
+                }
+                cove_sandbox_row_clear(&s);
+        }
+        json_decref(x.ids);
+        return placed;
+}
+
 int coved_nodes_sweep(struct coved *d, int64_t now_ms, struct cove_err *err)
 {
         struct coved_node_rows x;
@@ -651,6 +774,15 @@ int coved_nodes_sweep(struct coved *d, int64_t now_ms, struct cove_err *err)
                  * frozen themselves and the node has fenced itself */
                 int64_t until = n->lease_expires_at > n->last_seen + ttl ? n->lease_expires_at
                                                                          : n->last_seen + ttl;
+                if (n->epoch > 0 && !strcmp(n->state, "ready") && now_ms < n->lease_expires_at) {
+                        json_t *tried = restart_window(d, n);
+                        struct cove_err e2;
+                        int r = tried ? coved_nodes_resume_restarted(d, n->name, tried, &e2) : 0;
+                        if (r < 0)
+                                cove_warn(&d->log, "node.restart", "node %s: %s", n->name, e2.msg);
+                        else
+                                changed += r;
+                }
                 if (n->epoch <= 0 || now_ms <= until + grace)
                         continue;
                 if (strcmp(n->state, "lost") != 0) {
@@ -785,6 +917,7 @@ int coved_nodes_start(struct coved *d, struct cove_err *err)
         pthread_cond_init(&n->cv, &ca);
         pthread_condattr_destroy(&ca);
         n->retry = json_object();
+        n->epochs = json_object();
         d->nodes = n;
         int e = pthread_create(&n->th_sweep, NULL, sweep_main, d);
         if (!e) {
@@ -802,6 +935,7 @@ int coved_nodes_start(struct coved *d, struct cove_err *err)
                 pthread_cond_destroy(&n->cv);
                 pthread_mutex_destroy(&n->mu);
                 json_decref(n->retry);
+                json_decref(n->epochs);
                 free(n);
                 return cove_err_set(err, e, "node sweeper and drain threads");
         }
@@ -823,5 +957,6 @@ void coved_nodes_stop(struct coved *d)
         pthread_cond_destroy(&n->cv);
         pthread_mutex_destroy(&n->mu);
         json_decref(n->retry);
+        json_decref(n->epochs);
         free(n);
 }

@@ -44,6 +44,17 @@ int coved_node_admin(struct coved *d, const char *name, const char *action, cons
  * snapshot stopped with the reason in its error. Returns how many sandboxes it changed,
  * -1 on a catalog error. */
 int coved_nodes_sweep(struct coved *d, int64_t now_ms, struct cove_err *err);
+
+/* A node restarted (docs/cluster.md "A node restarted"): for node (ready, its lease live),
+ * a "resume" job on it for every sandbox placed there whose desired state is "running"
+ * and that its start-up reconcile left paused at a snapshot (observed and row "paused"),
+ * placed with a compare-and-set on the generation read. Nothing while the node has any job
+ * open (one its old process claimed is taken back and converges by itself). tried (a JSON
+ * object, NULL: none) holds the ids already resumed this way: they are skipped, and each
+ * one placed is added. The sweeper calls it for a while after it sees a node's new epoch.
+ * Returns how many it placed, -1 on a catalog error. */
+int coved_nodes_resume_restarted(struct coved *d, const char *node, json_t *tried,
+                                 struct cove_err *err);
 /* One step of the drain of node: moves one sandbox off it (running: pause, full where the
  * node can, then resume elsewhere; paused: re-placed). 0 a sandbox was handled (moved, or
  * its move failed and was audited), 1 nothing left to move (or node is not draining), 2

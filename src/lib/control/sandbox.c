@@ -962,13 +962,18 @@ void coved_reconcile(struct coved *d)
         for (size_t i = 0; i < x.n; i++) {
                 struct cove_sandbox_row row;
                 memset(&row, 0, sizeof(row));
-                int snap = d->cat_ops->sandbox_get(d->cat, NULL, x.ids[i], &row, &err) == 0 &&
-                           row.last_snapshot_id[0];
+                int got = d->cat_ops->sandbox_get(d->cat, NULL, x.ids[i], &row, &err) == 0;
+                int snap = got && row.last_snapshot_id[0];
+                /* a running one without a snapshot: nothing can run it again, so its desired
+                 * state becomes stopped too (with one, a control replica resumes it:
+                 * control/nodes.c). A start, pause or resume under way keeps its job's: the
+                 * node takes that job back and converges. */
+                int settled = got && !snap && !strcmp(row.state, "running");
                 cove_sandbox_row_clear(&row);
                 /* role node: only a sandbox still placed here, under the live lease (the
                  * fenced observe first); another node's now is left alone */
-                if (coved_cluster_observe(d, x.ids[i], snap ? "paused" : "stopped", NULL, &err) <
-                    0) {
+                if (coved_cluster_observe(d, x.ids[i], snap ? "paused" : "stopped",
+                                          settled ? "stopped" : NULL, &err) < 0) {
                         cove_info(&d->log, "reconcile", "sandbox %s left as it is: %s", x.ids[i],
                                   err.msg);
                         continue;
