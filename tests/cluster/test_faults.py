@@ -383,11 +383,16 @@ def test_postgres_restart_during_activity(cl, desired):
                     made.append(sid)
                     desired[sid] = "running"
                     cl.converges({sid: "running"}, client=c)
-                    rr = c.request("DELETE", f"/v1/sandboxes/{sid}", timeout=120)
-                    if rr.status in (200, 204):
-                        desired.pop(sid, None)
-                    elif rr.status != 503:
-                        errors.append(("delete", rr.status, rr.body[:200]))
+                    # a 503 may come after the stop job was committed (the wait for it met
+                    # PostgreSQL going down): the client retries until it gets an answer,
+                    # 204, or 404 once the first attempt's stop went through
+                    def deleted():
+                        rr = c.request("DELETE", f"/v1/sandboxes/{sid}", timeout=120)
+                        if rr.status not in (200, 204, 404, 503):
+                            errors.append(("delete", rr.status, rr.body[:200]))
+                        return rr.status != 503
+                    poll(deleted, timeout=300, every=0.5, what=f"an answer to DELETE {sid}")
+                    desired.pop(sid, None)
                 elif r.status != 503:
                     errors.append((r.status, r.body[:200]))
             except (OSError, http.client.HTTPException) as e:
