@@ -39,7 +39,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -47,7 +46,7 @@ import time
 import http.client
 
 import pgserver
-from cove import Client, CoveError, poll, remove_data_dir
+from cove import Client, CoveError, free_port, poll, remove_data_dir
 from s3rgw import S3Rgw
 
 _count = 0
@@ -73,18 +72,6 @@ def _sh(*argv, check=True, input=None, timeout=60):
     if check and r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
     return r
-
-
-def _free_port(host):
-    for _ in range(200):
-        port = 20000 + secrets.randbelow(12000)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port below 32768")
 
 
 def _pick_subnet():
@@ -436,7 +423,7 @@ class Cluster:
         return n
 
     def _make_control(self, i):
-        port = _free_port(self.host_ip)
+        port = free_port(self.host_ip)
         data = os.path.join(self.dir, f"c{i}")
         argv = [self.coved_bin, "--role", "control", "--data-dir", data,
                 "--listen", f"{self.host_ip}:{port}", "--db", self.db_url(),

@@ -33,12 +33,26 @@ class CoveError(AssertionError):
     """An API call did not answer as the test expected."""
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def free_port(host="127.0.0.1"):
+    """A port on host nobody is bound to, below the kernel's ephemeral range: a port the
+    kernel hands out (bind to port 0, a connect) could be given to the very coved the
+    caller then starts on it (its egress proxy binds port 0 before --listen)."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    lo = 10000 if low > 12000 else 1024
+    for _ in range(500):
+        port = lo + int.from_bytes(os.urandom(2), "big") % (low - lo)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port on {host} below {low}")
 
 
 _CLONE_NEWNET = 0x40000000

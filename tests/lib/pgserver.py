@@ -16,15 +16,15 @@ failed start keeps the log path in its error. Also a command line, for shell use
 """
 import os
 import pwd
-import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from cove import free_port
 
 PG_BIN = os.environ.get("COVE_PG_BIN", "/usr/lib/postgresql/15/bin")
 WAIT_S = 90
@@ -41,19 +41,6 @@ def available():
         except KeyError:
             return "no 'postgres' OS user to run the server as (apt-get install postgresql)"
     return ""
-
-
-def free_port():
-    """A port below 32768 nobody listens on (bind probe on 127.0.0.1)."""
-    for _ in range(200):
-        port = random.randint(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port found below 32768")
 
 
 class PgServer:

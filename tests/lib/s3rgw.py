@@ -10,32 +10,17 @@ memstore OSD, one radosgw, all under one temp directory), plus a minimal signed 
 
 S3Rgw.available() says why not when ceph is not installed (scripts/install-deps)."""
 import os
-import random
 import shutil
-import socket
 import subprocess
 import tempfile
 import urllib.parse
 import xml.etree.ElementTree as ET
 
+from cove import free_port
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "s3rgw.sh")
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
-
-
-def _free_low_port():
-    """A free port below the ephemeral range (a client socket cannot be holding it)."""
-    for _ in range(200):
-        p = random.randrange(12000, 32000)
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", p))
-            return p
-        except OSError:
-            continue
-        finally:
-            s.close()
-    raise RuntimeError("no free port below 32000")
 
 
 class S3Rgw:
@@ -60,7 +45,7 @@ class S3Rgw:
         self.dir = os.path.join(base, "rgw")
         last = None
         for _ in range(3):  # a port taken between the probe and the bind: another one
-            port = _free_low_port()
+            port = free_port()
             env = dict(os.environ, S3_RGW_ADDR=self.addr) if self.addr else None
             r = subprocess.run([SCRIPT, "start", self.dir, str(port)], capture_output=True,
                                text=True, timeout=300, env=env)
