@@ -818,8 +818,7 @@ int cove_cgroup_work_delegate(const struct cove_cgroups *cg, const char *id, uid
                 grp_path(cg, mh, wid, "tasks", p, sizeof(p));
                 if (chown(p, uid, (gid_t)-1) < 0 && errno != ENOENT)
                         return cove_err_set(err, errno, "cgroup: delegate %s", p);
-        }
-        if (cg->v2) {
+        } else {
                 grp_path(cg, mh, id, "cgroup.procs", p, sizeof(p));
                 if (chown(p, uid, (gid_t)-1) < 0)
                         return cove_err_set(err, errno, "cgroup: delegate %s", p);

@@ -185,15 +185,18 @@ static int idle_conn_gone(PGconn *conn)
 static PGconn *conn_get(struct cove_catalog *c, struct cove_err *err)
 {
         pthread_mutex_lock(&c->mu);
-        while (c->nidle == 0 && c->nopen >= POOL_MAX)
-                pthread_cond_wait(&c->cv, &c->mu);
-        while (c->nidle > 0) {
+        for (;;) { /* the pool's bound is checked again after each connection dropped */
+                while (c->nidle == 0 && c->nopen >= POOL_MAX)
+                        pthread_cond_wait(&c->cv, &c->mu);
+                if (c->nidle == 0)
+                        break;
                 PGconn *conn = c->idle[--c->nidle];
                 if (!idle_conn_gone(conn)) {
                         pthread_mutex_unlock(&c->mu);
                         return conn;
                 }
-                c->nopen--; /* closed below, outside the lock; the next idle one is checked */
+                c->nopen--; /* closed outside the lock; its slot is free for any waiter */
+                pthread_cond_broadcast(&c->cv);
                 pthread_mutex_unlock(&c->mu);
                 PQfinish(conn);
                 pthread_mutex_lock(&c->mu);
