@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from cove import poll
+from cove import guest_pid, poll, proc_status as _status
 from test_cluster_roles import (Cluster, exec_out, init_pid, live_nodes, pg, rgw,  # noqa: F401
                                 sandbox_procs, TTL_S)
-from test_guest_fence import _status, descendants, guest_pid
+from test_guest_fence import descendants
 
 pytestmark = pytest.mark.root
 

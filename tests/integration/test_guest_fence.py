@@ -10,38 +10,13 @@ import time
 
 import pytest
 
+from cove import guest_pid, proc_status as _status
+
 pytestmark = pytest.mark.root
 
 TTL_MS = 1500
 FENCE_ARGS = ("--guest-fence-ttl", str(TTL_MS), "--guest-fence-heartbeat", "200")
 FREEZE_BOUND_S = 60  # frozen within TTL + this (the code: TTL + 250 ms; a loaded host)
-
-
-def _host_pid_of(cmdline):
-    for p in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(p, "rb") as f:
-                if f.read().replace(b"\0", b" ").strip() == cmdline:
-                    return int(p.split("/")[2])
-        except OSError:
-            pass
-    return None
-
-
-def _status(pid, key):
-    with open(f"/proc/{pid}/status") as f:
-        return next(x.split(None, 1)[1].strip() for x in f if x.startswith(key + ":"))
-
-
-def guest_pid(c, sid):
-    """Host pid of the sandbox's guest (PID 1 inside): the parent of an orphaned sleep."""
-    marker = f"sleep {600000 + (hash(sid) % 90000)}"
-    c.exec(sid, f"{marker} >/dev/null 2>&1 &")
-    deadline = time.time() + 30
-    while (pid := _host_pid_of(marker.encode())) is None:
-        assert time.time() < deadline, "sandbox process not found on the host"
-        time.sleep(0.05)
-    return int(_status(pid, "PPid"))
 
 
 def descendants(pid):

@@ -3,7 +3,6 @@ hung guest) is found by the node's heartbeat: its sandbox goes to `error` with t
 within seconds, requests to it fail at once with 503, other sandboxes go on. A frozen
 sandbox (its cgroup frozen longer than the hang bound) is not taken for hung
 (docs/guest-protocol.md "Heartbeat")."""
-import glob
 import os
 import signal
 import threading
@@ -11,37 +10,12 @@ import time
 
 import pytest
 
+from cove import guest_pid
+
 pytestmark = pytest.mark.root
 
 ERROR_BOUND_S = 60  # the sandbox is in state error within this (5 s in the code, loaded host)
 FAST_S = 5          # a request to it then fails within this
-
-
-def _host_pid_of(cmdline):
-    for p in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(p, "rb") as f:
-                if f.read().replace(b"\0", b" ").strip() == cmdline:
-                    return int(p.split("/")[2])
-        except OSError:
-            pass
-    return None
-
-
-def _ppid(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(x.split()[1]) for x in f if x.startswith("PPid:"))
-
-
-def guest_pid(c, sid):
-    """Host pid of the sandbox's guest (PID 1 inside): the parent of an orphaned sleep."""
-    marker = f"sleep {600000 + (hash(sid) % 90000)}"
-    c.exec(sid, f"{marker} >/dev/null 2>&1 &")
-    deadline = time.time() + 30
-    while (pid := _host_pid_of(marker.encode())) is None:
-        assert time.time() < deadline, "sandbox process not found on the host"
-        time.sleep(0.05)
-    return _ppid(pid)
 
 
 def test_hung_guest_goes_to_error_and_requests_fail_fast(coved):

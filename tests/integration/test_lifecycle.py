@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from cove import guest_pid
+
 pytestmark = pytest.mark.root
 
 FIELDS = {"id", "state", "template", "runtime", "created_at", "expires_at", "cpus",
@@ -147,23 +149,6 @@ def test_concurrent_deletes_one_wins(coved):
     assert c.request("GET", "/healthz", auth=False, timeout=10).status == 200
 
 
-def _host_pid_of(cmdline):
-    import glob
-    for p in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(p, "rb") as f:
-                if f.read().replace(b"\0", b" ").strip() == cmdline:
-                    return int(p.split("/")[2])
-        except OSError:
-            pass
-    return None
-
-
-def _ppid(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(x.split()[1]) for x in f if x.startswith("PPid:"))
-
-
 def test_guest_death_marks_sandbox_error_and_node_keeps_serving(coved):
     """The guest (PID 1 of the sandbox) killed from the host: that sandbox becomes `error`
     with a reason; every other sandbox keeps working (the channel I/O thread once
@@ -175,13 +160,7 @@ def test_guest_death_marks_sandbox_error_and_node_keeps_serving(coved):
     victim = c.create(template="busybox")["id"]
     other = c.create(template="busybox")["id"]
     try:
-        marker = f"sleep {700000 + os.getpid() % 90000}"
-        c.exec(victim, f"{marker} &")
-        deadline = time.time() + 30
-        while (pid := _host_pid_of(marker.encode())) is None:
-            assert time.time() < deadline, "sandbox process not found on the host"
-            time.sleep(0.05)
-        guest = _ppid(pid)
+        guest = guest_pid(c, victim)
         os.kill(guest, signal.SIGKILL)
         sb = c.wait_state(victim, ("error", "stopped"), timeout=60)
         assert sb["state"] == "error" and sb.get("error"), sb

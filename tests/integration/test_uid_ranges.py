@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from cove import poll
-from test_guest_fence import guest_pid
+from cove import guest_pid, poll
 
 pytestmark = pytest.mark.root
 

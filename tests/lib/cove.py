@@ -11,10 +11,13 @@ an outside client does. Standard library only; used by tests/conftest.py's fixtu
 import base64
 import collections
 import ctypes
+import glob
 import hashlib
 import http.client
+import itertools
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -321,6 +324,39 @@ def poll(fn, timeout=60, what="condition", every=0.05):
         if time.time() > deadline:
             raise AssertionError(f"{what} not reached within {timeout} s")
         time.sleep(every)
+
+
+def host_pid_of(cmdline):
+    """Host pid of the first process whose command line (NULs as spaces) is cmdline, or None."""
+    for p in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(p, "rb") as f:
+                if f.read().replace(b"\0", b" ").strip() == cmdline:
+                    return int(p.split("/")[2])
+        except OSError:
+            pass
+    return None
+
+
+def proc_status(pid, key):
+    """The value of key in /proc/<pid>/status."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(x.split(None, 1)[1].strip() for x in f if x.startswith(key + ":"))
+
+
+# one marker per call in this run (a random base against other runs on the host): two
+# sandboxes must never be told apart by a marker that may collide
+_markers = itertools.count(random.SystemRandom().randrange(10**8, 9 * 10**8, 10**6))
+
+
+def guest_pid(client, sid):
+    """Host pid of the sandbox's guest (PID 1 inside): the parent of an orphaned sleep with
+    a command line no other process of the host has."""
+    marker = f"sleep {next(_markers)}"
+    client.exec(sid, f"{marker} >/dev/null 2>&1 &")
+    pid = poll(lambda: host_pid_of(marker.encode()), timeout=30,
+               what=f"{sid}'s process on the host", every=0.05)
+    return int(proc_status(pid, "PPid"))
 
 
 def sh(client, sid, cmd):
