@@ -46,7 +46,7 @@ import time
 import http.client
 
 import pgserver
-from cove import Client, CoveError, free_port, poll, remove_data_dir
+from cove import Client, CoveError, free_port, poll, reap_helpers, remove_data_dir
 from s3rgw import S3Rgw
 
 _count = 0
@@ -1002,36 +1002,6 @@ def stale_write(w):
             and w["placed_on"] != w["writer"]):
         return f"{w['writer']} wrote {w['tbl']} of a sandbox placed on {w['placed_on']}"
     return ""
-
-
-def reap_helpers(data_dir):
-    """Stop what a coved killed with SIGKILL left running for its data dir (its lxcfs, which
-    would keep the node's network namespace alive) and detach its mount point: by pid,
-    only processes whose command line names data_dir."""
-    root = os.path.realpath(data_dir).encode()
-    found = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit() or int(p) == os.getpid():
-            continue
-        cmd = _read(f"/proc/{p}/cmdline", "rb") or b""
-        if root + b"/" in cmd:
-            found.append((int(p), cmd.split(b"\0")))
-    for pid, _ in found:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    for pid, argv in found:
-        poll(lambda: _proc_start_time(pid) is None or
-             (_read(f"/proc/{pid}/stat") or "").rsplit(")", 1)[-1].split()[:1] == ["Z"],
-             timeout=30, what=f"pid {pid} gone")
-        for a in argv:
-            if a.startswith(b"/run/cove-lxcfs/"):
-                subprocess.run(["umount", "-l", a.decode()], capture_output=True)
-                try:
-                    os.rmdir(a.decode())
-                except OSError:
-                    pass
 
 
 def _rmdir_ok(d):

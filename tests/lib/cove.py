@@ -370,11 +370,53 @@ def snapshots(client, sid):
     return client.get(f"/v1/sandboxes/{sid}/snapshots")["snapshots"]
 
 
+def reap_helpers(data_dir):
+    """Stop what a coved killed with SIGKILL left running for its data dir (its lxcfs, which
+    keeps its mount point and, for a node in a network namespace, that namespace alive) and
+    detach the lxcfs mount point: by pid, only processes whose command line names data_dir."""
+    root = os.path.realpath(data_dir).encode()
+    found = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit() or int(p) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if root + b"/" in cmd:
+            found.append((int(p), cmd.split(b"\0")))
+    for pid, _ in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid, argv in found:
+        poll(lambda: _gone_or_zombie(pid), timeout=30, what=f"pid {pid} gone")
+        for a in argv:
+            if a.startswith(b"/run/cove-lxcfs/"):
+                subprocess.run(["umount", "-l", a.decode()], capture_output=True)
+                try:
+                    os.rmdir(a.decode())
+                except OSError:
+                    pass
+
+
+def _gone_or_zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[:1] == ["Z"]
+    except OSError:
+        return True
+
+
 def remove_data_dir(path):
-    """rmtree of a coved data dir, after detaching what a coved killed with SIGKILL (and
-    never restarted) left mounted under it (its layer filesystem; the loop devices are
+    """rmtree of a coved data dir, after stopping what a coved killed with SIGKILL (and never
+    restarted) left running for it (its lxcfs, whose mount point is outside the data dir) and
+    detaching what it left mounted under it (its layer filesystem; the loop devices are
     autoclear and go with the last unmount). A plain rmtree stopped at those mounts and left
     them, and their loop devices, on the host."""
+    reap_helpers(path)
     root = os.path.realpath(path)
     mounts = []
     try:

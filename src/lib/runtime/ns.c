@@ -789,6 +789,31 @@ static void lxcfs_start(struct ns_lxcfs *lx)
                  lx->bin, lx->dir);
 }
 
+/* Mount points under NS_LXCFS_ROOT whose daemon is gone (a coved killed with SIGKILL whose
+ * data dir was then deleted, so no start on it reaps them): a dead FUSE mount answers
+ * ENOTCONN for good. Each stays in the host's mount table, which every new mount namespace
+ * (each sandbox start) copies; a live one, another coved's, is left alone. */
+static void lxcfs_sweep_dead(void)
+{
+        DIR *d = opendir(NS_LXCFS_ROOT);
+        if (!d)
+                return;
+        struct dirent *e;
+        while ((e = readdir(d))) {
+                if (e->d_name[0] == '.')
+                        continue;
+                char p[PATH_MAX];
+                snprintf(p, sizeof(p), NS_LXCFS_ROOT "/%s", e->d_name);
+                struct statfs sf;
+                if (statfs(p, &sf) == 0 || errno != ENOTCONN)
+                        continue;
+                while (umount2(p, MNT_DETACH) == 0)
+                        ;
+                rmdir(p);
+        }
+        closedir(d);
+}
+
 static void lxcfs_init(struct ns_lxcfs *lx, const char *ns_dir)
 {
         pthread_mutex_init(&lx->mu, NULL);
@@ -798,6 +823,7 @@ static void lxcfs_init(struct ns_lxcfs *lx, const char *ns_dir)
         for (const char *c = ns_dir; *c; c++)
                 h = (h ^ (uint8_t)*c) * 1099511628211ULL;
         mkdir(NS_LXCFS_ROOT, 0755);
+        lxcfs_sweep_dead();
         snprintf(lx->dir, sizeof(lx->dir), NS_LXCFS_ROOT "/%016llx", (unsigned long long)h);
         snprintf(lx->pidfile, sizeof(lx->pidfile), "%s/lxcfs.pid", ns_dir);
         const char *env = getenv("COVE_LXCFS");
