@@ -126,11 +126,11 @@ def test_pool_without_pool_max_keeps_its_size_after_a_burst(build_dir, templates
 
 
 def test_emptied_pool_refills_while_creates_keep_coming(build_dir, templates_dir, log_dir):
-    """The refill waits for a gap in creates only while its pool holds instances: a pool
-    emptied by creates that keep arriving (each one right after the last) is refilled and
-    taken from again meanwhile, and every create succeeds."""
+    """A growing pool's refill waits for a gap in creates only while the pool holds
+    instances: emptied by creates that keep arriving (each one right after the last), it is
+    refilled and taken from again meanwhile, and every create succeeds."""
     d = Coved(build_dir, templates_dir=templates_dir, log_dir=log_dir,
-              extra_args=["--pool", "1"])
+              extra_args=["--pool", "1", "--pool-max", "3"])
     try:
         c = d.client
         poll(lambda: _metrics(c)["cove_pool_ready"] == 1, timeout=120, what="pool filled")

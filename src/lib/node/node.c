@@ -1149,11 +1149,14 @@ static void *refill_main(void *arg)
                                         wake = p->retry_at_ns;
                                 continue;
                         }
-                        /* a pool with instances left waits for a gap in the creates, so its
-                         * refill does not compete with the new sandboxes' first execs;
-                         * bounded (REFILL_DEFER_MAX_NS), and an empty pool refills at once */
+                        /* a pool grown past its base (max > base) that still holds at
+                         * least its base waits for a gap in the creates, so its refill does
+                         * not compete with the burst; bounded (REFILL_DEFER_MAX_NS). Below its
+                         * base (so also empty), and a fixed-size pool always, it refills at
+                         * once: in back-to-back creates the wait cost the refill its pace
+                         * (more cold creates, docs/performance.md) */
                         int64_t gap_at = n->last_create_ns + REFILL_GAP_NS;
-                        if (idle > 0 && gap_at > now) {
+                        if (p->max > p->base && idle >= p->base && idle > 0 && gap_at > now) {
                                 if (!p->defer_since_ns)
                                         p->defer_since_ns = now;
                                 int64_t until = p->defer_since_ns + REFILL_DEFER_MAX_NS;

@@ -132,8 +132,9 @@ int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *roo
 /* The same, a pool that grows past size up to max (< size: size) when a burst of creates
  * takes more than it holds (its target becomes the burst's size: the takes and misses since
  * it was last full), and shrinks back to size after cfg.pool_idle_ms without a take (the
- * extra idle instances are stopped). The refill of any pool that still holds instances
- * waits for a short gap in creates (bounded at 1 s); an empty pool refills at once. */
+ * extra idle instances are stopped). Its refill, while it still holds at least size
+ * instances, waits for a short gap in creates (bounded at 1 s); below that (so also empty),
+ * it refills at once. */
 int cove_node_pool_add_max(struct cove_node *n, const char *runtime, const char *rootfs,
                            unsigned cpus, unsigned memory_mb, unsigned disk_mb, int size, int max,
                            const char *owner, struct cove_err *err);
