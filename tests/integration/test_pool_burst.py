@@ -126,9 +126,10 @@ def test_pool_without_pool_max_keeps_its_size_after_a_burst(build_dir, templates
 
 
 def test_emptied_pool_refills_while_creates_keep_coming(build_dir, templates_dir, log_dir):
-    """A growing pool's refill waits for a gap in creates only while the pool holds
-    instances: emptied by creates that keep arriving (each one right after the last), it is
-    refilled and taken from again meanwhile, and every create succeeds."""
+    """A pool emptied by creates that never pause (two clients, each create right after the
+    last, so a cold start is always queued) is refilled and taken from again meanwhile: cold
+    creates pass a queued refill only for a bounded time, and a growing pool's refill waits
+    for a gap in creates only while it holds its base. Every create succeeds."""
     d = Coved(build_dir, templates_dir=templates_dir, log_dir=log_dir,
               extra_args=["--pool", "1", "--pool-max", "3"])
     try:

@@ -133,6 +133,7 @@ struct spawn_job {
         struct cove_instance *inst;
         struct cove_err *err;
         int urgent; /* an API request waits for it (not a pool refill): queued first */
+        int64_t queued_ns;
         int done, rc;
 };
 
@@ -164,17 +165,24 @@ static void *spawner_main(void *arg)
         return NULL;
 }
 
+/* A refill queued this long is no longer passed by creates, so creates that never pause
+ * cannot keep a pool empty for good */
+#define SPAWN_REFILL_WAIT_MAX_NS (1000 * 1000000LL)
+
 static int spawn(struct cove_node *n, const struct cove_runtime_ops *ops, struct cove_runtime *rt,
                  const struct cove_instance_spec *spec, struct cove_instance *inst, int urgent,
                  struct cove_err *err)
 {
         struct spawn_job j = {
             .ops = ops, .rt = rt, .spec = spec, .inst = inst, .err = err, .urgent = urgent};
+        j.queued_ns = cove_mono_ns();
         pthread_mutex_lock(&n->sp_mu);
         /* a create that found no warm instance does not queue behind the pools' refills:
-         * it goes after the other urgent jobs, ahead of every refill */
+         * it goes after the other urgent jobs, ahead of every refill queued for less than
+         * SPAWN_REFILL_WAIT_MAX_NS */
         struct spawn_job **tail = &n->sp_head;
-        while (*tail && (!urgent || (*tail)->urgent))
+        while (*tail && (!urgent || (*tail)->urgent ||
+                         j.queued_ns - (*tail)->queued_ns >= SPAWN_REFILL_WAIT_MAX_NS))
                 tail = &(*tail)->next;
         j.next = *tail;
         *tail = &j;
@@ -1123,7 +1131,9 @@ static void *refill_main(void *arg)
                 int64_t wake = now + 5000000000LL; /* the next retry, gap or shrink */
                 char(*extra)[64] = NULL;
                 size_t nextra = 0;
-                for (struct pool *p = n->pools; p && !want && !extra; p = p->next) {
+                for (struct pool *p = n->pools; p; p = p->next) {
+                        if (want || extra)
+                                break;
                         int idle = pool_idle_locked(n, p);
                         if (!p->dropped && p->target > p->base) {
                                 /* grown: back to its base once no create took from it for
