@@ -126,9 +126,12 @@ class Bench:
         self.res["commit"] = os.environ.get("COVE_BENCH_COMMIT") or subprocess.run(["git", "-C", HERE, "describe", "--always",
                                              "--dirty"], capture_output=True,
                                             text=True).stdout.strip()
-        self.d = Coved(bindir, data_dir=data, templates_dir=self.templates,
-                       extra_args=("--pool", str(self.a.pool)))
+        extra = ["--pool", str(self.a.pool)]
+        if self.a.pool_max:
+            extra += ["--pool-max", str(self.a.pool_max)]
+        self.d = Coved(bindir, data_dir=data, templates_dir=self.templates, extra_args=extra)
         self.res["pool"] = self.a.pool
+        self.res["pool_max"] = self.a.pool_max
         self.d.own_data = True  # stop() removes it
         with open(os.path.join(self.out, "coved.pid"), "w") as f:
             f.write(f"{self.d.proc.pid} {data}\n")
@@ -373,11 +376,42 @@ class Bench:
             log(f"delete anchor: p50 {pct(xs, 50):.2f} ms")
 
     # -- 2. concurrent creates -----------------------------------------------------------
+    def metrics(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in body.splitlines()
+                                        if line and not line.startswith("#") and " " in line)}
+
+    def pool_full(self, timeout=180):
+        """Wait until the warm pools hold what they keep now (a burst after a gap)."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            m = self.metrics()
+            if m.get("cove_pool_ready", 0) >= m.get("cove_pool_target", 0):
+                return
+            time.sleep(0.05)
+        self.notes.append("concurrent: the pool did not fill within 180 s")
+
     def bench_concurrent(self):
         k, rounds = self.a.concurrent, self.a.concurrent_rounds
-        walls, walls_ready = [], []
+        walls, walls_ready, warm = [], [], []
+        if self.a.pool_max:
+            # a pool that grows with bursts learns this one's size from a first burst
+            self.pool_full()
+            kas = [KA(self.port, self.key) for _ in range(k)]
+            ts = [threading.Thread(target=self.create, args=(ka,)) for ka in kas]
+            [t.start() for t in ts]
+            [t.join() for t in ts]
+            [ka.close() for ka in kas]
+            self.delete_all()
         for rnd in range(rounds):
             for with_exec in (False, True):
+                self.pool_full()
+                mark = len(self.server_create_ms("warm"))
                 kas = [KA(self.port, self.key) for _ in range(k)]
                 for ka in kas:
                     ka.ok("GET", "/v1/sandboxes?state=running")  # connection open and warm
@@ -405,11 +439,12 @@ class Bench:
                 if errs:
                     self.notes.append(f"concurrent round {rnd}: {len(errs)} errors: {errs[0]}")
                 (walls_ready if with_exec else walls).append(wall)
+                warm.append(len(self.server_create_ms("warm")) - mark)
                 for ka in kas:
                     ka.close()
                 self.delete_all()
         self.res["concurrent"] = {"k": k, "rounds": rounds, "post_wall_ms": walls,
-                                  "ready_wall_ms": walls_ready}
+                                  "ready_wall_ms": walls_ready, "warm": warm}
         log(f"concurrent {k}: POST wall {walls}, ready wall {walls_ready}")
 
     # -- 3. exec round trip ------------------------------------------------------------
@@ -897,7 +932,9 @@ http {{
             row("POST /v1/sandboxes alone ms (p50 / p90 / p99)",
                 f"{po['p50']:.2f} / {po['p90']:.2f} / {po['p99']:.2f}", "(info)", None,
                 f"coved log p50 {r['create'].get('server_p50', float('nan')):.2f}; "
-                f"coved --pool {r.get('pool')}: {c.get('warm', '?')} creates warm, "
+                f"coved --pool {r.get('pool')}" +
+                (f" --pool-max {r['pool_max']}" if r.get("pool_max") else "") +
+                f": {c.get('warm', '?')} creates warm, "
                 f"{c.get('cold', '?')} cold")
             da = r.get("delete_anchor")
             row("DELETE ms (p50 / p90 / p99)",
@@ -920,7 +957,11 @@ http {{
                 f"{med:.1f}", "≤ 50", med <= 50,
                 "rounds " + ", ".join(f"{x:.0f}" for x in cc["post_wall_ms"]) +
                 "; to ready (+exec true each) " +
-                ", ".join(f"{x:.0f}" for x in cc["ready_wall_ms"]))
+                ", ".join(f"{x:.0f}" for x in cc["ready_wall_ms"]) +
+                f"; coved --pool {r.get('pool')}" +
+                (f" --pool-max {r['pool_max']}" if r.get("pool_max") else "") +
+                ", each round after the pool filled; warm creates per round " +
+                ", ".join(str(x) for x in cc.get("warm", [])))
         e = r.get("exec")
         if e:
             row(f"exec `true` wait:true ms, {e['n']} (p50 / p90 / p99)",
@@ -1083,6 +1124,8 @@ def main():
     ap.add_argument("--creates", type=int, default=200)
     ap.add_argument("--pool", type=int, default=4,
                     help="coved --pool: warm sandboxes per template (0 = every create is cold)")
+    ap.add_argument("--pool-max", type=int, default=0,
+                    help="coved --pool-max: the pool grows with bursts up to this (0 = not passed)")
     ap.add_argument("--concurrent", type=int, default=20)
     ap.add_argument("--concurrent-rounds", type=int, default=3)
     ap.add_argument("--execs", type=int, default=500)

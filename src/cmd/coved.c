@@ -17,6 +17,7 @@
  *              [--placement-k N] [--max-starts-per-node N] [--node-lost-grace S]
  *              [--cpu-overcommit N] [--pause-hot-s S] [--pause-hot-mb N]
  *        coved node-token --cluster-key-file F --node-name NAME  (prints the token) */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,6 +41,10 @@ static void usage(FILE *f)
                 "             [--e2b-api-listen HOST:PORT|none] "
                 "[--e2b-sandbox-listen HOST:PORT|none]\n"
                 "             [--pool N]   warm sandboxes kept per template (default 4)\n"
+                "             [--pool-max N]  a burst of creates grows each pool up to N\n"
+                "                                (default: --pool's N, no growth)\n"
+                "             [--pool-idle S]  a grown pool shrinks back after S seconds\n"
+                "                                without a create (default 60)\n"
                 "             [--egress-pool CIDR]  sandbox link addresses (default "
                 "10.200.0.0/16)\n"
                 "             [--dns-upstream IP[:PORT]]...  resolvers the node resolver asks\n"
@@ -220,6 +225,8 @@ int main(int argc, char **argv)
             {"log-level", required_argument, 0, 'v'},
             {"default-timeout", required_argument, 0, 'o'},
             {"pool", required_argument, 0, 'p'},
+            {"pool-max", required_argument, 0, 1310},
+            {"pool-idle", required_argument, 0, 1311},
             {"e2b-api-listen", required_argument, 0, 'E'},
             {"e2b-sandbox-listen", required_argument, 0, 'S'},
             {"egress-pool", required_argument, 0, 'P'},
@@ -305,6 +312,23 @@ int main(int argc, char **argv)
                                 return 2;
                         }
                         break;
+                case 1310:
+                case 1311: {
+                        char *end = NULL;
+                        errno = 0;
+                        long v = strtol(optarg, &end, 10);
+                        long hi = c == 1310 ? 256 : 86400, lo = 1;
+                        if (errno || end == optarg || *end || v < lo || v > hi) {
+                                fprintf(stderr, "coved: --%s takes %ld to %ld\n",
+                                        c == 1310 ? "pool-max" : "pool-idle", lo, hi);
+                                return 2;
+                        }
+                        if (c == 1310)
+                                o.pool_max = (int)v;
+                        else
+                                o.pool_idle_s = (int)v;
+                        break;
+                }
                 case 'R':
                         if (strcmp(optarg, "ns") && strcmp(optarg, "vm")) {
                                 fprintf(stderr, "coved: --runtime takes ns or vm\n");
@@ -555,6 +579,11 @@ int main(int argc, char **argv)
         }
         if (!o.data_dir || optind != argc) {
                 usage(stderr);
+                return 2;
+        }
+        if (o.pool_max && o.pool_max < (o.pool_size < 0 ? 4 : o.pool_size)) {
+                fprintf(stderr, "coved: --pool-max %d is below --pool (%d)\n", o.pool_max,
+                        o.pool_size < 0 ? 4 : o.pool_size);
                 return 2;
         }
         if (!o.store.url != !o.store.s3_endpoint) {

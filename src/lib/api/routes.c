@@ -141,6 +141,12 @@ static int h_metrics(void *app, struct cove_req *r)
             (unsigned long long)m.execs, (unsigned long long)m.timeouts_fired, pool_ready,
             (unsigned long long)pool_taken, (unsigned long long)pool_missed, full,
             (double)(cove_now_ms() - d->started_at) / 1000.0);
+        if (o < sizeof(buf))
+                snprintf(buf + o, sizeof(buf) - o,
+                         "# HELP cove_pool_target Warm sandboxes the pools keep now (grown by "
+                         "bursts up to --pool-max).\n"
+                         "# TYPE cove_pool_target gauge\ncove_pool_target %d\n",
+                         d->node ? cove_node_pool_target(d->node) : 0);
         return cove_reply_text(r, 200, "text/plain; version=0.0.4", buf);
 }
 

@@ -102,7 +102,7 @@ static int build_templates(struct coved *d, const char *list, struct cove_err *e
 }
 
 /* One warm pool per built template of the list, in the default shape. */
-static int start_pools(struct coved *d, const char *runtime, const char *list, int size,
+static int start_pools(struct coved *d, const char *runtime, const char *list, int size, int max,
                        struct cove_err *err)
 {
         char buf[512];
@@ -112,12 +112,17 @@ static int start_pools(struct coved *d, const char *runtime, const char *list, i
                 char rootfs[PATH_MAX];
                 if (cove_template_lookup(d->templates_dir, t, rootfs, sizeof(rootfs), NULL) != 0)
                         continue;
-                if (cove_node_pool_add(d->node, runtime, rootfs, COVE_DEFAULT_CPUS,
-                                       COVE_DEFAULT_MEMORY_MB, COVE_DEFAULT_DISK_MB, size, NULL,
-                                       err) < 0)
+                if (cove_node_pool_add_max(d->node, runtime, rootfs, COVE_DEFAULT_CPUS,
+                                           COVE_DEFAULT_MEMORY_MB, COVE_DEFAULT_DISK_MB, size, max,
+                                           NULL, err) < 0)
                         return cove_err_wrap(err, "warm pool of %s", t);
-                cove_info(&d->log, "pool", "keeping %d warm %s sandboxes of template %s", size,
-                          runtime, t);
+                if (max > size)
+                        cove_info(&d->log, "pool",
+                                  "keeping %d to %d warm %s sandboxes of template %s", size, max,
+                                  runtime, t);
+                else
+                        cove_info(&d->log, "pool", "keeping %d warm %s sandboxes of template %s",
+                                  size, runtime, t);
         }
         return 0;
 }
@@ -425,6 +430,7 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
             .on_ask = coved_on_ask,
             .layer_key = coved_pool_layer_key,
             .arg = d,
+            .pool_idle_ms = o->pool_idle_s > 0 ? o->pool_idle_s * 1000 : 0,
         };
         if (cove_node_drivers(o->runtime, &d->log, &nc.rt_ops, &nc.rt_alt_ops, err) < 0)
                 goto fail;
@@ -470,10 +476,12 @@ int coved_open(struct coved *d, const struct coved_options *o, struct cove_err *
          * no start job yet */
         if (d->role == COVED_ROLE_NODE)
                 d->pool_size = 0;
-        if (start_pools(d, "ns", o->templates ? o->templates : "busybox", d->pool_size, err) < 0)
+        if (start_pools(d, "ns", o->templates ? o->templates : "busybox", d->pool_size,
+                        d->pool_size ? o->pool_max : 0, err) < 0)
                 goto fail;
         if (d->role == COVED_ROLE_ALL && o->vm_pool_size > 0 &&
-            start_pools(d, "vm", o->templates ? o->templates : "busybox", o->vm_pool_size, err) < 0)
+            start_pools(d, "vm", o->templates ? o->templates : "busybox", o->vm_pool_size, 0, err) <
+                0)
                 goto fail;
         coved_template_pools_restore(d); /* tenant templates with "pool" */
         int e = pthread_create(&d->timer, NULL, coved_timer_main, d);

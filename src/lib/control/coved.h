@@ -73,6 +73,8 @@ struct coved_options {
         const char *e2b_sandbox_listen;     /* E2B in-sandbox (envd) surface; NULL for none */
         struct coved_egress_options egress; /* gateway: pool, resolvers (control/egress.h) */
         int pool_size;       /* warm instances per template (-1: default 4, 0: none) */
+        int pool_max;        /* a burst grows each ns pool up to this (< pool_size: no growth) */
+        int pool_idle_s;     /* a grown pool shrinks back after this long unused (0: 60) */
         int key_cache_ttl_s; /* unwrapped data keys are re-unwrapped after this (-1: 60) */
         int encrypt_layers;  /* 1: sandboxes default to storage_encrypted */
         int vm_pool_size;    /* warm vm instances per template (0: none) */

@@ -61,9 +61,14 @@ struct pool {
         char runtime[16];
         char rootfs[PATH_MAX];
         unsigned cpus, memory_mb, disk_mb;
-        int target;          /* instances to keep ready */
-        int starting;        /* being started by the refill thread */
-        int64_t retry_at_ns; /* after a failed start: back off until then */
+        int target;             /* instances to keep ready: base .. max */
+        int base;               /* the size asked for (cove_node_pool_add) */
+        int max;                /* target grows up to this with the bursts (>= base) */
+        int burst;              /* takes and misses since it was last full */
+        int64_t last_use_ns;    /* the last take or miss (0: none yet) */
+        int64_t defer_since_ns; /* its refill waits for a gap in creates since (0: not) */
+        int starting;           /* being started by the refill thread */
+        int64_t retry_at_ns;    /* after a failed start: back off until then */
         uint64_t taken, missed;
 };
 
@@ -102,6 +107,7 @@ struct cove_node {
         int fullcheck_done;     /* with mu; full_cv is broadcast when it is set */
         pthread_cond_t full_cv; /* CLOCK_MONOTONIC */
         int pool_quit;
+        int64_t last_create_ns; /* the last create (pool take, miss or cold start), with mu */
         /* the reaper: instances cove_node_kill() killed, still to be stopped (with mu) */
         struct reap_job *reap_head;
         pthread_cond_t reap_cv;
@@ -127,6 +133,7 @@ struct spawn_job {
         struct cove_instance *inst;
         struct cove_err *err;
         int urgent; /* an API request waits for it (not a pool refill): queued first */
+        int64_t queued_ns;
         int done, rc;
 };
 
@@ -158,17 +165,24 @@ static void *spawner_main(void *arg)
         return NULL;
 }
 
+/* A refill queued this long is no longer passed by creates, so creates that never pause
+ * cannot keep a pool empty for good */
+#define SPAWN_REFILL_WAIT_MAX_NS (1000 * 1000000LL)
+
 static int spawn(struct cove_node *n, const struct cove_runtime_ops *ops, struct cove_runtime *rt,
                  const struct cove_instance_spec *spec, struct cove_instance *inst, int urgent,
                  struct cove_err *err)
 {
         struct spawn_job j = {
             .ops = ops, .rt = rt, .spec = spec, .inst = inst, .err = err, .urgent = urgent};
+        j.queued_ns = cove_mono_ns();
         pthread_mutex_lock(&n->sp_mu);
         /* a create that found no warm instance does not queue behind the pools' refills:
-         * it goes after the other urgent jobs, ahead of every refill */
+         * it goes after the other urgent jobs, ahead of every refill queued for less than
+         * SPAWN_REFILL_WAIT_MAX_NS */
         struct spawn_job **tail = &n->sp_head;
-        while (*tail && (!urgent || (*tail)->urgent))
+        while (*tail && (!urgent || (*tail)->urgent ||
+                         j.queued_ns - (*tail)->queued_ns >= SPAWN_REFILL_WAIT_MAX_NS))
                 tail = &(*tail)->next;
         j.next = *tail;
         *tail = &j;
@@ -981,6 +995,9 @@ int cove_node_thaw_fenced(struct cove_node *n, const char *sandbox_id, struct co
 
 int cove_node_start(struct cove_node *n, struct cove_instance_spec *spec, struct cove_err *err)
 {
+        pthread_mutex_lock(&n->mu);
+        n->last_create_ns = cove_mono_ns(); /* the refills wait for a gap after it */
+        pthread_mutex_unlock(&n->mu);
         return start_instance(n, spec, NULL, err);
 }
 
@@ -1036,6 +1053,38 @@ static void warm_up(struct cove_node *n, const char *id)
         cove_chan_unref(c);
 }
 
+/* The refill of a pool with instances left waits until no create came for this long... */
+#define REFILL_GAP_NS (15 * 1000000LL)
+/* ... but never longer than this in all, so creates arriving back to back do not starve it */
+#define REFILL_DEFER_MAX_NS (1000 * 1000000LL)
+
+static int64_t pool_idle_ns(const struct cove_node *n)
+{
+        return (n->cfg.pool_idle_ms > 0 ? n->cfg.pool_idle_ms : 60000) * 1000000LL;
+}
+
+/* The ids of up to k idle, ready instances of p (malloc'd, *nids of them; NULL when none):
+ * the ones a shrink stops. Taken out of the pool (marked stopping by the stop that follows
+ * with mu let go: in->pool NULL meanwhile would hand them to nobody, so they stay pooled
+ * but warming, which no take picks). */
+static char (*pool_extra_locked(struct cove_node *n, struct pool *p, int k, size_t *nids))[64]
+{
+        char(*ids)[64] = calloc((size_t)k, sizeof(*ids));
+        size_t m = 0;
+        for (struct inst *in = n->insts; ids && in && (int)m < k; in = in->next) {
+                if (in->pool != p || in->stopping || in->warming)
+                        continue;
+                in->warming = 1;
+                snprintf(ids[m++], 64, "%s", in->id);
+        }
+        if (!m) {
+                free(ids);
+                ids = NULL;
+        }
+        *nids = m;
+        return ids;
+}
+
 static void *refill_main(void *arg)
 {
         struct cove_node *n = arg;
@@ -1078,21 +1127,73 @@ static void *refill_main(void *arg)
                         }
                 }
                 struct pool *want = NULL;
-                int64_t now = cove_mono_ns(), next_retry = 0;
-                for (struct pool *p = n->pools; p && !want; p = p->next) {
-                        if (pool_idle_locked(n, p) + p->starting >= p->target)
-                                continue;
-                        if (p->retry_at_ns > now) {
-                                if (!next_retry || p->retry_at_ns < next_retry)
-                                        next_retry = p->retry_at_ns;
+                int64_t now = cove_mono_ns();
+                int64_t wake = now + 5000000000LL; /* the next retry, gap or shrink */
+                char(*extra)[64] = NULL;
+                size_t nextra = 0;
+                for (struct pool *p = n->pools; p; p = p->next) {
+                        if (want || extra)
+                                break;
+                        int idle = pool_idle_locked(n, p);
+                        if (!p->dropped && p->target > p->base) {
+                                /* grown: back to its base once no create took from it for
+                                 * pool_idle_ms, the extra idle instances stopped */
+                                int64_t at = p->last_use_ns + pool_idle_ns(n);
+                                if (at <= now) {
+                                        p->target = p->base;
+                                        p->burst = 0;
+                                } else if (at < wake) {
+                                        wake = at;
+                                }
+                        }
+                        if (!p->dropped && p->max > p->base && idle > p->target) {
+                                extra = pool_extra_locked(n, p, idle - p->target, &nextra);
                                 continue;
                         }
+                        if (idle >= p->target)
+                                p->burst = 0; /* full: the next burst counts from here */
+                        if (idle + p->starting >= p->target)
+                                continue;
+                        if (p->retry_at_ns > now) {
+                                if (p->retry_at_ns < wake)
+                                        wake = p->retry_at_ns;
+                                continue;
+                        }
+                        /* a pool grown past its base (max > base) that still holds at
+                         * least its base waits for a gap in the creates, so its refill does
+                         * not compete with the burst; bounded (REFILL_DEFER_MAX_NS). Below its
+                         * base (so also empty), and a fixed-size pool always, it refills at
+                         * once: in back-to-back creates the wait cost the refill its pace
+                         * (more cold creates, docs/performance.md) */
+                        int64_t gap_at = n->last_create_ns + REFILL_GAP_NS;
+                        if (p->max > p->base && idle >= p->base && idle > 0 && gap_at > now) {
+                                if (!p->defer_since_ns)
+                                        p->defer_since_ns = now;
+                                int64_t until = p->defer_since_ns + REFILL_DEFER_MAX_NS;
+                                if (until > now) {
+                                        int64_t at = gap_at < until ? gap_at : until;
+                                        if (at < wake)
+                                                wake = at;
+                                        continue;
+                                }
+                        }
+                        p->defer_since_ns = 0;
                         want = p;
+                }
+                if (extra) {
+                        pthread_mutex_unlock(&n->mu);
+                        for (size_t i = 0; i < nextra; i++) {
+                                struct cove_err e2;
+                                cove_node_stop(n, extra[i], 1, &e2);
+                        }
+                        free(extra);
+                        pthread_mutex_lock(&n->mu);
+                        continue;
                 }
                 if (!want) {
                         struct timespec ts;
                         clock_gettime(CLOCK_MONOTONIC, &ts);
-                        int64_t wait_ns = next_retry ? next_retry - now : 5000000000LL;
+                        int64_t wait_ns = wake - now;
                         ts.tv_sec += wait_ns / 1000000000LL;
                         ts.tv_nsec += wait_ns % 1000000000LL;
                         if (ts.tv_nsec >= 1000000000L) {
@@ -1193,8 +1294,18 @@ int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *roo
                        unsigned memory_mb, unsigned disk_mb, int size, const char *owner,
                        struct cove_err *err)
 {
+        return cove_node_pool_add_max(n, runtime, rootfs, cpus, memory_mb, disk_mb, size, size,
+                                      owner, err);
+}
+
+int cove_node_pool_add_max(struct cove_node *n, const char *runtime, const char *rootfs,
+                           unsigned cpus, unsigned memory_mb, unsigned disk_mb, int size, int max,
+                           const char *owner, struct cove_err *err)
+{
         if (size <= 0)
                 return 0;
+        if (max < size)
+                max = size;
         if (cove_node_runtime_check(n, runtime, err) < 0)
                 return -1;
         if (!runtime || !*runtime)
@@ -1216,6 +1327,9 @@ int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *roo
         }
         if (p) {
                 p->target = size;
+                p->base = size;
+                p->max = max;
+                p->burst = 0;
                 p->dropped = 0;
                 p->retry_at_ns = 0;
                 pthread_cond_broadcast(&n->pool_cv);
@@ -1234,6 +1348,8 @@ int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *roo
         p->memory_mb = memory_mb;
         p->disk_mb = disk_mb;
         p->target = size;
+        p->base = size;
+        p->max = max;
         p->next = n->pools;
         n->pools = p;
         int start = !n->refill_started;
@@ -1265,6 +1381,14 @@ int cove_node_pool_take(struct cove_node *n, const char *runtime, const char *ro
             pool_find_locked(n, runtime, rootfs, cpus, memory_mb, disk_mb, owner ? owner : "");
         if (p && p->dropped)
                 p = NULL;
+        n->last_create_ns = cove_mono_ns(); /* the refills wait for a gap after it */
+        if (p) {
+                /* a burst larger than the pool: it grows to that (up to max) for the next */
+                p->last_use_ns = n->last_create_ns;
+                p->burst++;
+                if (p->burst > p->target && p->target < p->max)
+                        p->target = p->burst < p->max ? p->burst : p->max;
+        }
         if (p && n->space_tainted) {
                 p->missed++; /* a cold start instead of a layer that may have hit errors */
                 pthread_cond_broadcast(&n->pool_cv);
@@ -1535,6 +1659,16 @@ void cove_node_pool_stats(struct cove_node *n, int *ready, uint64_t *taken, uint
                 *missed += p->missed;
         }
         pthread_mutex_unlock(&n->mu);
+}
+
+int cove_node_pool_target(struct cove_node *n)
+{
+        int t = 0;
+        pthread_mutex_lock(&n->mu);
+        for (struct pool *p = n->pools; p; p = p->next)
+                t += p->dropped ? 0 : p->target;
+        pthread_mutex_unlock(&n->mu);
+        return t;
 }
 
 struct cove_chan *cove_node_chan(struct cove_node *n, const char *sandbox_id)

@@ -54,6 +54,9 @@ struct cove_node_config {
          * alone (tests that own the host). Opened (its directory made) by cove_node_new,
          * which fails when root cannot open it; a coved that is not root runs without. */
         const char *uid_lock_file;
+        /* A pool grown past its size (cove_node_pool_add_max) shrinks back after this long
+         * without a take (<= 0: 60 s). */
+        int pool_idle_ms;
 };
 
 struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_err *err);
@@ -126,6 +129,17 @@ int cove_node_hold(struct cove_node *n, const char *sandbox_id, int held);
 int cove_node_pool_add(struct cove_node *n, const char *runtime, const char *rootfs, unsigned cpus,
                        unsigned memory_mb, unsigned disk_mb, int size, const char *owner,
                        struct cove_err *err);
+/* The same, a pool that grows past size up to max (< size: size) when a burst of creates
+ * takes more than it holds (its target becomes the burst's size: the takes and misses since
+ * it was last full), and shrinks back to size after cfg.pool_idle_ms without a take (the
+ * extra idle instances are stopped). Its refill, while it still holds at least size
+ * instances, waits for a short gap in creates (bounded at 1 s); below that (so also empty),
+ * it refills at once. */
+int cove_node_pool_add_max(struct cove_node *n, const char *runtime, const char *rootfs,
+                           unsigned cpus, unsigned memory_mb, unsigned disk_mb, int size, int max,
+                           const char *owner, struct cove_err *err);
+/* The instances the pools keep now (their targets, grown or not). */
+int cove_node_pool_target(struct cove_node *n);
 /* Take a ready instance of that shape and owner (NULL/"": a plain one): 0 with its id and
  * uid range (now the caller's, as if cove_node_start had made it), 1 when none is ready
  * (start one cold). */
