@@ -146,6 +146,38 @@ def test_fork_of_a_running_process_diverges(client):
         c.remove(sid, purge=True)
 
 
+def test_ten_forks_of_a_full_snapshot_each_run_its_restored_process(client):
+    """A fork of 10 restores its ten checkpoints at once (several restores in flight on the
+    node): every fork answers, under its own hostname, with the counter restored and going
+    on; rounds in a row, so that restores racing each other's helper processes show."""
+    c = client
+    need_full(c)
+    sid = new_sandbox(c)
+    forks = []
+    try:
+        start_counter(c, sid)
+        s = c.post(f"/v1/sandboxes/{sid}/snapshots", {"label": "ten"}, expect=201)
+        assert s["kind"] == "full"
+        for _ in range(3):
+            r = c.ok("POST", f"/v1/sandboxes/{sid}/fork", {"snapshot_id": s["id"], "count": 10},
+                     expect=(201,), timeout=300)
+            forks = [x["id"] for x in r["sandboxes"]]
+            assert len(set(forks)) == 10 and sid not in forks
+            for f in forks:
+                assert c.sandbox(f)["state"] == "running"
+                assert c.exec(f, "hostname")["stdout"].strip() == f
+                base = poll(lambda f=f: count(c, f), what=f"the counter of fork {f}")
+                assert base >= 5, f"fork {f}: counter restarted ({base})"
+                poll(lambda f=f: count(c, f) > base, what=f"fork {f}'s counter to go on")
+            for f in forks:
+                c.remove(f, purge=True)
+            forks = []
+    finally:
+        for f in forks:
+            c.remove(f, purge=True)
+        c.remove(sid, purge=True)
+
+
 def test_rewind_to_a_full_snapshot(client):
     c = client
     need_full(c)

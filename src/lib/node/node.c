@@ -31,7 +31,10 @@
 #define HUNG_NS_MS 5000
 #define HUNG_VM_MS 15000
 #define HEARTBEAT_TICK_MS 500
-#define STALL_MS 2000   /* a heartbeat round this late: the node itself was stopped */
+#define STALL_MS 2000 /* a heartbeat round this late: the node itself was stopped */
+/* restorer threads next to the spawner: a fork of FORK_MAX (control/snapshot.c) restores up to
+ * this many at once */
+#define SPAWN_RESTORERS 8
 #define LOW_SPACE_MB 16 /* free MB on the data disk under which pooled instances are suspect */
 
 struct inst {
@@ -90,10 +93,17 @@ struct cove_node {
         int quit;
         pthread_t io;
         pthread_mutex_t io_mu; /* held by the I/O thread while it touches channels */
-        /* The spawner thread starts every instance: a runtime may tie an instance's life to
+        /* The spawner thread starts instances: a runtime may tie an instance's life to
          * the thread that created it (PR_SET_PDEATHSIG fires when that *thread* exits), and
          * API threads come and go with their connections. */
         pthread_t spawner;
+        /* and restorers: long-lived threads like it that take only restores from a checkpoint
+         * (spec->mem_image), so a fork of many restores them at once instead of one by one
+         * behind each other (a criu restore mostly waits: on its helpers' execs, on the
+         * kernel's cgroup attach); plain starts, the pools' refills among them, stay on the
+         * spawner */
+        pthread_t restorer[SPAWN_RESTORERS];
+        int nrestorers;
         pthread_mutex_t sp_mu;
         pthread_cond_t sp_cv;
         struct spawn_job *sp_head;
@@ -132,7 +142,8 @@ struct spawn_job {
         const struct cove_instance_spec *spec;
         struct cove_instance *inst;
         struct cove_err *err;
-        int urgent; /* an API request waits for it (not a pool refill): queued first */
+        int urgent;  /* an API request waits for it (not a pool refill): queued first */
+        int restore; /* spec->mem_image: a restorer may take it too */
         int64_t queued_ns;
         int done, rc;
 };
@@ -143,17 +154,28 @@ struct reap_job {
         int purge;
 };
 
-static void *spawner_main(void *arg)
+/* The first queued job a thread may run (restores_only: a restorer), unlinked; or NULL. With
+ * sp_mu. */
+static struct spawn_job *spawn_take(struct cove_node *n, int restores_only)
 {
-        struct cove_node *n = arg;
+        for (struct spawn_job **p = &n->sp_head; *p; p = &(*p)->next)
+                if (!restores_only || (*p)->restore) {
+                        struct spawn_job *j = *p;
+                        *p = j->next;
+                        return j;
+                }
+        return NULL;
+}
+
+static void *spawn_loop(struct cove_node *n, int restores_only)
+{
         pthread_mutex_lock(&n->sp_mu);
         for (;;) {
-                while (!n->sp_head && !n->quit)
+                struct spawn_job *j;
+                while (!(j = spawn_take(n, restores_only)) && !n->quit)
                         pthread_cond_wait(&n->sp_cv, &n->sp_mu);
-                if (!n->sp_head)
+                if (!j)
                         break;
-                struct spawn_job *j = n->sp_head;
-                n->sp_head = j->next;
                 pthread_mutex_unlock(&n->sp_mu);
                 int rc = j->ops->start(j->rt, j->spec, j->inst, j->err);
                 pthread_mutex_lock(&n->sp_mu);
@@ -165,6 +187,28 @@ static void *spawner_main(void *arg)
         return NULL;
 }
 
+static void *spawner_main(void *arg)
+{
+        return spawn_loop(arg, 0);
+}
+
+static void *restorer_main(void *arg)
+{
+        return spawn_loop(arg, 1);
+}
+
+static void spawners_stop(struct cove_node *n)
+{
+        pthread_mutex_lock(&n->sp_mu);
+        n->quit = 1;
+        pthread_cond_broadcast(&n->sp_cv);
+        pthread_mutex_unlock(&n->sp_mu);
+        pthread_join(n->spawner, NULL);
+        for (int i = 0; i < n->nrestorers; i++)
+                pthread_join(n->restorer[i], NULL);
+        n->nrestorers = 0;
+}
+
 /* A refill queued this long is no longer passed by creates, so creates that never pause
  * cannot keep a pool empty for good */
 #define SPAWN_REFILL_WAIT_MAX_NS (1000 * 1000000LL)
@@ -173,8 +217,13 @@ static int spawn(struct cove_node *n, const struct cove_runtime_ops *ops, struct
                  const struct cove_instance_spec *spec, struct cove_instance *inst, int urgent,
                  struct cove_err *err)
 {
-        struct spawn_job j = {
-            .ops = ops, .rt = rt, .spec = spec, .inst = inst, .err = err, .urgent = urgent};
+        struct spawn_job j = {.ops = ops,
+                              .rt = rt,
+                              .spec = spec,
+                              .inst = inst,
+                              .err = err,
+                              .urgent = urgent,
+                              .restore = spec->mem_image != NULL};
         j.queued_ns = cove_mono_ns();
         pthread_mutex_lock(&n->sp_mu);
         /* a create that found no warm instance does not queue behind the pools' refills:
@@ -643,14 +692,14 @@ struct cove_node *cove_node_new(const struct cove_node_config *cfg, struct cove_
                 cove_err_set(err, e, "node: spawner thread");
                 goto fail;
         }
+        /* best effort: with fewer (none), the spawner takes the restores too */
+        while (n->nrestorers < SPAWN_RESTORERS &&
+               pthread_create(&n->restorer[n->nrestorers], NULL, restorer_main, n) == 0)
+                n->nrestorers++;
         e = pthread_create(&n->io, NULL, io_main, n);
         if (e) {
                 cove_err_set(err, e, "node: I/O thread");
-                pthread_mutex_lock(&n->sp_mu);
-                n->quit = 1;
-                pthread_cond_broadcast(&n->sp_cv);
-                pthread_mutex_unlock(&n->sp_mu);
-                pthread_join(n->spawner, NULL);
+                spawners_stop(n);
                 goto fail;
         }
         if (cfg->rt_ops->host_view) {
@@ -1955,11 +2004,7 @@ void cove_node_free(struct cove_node *n)
         pthread_mutex_unlock(&n->mu);
         if (reaper)
                 pthread_join(n->reaper, NULL);
-        pthread_mutex_lock(&n->sp_mu);
-        n->quit = 1;
-        pthread_cond_broadcast(&n->sp_cv);
-        pthread_mutex_unlock(&n->sp_mu);
-        pthread_join(n->spawner, NULL);
+        spawners_stop(n);
         uint64_t one = 1;
         ssize_t w = write(n->wake_fd, &one, sizeof(one));
         (void)w;

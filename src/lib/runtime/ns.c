@@ -1640,8 +1640,13 @@ static int userns_with_map(uint32_t base, uint32_t count, struct cove_err *err)
                 return cove_err_set(err, errno, "ns: clone user namespace");
         }
         if (c == 0) {
+                /* only the read end stays: a write end of another thread's pipe, copied into
+                 * this child by a fork at the same moment (two starts at once), would keep that
+                 * thread's child waiting for its EOF as long as this one waits for its own */
                 char b;
-                close(p[1]);
+                if (p[0] > 0)
+                        syscall(SYS_close_range, 0, (unsigned)p[0] - 1, 0);
+                syscall(SYS_close_range, (unsigned)p[0] + 1, ~0U, 0);
                 while (read(p[0], &b, 1) < 0 && errno == EINTR)
                         ;
                 _exit(0);
