@@ -17,7 +17,6 @@
  *              [--placement-k N] [--max-starts-per-node N] [--node-lost-grace S]
  *              [--cpu-overcommit N] [--pause-hot-s S] [--pause-hot-mb N]
  *        coved node-token --cluster-key-file F --node-name NAME  (prints the token) */
-#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -312,23 +311,6 @@ int main(int argc, char **argv)
                                 return 2;
                         }
                         break;
-                case 1310:
-                case 1311: {
-                        char *end = NULL;
-                        errno = 0;
-                        long v = strtol(optarg, &end, 10);
-                        long hi = c == 1310 ? 256 : 86400, lo = 1;
-                        if (errno || end == optarg || *end || v < lo || v > hi) {
-                                fprintf(stderr, "coved: --%s takes %ld to %ld\n",
-                                        c == 1310 ? "pool-max" : "pool-idle", lo, hi);
-                                return 2;
-                        }
-                        if (c == 1310)
-                                o.pool_max = (int)v;
-                        else
-                                o.pool_idle_s = (int)v;
-                        break;
-                }
                 case 'R':
                         if (strcmp(optarg, "ns") && strcmp(optarg, "vm")) {
                                 fprintf(stderr, "coved: --runtime takes ns or vm\n");
@@ -541,22 +523,28 @@ int main(int argc, char **argv)
                 }
                 case 1240:
                 case 1241:
-                case 1243: {
+                case 1243:
+                case 1310:
+                case 1311: { /* counts from 1 up to a bound */
                         long long v = 0;
                         char *end = NULL;
                         v = strtoll(optarg, &end, 10);
-                        long long max = c == 1241 ? 1024 : 64;
+                        long long max = c == 1241 ? 1024 : c == 1310 ? 256 : c == 1311 ? 86400 : 64;
                         if (!end || *end || v < 1 || v > max) {
                                 fprintf(stderr, "coved: --%s takes 1 to %lld\n",
                                         c == 1240   ? "placement-k"
                                         : c == 1241 ? "max-starts-per-node"
-                                                    : "cpu-overcommit",
+                                        : c == 1243 ? "cpu-overcommit"
+                                        : c == 1310 ? "pool-max"
+                                                    : "pool-idle",
                                         max);
                                 return 2;
                         }
                         *(c == 1240   ? &o.nodes.placement_k
                           : c == 1241 ? &o.nodes.max_starts_per_node
-                                      : &o.nodes.cpu_overcommit) = (int)v;
+                          : c == 1243 ? &o.nodes.cpu_overcommit
+                          : c == 1310 ? &o.pool_max
+                                      : &o.pool_idle_s) = (int)v;
                         break;
                 }
                 case 1242: {
@@ -581,9 +569,10 @@ int main(int argc, char **argv)
                 usage(stderr);
                 return 2;
         }
-        if (o.pool_max && o.pool_max < (o.pool_size < 0 ? 4 : o.pool_size)) {
+        int pool_size = o.pool_size < 0 ? 4 : o.pool_size; /* --pool's default */
+        if (o.pool_max && o.pool_max < pool_size) {
                 fprintf(stderr, "coved: --pool-max %d is below --pool (%d)\n", o.pool_max,
-                        o.pool_size < 0 ? 4 : o.pool_size);
+                        pool_size);
                 return 2;
         }
         if (!o.store.url != !o.store.s3_endpoint) {
