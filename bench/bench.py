@@ -511,6 +511,82 @@ class Bench:
         self.res["exec"]["cpu"] = cpu
         log(f"exec: p50 {pct(xs, 50):.3f} ms; per exec CPU {cpu}")
 
+    # -- counts: figures that do not move with the load ---------------------------------
+    @staticmethod
+    def perf_stat(pid, fn):
+        """Runs fn() with `perf stat` counting syscalls, page faults and context switches of
+        pid's threads and of everything they start meanwhile (perf's inherit); returns
+        ({event: count}, seconds fn took). The count starts once perf has opened an event
+        for every thread of pid."""
+        events = "raw_syscalls:sys_enter,page-faults,context-switches"
+        p = subprocess.Popen(["perf", "stat", "-x", ",", "-e", events, "-p", str(pid)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        want = 3 * len(os.listdir(f"/proc/{pid}/task"))
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 30:
+            try:
+                fds = [os.readlink(f"/proc/{p.pid}/fd/{f}") for f in os.listdir(f"/proc/{p.pid}/fd")]
+            except OSError:
+                fds = []
+            if sum("perf_event" in f for f in fds) >= want or p.poll() is not None:
+                break
+            time.sleep(0.01)
+        t1 = time.perf_counter()
+        fn()
+        took = time.perf_counter() - t1
+        p.send_signal(signal.SIGINT)
+        err = p.communicate(timeout=60)[1]
+        counts = {}
+        for line in err.splitlines():
+            f = line.split(",")
+            if len(f) > 2 and f[0].isdigit():
+                counts[f[2]] = int(f[0])
+        return counts, took
+
+    def bench_count(self):
+        """Syscalls, page faults and context switches of coved and everything it starts
+        (sandboxes, pool refills, teardowns) per create + exec `true` + DELETE, each waited to
+        its end (teardown done, pool full again), with an idle window of the same length
+        counted and taken off (heartbeats, timers); next to `unshare`'s own count for one
+        start of the baseline above. A stand-in for an instruction count (callgrind cannot
+        run coved, and this host has no PMU: docs/benchmarks.md): it does not move with the
+        load, so a regression shows on a noisy machine."""
+        if not shutil.which("perf"):
+            self.notes.append("counts: skipped, perf is not installed")
+            return
+        n = 40
+        pid = self.d.proc.pid
+
+        def seq():
+            for _ in range(n):
+                sb = self.create()
+                exec_true(self.ka, sb["id"])
+                self.delete(sb["id"])
+                state = os.path.join(self.d.data, "sandboxes", sb["id"])
+                t0 = time.perf_counter()
+                while os.path.exists(state) and time.perf_counter() - t0 < 30:
+                    time.sleep(0.001)
+            self.pool_full()
+
+        self.pool_full()
+        busy, took = self.perf_stat(pid, seq)
+        idle, idle_s = self.perf_stat(pid, lambda: time.sleep(took))
+        per = {k: (busy.get(k, 0) - idle.get(k, 0) * took / max(idle_s, 1e-9)) / n
+               for k in busy}
+        argv = (self.res.get("baselines", {}).get("unshare") or {}).get("argv")
+        anchor = {}
+        if argv:
+            r = subprocess.run(["perf", "stat", "-x", ",", "-e",
+                                "raw_syscalls:sys_enter,page-faults,context-switches", "--"] + argv,
+                               capture_output=True, text=True)
+            for line in r.stderr.splitlines():
+                f = line.split(",")
+                if len(f) > 2 and f[0].isdigit():
+                    anchor[f[2]] = int(f[0])
+        self.res["counts"] = {"n": n, "per_op": per, "busy": busy, "idle": idle,
+                              "seconds": took, "idle_seconds": idle_s, "unshare": anchor}
+        log(f"counts per create+exec+delete: {per}; unshare: {anchor}")
+
     # -- 4. reconnect ------------------------------------------------------------------
     def bench_reconnect(self):
         sb = self.create()
@@ -971,6 +1047,18 @@ http {{
                  f"{e['cpu']['guest_us']:.0f} µs, this client {e['cpu']['client_us']:.0f} µs; "
                  f"coved context switches {e['cpu']['coved_ctx_switches']:.1f}"
                  if e.get("cpu") else ""))
+        ct = r.get("counts")
+        if ct:
+            pe, un = ct["per_op"], ct["unshare"]
+            sc, pf, cs = "raw_syscalls:sys_enter", "page-faults", "context-switches"
+            row(f"syscalls per create + exec `true` + DELETE, coved and all it starts "
+                f"({ct['n']} in a row)", f"{pe.get(sc, 0):,.0f}", "(info: load-independent)",
+                None,
+                f"page faults {pe.get(pf, 0):,.0f}, context switches {pe.get(cs, 0):,.0f} "
+                f"(these two move with the load); idle window of the same length taken off "
+                f"({ct['idle'].get(sc, 0):,} syscalls in {ct['idle_seconds']:.1f} s); one "
+                f"`unshare` start of the baseline: {un.get(sc, 0):,} syscalls, "
+                f"{un.get(pf, 0):,} page faults")
         rc = r.get("reconnect")
         if rc and rc["wrk"]:
             best = max(rc["wrk"].values(), key=lambda w: w["rate"])
@@ -1139,7 +1227,7 @@ def main():
     ap.add_argument("--profile", action="store_true", help="perf record a separate create pass")
     ap.add_argument("--profile-creates", type=int, default=100)
     ap.add_argument("--only",
-                    default="create,baselines,concurrent,exec,reconnect,idle,memory,capture")
+                    default="create,baselines,concurrent,exec,count,reconnect,idle,memory,capture")
     ap.add_argument("--capture-mb", type=int, default=512)
     a = ap.parse_args()
     a.out = a.out or os.path.join(a.build, "bench")
@@ -1163,8 +1251,8 @@ def main():
     try:
         b.start()
         t0 = time.time()
-        for name in ["create", "baselines", "concurrent", "exec", "reconnect", "idle", "memory",
-                     "capture"]:
+        for name in ["create", "baselines", "concurrent", "exec", "count", "reconnect", "idle",
+                     "memory", "capture"]:
             if name in only:
                 b.res.setdefault("load_during", []).append((name, loadavg()))
                 getattr(b, "bench_" + name)()
