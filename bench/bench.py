@@ -101,6 +101,19 @@ def exec_true(ka, sid):
         raise RuntimeError(f"exec true in {sid}: {j}")
 
 
+PERF_EVENTS = "raw_syscalls:sys_enter,page-faults,context-switches"
+
+
+def perf_counts(text):
+    """{event: count} from `perf stat -x ,` output (its stderr)."""
+    counts = {}
+    for line in text.splitlines():
+        f = line.split(",")
+        if len(f) > 2 and f[0].isdigit():
+            counts[f[2]] = int(f[0])
+    return counts
+
+
 class Bench:
     def __init__(self, args):
         self.a = args
@@ -151,6 +164,13 @@ class Bench:
     def delete(self, sid, ka=None):
         (ka or self.ka).ok("DELETE", f"/v1/sandboxes/{sid}", expect=(200, 204, 404))
         self.live.discard(sid)
+
+    def wait_teardown(self, sid, timeout=30):
+        """Until a deleted sandbox's background teardown is done (its state dir gone)."""
+        state = os.path.join(self.d.data, "sandboxes", sid)
+        t0 = time.perf_counter()
+        while os.path.exists(state) and time.perf_counter() - t0 < timeout:
+            time.sleep(0.0005)
 
     def delete_all(self):
         ids = list(self.live)
@@ -238,9 +258,7 @@ class Bench:
             # DELETE answers before the teardown (docs/performance.md); the next create is
             # timed on a node that finished it, as when DELETE did it all before answering,
             # and the teardown gets a figure of its own (answer → state dir gone)
-            state = os.path.join(self.d.data, "sandboxes", sb["id"])
-            while os.path.exists(state) and time.perf_counter() - t3 < 30:
-                time.sleep(0.0005)
+            self.wait_teardown(sb["id"])
             teardown.append((time.perf_counter() - t2b) * 1e3)
             first.append((t2 - t1) * 1e3)
             second.append((t2b - t2) * 1e3)
@@ -518,8 +536,7 @@ class Bench:
         pid's threads and of everything they start meanwhile (perf's inherit); returns
         ({event: count}, seconds fn took). The count starts once perf has opened an event
         for every thread of pid."""
-        events = "raw_syscalls:sys_enter,page-faults,context-switches"
-        p = subprocess.Popen(["perf", "stat", "-x", ",", "-e", events, "-p", str(pid)],
+        p = subprocess.Popen(["perf", "stat", "-x", ",", "-e", PERF_EVENTS, "-p", str(pid)],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         want = 3 * len(os.listdir(f"/proc/{pid}/task"))
         t0 = time.perf_counter()
@@ -535,13 +552,7 @@ class Bench:
         fn()
         took = time.perf_counter() - t1
         p.send_signal(signal.SIGINT)
-        err = p.communicate(timeout=60)[1]
-        counts = {}
-        for line in err.splitlines():
-            f = line.split(",")
-            if len(f) > 2 and f[0].isdigit():
-                counts[f[2]] = int(f[0])
-        return counts, took
+        return perf_counts(p.communicate(timeout=60)[1]), took
 
     def bench_count(self):
         """Syscalls, page faults and context switches of coved and everything it starts
@@ -549,8 +560,9 @@ class Bench:
         its end (teardown done, pool full again), with an idle window of the same length
         counted and taken off (heartbeats, timers); next to `unshare`'s own count for one
         start of the baseline above. A stand-in for an instruction count (callgrind cannot
-        run coved, and this host has no PMU: docs/benchmarks.md): it does not move with the
-        load, so a regression shows on a noisy machine."""
+        run coved, and this host has no PMU: docs/benchmarks.md): it moves far less with the
+        load than any time does (~10% between load 1 and 10), so a step shows on a noisy
+        machine."""
         if not shutil.which("perf"):
             self.notes.append("counts: skipped, perf is not installed")
             return
@@ -562,10 +574,7 @@ class Bench:
                 sb = self.create()
                 exec_true(self.ka, sb["id"])
                 self.delete(sb["id"])
-                state = os.path.join(self.d.data, "sandboxes", sb["id"])
-                t0 = time.perf_counter()
-                while os.path.exists(state) and time.perf_counter() - t0 < 30:
-                    time.sleep(0.001)
+                self.wait_teardown(sb["id"])
             self.pool_full()
 
         self.pool_full()
@@ -576,13 +585,9 @@ class Bench:
         argv = (self.res.get("baselines", {}).get("unshare") or {}).get("argv")
         anchor = {}
         if argv:
-            r = subprocess.run(["perf", "stat", "-x", ",", "-e",
-                                "raw_syscalls:sys_enter,page-faults,context-switches", "--"] + argv,
-                               capture_output=True, text=True)
-            for line in r.stderr.splitlines():
-                f = line.split(",")
-                if len(f) > 2 and f[0].isdigit():
-                    anchor[f[2]] = int(f[0])
+            anchor = perf_counts(subprocess.run(["perf", "stat", "-x", ",", "-e", PERF_EVENTS,
+                                                 "--"] + argv, capture_output=True,
+                                                text=True).stderr)
         self.res["counts"] = {"n": n, "per_op": per, "busy": busy, "idle": idle,
                               "seconds": took, "idle_seconds": idle_s, "unshare": anchor}
         log(f"counts per create+exec+delete: {per}; unshare: {anchor}")
@@ -1052,7 +1057,7 @@ http {{
             pe, un = ct["per_op"], ct["unshare"]
             sc, pf, cs = "raw_syscalls:sys_enter", "page-faults", "context-switches"
             row(f"syscalls per create + exec `true` + DELETE, coved and all it starts "
-                f"({ct['n']} in a row)", f"{pe.get(sc, 0):,.0f}", "(info: load-independent)",
+                f"({ct['n']} in a row)", f"{pe.get(sc, 0):,.0f}", "(info: moves little with load)",
                 None,
                 f"page faults {pe.get(pf, 0):,.0f}, context switches {pe.get(cs, 0):,.0f} "
                 f"(these two move with the load); idle window of the same length taken off "
