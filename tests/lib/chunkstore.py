@@ -53,7 +53,18 @@ def packs(store, tenant="default"):
 
 def objects(store, tenant="default", kind="chunks"):
     """{name: (file, offset, length)} of the tenant's live objects of kind, loose or
-    packed."""
+    packed. The store may be in use: a file that GC removes or a pack it compacts away
+    between the listing and the read makes the whole read start again (a read that skipped
+    it could miss objects moved into a pack it had not listed)."""
+    for _ in range(100):
+        try:
+            return _objects(store, tenant, kind)
+        except FileNotFoundError:
+            continue
+    return _objects(store, tenant, kind)
+
+
+def _objects(store, tenant, kind):
     out = {}
     root = os.path.join(store, tenant, kind)
     for dp, _, fs in os.walk(root):
